@@ -1,0 +1,27 @@
+"""User-facing errors.
+
+A `CsekitError` is a mistake in the user's input (a file, a flag, a recipe key). The CLI prints its
+message as one line and exits non-zero; it never shows a traceback. Messages name the file, line or
+key at fault, and say what to do.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from pathlib import Path
+
+
+class CsekitError(Exception):
+    """An error caused by user input, reported as one line without a traceback."""
+
+
+def at(path: str | Path, line: int | None = None) -> str:
+    """Format a location as `path:line` (or just `path`) for error messages."""
+    return f"{path}:{line}" if line is not None else str(path)
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return ' (did you mean "x"?)' for the closest choice, or '' when nothing is close."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f' (did you mean "{close[0]}"?)' if close else ""
