@@ -1,0 +1,21 @@
+"""Evaluation of frozen sentence embeddings with the papers' (SentEval) protocol."""
+
+from csekit.evaluation.sts import (
+    DEV_TASKS,
+    STS_TASKS,
+    StsSubset,
+    evaluate_dev,
+    evaluate_sts,
+    format_sts_table,
+    load_sts_task,
+)
+
+__all__ = [
+    "DEV_TASKS",
+    "STS_TASKS",
+    "StsSubset",
+    "evaluate_dev",
+    "evaluate_sts",
+    "format_sts_table",
+    "load_sts_task",
+]

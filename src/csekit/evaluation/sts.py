@@ -1,0 +1,260 @@
+"""SentEval-exact semantic textual similarity (STS) evaluation, with one encoder call.
+
+The readers reproduce SentEval's parsing (``senteval/sts.py``; STS-B and SICK-R as in SimCSE's
+fork, which scores cosine on the test split without training), so the numbers match the papers.
+Scoring differs only in speed: all sentences of all requested tasks are deduplicated and encoded
+once, instead of per batch and per split. Pair order does not matter for Spearman, so SentEval's
+length sorting is not reproduced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy.stats import spearmanr
+
+from csekit.data_dir import STS_SUBSETS, find_task_dir, resolve_data_dir
+from csekit.errors import CsekitError, at, did_you_mean
+
+Encoder = Callable[[list[str]], np.ndarray]
+
+STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
+DEV_TASKS = ("stsb-dev", "sick-dev")
+
+_STSB_FILES = {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test.csv"}
+_SICK_FILES = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
+# Task name -> (data folder, split) for the pair tasks; STS12-16 are listed in STS_SUBSETS.
+_PAIR_TASKS = {
+    "STSBenchmark": ("STSBenchmark", "test"),
+    "SICKRelatedness": ("SICK", "test"),
+    "stsb-dev": ("STSBenchmark", "dev"),
+    "sick-dev": ("SICK", "dev"),
+}
+_TABLE_COLUMNS = (
+    ("STS12", "STS12", "all"),
+    ("STS13", "STS13", "all"),
+    ("STS14", "STS14", "all"),
+    ("STS15", "STS15", "all"),
+    ("STS16", "STS16", "all"),
+    ("STS-B", "STSBenchmark", "test"),
+    ("SICK-R", "SICKRelatedness", "test"),
+)
+
+
+@dataclass(frozen=True)
+class StsSubset:
+    """One scored set of sentence pairs; sentences are whitespace-normalised as SentEval does."""
+
+    name: str
+    sentences1: list[str]
+    sentences2: list[str]
+    scores: list[float]
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+
+# --- reading ---------------------------------------------------------------------------------------
+
+
+def _read_text(path: Path) -> str:
+    """Read a UTF-8 file (as SentEval does), turning I/O and decoding problems into CsekitError."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CsekitError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise CsekitError(f"{path}: cannot read ({exc.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise CsekitError(f"{at(path, line)}: not valid UTF-8") from None
+
+
+def _file_lines(path: Path) -> list[str]:
+    """Lines as Python's `for line in open(path)` yields them (universal newlines), without the newline."""
+    text = _read_text(path).replace("\r\n", "\n").replace("\r", "\n")
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines
+
+
+def _gold(path: Path, line: int, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise CsekitError(f"{at(path, line)}: gold score {raw.strip()[:40]!r} is not a number") from None
+    if not np.isfinite(value):
+        raise CsekitError(f"{at(path, line)}: gold score {raw.strip()!r} is not a finite number")
+    return value
+
+
+def _norm(sentence: str) -> str:
+    """SentEval splits on whitespace and the batcher re-joins with single spaces."""
+    return " ".join(sentence.split())
+
+
+def _read_sts_subset(folder: Path, subset: str) -> StsSubset:
+    """Read STS.input/STS.gs like SentEval's STSEval.loadFile; pairs with an empty gold line are skipped."""
+    input_path = folder / f"STS.input.{subset}.txt"
+    gs_path = folder / f"STS.gs.{subset}.txt"
+    # str.splitlines, not file iteration: SentEval uses .read().splitlines() for these files.
+    inputs = _read_text(input_path).splitlines()
+    golds = _read_text(gs_path).splitlines()
+    if len(inputs) != len(golds):
+        raise CsekitError(
+            f"{at(gs_path, min(len(inputs), len(golds)) + 1)}: {gs_path.name} has {len(golds)} lines "
+            f"but {input_path.name} has {len(inputs)}; they must pair up line by line"
+        )
+    s1: list[str] = []
+    s2: list[str] = []
+    scores: list[float] = []
+    for i, (pair, raw) in enumerate(zip(inputs, golds, strict=True), start=1):
+        fields = pair.split("\t")
+        if len(fields) != 2:
+            raise CsekitError(f"{at(input_path, i)}: expected 2 tab-separated sentences, found {len(fields)} fields")
+        if raw == "":
+            continue  # unscored pair (STS15, STS16)
+        scores.append(_gold(gs_path, i, raw))
+        s1.append(_norm(fields[0]))
+        s2.append(_norm(fields[1]))
+    return StsSubset(subset, s1, s2, scores)
+
+
+def _read_pair_file(path: Path, header: bool, cols: tuple[int, int, int]) -> list[tuple[str, str, float]]:
+    """Read STS-B / SICK rows as SimCSE's SentEval does: `line.strip().split('\\t')`, fields by index."""
+    out = []
+    need = max(cols) + 1
+    for i, line in enumerate(_file_lines(path), start=1):
+        if header and i == 1:
+            continue
+        fields = line.strip().split("\t")
+        if len(fields) < need:
+            raise CsekitError(f"{at(path, i)}: expected at least {need} tab-separated fields, found {len(fields)}")
+        a, b, y = cols
+        out.append((_norm(fields[a]), _norm(fields[b]), _gold(path, i, fields[y])))
+    return out
+
+
+def _read_split(data_dir: Path, folder: str, split: str) -> StsSubset:
+    task_dir = find_task_dir(data_dir, folder)
+    if folder == "STSBenchmark":
+        rows = _read_pair_file(task_dir / _STSB_FILES[split], header=False, cols=(5, 6, 4))
+    else:
+        rows = _read_pair_file(task_dir / _SICK_FILES[split], header=True, cols=(1, 2, 3))
+    return StsSubset(split, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
+
+
+def _check_name(name: str, allowed: Sequence[str]) -> None:
+    if name not in allowed:
+        raise CsekitError(f'unknown STS task "{name}"{did_you_mean(name, allowed)}; choose from {", ".join(allowed)}')
+
+
+def load_sts_task(data_dir: str | Path | None, name: str) -> list[StsSubset]:
+    """Load the scored subsets of one task: STS12-16 subsets, or the one split STS-B/SICK-R report.
+
+    STSBenchmark and SICKRelatedness give their `test` split, stsb-dev and sick-dev their `dev`
+    split (SICK's trial file). `data_dir=None` falls back to $CSEKIT_DATA.
+    """
+    _check_name(name, (*STS_TASKS, *DEV_TASKS))
+    root = resolve_data_dir(data_dir)
+    if name in STS_SUBSETS:
+        folder = find_task_dir(root, name)
+        return [_read_sts_subset(folder, subset) for subset in STS_SUBSETS[name]]
+    folder_name, split = _PAIR_TASKS[name]
+    return [_read_split(root, folder_name, split)]
+
+
+# --- scoring ---------------------------------------------------------------------------------------
+
+
+def _encode_all(encode: Encoder, subsets: Iterable[StsSubset]) -> tuple[dict[str, int], np.ndarray]:
+    """Encode every distinct sentence once; return the row of each sentence and the embeddings."""
+    index: dict[str, int] = {}
+    for sub in subsets:
+        for sentence in (*sub.sentences1, *sub.sentences2):
+            index.setdefault(sentence, len(index))
+    emb = np.asarray(encode(list(index)), dtype=np.float32)
+    if emb.ndim != 2 or emb.shape[0] != len(index):
+        raise ValueError(f"encode returned shape {emb.shape} for {len(index)} sentences; expected one row each")
+    return index, emb
+
+
+def _cosine(index: dict[str, int], emb: np.ndarray, sub: StsSubset) -> np.ndarray:
+    """Per-pair float32 cosine; NaN (zero or NaN vectors) becomes 0 as in SentEval's similarity."""
+    u = np.nan_to_num(emb[[index[s] for s in sub.sentences1]])
+    v = np.nan_to_num(emb[[index[s] for s in sub.sentences2]])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cos = np.einsum("ij,ij->i", u, v) / (np.linalg.norm(u, axis=1) * np.linalg.norm(v, axis=1))
+    return np.nan_to_num(cos)
+
+
+def _spearman(sys_scores: np.ndarray, gold: Sequence[float]) -> float:
+    return float(spearmanr(sys_scores, np.asarray(gold, dtype=np.float64))[0])
+
+
+def _score_year(index: dict[str, int], emb: np.ndarray, subsets: list[StsSubset]) -> dict[str, float]:
+    """SimCSE's SentEval aggregation: `all` over concatenated pairs, plain and pair-weighted means."""
+    sims = [_cosine(index, emb, sub) for sub in subsets]
+    per_subset = np.array([_spearman(s, sub.scores) for s, sub in zip(sims, subsets, strict=True)])
+    weights = np.array([len(sub) for sub in subsets], dtype=np.float64)
+    everything = _spearman(np.concatenate(sims), [y for sub in subsets for y in sub.scores])
+    return {
+        "all": everything,
+        "mean": float(np.average(per_subset)),
+        "wmean": float(np.average(per_subset, weights=weights)),
+    }
+
+
+def evaluate_sts(encode: Encoder, data_dir: str | Path | None, tasks: Sequence[str] = STS_TASKS) -> dict:
+    """Spearman x (in [-1, 1]) of cosine similarity for each task, plus `avg` of the seven headline numbers.
+
+    Returns {"STS12": {"all", "mean", "wmean"}, ..., "STSBenchmark": {"test"}, "SICKRelatedness":
+    {"test"}, "avg"}; `encode` is called once, on the deduplicated sentences of all tasks.
+    """
+    if isinstance(tasks, str):
+        tasks = (tasks,)
+    for name in tasks:
+        _check_name(name, STS_TASKS)
+    root = resolve_data_dir(data_dir)
+    loaded = {name: load_sts_task(root, name) for name in dict.fromkeys(tasks)}
+    index, emb = _encode_all(encode, (sub for subs in loaded.values() for sub in subs))
+
+    results: dict = {}
+    for name, subsets in loaded.items():
+        if name in STS_SUBSETS:
+            results[name] = _score_year(index, emb, subsets)
+        else:
+            (test,) = subsets
+            results[name] = {"test": _spearman(_cosine(index, emb, test), test.scores)}
+    headline = [results.get(task, {}).get(key) for _, task, key in _TABLE_COLUMNS]
+    if all(x is not None for x in headline):
+        results["avg"] = float(np.mean(headline))
+    return results
+
+
+def evaluate_dev(encode: Encoder, data_dir: str | Path | None, task: str = "stsb-dev") -> dict[str, float]:
+    """Spearman on a development split (STS-B dev or SICK trial), for model selection during training."""
+    _check_name(task, DEV_TASKS)
+    (dev,) = load_sts_task(data_dir, task)
+    index, emb = _encode_all(encode, [dev])
+    return {task: _spearman(_cosine(index, emb, dev), dev.scores)}
+
+
+def format_sts_table(results: dict) -> str:
+    """The papers' STS table: Spearman x 100 with two decimals; '-' where a task was not run."""
+    heads = [label for label, _, _ in _TABLE_COLUMNS] + ["Avg."]
+    values = [results.get(task, {}).get(key) for _, task, key in _TABLE_COLUMNS] + [results.get("avg")]
+    cells = ["-" if v is None else f"{100 * v:.2f}" for v in values]
+    widths = [max(len(h), len(c)) for h, c in zip(heads, cells, strict=True)]
+
+    def row(items: list[str]) -> str:
+        return "| " + " | ".join(s.rjust(w) for s, w in zip(items, widths, strict=True)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([row(heads), rule, row(cells)])
