@@ -21,7 +21,7 @@ def at(path: str | Path, line: int | None = None) -> str:
     return f"{path}:{line}" if line is not None else str(path)
 
 
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
+def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
     """Return ' (did you mean "x"?)' for the closest choice, or '' when nothing is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f' (did you mean "{close[0]}"?)' if close else ""
+    return f' (did you mean "{prefix}{close[0]}"?)' if close else ""

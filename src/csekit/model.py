@@ -1,0 +1,103 @@
+"""A recipe's parts assembled into one module whose forward pass computes one step's losses.
+
+    sentences -> views (token ids for every view, stacked) -> encoder (one forward pass) -> pooler
+      -> head -> StepState -> negative sources -> weighting -> objectives -> named loss parts
+
+The training loop only calls `model(batch)` and back-propagates the total; it knows nothing of any
+method. A method is a recipe naming parts from the tables below (or a user's own, by import path).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch import Tensor, nn
+
+from csekit.config import Recipe, build_part
+from csekit.encoder import SentenceEncoder
+from csekit.heads import HEADS
+from csekit.objectives import OBJECTIVES
+from csekit.state import StepState
+from csekit.views import VIEWS
+
+NEGATIVES: dict[str, type[nn.Module]] = {}
+"""Extra negative sources (`negatives:` in a recipe); DCLR adds its noise negatives here."""
+
+WEIGHTINGS: dict[str, type[nn.Module]] = {}
+"""In-batch negative weighting (`weighting:` in a recipe); DCLR adds its complementary model here."""
+
+
+class ContrastiveModel(nn.Module):
+    """The encoder, the training head and the recipe's parts; `forward` returns one step's losses."""
+
+    def __init__(
+        self,
+        encoder: SentenceEncoder,
+        head: nn.Module,
+        num_views: int,
+        objectives: list[tuple[nn.Module, float]],
+        negatives: list[nn.Module] | None = None,
+        weighting: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        if not objectives:
+            raise ValueError("a recipe needs at least one objective")
+        self.encoder = encoder
+        self.head = head
+        self.num_views = num_views
+        self.negatives = nn.ModuleList(negatives or [])
+        self.weighting = weighting
+        self.objectives = nn.ModuleList([objective for objective, _ in objectives])
+        self.objective_weights = [float(weight) for _, weight in objectives]
+
+    def make_state(self, inputs: dict[str, Tensor], sentences: list[str], fields: dict[str, Any]) -> StepState:
+        """Encode all views in one forward pass and apply the head."""
+        output = self.encoder(inputs)
+        features = list(output.pooled.chunk(self.num_views))
+        views_through_head = getattr(self.head, "forward_views", None)
+        if views_through_head is not None:
+            embeddings = views_through_head(features)
+        else:
+            embeddings = list(self.head(output.pooled).chunk(self.num_views))
+        return StepState(sentences, features, embeddings, output, self.encoder, fields=fields)
+
+    def forward(
+        self, inputs: dict[str, Tensor], sentences: list[str], fields: dict[str, Any] | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The weighted total loss and each named loss part (unweighted)."""
+        state = self.make_state(inputs, sentences, fields or {})
+        for source in self.negatives:
+            source(state)
+        if self.weighting is not None:
+            self.weighting(state)
+        total: Tensor | None = None
+        parts: dict[str, Tensor] = {}
+        for objective, weight in zip(self.objectives, self.objective_weights, strict=True):
+            for name, value in objective(state).items():
+                parts[name] = value
+                total = weight * value if total is None else total + weight * value
+        assert total is not None
+        return total, parts
+
+
+def build_model(recipe: Recipe, encoder: SentenceEncoder) -> tuple[ContrastiveModel, Callable[[list[str]], Any]]:
+    """The model and the views function (run in the DataLoader) that a recipe describes."""
+    context: Mapping[str, Any] = {
+        "dim": encoder.dim,
+        "tokenizer": encoder.tokenizer,
+        "pooler": encoder.pooler,
+        "max_length": recipe.model.max_length,
+        "encoder": encoder,
+        "recipe": recipe,
+    }
+    views = build_part(VIEWS, recipe.data.views, "data.views", **context)
+    head = build_part(HEADS, recipe.model.head, "model.head", **context)
+    negatives = [build_part(NEGATIVES, spec, f"negatives[{i}]", **context) for i, spec in enumerate(recipe.negatives)]
+    weighting = build_part(WEIGHTINGS, recipe.weighting, "weighting", **context) if recipe.weighting else None
+    objectives = [
+        (build_part(OBJECTIVES, spec, f"objectives[{i}]", **context), spec.get("weight", 1.0))
+        for i, spec in enumerate(recipe.objectives)
+    ]
+    model = ContrastiveModel(encoder, head, views.num_views, objectives, negatives, weighting)
+    return model, views

@@ -1,0 +1,58 @@
+"""Views: how the two (or more) inputs of each sentence are made for the contrastive loss.
+
+A view object is called in the DataLoader with the batch's sentences and returns the model inputs
+for all views stacked along the batch ([V*n, L] tensors), so one forward pass encodes every view.
+SimCSE's views differ only by dropout, so the same token ids are repeated. A pooler whose
+tokenisation depends on the view (prompt templates) is tokenised once per view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+from transformers import PreTrainedTokenizerBase
+
+from csekit.pooling import Pooler
+
+
+def stack_views(views: Sequence[dict[str, Tensor]], pad_token_id: int) -> dict[str, Tensor]:
+    """Pad each view's tensors to the longest view and concatenate them along the batch."""
+    length = max(view["input_ids"].shape[1] for view in views)
+    stacked: dict[str, Tensor] = {}
+    for key in views[0]:
+        pad_value = pad_token_id if key == "input_ids" else 0
+        padded = [
+            torch.nn.functional.pad(view[key], (0, length - view[key].shape[1]), value=pad_value) for view in views
+        ]
+        stacked[key] = torch.cat(padded, dim=0)
+    return stacked
+
+
+class DropoutViews:
+    """SimCSE's views: each sentence is fed `num_views` times and dropout makes them differ."""
+
+    def __init__(
+        self, tokenizer: PreTrainedTokenizerBase, pooler: Pooler, max_length: int, num_views: int = 2
+    ) -> None:
+        if num_views < 2:
+            raise ValueError("num_views must be at least 2")
+        self.tokenizer = tokenizer
+        self.pooler = pooler
+        self.max_length = max_length
+        self.num_views = num_views
+
+    def __call__(self, sentences: list[str]) -> dict[str, Tensor]:
+        if not self.pooler.view_dependent:
+            single = dict(self.pooler.tokenize(self.tokenizer, sentences, self.max_length, view=0))
+            return {key: value.repeat(self.num_views, 1) for key, value in single.items()}
+        views = [
+            dict(self.pooler.tokenize(self.tokenizer, sentences, self.max_length, view=v))
+            for v in range(self.num_views)
+        ]
+        return stack_views(views, self.tokenizer.pad_token_id or 0)
+
+
+VIEWS: dict[str, type] = {"dropout": DropoutViews}
+"""View names a recipe may use under `data.views`; ConSERT's views are added by the DCLR issue."""
