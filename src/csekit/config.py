@@ -50,7 +50,7 @@ class TrainConfig:
     batch_size: int = 64
     lr: float = 3e-5
     epochs: int = 1
-    max_steps: int | None = None  # stop early; also sets the length of the linear decay
+    max_steps: int | None = None  # when set, the run's length in steps (replaces epochs), as in transformers
     eval_every: int = 125
     log_every: int = 10
     precision: str = "fp32"  # fp32 | bf16 | fp16
@@ -114,8 +114,11 @@ def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in update.items():
         current = merged.get(key)
-        renamed = isinstance(value, Mapping) and "name" in value and isinstance(current, Mapping) and (
-            current.get("name") != value["name"]
+        renamed = (
+            isinstance(value, Mapping)
+            and "name" in value
+            and isinstance(current, Mapping)
+            and (current.get("name") != value["name"])
         )
         if isinstance(value, Mapping) and isinstance(current, Mapping) and not renamed:
             merged[key] = _merge(dict(current), value)

@@ -188,9 +188,7 @@ class SentenceEncoder(nn.Module):
     def device(self) -> torch.device:
         return next(self.backbone.parameters()).device
 
-    def tokenize(
-        self, sentences: Sequence[str], view: int = 0, max_length: int | None = None
-    ) -> BatchEncoding:
+    def tokenize(self, sentences: Sequence[str], view: int = 0, max_length: int | None = None) -> BatchEncoding:
         """Token ids through the pooler (which may wrap sentences in a prompt template)."""
         limit = max_length if max_length is not None else self.max_length
         if limit is None:
@@ -324,10 +322,7 @@ class SentenceEncoder(nn.Module):
                 },
             )
             save_file(
-                {
-                    f"linear.{k}": v.detach().cpu().contiguous()
-                    for k, v in self.head.linear.state_dict().items()
-                },
+                {f"linear.{k}": v.detach().cpu().contiguous() for k, v in self.head.linear.state_dict().items()},
                 str(folder / "model.safetensors"),
             )
             meta["head"] = {"dim": self.dim, "path": dense}

@@ -98,9 +98,7 @@ POOLERS: dict[str, type[Pooler]] = {
 def make_pooler(name: str, **options: object) -> Pooler:
     """Build a pooler by name, with a one-line error that suggests the closest valid name."""
     if name not in POOLERS:
-        raise CsekitError(
-            f'unknown pooler "{name}"{did_you_mean(name, POOLERS)}; choose one of {", ".join(POOLERS)}'
-        )
+        raise CsekitError(f'unknown pooler "{name}"{did_you_mean(name, POOLERS)}; choose one of {", ".join(POOLERS)}')
     return POOLERS[name](**options)
 
 

@@ -33,9 +33,7 @@ def stack_views(views: Sequence[dict[str, Tensor]], pad_token_id: int) -> dict[s
 class DropoutViews:
     """SimCSE's views: each sentence is fed `num_views` times and dropout makes them differ."""
 
-    def __init__(
-        self, tokenizer: PreTrainedTokenizerBase, pooler: Pooler, max_length: int, num_views: int = 2
-    ) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, pooler: Pooler, max_length: int, num_views: int = 2) -> None:
         if num_views < 2:
             raise ValueError("num_views must be at least 2")
         self.tokenizer = tokenizer

@@ -1,0 +1,347 @@
+"""The training loop: one code path for CPU, one GPU and several processes (through accelerate).
+
+The loop knows nothing about any method. It asks the recipe's model for the step's total loss and
+named parts, steps AdamW with linear decay, evaluates on the dev task every `eval_every` steps, keeps
+the best model by the selection metric, and writes `metrics.jsonl`. Model directories and the
+resumable training state are written atomically, so an interrupted run never leaves a half-written
+checkpoint and `--resume` continues from the last saved state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration, set_seed
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+from transformers import get_linear_schedule_with_warmup
+
+from csekit.atomic import atomic_directory, atomic_write_text, recover_directory
+from csekit.config import Recipe
+from csekit.data import TrainCollator, open_corpus
+from csekit.data_dir import resolve_data_dir
+from csekit.encoder import SentenceEncoder
+from csekit.errors import CsekitError
+from csekit.evaluation.sts import DEV_TASKS, evaluate_dev
+from csekit.model import ContrastiveModel, build_model
+
+MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+STATE_FILE = "trainer_state.json"
+MAX_BAD_STEPS_IN_A_ROW = 20
+
+
+@dataclass
+class TrainerState:
+    """What a resumed run needs beside the weights: where it was and what it had seen."""
+
+    step: int = 0
+    best_score: float | None = None
+    best_step: int | None = None
+    skipped_steps: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    steps: int
+    best_score: float | None
+    best_step: int | None
+    skipped_steps: int
+
+
+class MetricsLog:
+    """`metrics.jsonl`: one JSON object per logging step or evaluation, flushed as it is written."""
+
+    def __init__(self, path: Path, enabled: bool) -> None:
+        self.path = path
+        self.enabled = enabled
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+
+    def truncate_after(self, step: int) -> None:
+        """On resume, drop records written after the saved state (they will be written again)."""
+        if not (self.enabled and self.path.exists()):
+            return
+        kept = [
+            line
+            for line in self.path.read_text(encoding="utf-8").splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step
+        ]
+        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+
+
+def _prepare_output(output_dir: Path, resume: bool) -> None:
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / ".csekit-write-test"
+        probe.write_text("", encoding="utf-8")
+        probe.unlink()
+    except OSError as error:
+        raise CsekitError(f"output folder {output_dir} is not writable ({error.strerror})") from None
+    has_run = any((output_dir / name).exists() for name in ("metrics.jsonl", "checkpoint", "best", "last"))
+    if has_run and not resume:
+        raise CsekitError(
+            f"output folder {output_dir} already holds a run; pass --resume to continue it or choose a new folder"
+        )
+
+
+def _check_precision(accelerator_device: torch.device, precision: str) -> None:
+    if precision == "fp16" and accelerator_device.type == "cpu":
+        raise CsekitError("recipe key train.precision: fp16 needs a GPU; use bf16 or fp32 on the CPU")
+
+
+def _param_groups(model: ContrastiveModel, recipe: Recipe) -> list[dict[str, Any]]:
+    """AdamW groups: parts may set their own `learning_rate`; biases and norms get no weight decay."""
+    groups: dict[tuple[float, float], list[torch.nn.Parameter]] = {}
+    seen: set[int] = set()
+    for module_name, module in model.named_modules():
+        lr = getattr(module, "learning_rate", None)
+        for name, param in module.named_parameters(recurse=False):
+            if not param.requires_grad or id(param) in seen:
+                continue
+            seen.add(id(param))
+            owner_lr = lr if lr is not None else _inherited_lr(model, module_name, recipe.train.lr)
+            decay = 0.0 if (name.endswith("bias") or "norm" in module_name.lower()) else recipe.train.weight_decay
+            groups.setdefault((owner_lr, decay), []).append(param)
+    return [{"params": params, "lr": lr, "weight_decay": decay} for (lr, decay), params in groups.items()]
+
+
+def _inherited_lr(model: torch.nn.Module, module_name: str, default: float) -> float:
+    """The `learning_rate` of the nearest enclosing module that sets one, else the recipe's lr."""
+    parts = module_name.split(".") if module_name else []
+    for depth in range(len(parts), 0, -1):
+        owner = model.get_submodule(".".join(parts[:depth]))
+        if getattr(owner, "learning_rate", None) is not None:
+            return float(owner.learning_rate)
+    return default
+
+
+def train(
+    recipe: Recipe,
+    output_dir: str | Path,
+    data_dir: str | Path | None = None,
+    resume: bool = False,
+    show_progress: bool = True,
+) -> TrainResult:
+    """Train the recipe's model into `output_dir` (best/, last/, checkpoint/, metrics.jsonl, recipe.yaml)."""
+    output = Path(output_dir)
+    train_config = recipe.train
+    accelerator = Accelerator(
+        mixed_precision=MIXED_PRECISION[train_config.precision],
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+    )
+    _check_precision(accelerator.device, train_config.precision)
+    main = accelerator.is_main_process
+    if main:
+        _prepare_output(output, resume)
+    accelerator.wait_for_everyone()
+    set_seed(train_config.seed)
+
+    dev_task = train_config.dev_task
+    needs_data = dev_task != "none" or not Path(recipe.data.corpus).expanduser().exists()
+    data_path = resolve_data_dir(data_dir) if needs_data else None
+    if dev_task != "none" and dev_task not in DEV_TASKS:
+        choices = ", ".join(DEV_TASKS)
+        raise CsekitError(f'recipe key train.dev_task: unknown dev task "{dev_task}"; choose {choices} or none')
+
+    corpus = open_corpus(
+        recipe.data.corpus, data_path, recipe.data.max_chars, recipe.data.bad_lines, recipe.data.text_column
+    )
+    encoder = SentenceEncoder.load(
+        recipe.model.backbone, recipe.model.pooler, recipe.model.max_length, recipe.model.dropout
+    )
+    model, views = build_model(recipe, encoder)
+    if recipe.model.head_at_test:
+        encoder.head = model.head
+
+    processes = accelerator.num_processes
+    if train_config.batch_size % processes:
+        raise CsekitError(
+            f"recipe key train.batch_size: {train_config.batch_size} is not divisible by the {processes} processes"
+        )
+    local_batch = train_config.batch_size // processes
+    if len(corpus) < train_config.batch_size:
+        raise CsekitError(
+            f"corpus {recipe.data.corpus} has {len(corpus)} sentences, fewer than train.batch_size "
+            f"({train_config.batch_size})"
+        )
+    loader = DataLoader(
+        corpus,
+        batch_size=local_batch,
+        shuffle=True,
+        drop_last=True,
+        collate_fn=TrainCollator(views, recipe.data.text_column),
+        num_workers=recipe.data.num_workers,
+        generator=torch.Generator().manual_seed(train_config.seed),
+    )
+    optimizer = torch.optim.AdamW(_param_groups(model, recipe), lr=train_config.lr)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    steps_per_epoch = len(loader)
+    if steps_per_epoch == 0:
+        raise CsekitError(f"corpus {recipe.data.corpus} gives no full batch of {train_config.batch_size}")
+    # As in the transformers Trainer, max_steps (when set) replaces epochs as the length of the run.
+    total_steps = train_config.max_steps or steps_per_epoch * train_config.epochs
+    epochs = math.ceil(total_steps / steps_per_epoch)
+    scheduler = get_linear_schedule_with_warmup(
+        optimizer, math.ceil(train_config.warmup_ratio * total_steps), total_steps
+    )
+    accelerator.register_for_checkpointing(scheduler)
+
+    state = TrainerState()
+    metrics = MetricsLog(output / "metrics.jsonl", main)
+    checkpoint_dir = output / "checkpoint"
+    if resume:
+        recover_directory(checkpoint_dir)
+        recover_directory(output / "best")
+        if (checkpoint_dir / STATE_FILE).exists():
+            accelerator.load_state(str(checkpoint_dir))
+            state = TrainerState(**json.loads((checkpoint_dir / STATE_FILE).read_text(encoding="utf-8")))
+            metrics.truncate_after(state.step)
+    if main:
+        atomic_write_text(output / "recipe.yaml", recipe.to_yaml())
+        if not resume or state.step == 0:
+            metrics.write(
+                {
+                    "event": "start",
+                    "step": 0,
+                    "corpus": corpus.report.summary(),
+                    "total_steps": total_steps,
+                    "processes": processes,
+                }
+            )
+
+    unwrapped: ContrastiveModel = accelerator.unwrap_model(model)
+
+    def evaluate() -> dict[str, float]:
+        if dev_task == "none":
+            return {}
+        scores = evaluate_dev(
+            lambda sentences: unwrapped.encoder.encode(
+                sentences, batch_size=train_config.eval_batch_size, precision=train_config.precision
+            ),
+            data_path,
+            dev_task,
+        )
+        return scores
+
+    def save_checkpoint() -> None:
+        """The resumable state: weights, optimizer, scheduler, RNG states and the step."""
+        accelerator.wait_for_everyone()
+        if main:
+            with atomic_directory(checkpoint_dir) as tmp:
+                accelerator.save_state(str(tmp))
+                (tmp / STATE_FILE).write_text(json.dumps(state.__dict__), encoding="utf-8")
+        accelerator.wait_for_everyone()
+
+    def on_evaluation() -> None:
+        scores = evaluate() if main else {}
+        if main:
+            metrics.write({"step": state.step, **scores})
+            score = scores.get(train_config.select_metric)
+            if dev_task != "none" and score is None:
+                raise CsekitError(
+                    f'recipe key train.select_metric: "{train_config.select_metric}" is not a dev score '
+                    f"(have: {', '.join(scores)})"
+                )
+            improved = _improves(score, state.best_score)
+            if improved:
+                state.best_score, state.best_step = score, state.step
+                unwrapped.encoder.save(output / "best")
+            unwrapped.encoder.save(output / "last")
+            bar.set_postfix_str(_postfix(last_loss, score))
+        save_checkpoint()
+
+    bar = tqdm(
+        total=total_steps,
+        initial=state.step,
+        desc="training",
+        unit="step",
+        disable=not (show_progress and main),
+        dynamic_ncols=True,
+    )
+    last_loss: float | None = None
+    window: dict[str, float] = {}
+    window_steps, window_start, bad_in_a_row = 0, time.perf_counter(), 0
+    model.train()
+    for epoch in range(state.step // steps_per_epoch, epochs):
+        if state.step >= total_steps:
+            break
+        loader.set_epoch(epoch)
+        skip = state.step - epoch * steps_per_epoch
+        batches = accelerator.skip_first_batches(loader, skip) if skip > 0 else loader
+        for batch in batches:
+            loss, parts = model(batch["inputs"], batch["sentences"], batch["fields"])
+            if not torch.isfinite(loss.detach()):
+                optimizer.zero_grad(set_to_none=True)
+                state.skipped_steps += 1
+                bad_in_a_row += 1
+                metrics.write({"step": state.step, "event": "non_finite_loss", "skipped_steps": state.skipped_steps})
+                if bad_in_a_row >= MAX_BAD_STEPS_IN_A_ROW:
+                    raise CsekitError(
+                        f"{bad_in_a_row} steps in a row had a non-finite loss (at step {state.step}); "
+                        f"stopped. The best checkpoint in {output / 'best'} is intact; lower train.lr?"
+                    )
+                continue
+            accelerator.backward(loss)
+            if train_config.max_grad_norm is not None:
+                accelerator.clip_grad_norm_(model.parameters(), train_config.max_grad_norm)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            bad_in_a_row = 0
+            state.step += 1
+            bar.update(1)
+            last_loss = float(loss.detach())
+            window["loss"] = window.get("loss", 0.0) + last_loss
+            for name, value in parts.items():
+                window[name] = window.get(name, 0.0) + float(value.detach())
+            window_steps += 1
+            if state.step % train_config.log_every == 0 or state.step == total_steps:
+                elapsed = time.perf_counter() - window_start
+                record = {
+                    "step": state.step,
+                    **{k: v / window_steps for k, v in window.items()},
+                    "lr": scheduler.get_last_lr()[0],
+                    "sentences_per_second": window_steps * train_config.batch_size / max(elapsed, 1e-9),
+                }
+                metrics.write(record)
+                bar.set_postfix_str(_postfix(last_loss, state.best_score))
+                window, window_steps = {}, 0
+                window_start = time.perf_counter()
+            eval_due = train_config.eval_every > 0 and state.step % train_config.eval_every == 0
+            if eval_due or state.step == total_steps:
+                on_evaluation()
+                window_start = time.perf_counter()
+            if state.step >= total_steps:
+                break
+    bar.close()
+    accelerator.wait_for_everyone()
+    accelerator.end_training()
+    return TrainResult(output, state.step, state.best_score, state.best_step, state.skipped_steps)
+
+
+def _improves(score: float | None, best: float | None) -> bool:
+    """Whether `score` beats `best`; a NaN score (e.g. constant embeddings) never does, a NaN best always loses."""
+    if score is None:
+        return True  # no dev task: the newest model is the best one
+    if math.isnan(score):
+        return best is None
+    return best is None or math.isnan(best) or score > best
+
+
+def _postfix(loss: float | None, score: float | None) -> str:
+    text = f"loss={loss:.4f}" if loss is not None else ""
+    if score is not None:
+        text += f" dev={score * 100:.2f}"
+    return text

@@ -1,0 +1,76 @@
+"""Shared fixtures: a tiny randomly initialised BERT with its own WordPiece vocabulary (no downloads)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import BertConfig, BertTokenizerFast
+
+from csekit.encoder import SentenceEncoder
+
+WORDS = """
+a the man woman dog cat is are was plays playing runs running sits on in with guitar ball park
+house red blue big small and not of to . , ! ? he she it they eats food music quickly slowly
+""".split()
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path | None:
+    """The SentEval data folder: $CSEKIT_DATA, else ../shared/data beside the repository."""
+    env = os.environ.get("CSEKIT_DATA")
+    candidates = [Path(env)] if env else []
+    candidates.append(REPO.parent / "shared" / "data")
+    return next((path for path in candidates if (path / "sts").is_dir()), None)
+
+
+def make_tokenizer(folder: Path) -> BertTokenizerFast:
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *"abcdefghijklmnopqrstuvwxyz"]
+    vocab += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
+    vocab = list(dict.fromkeys(vocab))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    try:  # transformers >= 5 takes the vocabulary itself
+        tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}, do_lower_case=True)
+    except TypeError:  # transformers 4
+        tokenizer = BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True)
+    assert tokenizer.vocab_size == len(vocab) and tokenizer.unk_token_id not in tokenizer("the dog")["input_ids"]
+    return tokenizer
+
+
+def make_tiny_encoder(folder: Path, pooler: str = "cls", seed: int = 0) -> SentenceEncoder:
+    torch.manual_seed(seed)
+    tokenizer = make_tokenizer(folder)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    return SentenceEncoder.from_config(config, tokenizer, pooler=pooler)
+
+
+@pytest.fixture
+def tiny_encoder(tmp_path: Path) -> SentenceEncoder:
+    return make_tiny_encoder(tmp_path / "tokenizer")
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path: Path) -> Path:
+    """A saved tiny model directory, usable as a recipe's `model.backbone`."""
+    path = tmp_path / "tiny-model"
+    make_tiny_encoder(tmp_path / "tokenizer").save(path)
+    return path
+
+
+@pytest.fixture
+def data_dir() -> Path:
+    path = shared_data_dir()
+    if path is None:
+        pytest.skip("SentEval data folder not found (set CSEKIT_DATA)")
+    return path

@@ -1,0 +1,90 @@
+"""The corpus reader: what is kept, what is counted, and one-line errors naming file and line."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import pytest
+
+from csekit.data import Corpus, TrainCollator, resolve_corpus_path
+from csekit.errors import CsekitError
+
+
+def write_bytes(tmp_path: Path, data: bytes, name: str = "corpus.txt") -> Path:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return path
+
+
+def test_reads_sentences_and_counts_blank_lines(tmp_path: Path) -> None:
+    corpus = Corpus(write_bytes(tmp_path, b"first one\n\n   \nsecond\r\nthird \xc3\xa9t\xc3\xa9\n"))
+    assert [corpus[i] for i in range(len(corpus))] == ["first one", "second", "third été"]
+    assert corpus.report.blank_lines == 2 and corpus.report.sentences == 3
+
+
+def test_last_line_without_newline_is_kept(tmp_path: Path) -> None:
+    corpus = Corpus(write_bytes(tmp_path, b"one\ntwo"))
+    assert [corpus[0], corpus[1]] == ["one", "two"]
+
+
+def test_gzip_corpus(tmp_path: Path) -> None:
+    path = tmp_path / "c.txt.gz"
+    with gzip.open(path, "wb") as handle:
+        handle.write(b"alpha\n\nbeta\n")
+    corpus = Corpus(path)
+    assert [corpus[0], corpus[1]] == ["alpha", "beta"] and corpus.report.blank_lines == 1
+
+
+def test_jsonl_corpus_keeps_extra_fields(tmp_path: Path) -> None:
+    path = write_bytes(tmp_path, b'{"text": "a b", "negation": "not a b"}\n', "c.jsonl")
+    corpus = Corpus(path)
+    batch = TrainCollator(lambda sentences: {"n": len(sentences)})([corpus[0]])
+    assert batch["sentences"] == ["a b"] and batch["fields"] == {"negation": ["not a b"]}
+
+
+def test_undecodable_line_names_file_and_line(tmp_path: Path) -> None:
+    path = write_bytes(tmp_path, b"fine\nalso fine\nbad \xff byte\n")
+    with pytest.raises(CsekitError, match=rf"{path.name}:3: not valid UTF-8") as error:
+        Corpus(path)
+    assert "\n" not in str(error.value)
+
+
+def test_absurdly_long_line_names_file_and_line(tmp_path: Path) -> None:
+    path = write_bytes(tmp_path, b"short\n" + b"x" * 100_000 + b"\n")
+    with pytest.raises(CsekitError, match=rf"{path.name}:2: 100,000 characters"):
+        Corpus(path, max_chars=10_000)
+
+
+def test_bad_lines_can_be_skipped_and_are_reported(tmp_path: Path) -> None:
+    path = write_bytes(tmp_path, b"ok\n\xff\xfe\nok too\n" + b"y" * 50 + b"\n")
+    corpus = Corpus(path, max_chars=20, bad_lines="skip")
+    assert len(corpus) == 2
+    assert [line for line, _ in corpus.report.skipped] == [2, 4]
+    assert "lines 2, 4" in corpus.report.summary()
+
+
+def test_missing_and_empty_corpora(tmp_path: Path) -> None:
+    with pytest.raises(CsekitError, match="does not exist"):
+        Corpus(tmp_path / "nope.txt")
+    with pytest.raises(CsekitError, match="no sentences"):
+        Corpus(write_bytes(tmp_path, b"\n\n  \n"))
+    with pytest.raises(CsekitError, match="no sentences"):
+        Corpus(write_bytes(tmp_path, b"", "empty.txt"))
+
+
+def test_relative_corpus_is_looked_up_in_the_data_folder(tmp_path: Path) -> None:
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "c.txt").write_text("x\n", encoding="utf-8")
+    assert resolve_corpus_path("corpus/c.txt", tmp_path) == tmp_path / "corpus" / "c.txt"
+    with pytest.raises(CsekitError, match="not found"):
+        resolve_corpus_path("corpus/missing.txt", tmp_path)
+
+
+def test_corpus_survives_pickling_for_dataloader_workers(tmp_path: Path) -> None:
+    import pickle
+
+    corpus = Corpus(write_bytes(tmp_path, b"one\ntwo\n"))
+    assert corpus[1] == "two"  # opens the memory map
+    clone = pickle.loads(pickle.dumps(corpus))
+    assert clone[0] == "one"

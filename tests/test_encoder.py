@@ -1,0 +1,151 @@
+"""Poolers' math, encode() behaviour, and saving for sentence-transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from csekit.encoder import SentenceEncoder
+from csekit.errors import CsekitError
+from csekit.heads import MLPHead
+from csekit.pooling import ClsPooler, FirstLastAvgPooler, MeanPooler, make_pooler
+
+SENTENCES = [
+    "a man plays the guitar .",
+    "the dog runs",
+    "a man plays the guitar .",
+    "she eats food quickly in the park",
+]
+
+
+def test_poolers_compute_their_definitions_by_hand() -> None:
+    torch.manual_seed(0)
+    layers = [torch.randn(2, 4, 3) for _ in range(3)]  # embeddings, layer 1, layer 2
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    torch.testing.assert_close(ClsPooler()(layers, mask, ids), layers[-1][:, 0])
+    expected_mean = torch.stack([layers[-1][0, :3].mean(0), layers[-1][1, :2].mean(0)])
+    torch.testing.assert_close(MeanPooler()(layers, mask, ids), expected_mean)
+    both = (layers[1] + layers[2]) / 2  # the first transformer layer, not the embedding layer
+    expected_first_last = torch.stack([both[0, :3].mean(0), both[1, :2].mean(0)])
+    torch.testing.assert_close(FirstLastAvgPooler()(layers, mask, ids), expected_first_last)
+
+
+def test_mean_pooler_ignores_padding_values() -> None:
+    states = torch.randn(1, 5, 4)
+    mask = torch.tensor([[1, 1, 0, 0, 0]])
+    changed = states.clone()
+    changed[:, 2:] = 1000.0
+    ids = torch.zeros(1, 5, dtype=torch.long)
+    torch.testing.assert_close(MeanPooler()([states], mask, ids), MeanPooler()([changed], mask, ids))
+
+
+def test_unknown_pooler_suggests_the_closest_name() -> None:
+    with pytest.raises(CsekitError, match='did you mean "mean"'):
+        make_pooler("maen")
+
+
+def test_encode_matches_a_direct_forward_pass_in_input_order(tiny_encoder: SentenceEncoder) -> None:
+    embeddings = tiny_encoder.encode(SENTENCES, batch_size=2)
+    assert embeddings.dtype == np.float32 and embeddings.shape == (4, tiny_encoder.dim)
+    np.testing.assert_array_equal(embeddings[0], embeddings[2])
+    tiny_encoder.eval()
+    with torch.inference_mode():
+        for sentence, row in zip(SENTENCES, embeddings, strict=True):
+            direct = tiny_encoder(tiny_encoder.tokenize([sentence])).pooled[0].numpy()
+            np.testing.assert_allclose(row, direct, rtol=1e-4, atol=1e-5)
+
+
+def test_encode_calls_the_model_once_per_unique_sentence(tiny_encoder: SentenceEncoder) -> None:
+    seen: list[int] = []
+    original = tiny_encoder.forward
+
+    def counting(inputs):  # type: ignore[no-untyped-def]
+        seen.append(inputs["input_ids"].shape[0])
+        return original(inputs)
+
+    tiny_encoder.forward = counting  # type: ignore[method-assign]
+    tiny_encoder.encode(SENTENCES * 3, batch_size=64)
+    assert sum(seen) == 3
+
+
+def test_encode_restores_training_mode(tiny_encoder: SentenceEncoder) -> None:
+    tiny_encoder.train()
+    tiny_encoder.encode(SENTENCES)
+    assert tiny_encoder.training
+
+
+def test_bf16_encoding_stays_close_to_fp32(tiny_encoder: SentenceEncoder) -> None:
+    full = tiny_encoder.encode(SENTENCES)
+    half = tiny_encoder.encode(SENTENCES, precision="bf16")
+    cosine = (full * half).sum(1) / np.linalg.norm(full, axis=1) / np.linalg.norm(half, axis=1)
+    assert cosine.min() > 0.99
+
+
+@pytest.mark.parametrize("pooler", ["cls", "mean", "first_last_avg"])
+@pytest.mark.parametrize("with_head", [False, True])
+def test_saved_model_loads_in_sentence_transformers_with_the_same_embeddings(
+    tmp_path: Path, pooler: str, with_head: bool
+) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    from conftest import make_tiny_encoder
+
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler=pooler)
+    if with_head:
+        encoder.head = MLPHead(encoder.dim)
+    ours = encoder.encode(SENTENCES)
+    encoder.save(tmp_path / "model")
+
+    theirs = st.SentenceTransformer(str(tmp_path / "model"), device="cpu").encode(SENTENCES)
+    cosine = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
+    assert cosine.min() >= 0.9999
+
+    reloaded = SentenceEncoder.load(tmp_path / "model")
+    assert reloaded.pooler.name == pooler
+    np.testing.assert_allclose(reloaded.encode(SENTENCES), ours, rtol=1e-5, atol=1e-6)
+
+
+def test_loads_a_sentence_transformers_directory_with_its_pooling(tmp_path: Path) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    from conftest import make_tiny_encoder
+
+    tiny = make_tiny_encoder(tmp_path / "tok", pooler="cls")
+    tiny.backbone.save_pretrained(tmp_path / "hf")
+    tiny.tokenizer.save_pretrained(tmp_path / "hf")
+    try:
+        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    except ImportError:  # sentence-transformers < 6
+        from sentence_transformers.models import Pooling, Transformer
+    transformer = Transformer(str(tmp_path / "hf"))
+    pooling = Pooling(encoder_dim := transformer.auto_model.config.hidden_size, pooling_mode="mean")
+    assert encoder_dim == 32
+    model = st.SentenceTransformer(modules=[transformer, pooling], device="cpu")
+    model.save(str(tmp_path / "st"))
+
+    loaded = SentenceEncoder.load(tmp_path / "st")
+    assert loaded.pooler.name == "mean"
+    np.testing.assert_allclose(loaded.encode(SENTENCES), model.encode(SENTENCES), rtol=1e-4, atol=1e-5)
+
+
+def test_plain_transformers_checkpoint_defaults_to_cls(tmp_path: Path) -> None:
+    from conftest import make_tiny_encoder
+
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mean")
+    encoder.backbone.save_pretrained(tmp_path / "hf")
+    encoder.tokenizer.save_pretrained(tmp_path / "hf")
+    assert SentenceEncoder.load(tmp_path / "hf").pooler.name == "cls"
+    assert SentenceEncoder.load(tmp_path / "hf", pooler="mean").pooler.name == "mean"
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(CsekitError, match="does not exist"):
+        SentenceEncoder.load(tmp_path / "no-such-model")
+
+
+def test_folder_without_a_model_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CsekitError, match="not a model directory"):
+        SentenceEncoder.load(tmp_path / "empty")

@@ -1,0 +1,148 @@
+"""End-to-end training of a tiny random model: falling loss, outputs, metrics, errors."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import WORDS
+
+from csekit.config import load_recipe
+from csekit.encoder import SentenceEncoder
+from csekit.errors import CsekitError
+from csekit.training import train
+
+
+def make_corpus(path: Path, lines: int = 256, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    words = [w for w in WORDS if w.isalpha()]
+    path.write_text("\n".join(" ".join(rng.choices(words, k=rng.randint(3, 9))) for _ in range(lines)) + "\n")
+    return path
+
+
+def make_data_dir(root: Path, pairs: int = 40, seed: int = 1) -> Path:
+    """A made-up data folder with an STS-B dev split (SentEval's 7 tab-separated fields)."""
+    rng = random.Random(seed)
+    words = [w for w in WORDS if w.isalpha()]
+    folder = root / "sts" / "STSBenchmark"
+    folder.mkdir(parents=True)
+    rows = []
+    for i in range(pairs):
+        a = " ".join(rng.choices(words, k=6))
+        b = " ".join(rng.choices(words, k=6))
+        rows.append(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{rng.uniform(0, 5):.3f}\t{a}\t{b}")
+    (folder / "sts-dev.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return root
+
+
+def tiny_recipe(model_dir: Path, corpus: Path, *extra: str):  # type: ignore[no-untyped-def]
+    return load_recipe(
+        None,
+        [
+            f"model.backbone={model_dir}",
+            "model.max_length=16",
+            f"data.corpus={corpus}",
+            "train.batch_size=16",
+            "train.lr=5e-4",
+            "train.log_every=1",
+            "train.dev_task=none",
+            *extra,
+        ],
+    )
+
+
+def read_metrics(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_tiny_model_trains_with_falling_loss(tmp_path: Path, tiny_model_dir: Path) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    # Mean pooling: a random model's [CLS] state carries too little to learn from in 30 steps.
+    recipe = tiny_recipe(
+        tiny_model_dir, corpus, "train.max_steps=30", "train.eval_every=0", "train.lr=1e-3", "model.pooler=mean"
+    )
+    result = train(recipe, tmp_path / "run", show_progress=False)
+    assert result.steps == 30
+    losses = [r["loss"] for r in read_metrics(tmp_path / "run") if "loss" in r]
+    assert len(losses) == 30
+    assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
+    for name in ("best", "last", "checkpoint", "recipe.yaml"):
+        assert (tmp_path / "run" / name).exists()
+    record = read_metrics(tmp_path / "run")[1]
+    assert {"step", "loss", "infonce", "lr", "sentences_per_second"} <= set(record)
+    reloaded = SentenceEncoder.load(tmp_path / "run" / "best")
+    assert reloaded.encode(["a man plays"]).shape == (1, 32)
+
+
+def test_dev_evaluation_selects_the_best_checkpoint(tmp_path: Path, tiny_model_dir: Path) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    data = make_data_dir(tmp_path / "data")
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        corpus,
+        "train.max_steps=6",
+        "train.eval_every=2",
+        "train.dev_task=stsb-dev",
+        "model.pooler=mean",
+    )
+    result = train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
+    evaluations = [r for r in read_metrics(tmp_path / "run") if "stsb-dev" in r]
+    assert [r["step"] for r in evaluations] == [2, 4, 6]
+    best = max(evaluations, key=lambda r: r["stsb-dev"])
+    assert result.best_step == best["step"] and result.best_score == pytest.approx(best["stsb-dev"])
+    # best/ holds the weights of the best step: re-scoring it reproduces the logged score.
+    from csekit.evaluation.sts import evaluate_dev
+
+    model = SentenceEncoder.load(tmp_path / "run" / "best")
+    assert model.pooler.name == "mean"
+    assert evaluate_dev(model.encode, data, "stsb-dev")["stsb-dev"] == pytest.approx(best["stsb-dev"], abs=1e-6)
+
+
+def test_refuses_to_overwrite_a_finished_run(tmp_path: Path, tiny_model_dir: Path) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=2")
+    train(recipe, tmp_path / "run", show_progress=False)
+    with pytest.raises(CsekitError, match="already holds a run"):
+        train(recipe, tmp_path / "run", show_progress=False)
+
+
+def test_corpus_smaller_than_a_batch_is_an_error(tmp_path: Path, tiny_model_dir: Path) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=5)
+    with pytest.raises(CsekitError, match=r"fewer than train\.batch_size"):
+        train(tiny_recipe(tiny_model_dir, corpus), tmp_path / "run", show_progress=False)
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "csekit.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def test_cli_bad_corpus_is_one_line_with_exit_status_2(tmp_path: Path, tiny_model_dir: Path) -> None:
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"good line\n\xff\xfe broken\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"model:\n  backbone: {tiny_model_dir}\ndata:\n  corpus: {bad}\ntrain:\n  dev_task: none\n")
+    result = run_cli("train", str(recipe), "--output", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert f"{bad}:2: not valid UTF-8" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_encode_writes_one_row_per_line(tmp_path: Path, tiny_model_dir: Path) -> None:
+    (tmp_path / "in.txt").write_text("a man plays\n\nthe dog runs\n", encoding="utf-8")
+    result = run_cli("encode", str(tiny_model_dir), "--input", "in.txt", "--output", "out.npy", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert np.load(tmp_path / "out.npy").shape == (3, 32)
+
+
+def test_nan_dev_scores_never_win_the_selection() -> None:
+    from csekit.training import _improves
+
+    assert _improves(float("nan"), None)
+    assert not _improves(float("nan"), 0.2)
+    assert _improves(0.1, float("nan"))
+    assert _improves(0.3, 0.2) and not _improves(0.2, 0.3)
