@@ -146,3 +146,46 @@ def test_nan_dev_scores_never_win_the_selection() -> None:
     assert not _improves(float("nan"), 0.2)
     assert _improves(0.1, float("nan"))
     assert _improves(0.3, 0.2) and not _improves(0.2, 0.3)
+
+
+def test_cli_evaluate_writes_the_documented_json(tmp_path: Path, tiny_model_dir: Path, data_dir: Path) -> None:
+    result = run_cli("evaluate", str(tiny_model_dir), "--data-dir", str(data_dir), "--output", "r.json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "| STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R |  Avg. |" in result.stdout
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["model"] == str(tiny_model_dir) and report["pooler"] == "cls"
+    tasks = report["tasks"]
+    assert list(tasks) == ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
+    for year in ("STS12", "STS13", "STS14", "STS15", "STS16"):
+        assert set(tasks[year]) == {"all", "mean", "wmean"}
+    headline = [tasks[y]["all"] for y in ("STS12", "STS13", "STS14", "STS15", "STS16")]
+    headline += [tasks["STSBenchmark"]["test"], tasks["SICKRelatedness"]["test"]]
+    assert all(-1 <= x <= 1 for x in headline)
+    assert report["avg"] == pytest.approx(np.mean(headline))
+
+
+def test_cli_evaluate_dev_task(tmp_path: Path, tiny_model_dir: Path) -> None:
+    data = make_data_dir(tmp_path / "data")
+    result = run_cli(
+        "evaluate",
+        str(tiny_model_dir),
+        "--tasks",
+        "stsb-dev",
+        "--pooler",
+        "mean",
+        "--data-dir",
+        str(data),
+        "--output",
+        "r.json",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["pooler"] == "mean" and set(report["tasks"]) == {"stsb-dev"} and "avg" not in report
+
+
+def test_cli_unknown_task_and_missing_data_dir(tmp_path: Path, tiny_model_dir: Path) -> None:
+    result = run_cli("evaluate", str(tiny_model_dir), "--tasks", "STS21", cwd=tmp_path)
+    assert result.returncode == 2 and 'unknown task "STS21"' in result.stderr
+    env_free = run_cli("evaluate", str(tiny_model_dir), "--data-dir", str(tmp_path / "nowhere"), cwd=tmp_path)
+    assert env_free.returncode == 2 and "CSEKIT_DATA" in env_free.stderr

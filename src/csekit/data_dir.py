@@ -42,8 +42,7 @@ STS_SUBSETS: Mapping[str, tuple[str, ...]] = MappingProxyType(
 
 _HOW_TO_GET = (
     "pass --data-dir DIR or set CSEKIT_DATA=DIR, where DIR holds sts/STS12..STS16, sts/STSBenchmark and "
-    "sts/SICK (or SentEval's data/downstream folder); to download it, run "
-    "`python -c \"from csekit.data_dir import download_senteval_data as d; d('DIR')\"`"
+    "sts/SICK (or SentEval's data/downstream folder); with a network, `csekit download-data DIR` fetches it"
 )
 
 

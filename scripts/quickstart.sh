@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The main job: evaluate all-MiniLM-L6-v2 ([CLS] pooling) on the STS suite, train it with SimCSE on the
+# 89,192 unlabeled STS/SICK sentences (recipes/quickstart.yaml, bf16, about 10 minutes on 2 CPU cores),
+# then evaluate the trained model the same way. Results land in runs/quickstart/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CSEKIT_DATA=${CSEKIT_DATA:-$(cd .. && pwd)/shared/data}
+OUT=${OUT:-runs/quickstart}
+CSEKIT=.venv/bin/csekit
+
+if [ -e "$OUT" ]; then
+  echo "$OUT exists: remove it or set OUT=another/folder" >&2
+  exit 2
+fi
+mkdir -p "$OUT"
+echo "== before training: all-MiniLM-L6-v2, cls pooler"
+$CSEKIT evaluate minilm-l6 --pooler cls --tasks sts --output "$OUT/before.json"
+echo "== training (recipes/quickstart.yaml)"
+$CSEKIT train recipes/quickstart.yaml --output "$OUT/run"
+echo "== after training: $OUT/run/best"
+$CSEKIT evaluate "$OUT/run/best" --tasks sts --output "$OUT/after.json"
+.venv/bin/python - "$OUT/before.json" "$OUT/after.json" <<'PY'
+import json, sys
+before, after = (json.load(open(p)) for p in sys.argv[1:3])
+print(f"STS average (7 tasks, Spearman x 100): {100 * before['avg']:.2f} -> {100 * after['avg']:.2f} "
+      "(all-MiniLM-L6-v2 with cls pooling; not a paper reproduction)")
+PY
