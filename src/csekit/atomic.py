@@ -46,11 +46,19 @@ def atomic_directory(target: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    swap_in(tmp, target)
+
+
+def swap_in(source: Path, target: Path) -> None:
+    """Replace directory `target` by the complete directory `source` with two renames.
+
+    Between the renames only `target.old` exists; `recover_directory` finishes such a swap.
+    """
     old = target.with_name(target.name + ".old")
     shutil.rmtree(old, ignore_errors=True)
     if target.exists():
         os.replace(target, old)
-    os.replace(tmp, target)
+    os.replace(source, target)
     shutil.rmtree(old, ignore_errors=True)
 
 

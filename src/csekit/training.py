@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from csekit.atomic import atomic_directory, atomic_write_text, recover_directory
+from csekit.atomic import atomic_write_text, recover_directory, swap_in
 from csekit.config import Recipe
 from csekit.data import TrainCollator, open_corpus
 from csekit.data_dir import resolve_data_dir
@@ -155,6 +156,11 @@ def train(
         choices = ", ".join(DEV_TASKS)
         raise CsekitError(f'recipe key train.dev_task: unknown dev task "{dev_task}"; choose {choices} or none')
 
+    if dev_task != "none" and train_config.select_metric != dev_task:
+        raise CsekitError(
+            f'recipe key train.select_metric: "{train_config.select_metric}" is not a dev score; '
+            f'the dev task gives "{dev_task}"'
+        )
     corpus = open_corpus(
         recipe.data.corpus, data_path, recipe.data.max_chars, recipe.data.bad_lines, recipe.data.text_column
     )
@@ -236,30 +242,32 @@ def train(
         return scores
 
     def save_checkpoint() -> None:
-        """The resumable state: weights, optimizer, scheduler, RNG states and the step."""
+        """The resumable state: weights, optimizer, scheduler, RNG states (every process's) and the step."""
+        staging = output / ".checkpoint.tmp"
+        if main:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir()
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(staging))
         accelerator.wait_for_everyone()
         if main:
-            with atomic_directory(checkpoint_dir) as tmp:
-                accelerator.save_state(str(tmp))
-                (tmp / STATE_FILE).write_text(json.dumps(state.__dict__), encoding="utf-8")
+            atomic_write_text(staging / STATE_FILE, json.dumps(state.__dict__))
+            swap_in(staging, checkpoint_dir)
         accelerator.wait_for_everyone()
 
     def on_evaluation() -> None:
+        nonlocal last_score
         scores = evaluate() if main else {}
         if main:
             metrics.write({"step": state.step, **scores})
             score = scores.get(train_config.select_metric)
-            if dev_task != "none" and score is None:
-                raise CsekitError(
-                    f'recipe key train.select_metric: "{train_config.select_metric}" is not a dev score '
-                    f"(have: {', '.join(scores)})"
-                )
             improved = _improves(score, state.best_score)
             if improved:
                 state.best_score, state.best_step = score, state.step
                 unwrapped.encoder.save(output / "best")
             unwrapped.encoder.save(output / "last")
-            bar.set_postfix_str(_postfix(last_loss, score))
+            last_score = score
+            bar.set_postfix_str(_postfix(last_loss, last_score))
         save_checkpoint()
 
     bar = tqdm(
@@ -271,6 +279,7 @@ def train(
         dynamic_ncols=True,
     )
     last_loss: float | None = None
+    last_score: float | None = None  # the latest dev score, shown in the progress bar
     window: dict[str, float] = {}
     window_steps, window_start, bad_in_a_row = 0, time.perf_counter(), 0
     model.train()
@@ -316,7 +325,7 @@ def train(
                     "sentences_per_second": window_steps * train_config.batch_size / max(elapsed, 1e-9),
                 }
                 metrics.write(record)
-                bar.set_postfix_str(_postfix(last_loss, state.best_score))
+                bar.set_postfix_str(_postfix(last_loss, last_score))
                 window, window_steps = {}, 0
                 window_start = time.perf_counter()
             eval_due = train_config.eval_every > 0 and state.step % train_config.eval_every == 0
