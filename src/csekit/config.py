@@ -58,6 +58,7 @@ class TrainConfig:
     warmup_ratio: float = 0.0
     weight_decay: float = 0.0
     max_grad_norm: float | None = 1.0  # the reference code trains with the HF Trainer's default clipping
+    max_bad_steps: int = 20  # this many non-finite steps in a row stop the run
     dev_task: str = "stsb-dev"
     select_metric: str = "stsb-dev"  # the dev score that picks the best checkpoint (higher is better)
     eval_batch_size: int = 128
@@ -207,6 +208,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         ("train.max_steps", train.max_steps is None or train.max_steps >= 1, "must be at least 1"),
         ("train.eval_every", train.eval_every >= 0, "must be >= 0 (0 evaluates only at the end)"),
         ("train.log_every", train.log_every >= 1, "must be at least 1"),
+        ("train.max_bad_steps", train.max_bad_steps >= 1, "must be at least 1"),
         ("train.precision", train.precision in ("fp32", "bf16", "fp16"), "must be fp32, bf16 or fp16"),
         ("train.warmup_ratio", 0 <= train.warmup_ratio < 1, "must be in [0, 1)"),
         ("model.max_length", recipe.model.max_length >= 4, "must be at least 4"),

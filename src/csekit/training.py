@@ -9,6 +9,7 @@ checkpoint and `--resume` continues from the last saved state.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import shutil
@@ -35,14 +36,14 @@ from csekit.model import ContrastiveModel, build_model
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 STATE_FILE = "trainer_state.json"
-MAX_BAD_STEPS_IN_A_ROW = 20
 
 
 @dataclass
 class TrainerState:
     """What a resumed run needs beside the weights: where it was and what it had seen."""
 
-    step: int = 0
+    step: int = 0  # optimizer steps taken
+    batches: int = 0  # batches consumed (the data position; differs from `step` when steps were skipped)
     best_score: float | None = None
     best_step: int | None = None
     skipped_steps: int = 0
@@ -82,19 +83,35 @@ class MetricsLog:
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
 
-def _prepare_output(output_dir: Path, resume: bool) -> None:
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / ".csekit-write-test"
-        probe.write_text("", encoding="utf-8")
-        probe.unlink()
-    except OSError as error:
-        raise CsekitError(f"output folder {output_dir} is not writable ({error.strerror})") from None
+def _check_output(output_dir: Path, resume: bool) -> None:
+    """Refuse to overwrite a run (read-only: nothing is created before all inputs are checked)."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise CsekitError(f"output folder {output_dir} is a file")
     has_run = any((output_dir / name).exists() for name in ("metrics.jsonl", "checkpoint", "best", "last"))
     if has_run and not resume:
         raise CsekitError(
             f"output folder {output_dir} already holds a run; pass --resume to continue it or choose a new folder"
         )
+
+
+def _create_output(output_dir: Path, process: int) -> None:
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        probe = output_dir / f".csekit-write-test-{process}"
+        probe.write_text("", encoding="utf-8")
+        probe.unlink()
+    except OSError as error:
+        raise CsekitError(f"output folder {output_dir} is not writable ({error.strerror})") from None
+
+
+def _optional_data_dir(data_dir: str | Path | None) -> Path | None:
+    """The data folder if one is given (it may hold the corpus); without a dev task none is required."""
+    try:
+        return resolve_data_dir(data_dir)
+    except CsekitError:
+        if data_dir is not None:
+            raise
+        return None
 
 
 def _check_precision(accelerator_device: torch.device, precision: str) -> None:
@@ -144,14 +161,11 @@ def train(
     )
     _check_precision(accelerator.device, train_config.precision)
     main = accelerator.is_main_process
-    if main:
-        _prepare_output(output, resume)
-    accelerator.wait_for_everyone()
+    _check_output(output, resume)
     set_seed(train_config.seed)
 
     dev_task = train_config.dev_task
-    needs_data = dev_task != "none" or not Path(recipe.data.corpus).expanduser().exists()
-    data_path = resolve_data_dir(data_dir) if needs_data else None
+    data_path = resolve_data_dir(data_dir) if dev_task != "none" else _optional_data_dir(data_dir)
     if dev_task != "none" and dev_task not in DEV_TASKS:
         choices = ", ".join(DEV_TASKS)
         raise CsekitError(f'recipe key train.dev_task: unknown dev task "{dev_task}"; choose {choices} or none')
@@ -191,6 +205,7 @@ def train(
         num_workers=recipe.data.num_workers,
         generator=torch.Generator().manual_seed(train_config.seed),
     )
+    _create_output(output, accelerator.process_index)  # every input is valid: only now is anything written
     optimizer = torch.optim.AdamW(_param_groups(model, recipe), lr=train_config.lr)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     steps_per_epoch = len(loader)
@@ -198,7 +213,6 @@ def train(
         raise CsekitError(f"corpus {recipe.data.corpus} gives no full batch of {train_config.batch_size}")
     # As in the transformers Trainer, max_steps (when set) replaces epochs as the length of the run.
     total_steps = train_config.max_steps or steps_per_epoch * train_config.epochs
-    epochs = math.ceil(total_steps / steps_per_epoch)
     scheduler = get_linear_schedule_with_warmup(
         optimizer, math.ceil(train_config.warmup_ratio * total_steps), total_steps
     )
@@ -283,28 +297,40 @@ def train(
     window: dict[str, float] = {}
     window_steps, window_start, bad_in_a_row = 0, time.perf_counter(), 0
     model.train()
-    for epoch in range(state.step // steps_per_epoch, epochs):
+    no_clipping = float("inf")
+    for epoch in itertools.count(state.batches // steps_per_epoch):
         if state.step >= total_steps:
             break
         loader.set_epoch(epoch)
-        skip = state.step - epoch * steps_per_epoch
+        skip = state.batches - epoch * steps_per_epoch
         batches = accelerator.skip_first_batches(loader, skip) if skip > 0 else loader
         for batch in batches:
+            state.batches += 1
             loss, parts = model(batch["inputs"], batch["sentences"], batch["fields"])
-            if not torch.isfinite(loss.detach()):
+            # Always back-propagate (every process must join DDP's gradient all-reduce), then decide
+            # together: a step is skipped everywhere when any process's loss or the gradient is not finite.
+            accelerator.backward(loss)
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), train_config.max_grad_norm or no_clipping)
+            loss_finite = accelerator.reduce(torch.isfinite(loss.detach()).float().reshape(1), "min")
+            if not (bool(loss_finite.item()) and bool(torch.isfinite(torch.as_tensor(grad_norm)))):
                 optimizer.zero_grad(set_to_none=True)
                 state.skipped_steps += 1
                 bad_in_a_row += 1
-                metrics.write({"step": state.step, "event": "non_finite_loss", "skipped_steps": state.skipped_steps})
-                if bad_in_a_row >= MAX_BAD_STEPS_IN_A_ROW:
+                reason = "loss" if not loss_finite.item() else "gradient"
+                metrics.write(
+                    {
+                        "step": state.step,
+                        "event": "non_finite_step",
+                        "reason": reason,
+                        "skipped_steps": state.skipped_steps,
+                    }
+                )
+                if bad_in_a_row >= train_config.max_bad_steps:
                     raise CsekitError(
-                        f"{bad_in_a_row} steps in a row had a non-finite loss (at step {state.step}); "
-                        f"stopped. The best checkpoint in {output / 'best'} is intact; lower train.lr?"
+                        f"{bad_in_a_row} steps in a row had a non-finite {reason} (after step {state.step}); "
+                        f"stopped. The best model in {output / 'best'} is intact; try a lower train.lr"
                     )
                 continue
-            accelerator.backward(loss)
-            if train_config.max_grad_norm is not None:
-                accelerator.clip_grad_norm_(model.parameters(), train_config.max_grad_norm)
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)

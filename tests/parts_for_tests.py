@@ -1,0 +1,48 @@
+"""Objectives used only by tests, reached from recipes by import path (tests/ is put on PYTHONPATH)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from csekit.state import StepState
+
+
+class KillOnce(nn.Module):
+    """Contributes nothing; on its `at_call`-th call it SIGKILLs the process, once (a marker file remembers)."""
+
+    def __init__(self, at_call: int, marker: str) -> None:
+        super().__init__()
+        self.at_call = at_call
+        self.marker = Path(marker)
+        self.calls = 0
+
+    def forward(self, state: StepState) -> dict[str, Tensor]:
+        self.calls += 1
+        if self.calls == self.at_call and not self.marker.exists():
+            self.marker.write_text("killed", encoding="utf-8")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"kill_once": torch.zeros((), device=state.embeddings[0].device)}
+
+
+class NanAfter(nn.Module):
+    """A loss that becomes NaN from its `after`-th call on (to exercise the non-finite guard)."""
+
+    def __init__(self, after: int, gradient_only: bool = False) -> None:
+        super().__init__()
+        self.after = after
+        self.gradient_only = gradient_only
+        self.calls = 0
+
+    def forward(self, state: StepState) -> dict[str, Tensor]:
+        self.calls += 1
+        anchors = state.embeddings[0]
+        if self.calls < self.after:
+            return {"nan_after": anchors.sum() * 0.0}
+        if self.gradient_only:  # a finite loss whose gradient is NaN: sqrt'(0) * 0 = inf * 0
+            return {"nan_after": torch.sqrt(anchors.sum() * 0.0)}
+        return {"nan_after": anchors.sum() * float("nan")}

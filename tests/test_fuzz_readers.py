@@ -1,0 +1,74 @@
+"""Property-based tests of the corpus and STS readers: any bytes give sentences or a CsekitError."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from csekit.data import Corpus
+from csekit.errors import CsekitError
+from csekit.evaluation.sts import load_sts_task
+
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+LINE = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=40)
+
+
+@FUZZ
+@given(st.binary(max_size=400))
+def test_corpus_reader_never_crashes_on_bytes(data: bytes) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "c.txt"
+        path.write_bytes(data)
+        try:
+            corpus = Corpus(path, max_chars=50)
+        except CsekitError as error:
+            assert "\n" not in str(error) and "c.txt" in str(error)
+            return
+        sentences = [corpus[i] for i in range(len(corpus))]
+        assert all(s.strip() and "\n" not in s for s in sentences)
+        lines = data.split(b"\n")  # binary file iteration ends lines at b"\n" only
+        if lines[-1] == b"":
+            lines.pop()
+        assert len(sentences) + corpus.report.blank_lines == len(lines)
+
+
+@FUZZ
+@given(st.lists(LINE, max_size=30))
+def test_corpus_keeps_every_non_blank_line_in_order(lines: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "c.txt"
+        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        expected = [line for line in lines if line.strip()]
+        if not expected:
+            return
+        corpus = Corpus(path, max_chars=100)
+        assert [corpus[i] for i in range(len(corpus))] == expected
+        assert corpus.report.blank_lines == len(lines) - len(expected)
+
+
+@FUZZ
+@given(
+    st.lists(st.tuples(LINE, LINE, st.one_of(st.floats(0, 5, allow_nan=False), st.just(None))), max_size=20),
+    st.binary(max_size=60),
+)
+def test_sts_reader_gives_scored_pairs_or_a_located_error(rows: list, junk: bytes) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        year = Path(folder) / "sts" / "STS13"
+        year.mkdir(parents=True)
+        for subset in ("FNWN", "headlines", "OnWN"):
+            inputs = "".join(f"{a}\t{b}\n" for a, b, _ in rows)
+            golds = "".join(("" if y is None else f"{y}") + "\n" for _, _, y in rows)
+            (year / f"STS.input.{subset}.txt").write_text(inputs, encoding="utf-8")
+            (year / f"STS.gs.{subset}.txt").write_bytes(golds.encode() + (junk if subset == "OnWN" else b""))
+        try:
+            subsets = load_sts_task(folder, "STS13")
+        except CsekitError as error:
+            assert "\n" not in str(error) and "STS" in str(error)
+            return
+        scored = [(a, b, y) for a, b, y in rows if y is not None]
+        assert len(subsets[0]) == len(scored)
+        assert subsets[0].scores == [float(f"{y}") for _, _, y in scored]
+        assert all(" ".join(s.split()) == s for s in subsets[0].sentences1)
