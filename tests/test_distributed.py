@@ -73,3 +73,37 @@ def test_two_processes_equal_one_process_on_the_global_batch(tmp_path: Path, tin
     assert set(two["grads"]) == set(single_grads)
     for name, grad in single_grads.items():
         torch.testing.assert_close(two["grads"][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_training_runs_as_two_cpu_processes(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`torchrun` (what `accelerate launch --multi_gpu` runs) on a machine without a GPU: gloo, 2 processes."""
+    import json
+    import subprocess
+    import sys
+
+    from test_training import make_corpus
+
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        f"model: {{backbone: '{tiny_model_dir}', pooler: mean, max_length: 16}}\n"
+        f"data: {{corpus: '{corpus}'}}\n"
+        "train: {batch_size: 16, max_steps: 3, eval_every: 0, log_every: 1, dev_task: none}\n",
+        encoding="utf-8",
+    )
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+    ]
+    command += ["-m", "csekit.cli", "train", str(recipe), "--output", str(tmp_path / "out"), "--no-progress"]
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["processes"] == 2
+    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3]  # written once, by the main process
+    assert (tmp_path / "out" / "best" / "model.safetensors").exists()

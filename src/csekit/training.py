@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -104,6 +105,15 @@ def _create_output(output_dir: Path, process: int) -> None:
         raise CsekitError(f"output folder {output_dir} is not writable ({error.strerror})") from None
 
 
+def _several_cpu_processes() -> bool:
+    """Launched as several processes (torchrun, accelerate launch --multi_gpu) on a machine without a GPU.
+
+    accelerate then needs `cpu=True` to use its multi-CPU (gloo) mode instead of running each process alone.
+    """
+    has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+    return not has_gpu and int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
 def _optional_data_dir(data_dir: str | Path | None) -> Path | None:
     """The data folder if one is given (it may hold the corpus); without a dev task none is required."""
     try:
@@ -156,6 +166,7 @@ def train(
     output = Path(output_dir)
     train_config = recipe.train
     accelerator = Accelerator(
+        cpu=_several_cpu_processes(),
         mixed_precision=MIXED_PRECISION[train_config.precision],
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
@@ -311,12 +322,16 @@ def train(
             # together: a step is skipped everywhere when any process's loss or the gradient is not finite.
             accelerator.backward(loss)
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), train_config.max_grad_norm or no_clipping)
-            loss_finite = accelerator.reduce(torch.isfinite(loss.detach()).float().reshape(1), "min")
-            if not (bool(loss_finite.item()) and bool(torch.isfinite(torch.as_tensor(grad_norm)))):
+            # One all-reduce gives the mean loss and parts over processes (for the log) and, since a NaN
+            # anywhere makes the mean NaN, whether every process's loss is finite.
+            names = ["loss", *parts]
+            values = accelerator.reduce(torch.stack([loss.detach(), *parts.values()]).float(), "mean").tolist()
+            loss_finite = math.isfinite(values[0])
+            if not (loss_finite and bool(torch.isfinite(torch.as_tensor(grad_norm)))):
                 optimizer.zero_grad(set_to_none=True)
                 state.skipped_steps += 1
                 bad_in_a_row += 1
-                reason = "loss" if not loss_finite.item() else "gradient"
+                reason = "loss" if not loss_finite else "gradient"
                 metrics.write(
                     {
                         "step": state.step,
@@ -337,10 +352,9 @@ def train(
             bad_in_a_row = 0
             state.step += 1
             bar.update(1)
-            last_loss = float(loss.detach())
-            window["loss"] = window.get("loss", 0.0) + last_loss
-            for name, value in parts.items():
-                window[name] = window.get(name, 0.0) + float(value.detach())
+            last_loss = values[0]
+            for name, value in zip(names, values, strict=True):
+                window[name] = window.get(name, 0.0) + value
             window_steps += 1
             if state.step % train_config.log_every == 0 or state.step == total_steps:
                 elapsed = time.perf_counter() - window_start
