@@ -1,0 +1,199 @@
+"""Training throughput: csekit SimCSE against sentence-transformers' own unsupervised SimCSE, in one run.
+
+Both train the same backbone on the same corpus with the same batch size and maximum length:
+csekit through `csekit.training.train` (its real loop, data loading included), sentence-transformers
+through `SentenceTransformerTrainer` with `MultipleNegativesRankingLoss` on (sentence, sentence)
+pairs (its documented SimCSE recipe), with a [CLS] pooler to match. Each measurement runs in its own
+process, so peak memory (max RSS) is per measurement. Method recipes found in `recipes/` (e.g.
+`dclr-minilm.yaml`) are timed too, as step-time ratios to csekit SimCSE.
+
+    python benchmarks/train_throughput.py --steps 30            # the whole comparison
+    python benchmarks/train_throughput.py --corpus-memory       # peak memory of 100k / 1M-line corpora
+
+Figures depend on the machine and on what else runs on it: report them with both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+METHOD_RECIPES = ["dclr-minilm.yaml", "whitenedcse-minilm.yaml", "slt-fai-minilm.yaml", "osscse-minilm.yaml"]
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_csekit(recipe: str, precision: str, steps: int, batch: int, max_length: int) -> dict:
+    """Train `steps` steps; throughput from metrics.jsonl after the first logging window (warm-up)."""
+    from csekit.config import load_recipe
+    from csekit.training import train
+
+    overrides = [
+        f"train.max_steps={steps}",
+        "train.dev_task=none",
+        "train.eval_every=0",
+        "train.log_every=5",
+        f"train.precision={precision}",
+        f"train.batch_size={batch}",
+        f"model.max_length={max_length}",
+        "model.pooler=cls",
+    ]
+    config = load_recipe(REPO / "recipes" / recipe, overrides)
+    with tempfile.TemporaryDirectory() as folder:
+        train(config, Path(folder) / "run", show_progress=False)
+        records = [json.loads(x) for x in (Path(folder) / "run" / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["sentences_per_second"] for r in records if "sentences_per_second" in r][1:]
+    rate = sum(rates) / len(rates)
+    return {"sentences_per_second": rate, "seconds_per_step": batch / rate}
+
+
+def run_sentence_transformers(precision: str, steps: int, batch: int, max_length: int) -> dict:
+    """sentence-transformers' unsupervised SimCSE: MNRL on (s, s) pairs, the same backbone with [CLS] pooling."""
+    from datasets import Dataset
+    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+    from sentence_transformers.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+    from sentence_transformers.training_args import SentenceTransformerTrainingArguments
+    from transformers import TrainerCallback
+
+    from csekit.data_dir import resolve_data_dir
+    from csekit.encoder import resolve_model_path
+
+    corpus = resolve_data_dir(None) / "corpus" / "sts_sick_unlabeled_sentences.txt"
+    sentences = corpus.read_text(encoding="utf-8").splitlines()[: batch * (steps + 1)]
+    transformer = Transformer(resolve_model_path("minilm-l6"), max_seq_length=max_length)
+    pooling = Pooling(transformer.auto_model.config.hidden_size, pooling_mode="cls")
+    model = SentenceTransformer(modules=[transformer, pooling], device="cpu")
+    dataset = Dataset.from_dict({"anchor": sentences, "positive": sentences})
+
+    class StepTimer(TrainerCallback):
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            self.times.append(time.perf_counter())
+
+    timer = StepTimer()
+    with tempfile.TemporaryDirectory() as folder:
+        args = SentenceTransformerTrainingArguments(
+            output_dir=folder,
+            per_device_train_batch_size=batch,
+            max_steps=steps,
+            learning_rate=3e-5,
+            bf16=precision == "bf16",
+            use_cpu=True,
+            report_to="none",
+            save_strategy="no",
+            logging_steps=1000,
+            dataloader_drop_last=True,
+        )
+        trainer = SentenceTransformerTrainer(
+            model=model,
+            args=args,
+            train_dataset=dataset,
+            loss=MultipleNegativesRankingLoss(model, scale=20.0),
+            callbacks=[timer],
+        )
+        trainer.train()
+    window = timer.times[5:]  # after warm-up, like csekit's first logging window
+    seconds = (window[-1] - window[0]) / (len(window) - 1)
+    return {"sentences_per_second": batch / seconds, "seconds_per_step": seconds}
+
+
+def corpus_memory(lines: int) -> dict:
+    """Peak memory after opening a generated corpus of `lines` lines and reading a few batches."""
+    from csekit.data import Corpus
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "corpus.txt"
+        with open(path, "w", encoding="utf-8") as handle:
+            for i in range(lines):
+                handle.write(f"sentence number {i} about a man playing the guitar in the park .\n")
+        before = peak_rss_mib()
+        started = time.perf_counter()
+        corpus = Corpus(path)
+        seconds = time.perf_counter() - started
+        _ = [corpus[i] for i in range(0, len(corpus), max(1, len(corpus) // 1000))]
+        return {"lines": lines, "scan_seconds": seconds, "peak_rss_mib": peak_rss_mib(), "rss_before_mib": before}
+
+
+def one(kind: str, args: argparse.Namespace) -> None:
+    """Run one measurement in this process and print it as JSON (called by `main` in a subprocess)."""
+    import torch
+
+    torch.manual_seed(0)
+    name, _, precision = kind.partition(":")
+    if name == "st":
+        result = run_sentence_transformers(precision, args.steps, args.batch_size, args.max_length)
+    elif name == "corpus":
+        result = corpus_memory(int(precision))
+    else:
+        result = run_csekit(name, precision, args.steps, args.batch_size, args.max_length)
+    result["peak_rss_mib"] = max(result.get("peak_rss_mib", 0), peak_rss_mib())
+    print(json.dumps({"kind": kind, **result}))
+
+
+def measure(kind: str, args: argparse.Namespace) -> dict:
+    command = [sys.executable, __file__, "--one", kind, "--steps", str(args.steps)]
+    command += ["--batch-size", str(args.batch_size), "--max-length", str(args.max_length)]
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    if done.returncode != 0:
+        raise SystemExit(f"{kind} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-length", type=int, default=32)
+    parser.add_argument("--corpus-memory", action="store_true", help="only the 100k / 1M-line corpus figures")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:
+        one(args.one, args)
+        return
+    print(
+        f"machine: {os.cpu_count()} cores; torch threads default; batch {args.batch_size}, max length "
+        f"{args.max_length}, {args.steps} steps; backbone all-MiniLM-L6-v2 ([CLS])"
+    )
+    if args.corpus_memory:
+        for lines in (100_000, 1_000_000):
+            r = measure(f"corpus:{lines}", args)
+            grown = r["peak_rss_mib"] - r["rss_before_mib"]
+            print(
+                f"corpus {lines:>9,} lines: scan {r['scan_seconds']:.1f} s, peak RSS {r['peak_rss_mib']:.0f} MiB "
+                f"(+{grown:.0f} MiB for the corpus)"
+            )
+        return
+    results = {kind: measure(kind, args) for kind in ("st:fp32", "quickstart.yaml:fp32", "quickstart.yaml:bf16")}
+    for kind, r in results.items():
+        print(
+            f"{kind:<24} {r['sentences_per_second']:7.1f} sentences/s  {r['seconds_per_step']:.3f} s/step  "
+            f"peak RSS {r['peak_rss_mib']:.0f} MiB"
+        )
+    st_rate = results["st:fp32"]["sentences_per_second"]
+    for kind in ("quickstart.yaml:fp32", "quickstart.yaml:bf16"):
+        print(f"{kind} / sentence-transformers fp32: {results[kind]['sentences_per_second'] / st_rate:.2f}x")
+    simcse_step = results["quickstart.yaml:bf16"]["seconds_per_step"]
+    for recipe in METHOD_RECIPES:
+        if (REPO / "recipes" / recipe).exists():
+            r = measure(f"{recipe}:bf16", args)
+            print(
+                f"{recipe:<24} {r['seconds_per_step']:.3f} s/step = {r['seconds_per_step'] / simcse_step:.2f}x "
+                f"SimCSE (bf16), peak RSS {r['peak_rss_mib']:.0f} MiB"
+            )
+
+
+if __name__ == "__main__":
+    main()
