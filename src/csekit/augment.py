@@ -218,7 +218,8 @@ class FileEngine:
             else:
                 parts = line.split("\t")
                 if len(parts) != 2:
-                    raise CsekitError(f"{at(path, number)}: expected sentence<TAB>paraphrase, found {len(parts)} fields")
+                    found = f"found {len(parts)} fields"
+                    raise CsekitError(f"{at(path, number)}: expected sentence<TAB>paraphrase, {found}")
                 source, paraphrase = parts
             if isinstance(paraphrase, str) and paraphrase.strip():
                 self.table.setdefault(source.strip(), []).append(paraphrase.strip())

@@ -263,13 +263,13 @@ def make_pooler(name: str, **options: object) -> Pooler:
 
 __all__ = [
     "POOLERS",
+    "PROMPT_TEMPLATES",
     "ClsPooler",
     "FirstLastAvgPooler",
     "MaskPooler",
     "MeanPooler",
-    "PROMPT_TEMPLATES",
-    "PromptNotExported",
     "Pooler",
+    "PromptNotExported",
     "make_pooler",
     "masked_mean",
     "pad_ids",

@@ -23,9 +23,8 @@ class RecallLoss(nn.Module):
             raise ValueError("gamma must be >= 0")
         self.gamma = gamma
         backbone = encoder.backbone  # type: ignore[attr-defined]
-        self.theta0: dict[str, Tensor] = {
-            name: parameter.detach().clone() for name, parameter in backbone.named_parameters() if parameter.requires_grad
-        }
+        trainable = [(name, p) for name, p in backbone.named_parameters() if p.requires_grad]
+        self.theta0: dict[str, Tensor] = {name: parameter.detach().clone() for name, parameter in trainable}
 
     def forward(self, state: StepState) -> dict[str, Tensor]:
         parameters = dict(state.encoder.backbone.named_parameters())
