@@ -1,4 +1,4 @@
-"""The `csekit` command line: train, evaluate, encode, download-data.
+"""The `csekit` command line: train, evaluate, encode, probe, augment, download-data.
 
 Every input mistake is a `CsekitError`: printed as one line on stderr, exit status 2, no traceback.
 """
@@ -148,6 +148,113 @@ def encode(
         np.save(handle, embeddings)
     os.replace(temporary, output)
     typer.echo(f"wrote {embeddings.shape[0]} x {embeddings.shape[1]} embeddings to {output}")
+
+
+@app.command()
+def probe(
+    model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the probe results as JSON here.")] = None,
+    pooler: PoolerOption = None,
+    data_dir: DataDirOption = None,
+    datasets: Annotated[
+        str, typer.Option(help="rule: median gold score in [2, 3.5] (the paper's rule); paper: its Table 2's 16.")
+    ] = "rule",
+    transformations: Annotated[
+        Path | None, typer.Option(help="A .jsonl probe set of your own (default: the one shipped with csekit).")
+    ] = None,
+    precision: PrecisionOption = "fp32",
+    batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
+) -> None:
+    """OssCSE's bias probes: Spearman on Cont./Oppn. STS splits (by MER) and a sentence-transformation probe."""
+    from csekit.atomic import atomic_write_text
+    from csekit.encoder import SentenceEncoder
+    from csekit.evaluation.probes import (
+        bias_probe,
+        format_bias_table,
+        format_transformation_table,
+        load_probe_datasets,
+        load_transformation_probe,
+        select_datasets,
+        transformation_probe,
+    )
+
+    chosen = select_datasets(load_probe_datasets(data_dir), datasets)
+    rows = load_transformation_probe(transformations)
+    encoder = SentenceEncoder.load(model, pooler=pooler)
+
+    def encode(sentences: list[str]) -> np.ndarray:
+        return encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
+
+    started = time.perf_counter()
+    report = {
+        "model": model,
+        "pooler": encoder.pooler.name,
+        "precision": precision,
+        "datasets": datasets,
+        "bias": bias_probe(encode, chosen),
+        "transformations": transformation_probe(encode, rows),
+    }
+    typer.echo(format_bias_table(report["bias"]))
+    typer.echo("")
+    typer.echo(format_transformation_table(report["transformations"]))
+    typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision}, {time.perf_counter() - started:.1f} s)")
+    if output is not None:
+        atomic_write_text(output, json.dumps(report, indent=2) + "\n")
+
+
+@app.command()
+def augment(
+    corpus: Annotated[Path, typer.Option("--corpus", help="Text corpus, one sentence per line.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The .jsonl to write (appended to on restart).")],
+    engine: Annotated[str, typer.Option(help="Paraphrases from: apertium (offline), marian (network), file, none.")] = (
+        "apertium"
+    ),
+    paraphrases: Annotated[
+        Path | None, typer.Option(help="With --engine file: .jsonl (text, paraphrase) or sentence<TAB>paraphrase.")
+    ] = None,
+    pivots: Annotated[str, typer.Option(help="With --engine marian: pivot languages, comma separated.")] = "de,ru",
+    chunk_size: Annotated[int, typer.Option(help="Sentences per chunk (each chunk is written at once).")] = 1000,
+    limit: Annotated[int | None, typer.Option(help="Stop after this many sentences in all.")] = None,
+    min_mer: Annotated[float, typer.Option(help="Keep a paraphrase whose MER to its sentence is >= this.")] = 0.15,
+    max_mer: Annotated[float, typer.Option(help="... and at most this.")] = 0.6,
+    can: Annotated[str, typer.Option(help='Negation of "can": cannot or "can not".')] = "cannot",
+) -> None:
+    """Write a negation and a back-translated paraphrase of every sentence (OssCSE's training corpus)."""
+    from csekit.augment import ApertiumEngine, FileEngine, MarianEngine, augment_corpus, load_spacy
+
+    if output.suffix != ".jsonl":
+        raise CsekitError(f"--output {output}: must end in .jsonl (a recipe reads the fields from it)")
+    if not 0 <= min_mer <= max_mer <= 1:
+        raise CsekitError(f"--min-mer {min_mer} / --max-mer {max_mer}: need 0 <= min <= max <= 1")
+    if chunk_size < 1:
+        raise CsekitError("--chunk-size must be at least 1")
+    if can not in ("cannot", "can not"):
+        raise CsekitError(f'--can "{can}": choose cannot or "can not"')
+    if not corpus.is_file():
+        raise CsekitError(f"corpus {corpus} does not exist")
+    if engine == "file":
+        if paraphrases is None:
+            raise CsekitError("--engine file needs --paraphrases FILE")
+        chosen = FileEngine(paraphrases)
+    elif engine == "apertium":
+        chosen = ApertiumEngine()
+    elif engine == "marian":
+        chosen = MarianEngine(pivots=[p.strip() for p in pivots.split(",") if p.strip()])
+    elif engine == "none":
+        chosen = None
+    else:
+        from csekit.errors import did_you_mean
+
+        choices = ["apertium", "marian", "file", "none"]
+        raise CsekitError(f'--engine: unknown engine "{engine}"{did_you_mean(engine, choices)}; choose from {choices}')
+
+    def progress(report: object) -> None:
+        typer.echo(f"  {report.resumed + report.written:,} sentences written", err=True)  # type: ignore[attr-defined]
+
+    report = augment_corpus(
+        corpus, output, chosen, load_spacy(), chunk_size, (min_mer, max_mer), limit, can, progress=progress
+    )
+    typer.echo(report.summary())
 
 
 @app.command("download-data")

@@ -120,6 +120,7 @@ class SentenceEncoder(nn.Module):
         self.pooler = pooler
         self.max_length = max_length
         self.head = head
+        pooler.bind(tokenizer)
 
     # ----------------------------------------------------------------- loading
     @classmethod
@@ -137,7 +138,7 @@ class SentenceEncoder(nn.Module):
         """
         location = resolve_model_path(name_or_path)
         path = Path(location)
-        saved_pooler, head_config = None, None
+        saved_pooler, head_config, templates = None, None, None
         transformer_dir: str = location
         if path.is_dir():
             if (path / CSEKIT_CONFIG).exists():
@@ -145,6 +146,7 @@ class SentenceEncoder(nn.Module):
                 saved_pooler = meta.get("pooler")
                 max_length = max_length if max_length is not None else meta.get("max_length")
                 head_config = meta.get("head")
+                templates = meta.get("templates")
             elif (path / "modules.json").exists():
                 st_dir, saved_pooler = _sentence_transformers_layout(path)
                 transformer_dir = str(st_dir)
@@ -165,7 +167,9 @@ class SentenceEncoder(nn.Module):
                 f'cannot load model "{location}": {str(error).splitlines()[0]} '
                 "(offline? use a local directory, or the alias minilm-l6)"
             ) from None
-        encoder = cls(backbone, tokenizer, make_pooler(pooler or saved_pooler or "cls"), max_length)
+        chosen = pooler or saved_pooler or "cls"
+        options = {"templates": templates} if chosen == "mask" and templates else {}
+        encoder = cls(backbone, tokenizer, make_pooler(chosen, **options), max_length)
         if head_config is not None:
             encoder.head = MLPHead(head_config["dim"])
             weights = load_file(str(path / head_config["path"] / "model.safetensors"))
@@ -299,21 +303,32 @@ class SentenceEncoder(nn.Module):
                 {"word_embedding_dimension": self.dim, "layer_start": 1, "num_hidden_layers": layers},
             )
             save_file({"layer_weights": weights}, str(folder / "model.safetensors"))
+        elif name == "mask":
+            # sentence-transformers cannot wrap a sentence in a template before tokenising, so a prompt
+            # model is not a sentence-transformers model. A module that refuses to load keeps
+            # SentenceTransformer(path) from silently mean-pooling it; csekit reloads it from csekit.json.
+            modules.append(
+                {"idx": len(modules), "name": str(len(modules)), "path": "", "type": "csekit.pooling.PromptNotExported"}
+            )
         elif name not in ("cls", "mean"):
             raise CsekitError(f'pooler "{name}" cannot be exported to sentence-transformers yet')
-        pooling_mode = "cls" if name == "cls" else "mean"
-        folder = add_module("Pooling", f"{len(modules)}_Pooling")
-        _write_json(
-            folder / "config.json",
-            {
-                "word_embedding_dimension": self.dim,
-                "pooling_mode_cls_token": pooling_mode == "cls",
-                "pooling_mode_mean_tokens": pooling_mode == "mean",
-                "pooling_mode_max_tokens": False,
-                "pooling_mode_mean_sqrt_len_tokens": False,
-            },
-        )
+        if name != "mask":
+            pooling_mode = "cls" if name == "cls" else "mean"
+            folder = add_module("Pooling", f"{len(modules)}_Pooling")
+            _write_json(
+                folder / "config.json",
+                {
+                    "word_embedding_dimension": self.dim,
+                    "pooling_mode_cls_token": pooling_mode == "cls",
+                    "pooling_mode_mean_tokens": pooling_mode == "mean",
+                    "pooling_mode_max_tokens": False,
+                    "pooling_mode_mean_sqrt_len_tokens": False,
+                },
+            )
         meta: dict[str, Any] = {"csekit_version": __version__, "pooler": name, "max_length": self.max_length}
+        templates = getattr(self.pooler, "templates", None)
+        if templates is not None:
+            meta["templates"] = list(templates)
         if self.head is not None:
             dense = f"{len(modules)}_Dense"
             folder = add_module("Dense", dense)

@@ -26,6 +26,9 @@ class Pooler(nn.Module):
     #: Whether the token ids differ between views (prompt poolers use one template per view).
     view_dependent: bool = False
 
+    def bind(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Called once with the encoder's tokenizer; a pooler that needs token ids (the mask) reads them here."""
+
     def encode_ids(
         self,
         tokenizer: PreTrainedTokenizerBase,
@@ -107,12 +110,148 @@ class FirstLastAvgPooler(Pooler):
         return masked_mean((hidden_states[1] + hidden_states[-1]) / 2, attention_mask)
 
 
+PROMPT_TEMPLATES = ('This sentence : "[X]" means [MASK] .', 'This sentence of "[X]" means [MASK] .')
+"""PromptBERT's templates as OssCSE uses them: view 0 (also used at evaluation) and view 1."""
+
+
+class MaskPooler(Pooler):
+    """PromptBERT's representation: wrap the sentence in a template, read the last layer at its mask token.
+
+    Each view gets its own template (OssCSE's positive pair differs by template as well as dropout);
+    evaluation and export use view 0. When the input is too long the sentence is truncated, never the
+    template, so every input keeps exactly one mask token to read. Sentence and template pieces are
+    tokenised separately and joined as ids: the template has no space between the quote and the
+    sentence, so a byte-level BPE tokenizer (RoBERTa) sees the sentence's first word as it would after
+    a quote.
+    """
+
+    name = "mask"
+    view_dependent = True
+
+    def __init__(self, templates: Sequence[str] = PROMPT_TEMPLATES) -> None:
+        super().__init__()
+        for template in templates:
+            if template.count("[X]") != 1 or template.count("[MASK]") != 1:
+                raise CsekitError(f'prompt template "{template}" needs exactly one [X] and one [MASK]')
+        self.templates = tuple(templates)
+        self.mask_token_id: int | None = None
+        self._pieces: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+
+    def bind(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.mask_token_id = _mask_token_id(tokenizer)
+
+    def _template_ids(self, tokenizer: PreTrainedTokenizerBase, view: int) -> tuple[list[int], list[int]]:
+        """Ids before and after the sentence for `view`'s template (cached per tokenizer and view)."""
+        key = (id(tokenizer), view)
+        if key not in self._pieces:
+            mask_id = _mask_token_id(tokenizer)
+            template = self.templates[view % len(self.templates)]
+            before, after = template.split("[X]")
+            after = after.replace("[MASK]", str(tokenizer.mask_token))
+            prefix = tokenizer(before, add_special_tokens=False)
+            suffix = tokenizer(after, add_special_tokens=False)
+            prefix_ids, suffix_ids = list(prefix["input_ids"]), list(suffix["input_ids"])
+            if suffix_ids.count(mask_id) != 1 or mask_id in prefix_ids:
+                raise CsekitError(
+                    f'prompt template "{template}": the tokenizer does not keep {tokenizer.mask_token} as one token'
+                )
+            self._pieces[key] = (prefix_ids, suffix_ids)
+        return self._pieces[key]
+
+    def encode_ids(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        sentences: Sequence[str],
+        max_length: int | None,
+        view: int = 0,
+    ) -> dict[str, list[list[int]]]:
+        prefix, suffix = self._template_ids(tokenizer, view)
+        head, tail = _special_tokens(tokenizer)
+        specials = len(head) + len(tail)
+        budget = None
+        if max_length is not None:
+            budget = max_length - len(prefix) - len(suffix) - specials
+            if budget < 1:
+                raise CsekitError(
+                    f"max_length {max_length} leaves no room for the sentence in the mask pooler's template "
+                    f"(the template takes {len(prefix) + len(suffix) + specials} tokens); raise model.max_length"
+                )
+        bodies = tokenizer(list(sentences), add_special_tokens=False)["input_ids"]
+        rows: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": []}
+        with_types = "token_type_ids" in tokenizer.model_input_names
+        if with_types:
+            rows["token_type_ids"] = []
+        for body in bodies:
+            ids = head + prefix + list(body[:budget]) + suffix + tail
+            rows["input_ids"].append(ids)
+            rows["attention_mask"].append([1] * len(ids))
+            if with_types:
+                rows["token_type_ids"].append([0] * len(ids))
+        return rows
+
+    def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        if self.mask_token_id is None:
+            raise CsekitError("the mask pooler was not given a tokenizer (SentenceEncoder binds it)")
+        is_mask = (input_ids == self.mask_token_id) & attention_mask.bool()
+        if not bool(is_mask.any(dim=1).all()):
+            raise CsekitError("the mask pooler got an input without a mask token (tokenise through the pooler)")
+        # The template's mask is the last one: a sentence may itself contain the mask token's text.
+        length = input_ids.shape[1]
+        last = (length - 1) - is_mask.flip(dims=[1]).int().argmax(dim=1)
+        states = hidden_states[-1]
+        return states[torch.arange(states.shape[0], device=states.device), last]
+
+
+def _special_tokens(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
+    """The special ids a tokenizer puts before and after one sentence ([CLS] / [SEP], <s> / </s>).
+
+    Read off a tokenised probe word, because transformers 5 tokenizers no longer all offer
+    `build_inputs_with_special_tokens`.
+    """
+    plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    full = list(tokenizer("a")["input_ids"])
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return full[:start], full[start + len(plain) :]
+    raise CsekitError(f"cannot tell which special tokens {type(tokenizer).__name__} adds around a sentence")
+
+
+def _mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    if tokenizer.mask_token is None or tokenizer.mask_token_id is None:
+        raise CsekitError(
+            f"the mask pooler needs a tokenizer with a mask token; {type(tokenizer).__name__} has none "
+            "(use a masked-language-model backbone such as BERT or RoBERTa, or another pooler)"
+        )
+    return int(tokenizer.mask_token_id)
+
+
+class PromptNotExported:
+    """Named in the modules.json of a saved `mask` model so that sentence-transformers refuses it loudly.
+
+    sentence-transformers tokenises raw text and cannot put a sentence inside a template, so it would
+    otherwise embed a prompt model wrongly. Load such a model with `csekit.SentenceEncoder.load(path)`.
+    """
+
+    MESSAGE = (
+        "this csekit model uses the prompt (mask) pooler, which sentence-transformers cannot reproduce; "
+        "load it with csekit.encoder.SentenceEncoder.load(path) and call .encode(sentences)"
+    )
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise CsekitError(self.MESSAGE)
+
+    @classmethod
+    def load(cls, *args: object, **kwargs: object) -> PromptNotExported:
+        raise CsekitError(cls.MESSAGE)
+
+
 POOLERS: dict[str, type[Pooler]] = {
     ClsPooler.name: ClsPooler,
     MeanPooler.name: MeanPooler,
     FirstLastAvgPooler.name: FirstLastAvgPooler,
+    MaskPooler.name: MaskPooler,
 }
-"""Pooler names a recipe or the CLI may use. The `mask` (prompt) pooler is added by OssCSE's parts."""
+"""Pooler names a recipe or the CLI may use."""
 
 
 def make_pooler(name: str, **options: object) -> Pooler:
@@ -124,10 +263,13 @@ def make_pooler(name: str, **options: object) -> Pooler:
 
 __all__ = [
     "POOLERS",
+    "PROMPT_TEMPLATES",
     "ClsPooler",
     "FirstLastAvgPooler",
+    "MaskPooler",
     "MeanPooler",
     "Pooler",
+    "PromptNotExported",
     "make_pooler",
     "masked_mean",
     "pad_ids",

@@ -9,7 +9,9 @@ from __future__ import annotations
 from torch import nn
 
 from csekit.objectives.infonce import InfoNCE, cosine_matrix
+from csekit.objectives.margin import TwoWayMargin, two_way_margin
+from csekit.objectives.recall import RecallLoss
 
-OBJECTIVES: dict[str, type[nn.Module]] = {"infonce": InfoNCE}
+OBJECTIVES: dict[str, type[nn.Module]] = {"infonce": InfoNCE, "margin": TwoWayMargin, "recall": RecallLoss}
 
-__all__ = ["OBJECTIVES", "InfoNCE", "cosine_matrix"]
+__all__ = ["OBJECTIVES", "InfoNCE", "RecallLoss", "TwoWayMargin", "cosine_matrix", "two_way_margin"]
