@@ -120,10 +120,12 @@ class ComplementaryWeighting(nn.Module):
     """DCLR's instance weighting: in-batch negatives too similar to the anchor get weight 0.
 
     model: path or hub name of a trained encoder (the paper uses unsupervised SimCSE), loaded with
-    `SentenceEncoder.load(model, pooler=pooler)`; or `self` for the "self instance weighting" ablation,
-    which uses the step's own detached representations (`representation`: embeddings = head output,
-    features = pooled vectors). phi: the similarity threshold. dropout: keep the complementary model's
-    dropout on (the authors' code does; the paper describes a frozen model).
+    `SentenceEncoder.load(model, pooler=model_pooler)` (None: the pooler saved with it, else cls); or
+    `self` for the "self instance weighting" ablation, which uses the step's own detached
+    representations (`representation`: embeddings = head output, features = pooled vectors).
+    phi: the similarity threshold. dropout: keep the complementary model's dropout on (the authors'
+    code does; the paper describes a frozen model). The complementary model encodes the batch's
+    sentences with its own tokenizer, truncated to the recipe's `model.max_length`.
 
     The complementary model is frozen and is deliberately NOT a submodule: it is kept in a plain
     attribute, so it is in no `state_dict()`, no checkpoint, no optimizer and no saved model; it is
@@ -134,7 +136,7 @@ class ComplementaryWeighting(nn.Module):
         self,
         model: str = "self",
         phi: float = 0.9,
-        pooler: str | None = None,
+        model_pooler: str | None = None,
         representation: str = "embeddings",
         dropout: bool = False,
         anchor_view: int = 0,
@@ -156,7 +158,7 @@ class ComplementaryWeighting(nn.Module):
         complementary: SentenceEncoder | None = None
         if self.model_name != "self":
             try:
-                complementary = SentenceEncoder.load(self.model_name, pooler=pooler)
+                complementary = SentenceEncoder.load(self.model_name, pooler=model_pooler)
             except CsekitError as error:
                 raise CsekitError(f"recipe key weighting.model: {error}") from None
             complementary.requires_grad_(False)
