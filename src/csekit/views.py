@@ -11,6 +11,7 @@ from __future__ import annotations
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
+from csekit.consert import ConsertViews
 from csekit.pooling import Pooler, pad_ids
 
 
@@ -39,3 +40,4 @@ class DropoutViews:
 
 VIEWS: dict[str, type] = {"dropout": DropoutViews}
 """View names a recipe may use under `data.views`; ConSERT's views are added by the DCLR issue."""
+VIEWS["consert"] = ConsertViews

@@ -8,10 +8,16 @@ from __future__ import annotations
 
 from torch import nn
 
+from csekit.objectives.dclr_code import DclrCodeLoss
 from csekit.objectives.infonce import InfoNCE, cosine_matrix
 from csekit.objectives.margin import TwoWayMargin, two_way_margin
 from csekit.objectives.recall import RecallLoss
 
-OBJECTIVES: dict[str, type[nn.Module]] = {"infonce": InfoNCE, "margin": TwoWayMargin, "recall": RecallLoss}
+OBJECTIVES: dict[str, type[nn.Module]] = {
+    "infonce": InfoNCE,
+    "dclr_code": DclrCodeLoss,  # DCLR as the authors' code computes it (weights x logits, BCE)
+    "margin": TwoWayMargin,
+    "recall": RecallLoss,
+}
 
-__all__ = ["OBJECTIVES", "InfoNCE", "RecallLoss", "TwoWayMargin", "cosine_matrix", "two_way_margin"]
+__all__ = ["OBJECTIVES", "DclrCodeLoss", "InfoNCE", "RecallLoss", "TwoWayMargin", "cosine_matrix", "two_way_margin"]
