@@ -9,7 +9,9 @@ from __future__ import annotations
 from torch import nn
 
 from csekit.objectives.infonce import InfoNCE, cosine_matrix
+from csekit.objectives.multi_positive import MultiPositiveInfoNCE
 
 OBJECTIVES: dict[str, type[nn.Module]] = {"infonce": InfoNCE}
+OBJECTIVES["multi_positive"] = MultiPositiveInfoNCE  # WhitenedCSE, Eq. 7 (or 8)
 
-__all__ = ["OBJECTIVES", "InfoNCE", "cosine_matrix"]
+__all__ = ["OBJECTIVES", "InfoNCE", "MultiPositiveInfoNCE", "cosine_matrix"]
