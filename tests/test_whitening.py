@@ -162,6 +162,19 @@ def test_float32_and_float64_eigendecompositions_agree() -> None:
     assert outs[0].dtype == torch.float32
 
 
+def test_bf16_autocast_keeps_the_whitening_in_float32() -> None:
+    head = WhiteningHead(32, "shuffled_group", num_groups=4).train()
+    x = correlated(64, 32, seed=1, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        views = head.forward_views([x.bfloat16(), x.bfloat16()])
+        whitened = head.whitening(x.bfloat16(), torch.arange(32))
+    assert all(torch.isfinite(v).all() for v in views)
+    assert head.whitening.running_covariance.dtype == torch.float32
+    # Each group of the (bf16-rounded) output is still white: the eigendecomposition ran in float32.
+    cov = covariance(whitened.double())
+    torch.testing.assert_close(cov[:8, :8], torch.eye(8, dtype=cov.dtype), atol=0.05, rtol=0)
+
+
 def test_options_are_checked_with_the_recipe_key() -> None:
     with pytest.raises(CsekitError, match=r"model\.head.*num_groups=5 must .* divide"):
         build_part(HEADS, {"name": "whitening", "num_groups": 5}, "model.head", dim=32)

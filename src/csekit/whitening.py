@@ -214,12 +214,13 @@ class GroupWhitening(nn.Module):
         """Fold a training batch [n, d] into the running mean and covariance (for test time)."""
         if self.kind == "none":
             return
-        values = x.detach().float()
-        mean = values.mean(dim=0)
-        centred = values - mean
-        cov = centred.T @ centred / values.shape[0]
-        self.running_mean.lerp_(mean, self.momentum)
-        self.running_covariance.lerp_(cov, self.momentum)
+        with torch.autocast(x.device.type, enabled=False):  # bf16 autocast would round the covariance
+            values = x.detach().float()
+            mean = values.mean(dim=0)
+            centred = values - mean
+            cov = centred.T @ centred / values.shape[0]
+            self.running_mean.lerp_(mean, self.momentum)
+            self.running_covariance.lerp_(cov, self.momentum)
 
     def test_matrix(self) -> Tensor:
         """The fixed d x d test-time whitening matrix A (row convention): block-diagonal up to `test_permutation`."""
