@@ -114,7 +114,7 @@ class SentenceEncoder(nn.Module):
         tokenizer: Tokenizer,
         pooler: Pooler,
         max_length: int | None = None,
-        head: MLPHead | None = None,
+        head: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.backbone = backbone
@@ -299,7 +299,20 @@ class SentenceEncoder(nn.Module):
         with atomic_directory(path) as tmp:
             self._write(tmp)
 
+    def _exportable_head(self) -> MLPHead:
+        """The kept head as Linear + tanh; other heads export through `to_mlp_head` (a fixed affine map)."""
+        if isinstance(self.head, MLPHead):
+            return self.head
+        fold = getattr(self.head, "to_mlp_head", None)
+        if fold is None:
+            raise CsekitError(
+                f"recipe key model.head_at_test: a {type(self.head).__name__} head cannot be exported to "
+                "sentence-transformers; train with head_at_test: false"
+            )
+        return fold()
+
     def _write(self, out: Path) -> None:
+        head = self._exportable_head() if self.head is not None else None  # fail before writing anything
         self.backbone.save_pretrained(out)
         self.tokenizer.save_pretrained(out)
         modules: list[dict[str, Any]] = []
@@ -357,7 +370,7 @@ class SentenceEncoder(nn.Module):
         templates = getattr(self.pooler, "templates", None)
         if templates is not None:
             meta["templates"] = list(templates)
-        if self.head is not None:
+        if head is not None:
             dense = f"{len(modules)}_Dense"
             folder = add_module("Dense", dense)
             _write_json(
@@ -370,7 +383,7 @@ class SentenceEncoder(nn.Module):
                 },
             )
             save_file(
-                {f"linear.{k}": v.detach().cpu().contiguous() for k, v in self.head.linear.state_dict().items()},
+                {f"linear.{k}": v.detach().cpu().contiguous() for k, v in head.linear.state_dict().items()},
                 str(folder / "model.safetensors"),
             )
             meta["head"] = {"dim": self.dim, "path": dense}

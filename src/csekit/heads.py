@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from csekit.whitening import WhiteningHead
+
 
 class MLPHead(nn.Module):
     """SimCSE's training head: Linear(d, d) followed by tanh."""
@@ -33,4 +35,5 @@ class IdentityHead(nn.Module):
 
 
 HEADS: dict[str, type[nn.Module]] = {"mlp": MLPHead, "none": IdentityHead}
+HEADS["whitening"] = WhiteningHead  # WhitenedCSE: (shuffled group) whitening -> Linear -> tanh, m views
 """Head names a recipe may use; later methods add their own (e.g. whitening heads)."""

@@ -11,13 +11,24 @@ from torch import nn
 from csekit.objectives.dclr_code import DclrCodeLoss
 from csekit.objectives.infonce import InfoNCE, cosine_matrix
 from csekit.objectives.margin import TwoWayMargin, two_way_margin
+from csekit.objectives.multi_positive import MultiPositiveInfoNCE
 from csekit.objectives.recall import RecallLoss
 
 OBJECTIVES: dict[str, type[nn.Module]] = {
     "infonce": InfoNCE,
     "dclr_code": DclrCodeLoss,  # DCLR as the authors' code computes it (weights x logits, BCE)
-    "margin": TwoWayMargin,
-    "recall": RecallLoss,
+    "multi_positive": MultiPositiveInfoNCE,  # WhitenedCSE, Eq. 7 (or 8)
+    "margin": TwoWayMargin,  # OssCSE's two-way max-margin
+    "recall": RecallLoss,  # OssCSE's recall of the pre-trained weights
 }
 
-__all__ = ["OBJECTIVES", "DclrCodeLoss", "InfoNCE", "RecallLoss", "TwoWayMargin", "cosine_matrix", "two_way_margin"]
+__all__ = [
+    "OBJECTIVES",
+    "DclrCodeLoss",
+    "InfoNCE",
+    "MultiPositiveInfoNCE",
+    "RecallLoss",
+    "TwoWayMargin",
+    "cosine_matrix",
+    "two_way_margin",
+]

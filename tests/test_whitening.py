@@ -1,0 +1,307 @@
+"""WhitenedCSE: whitening numerics, the multiple positives, the loss against InfoNCE, training and export."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from test_training import make_corpus, read_metrics, tiny_recipe
+
+from csekit.config import build_part
+from csekit.encoder import SentenceEncoder
+from csekit.errors import CsekitError
+from csekit.heads import HEADS, MLPHead
+from csekit.objectives import InfoNCE, MultiPositiveInfoNCE
+from csekit.state import StepState
+from csekit.training import train
+from csekit.whitening import GroupWhitening, WhiteningHead, whitening_matrices
+
+
+def make_state(embeddings: list[torch.Tensor]) -> StepState:
+    return StepState([""] * embeddings[0].shape[0], embeddings, embeddings, None, None)  # type: ignore[arg-type]
+
+
+def correlated(n: int, d: int, seed: int = 0, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    """Rows with strongly correlated, unequal-variance channels (far from white)."""
+    generator = torch.Generator().manual_seed(seed)
+    mixing = torch.randn(d, d, generator=generator, dtype=dtype)
+    return torch.randn(n, d, generator=generator, dtype=dtype) @ mixing + 3.0
+
+
+def covariance(x: torch.Tensor) -> torch.Tensor:
+    centred = x - x.mean(dim=0)
+    return centred.T @ centred / x.shape[0]
+
+
+# --------------------------------------------------------------------------- whitening
+@pytest.mark.parametrize("kind", ["shuffled_group", "group"])
+def test_each_group_is_white_when_the_batch_exceeds_the_group_size(kind: str) -> None:
+    torch.manual_seed(0)
+    whitening = GroupWhitening(24, kind, group_size=6, eps=1e-9, eigh_dtype="float64").train()
+    x = correlated(200, 24)
+    permutation = torch.randperm(24) if kind == "shuffled_group" else None
+    out = whitening(x, permutation)
+    cov = covariance(out)
+    order = permutation if permutation is not None else torch.arange(24)
+    for g in range(4):
+        channels = order[g * 6 : (g + 1) * 6]
+        torch.testing.assert_close(cov[channels][:, channels], torch.eye(6, dtype=cov.dtype), atol=1e-6, rtol=0)
+    # Whitening is per group: channels of different groups stay correlated (the input's are).
+    assert cov[order[0], order[6:]].abs().max() > 0.05
+    assert covariance(x)[0, 1:].abs().max() > 0.5
+
+
+@pytest.mark.parametrize("kind", ["zca", "pca"])
+def test_full_whitening_gives_identity_covariance(kind: str) -> None:
+    out = GroupWhitening(16, kind, eps=1e-9, eigh_dtype="float64").train()(correlated(300, 16))
+    torch.testing.assert_close(covariance(out), torch.eye(16, dtype=out.dtype), atol=1e-6, rtol=0)
+
+
+def test_inverse_permutation_restores_channel_order() -> None:
+    """Grouping with a permutation, then undoing it, equals whitening the permuted groups in place."""
+    whitening = GroupWhitening(12, "shuffled_group", num_groups=3, eigh_dtype="float64").train()
+    x = correlated(50, 12, seed=3)
+    permutation = torch.randperm(12, generator=torch.Generator().manual_seed(1))
+    out = whitening(x, permutation)
+    # Reference: whiten each group of permuted channels by hand and write it back to those channels.
+    expected = torch.empty_like(x)
+    for g in range(3):
+        channels = permutation[g * 4 : (g + 1) * 4]
+        block = x[:, channels] - x[:, channels].mean(dim=0)
+        values, vectors = torch.linalg.eigh(covariance(x[:, channels]) + whitening.eps * torch.eye(4))
+        expected[:, channels] = block @ vectors @ torch.diag(values.rsqrt()) @ vectors.T
+    torch.testing.assert_close(out, expected)
+    # A channel that is scaled in the input stays in its own column of the output (order restored):
+    # ZCA is scale-equivariant per channel up to the other channels of its group, so scaling one
+    # group's channels leaves every other group's output columns unchanged.
+    scaled = x.clone()
+    scaled[:, permutation[:4]] *= 10.0
+    changed = (whitening(scaled, permutation) - out).abs().amax(dim=0) > 1e-9
+    assert set(torch.nonzero(changed).flatten().tolist()) <= set(permutation[:4].tolist())
+
+
+def test_zca_is_the_pca_output_rotated_by_the_eigenvectors() -> None:
+    x = correlated(100, 8, seed=5)
+    cov = covariance(x)[None]
+    eps = 1e-5
+    centred = x - x.mean(dim=0)
+    pca = centred @ whitening_matrices(cov, "pca", eps, gradient=False)[0]
+    zca = centred @ whitening_matrices(cov, "zca", eps, gradient=False)[0]
+    _, vectors = torch.linalg.eigh(cov[0] + eps * torch.eye(8, dtype=cov.dtype))
+    torch.testing.assert_close(zca, pca @ vectors.T)  # column convention: h_zca = U h_pca
+    assert (zca - pca).abs().max() > 0.1  # they are different bases
+
+
+@pytest.mark.parametrize("gradient", [False, True])
+@pytest.mark.parametrize("kind", ["shuffled_group", "zca", "pca"])
+@pytest.mark.parametrize("case", ["small_batch", "collinear", "constant", "single_row"])
+def test_no_nan_or_inf_in_degenerate_batches(kind: str, gradient: bool, case: str) -> None:
+    torch.manual_seed(0)
+    grouping = {"group_size": 16} if kind == "shuffled_group" else {}
+    head = WhiteningHead(32, kind, num_positives=3, gradient_through_whitening=gradient, **grouping).train()
+    if case == "small_batch":  # 4 rows, groups of 16: the covariance has rank 3
+        x = torch.randn(4, 32)
+    elif case == "collinear":  # every row a multiple of one vector
+        x = torch.randn(8, 1) * torch.randn(1, 32)
+    elif case == "constant":
+        x = torch.ones(8, 32)
+    else:
+        x = torch.randn(1, 32)
+    features = [x.clone().requires_grad_(), (x + 0.01 * torch.randn_like(x)).requires_grad_()]
+    views = head.forward_views(features)
+    assert all(torch.isfinite(v).all() for v in views)
+    loss = MultiPositiveInfoNCE()(make_state(views))["multi_positive"]
+    loss.backward()
+    assert torch.isfinite(loss)
+    for tensor in [*features, head.linear.weight]:
+        assert tensor.grad is not None and torch.isfinite(tensor.grad).all()
+
+
+def test_gradient_switch_changes_the_gradients() -> None:
+    x = correlated(20, 8, seed=2, dtype=torch.float32)
+    target = torch.randn(20, 8, generator=torch.Generator().manual_seed(9))
+    grads = {}
+    for through in (False, True):
+        whitening = GroupWhitening(8, "zca", gradient_through_whitening=through).train()
+        inputs = x.clone().requires_grad_()
+        (whitening(inputs) * target).sum().backward()
+        grads[through] = inputs.grad
+    assert (grads[True] - grads[False]).abs().max() > 1e-2 * grads[False].abs().max()
+
+
+def test_gradient_through_zca_matches_finite_differences() -> None:
+    x = correlated(12, 4, seed=4).requires_grad_()
+    whitening = GroupWhitening(4, "zca", eps=1e-3, eigh_dtype="float64", gradient_through_whitening=True).train()
+    weights = torch.randn(12, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    assert torch.autograd.gradcheck(lambda inputs: (whitening(inputs) * weights).sum(), (x,))
+
+
+def test_gradient_through_pca_matches_torch_eigh_when_eigenvalues_are_distinct() -> None:
+    cov = covariance(correlated(40, 5, seed=6))[None].requires_grad_()
+    weights = torch.randn(1, 5, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    (whitening_matrices(cov, "pca", 1e-6, gradient=True) * weights).sum().backward()
+    ours = cov.grad.clone()
+    cov.grad = None
+    values, vectors = torch.linalg.eigh(cov + 1e-6 * torch.eye(5, dtype=cov.dtype))
+    (vectors * values.rsqrt().unsqueeze(-2) * weights).sum().backward()
+    reference = 0.5 * (cov.grad + cov.grad.transpose(-1, -2))
+    torch.testing.assert_close(ours, reference)
+
+
+def test_float32_and_float64_eigendecompositions_agree() -> None:
+    x = correlated(64, 32, seed=8, dtype=torch.float32)
+    permutation = torch.randperm(32)
+    outs = [
+        GroupWhitening(32, "shuffled_group", num_groups=4, eigh_dtype=dtype).train()(x, permutation)
+        for dtype in ("float32", "float64")
+    ]
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-3, rtol=1e-3)
+    assert outs[0].dtype == torch.float32
+
+
+def test_bf16_autocast_keeps_the_whitening_in_float32() -> None:
+    head = WhiteningHead(32, "shuffled_group", num_groups=4).train()
+    x = correlated(64, 32, seed=1, dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        views = head.forward_views([x.bfloat16(), x.bfloat16()])
+        whitened = head.whitening(x.bfloat16(), torch.arange(32))
+    assert all(torch.isfinite(v).all() for v in views)
+    assert head.whitening.running_covariance.dtype == torch.float32
+    # Each group of the (bf16-rounded) output is still white: the eigendecomposition ran in float32.
+    cov = covariance(whitened.double())
+    torch.testing.assert_close(cov[:8, :8], torch.eye(8, dtype=cov.dtype), atol=0.05, rtol=0)
+
+
+def test_options_are_checked_with_the_recipe_key() -> None:
+    with pytest.raises(CsekitError, match=r"model\.head.*num_groups=5 must .* divide"):
+        build_part(HEADS, {"name": "whitening", "num_groups": 5}, "model.head", dim=32)
+    with pytest.raises(CsekitError, match=r"model\.head.*exactly one of num_groups or group_size"):
+        build_part(HEADS, {"name": "whitening", "num_groups": 4, "group_size": 8}, "model.head", dim=32)
+    with pytest.raises(CsekitError, match=r"model\.head.*one group"):
+        build_part(HEADS, {"name": "whitening", "whitening": "zca", "num_groups": 4}, "model.head", dim=32)
+    with pytest.raises(CsekitError, match=r"model\.head\.whitening.*pcaa|model\.head.*pcaa"):
+        build_part(HEADS, {"name": "whitening", "whitening": "pcaa", "num_groups": 4}, "model.head", dim=32)
+
+
+# --------------------------------------------------------------------------- positives and loss
+def test_shuffled_positives_differ_and_unshuffled_ones_repeat() -> None:
+    torch.manual_seed(0)
+    x = [correlated(32, 16, seed=1, dtype=torch.float32), correlated(32, 16, seed=2, dtype=torch.float32)]
+    views = WhiteningHead(16, "shuffled_group", num_groups=4, num_positives=4).train().forward_views(x)
+    assert len(views) == 4
+    assert (views[2] - views[0]).abs().max() > 1e-2  # same backbone feature, another permutation
+    views = WhiteningHead(16, "group", num_groups=4, num_positives=3).train().forward_views(x)
+    torch.testing.assert_close(views[2], views[0])  # no shuffling: re-whitening adds no diversity
+
+
+def test_whitening_off_and_two_views_is_simcse() -> None:
+    """whitening: none, m = 2: the head is SimCSE's MLP and the loss is InfoNCE, values and gradients."""
+    torch.manual_seed(0)
+    head = WhiteningHead(16, "none", num_positives=2).train()
+    mlp = MLPHead(16)
+    mlp.load_state_dict(head.state_dict(), strict=False)
+    mlp.linear.load_state_dict(head.linear.state_dict())
+    features = [torch.randn(12, 16), torch.randn(12, 16)]
+    views = head.forward_views(features)
+    for view, feature in zip(views, features, strict=True):
+        torch.testing.assert_close(view, mlp(feature))
+    a = [v.detach().clone().requires_grad_() for v in views]
+    b = [v.detach().clone().requires_grad_() for v in views]
+    ours = MultiPositiveInfoNCE(temperature=0.05)(make_state(a))["multi_positive"]
+    theirs = InfoNCE(temperature=0.05)(make_state(b))["infonce"]
+    ours.backward()
+    theirs.backward()
+    assert ours.item() > 0.1
+    torch.testing.assert_close(ours, theirs)
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x.grad, y.grad)
+
+
+def test_eq7_sums_one_infonce_per_positive_and_eq8_forms() -> None:
+    torch.manual_seed(1)
+    views = [torch.randn(10, 8) for _ in range(3)]
+    state = make_state(views)
+    per_positive = [InfoNCE(0.05, 0, p)(state)["infonce"] for p in (1, 2)]
+    eq7 = MultiPositiveInfoNCE(0.05, lambda_m=0.5)(state)["multi_positive"]
+    torch.testing.assert_close(eq7, 0.5 * (per_positive[0] + per_positive[1]))
+    # Eq. 8 by hand for anchor-wise terms, as printed (e^{-s/tau} in the numerator) and unsigned.
+    sims = [torch.nn.functional.normalize(views[0], dim=1) @ torch.nn.functional.normalize(v, dim=1).T for v in views]
+    printed = unsigned = 0.0
+    for p in (1, 2):
+        logits = sims[p] / 0.05
+        denominator = logits.exp().sum(dim=1)
+        printed = printed + 0.7 * torch.exp(-logits.diag()) / denominator
+        unsigned = unsigned + 0.7 * torch.exp(logits.diag()) / denominator
+    eq8 = MultiPositiveInfoNCE(0.05, form="eq8", lambda_m=0.7)(state)["multi_positive"]
+    eq8u = MultiPositiveInfoNCE(0.05, form="eq8_unsigned", lambda_m=0.7)(state)["multi_positive"]
+    torch.testing.assert_close(eq8, -torch.log(printed).mean())
+    torch.testing.assert_close(eq8u, -torch.log(unsigned).mean())
+
+
+def test_loss_composes_with_extra_negatives_from_other_parts() -> None:
+    torch.manual_seed(2)
+    views = [torch.randn(6, 8) for _ in range(2)]
+    state = make_state(views)
+    state.extra_negatives.append(torch.randn(5, 8))
+    ours = MultiPositiveInfoNCE()(state)["multi_positive"]
+    torch.testing.assert_close(ours, InfoNCE()(state)["infonce"])
+    assert ours > MultiPositiveInfoNCE()(make_state(views))["multi_positive"]
+
+
+# --------------------------------------------------------------------------- test time and training
+def test_eval_mode_is_batch_independent_and_exports_as_a_dense_layer(tmp_path: Path) -> None:
+    from conftest import make_tiny_encoder
+
+    encoder = make_tiny_encoder(tmp_path / "tok")
+    head = WhiteningHead(32, "shuffled_group", num_groups=4, momentum=1.0).train()
+    head.forward_views([correlated(64, 32, seed=1, dtype=torch.float32)] * 2)
+    assert not torch.allclose(head.whitening.running_covariance, torch.eye(32))
+    encoder.head = head
+    sentences = ["a man plays guitar", "the dog runs", "a cat sits on the red house"]
+    together = encoder.encode(sentences)
+    alone = np.concatenate([encoder.encode([s]) for s in sentences])
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+    # The folded Dense gives the same vectors, in csekit and in sentence-transformers.
+    encoder.save(tmp_path / "model")
+    config = json.loads((tmp_path / "model" / "csekit.json").read_text())
+    assert "head" in config
+    np.testing.assert_allclose(SentenceEncoder.load(tmp_path / "model").encode(sentences), together, atol=1e-5)
+    st = pytest.importorskip("sentence_transformers")
+    theirs = st.SentenceTransformer(str(tmp_path / "model"), device="cpu").encode(sentences)
+    np.testing.assert_allclose(theirs, together, atol=1e-4)
+
+
+def test_a_head_without_an_export_raises_a_clear_error(tmp_path: Path) -> None:
+    from conftest import make_tiny_encoder
+
+    encoder = make_tiny_encoder(tmp_path / "tok")
+    encoder.head = torch.nn.Identity()
+    with pytest.raises(CsekitError, match="head_at_test"):
+        encoder.save(tmp_path / "model")
+    assert not (tmp_path / "model").exists()
+
+
+@pytest.mark.parametrize("head_at_test", [False, True])
+def test_tiny_model_trains_with_whitenedcse_parts(tmp_path: Path, tiny_model_dir: Path, head_at_test: bool) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        corpus,
+        "train.max_steps=4",
+        "train.eval_every=0",
+        "model.pooler=mean",
+        "model.head={name: whitening, whitening: shuffled_group, num_groups: 8, num_positives: 3}",
+        f"model.head_at_test={str(head_at_test).lower()}",
+        "objectives=[{name: multi_positive, temperature: 0.05}]",
+    )
+    result = train(recipe, tmp_path / "run", show_progress=False)
+    assert result.steps == 4
+    records = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
+    assert len(records) == 4 and all(np.isfinite(r["multi_positive"]) for r in records)
+    assert all(r["loss"] == pytest.approx(r["multi_positive"]) for r in records)
+    reloaded = SentenceEncoder.load(tmp_path / "run" / "best")
+    assert (reloaded.head is not None) == head_at_test
+    assert np.isfinite(reloaded.encode(["a man plays"])).all()
