@@ -29,6 +29,17 @@ class KillOnce(nn.Module):
         return {"kill_once": torch.zeros((), device=state.embeddings[0].device)}
 
 
+class RaiseOnce(KillOnce):
+    """Like `KillOnce`, but raises an exception (an in-process crash) instead of killing the process."""
+
+    def forward(self, state: StepState) -> dict[str, Tensor]:
+        self.calls += 1
+        if self.calls == self.at_call and not self.marker.exists():
+            self.marker.write_text("raised", encoding="utf-8")
+            raise RuntimeError("crash for the test")
+        return {"raise_once": torch.zeros((), device=state.embeddings[0].device)}
+
+
 class NanAfter(nn.Module):
     """A loss that becomes NaN from its `after`-th call on (to exercise the non-finite guard)."""
 

@@ -42,3 +42,34 @@ def test_shipped_composition_recipes_name_parts_of_both_papers() -> None:
         assert [n["name"] for n in recipe.negatives] == ["dclr_noise"]
         assert recipe.weighting is not None and recipe.weighting["name"] == "dclr"
         assert [o["name"] for o in recipe.objectives] == ["multi_positive"]
+
+
+def test_a_kept_head_survives_checkpoint_and_resume(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """With head_at_test the head is shared by the model and its encoder: the checkpoint must restore it."""
+    import pytest
+    from safetensors.torch import load_file
+
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    marker = tmp_path / "raised"
+    parts = [
+        "train.max_steps=4",
+        "train.eval_every=2",
+        "model.pooler=mean",
+        "model.head={name: whitening, whitening: shuffled_group, group_size: 8, num_positives: 3}",
+        "model.head_at_test=true",
+    ]
+    crash = f"{{name: 'parts_for_tests:RaiseOnce', weight: 0.0, at_call: 3, marker: '{marker}'}}"
+    objectives = f"objectives=[{{name: multi_positive}}, {crash}]"
+    marker.write_text("not this run", encoding="utf-8")
+    train(tiny_recipe(tiny_model_dir, corpus, *parts, objectives), tmp_path / "straight", show_progress=False)
+    marker.unlink()
+    recipe = tiny_recipe(tiny_model_dir, corpus, *parts, objectives)
+    with pytest.raises(RuntimeError, match="crash for the test"):
+        train(recipe, tmp_path / "resumed", show_progress=False)
+    train(recipe, tmp_path / "resumed", resume=True, show_progress=False)
+    expected = load_file(tmp_path / "straight" / "checkpoint" / "model.safetensors")
+    actual = load_file(tmp_path / "resumed" / "checkpoint" / "model.safetensors")
+    assert any("head.whitening.running_covariance" in key for key in expected)
+    assert set(actual) == set(expected)
+    for key, tensor in expected.items():
+        assert (actual[key] == tensor).all(), key
