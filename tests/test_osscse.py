@@ -194,16 +194,41 @@ def test_mask_pooler_needs_a_mask_token(tmp_path: Path) -> None:
         MaskPooler().bind(tokenizer)
 
 
-def test_roberta_style_tokenizer_keeps_the_template(tmp_path: Path) -> None:
-    transformers = pytest.importorskip("transformers")
-    try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained("roberta-base", local_files_only=True)
-    except OSError:
-        pytest.skip("no RoBERTa tokenizer in the local cache")
+def _byte_level_bpe_tokenizer():  # type: ignore[no-untyped-def]
+    """A RoBERTa-style tokenizer (byte-level BPE, <s> ... </s>, <mask> with lstrip) built offline."""
+    from tokenizers import AddedToken, ByteLevelBPETokenizer
+    from tokenizers.processors import RobertaProcessing
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    texts = ['This sentence : "a man plays the guitar ." means .', 'This sentence of "the dog runs" means .']
+    texts += ["a man plays", "the woman eats food"]
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    bpe.train_from_iterator(texts * 5, vocab_size=400, min_frequency=1, special_tokens=specials)
+    bpe.post_processor = RobertaProcessing(("</s>", bpe.token_to_id("</s>")), ("<s>", bpe.token_to_id("<s>")))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token="<s>",
+        eos_token="</s>",
+        cls_token="<s>",
+        sep_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token=AddedToken("<mask>", lstrip=True),
+    )
+
+
+def test_roberta_style_tokenizer_keeps_the_template() -> None:
+    tokenizer = _byte_level_bpe_tokenizer()
     pooler = MaskPooler()
     pooler.bind(tokenizer)
-    ids = pooler.encode_ids(tokenizer, ["A man plays."], None)["input_ids"][0]
-    assert tokenizer.decode(ids) == '<s>This sentence : "A man plays." means<mask>.</s>'
+    ids = pooler.encode_ids(tokenizer, ["a man plays the guitar ."], None)["input_ids"][0]
+    assert tokenizer.decode(ids) == '<s>This sentence : "a man plays the guitar ." means <mask> .</s>'
+    second = pooler.encode_ids(tokenizer, ["a man plays"], None, view=1)["input_ids"][0]
+    assert tokenizer.decode(second) == '<s>This sentence of "a man plays" means <mask> .</s>'
+    long = pooler.encode_ids(tokenizer, ["a man plays the guitar . the woman eats food"], 20)["input_ids"][0]
+    assert len(long) == 20 and long.count(tokenizer.mask_token_id) == 1
+    assert tokenizer.decode(long).endswith('" means <mask> .</s>') and tokenizer.decode(long).startswith("<s>This")
 
 
 # --- objectives ------------------------------------------------------------------------------------
