@@ -9,7 +9,10 @@ from __future__ import annotations
 from torch import nn
 
 from csekit.objectives.infonce import InfoNCE, cosine_matrix
+from csekit.objectives.slt_fai import AdversarialTuning, IncompleteSentenceFiltering
 
 OBJECTIVES: dict[str, type[nn.Module]] = {"infonce": InfoNCE}
+OBJECTIVES["slt_fai_at"] = AdversarialTuning
+OBJECTIVES["slt_fai_isf"] = IncompleteSentenceFiltering
 
-__all__ = ["OBJECTIVES", "InfoNCE", "cosine_matrix"]
+__all__ = ["OBJECTIVES", "AdversarialTuning", "IncompleteSentenceFiltering", "InfoNCE", "cosine_matrix"]
