@@ -244,6 +244,10 @@ def test_masking_touches_only_low_frequency_words_and_every_piece_at_the_rate() 
             masked_words += bool(chosen.all())
     assert not masked[words_t < 0].any()
     assert abs(masked_words / low_words - 0.2) < 0.015
+    # min_words: every sentence with a low-frequency word loses at least one.
+    _, at_least_one = mask_low_frequency_words(ids_t, words_t, low_t, 0.2, 7, generator=generator, min_words=1)
+    has_low = (low_t & (words_t >= 0)).any(dim=1)
+    assert torch.equal(at_least_one.any(dim=1), has_low)
 
 
 def test_incomplete_sentences_mask_whole_words_with_the_tokenizer_mask(tmp_path: Path) -> None:
@@ -257,6 +261,28 @@ def test_incomplete_sentences_mask_whole_words_with_the_tokenizer_mask(tmp_path:
     tokens = tokenizer.convert_ids_to_tokens(masked_ids[0].tolist())
     assert tokens == ["[CLS]", "the", "[MASK]", "[MASK]", "dog", "[SEP]"]
     assert not masked[1].any()
+
+
+def test_isf_reuses_the_main_pass_only_when_view_ids_match(tmp_path: Path) -> None:
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mean")
+    encoder.eval()
+    counts = str(write_counts(encoder.tokenizer, tmp_path / "counts.json"))
+    model, views = build_model(tiny_recipe(tmp_path, tmp_path, "model.head.name=none"), encoder)
+    sentences = ["a man plays the guitar", "the red dog runs in the park", "she eats food quickly and slowly"]
+    state = model.make_state(views(sentences), sentences, {})
+    losses = []
+    for max_length in (16, 6):  # 6 truncates differently from the views (16): originals are encoded again
+        isf = IncompleteSentenceFiltering(encoder.dim, encoder.tokenizer, max_length, counts, 0.2, mask_rate=1.0)
+        inputs, _ = isf.tokenize(sentences)
+        assert (isf._view_features(state, inputs) is None) == (max_length == 6)
+        if max_length == 16:  # re-encoding the originals here gives the same loss as reusing view 0
+            torch.manual_seed(0)
+            reused = isf(state)["slt_fai_isf"]
+            isf._view_features = lambda state, inputs: None  # type: ignore[method-assign]
+            torch.manual_seed(0)
+            assert torch.allclose(isf(state)["slt_fai_isf"], reused, atol=1e-6)
+        losses.append(float(isf(state)["slt_fai_isf"].detach()))
+    assert all(loss > 0 for loss in losses)
 
 
 def test_a_tokenizer_without_mask_token_is_a_recipe_error() -> None:

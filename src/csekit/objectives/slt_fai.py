@@ -144,6 +144,7 @@ def mask_low_frequency_words(
     rate: float,
     mask_token_id: int,
     generator: torch.Generator | None = None,
+    min_words: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """Mask a fraction `rate` of each sentence's low-frequency words, every piece of a chosen word.
 
@@ -151,7 +152,8 @@ def mask_low_frequency_words(
     `low_token` [n, L] whether a token is low-frequency. A word is low-frequency when any of its
     pieces is. Each sentence with m such words masks k = floor(rate * m + u) of them, u ~ U(0, 1)
     (stochastic rounding: exactly `rate` in expectation, even for sentences with one or two rare
-    words), chosen uniformly without replacement. Returns the masked ids and the masked positions.
+    words), chosen uniformly without replacement; `min_words` raises k to at least that many (as far
+    as the sentence has them). Returns the masked ids and the masked positions.
     """
     valid = word_index >= 0
     if not bool(valid.any()):
@@ -161,7 +163,8 @@ def mask_low_frequency_words(
     index = word_index.clamp(min=0)
     low_word = torch.zeros(n, words, dtype=torch.long).scatter_add_(1, index, (low_token & valid).long()) > 0
     low_count = low_word.sum(dim=1)
-    take = torch.floor(rate * low_count + torch.rand(n, generator=generator)).long().clamp(max=low_count)
+    take = torch.floor(rate * low_count + torch.rand(n, generator=generator)).long()
+    take = torch.maximum(take, torch.full_like(take, min_words)).minimum(low_count)
     scores = torch.rand(n, words, generator=generator).masked_fill(~low_word, 2.0)
     rank = scores.argsort(dim=1).argsort(dim=1)
     chosen = low_word & (rank < take.unsqueeze(1))
@@ -176,7 +179,10 @@ class IncompleteSentenceFiltering(nn.Module):
     (`word_ids`). When that tokenisation equals view `view`'s ids (plain poolers), the original
     embedding is that view's pooled vector from the main pass; otherwise the originals are encoded
     again beside the incomplete sentences. A sentence with no masked word has no incomplete version
-    and is left out of the loss (identical inputs with opposite labels only add noise).
+    and is left out of the loss (identical inputs with opposite labels only add noise). With counts
+    from a small corpus few sentences hold a low-frequency word at all, and epsilon = 0.2 of one or
+    two words often rounds to none: `min_masked_words: 1` then masks at least one word in every
+    sentence that has one (above the paper's rate; off by default).
     """
 
     def __init__(
@@ -191,11 +197,14 @@ class IncompleteSentenceFiltering(nn.Module):
         learning_rate: float | None = None,
         start_after_epochs: float = 0.0,
         view: int = 0,
+        min_masked_words: int = 0,
     ) -> None:
         super().__init__()
         _check_options(low_fraction, start_after_epochs, learning_rate)
         if not 0 < mask_rate <= 1:
             raise ValueError(f"mask_rate must be in (0, 1], got {mask_rate}")
+        if min_masked_words < 0:
+            raise ValueError(f"min_masked_words must be >= 0, got {min_masked_words}")
         if tokenizer.mask_token_id is None:
             raise ValueError(
                 "slt_fai_isf masks words with the tokenizer's mask token, and the tokenizer of model.backbone "
@@ -211,6 +220,7 @@ class IncompleteSentenceFiltering(nn.Module):
         self.learning_rate = learning_rate
         self.start_after_epochs = start_after_epochs
         self.view = view
+        self.min_masked_words = min_masked_words
 
     def tokenize(self, sentences: list[str]) -> tuple[dict[str, Tensor], Tensor]:
         """Padded inputs of the sentences and each token's word index [n, L] (-1: special or padding)."""
