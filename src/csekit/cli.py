@@ -1,4 +1,4 @@
-"""The `csekit` command line: train, evaluate, encode, probe, augment, download-data.
+"""The `csekit` command line: train, evaluate, encode, probe, augment, freq, download-data.
 
 Every input mistake is a `CsekitError`: printed as one line on stderr, exit status 2, no traceback.
 """
@@ -255,6 +255,32 @@ def augment(
         corpus, output, chosen, load_spacy(), chunk_size, (min_mer, max_mer), limit, can, progress=progress
     )
     typer.echo(report.summary())
+
+
+@app.command()
+def freq(
+    corpus: Annotated[Path, typer.Option("--corpus", help="Text file, one sentence per line (any size).")],
+    tokenizer: Annotated[str, typer.Option("--tokenizer", help="Model folder, hub name, or alias (minilm-l6).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write {token: count} JSON.")],
+    chunk_lines: Annotated[int, typer.Option(help="Lines tokenised per batch.")] = 10_000,
+    progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
+) -> None:
+    """Count token frequencies over a corpus with a model's tokenizer (SLT-FAI's frequency labels)."""
+    from transformers import AutoTokenizer
+
+    from csekit.atomic import atomic_write_text
+    from csekit.encoder import resolve_model_path
+    from csekit.frequency import count_tokens, counts_by_token
+
+    location = resolve_model_path(tokenizer)
+    try:
+        loaded = AutoTokenizer.from_pretrained(location)
+    except (OSError, ValueError) as error:
+        raise CsekitError(f'--tokenizer: cannot load "{tokenizer}": {str(error).splitlines()[0]}') from None
+    counts = count_tokens(corpus, loaded, chunk_lines=chunk_lines, show_progress=progress)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(output, json.dumps(counts_by_token(counts, loaded), indent=0, ensure_ascii=False) + "\n")
+    typer.echo(f"counted {int(counts.sum())} tokens of {int((counts > 0).sum())} types; wrote {output}")
 
 
 @app.command("download-data")

@@ -54,7 +54,14 @@ class ContrastiveModel(nn.Module):
         self.objectives = nn.ModuleList([objective for objective, _ in objectives])
         self.objective_weights = [float(weight) for _, weight in objectives]
 
-    def make_state(self, inputs: dict[str, Tensor], sentences: list[str], fields: dict[str, Any]) -> StepState:
+    def make_state(
+        self,
+        inputs: dict[str, Tensor],
+        sentences: list[str],
+        fields: dict[str, Any],
+        step: int = 0,
+        steps_per_epoch: int | None = None,
+    ) -> StepState:
         """Encode all views in one forward pass and apply the head."""
         output = self.encoder(inputs)
         features = list(output.pooled.chunk(self.num_views))
@@ -63,13 +70,31 @@ class ContrastiveModel(nn.Module):
             embeddings = views_through_head(features)
         else:
             embeddings = list(self.head(output.pooled).chunk(self.num_views))
-        return StepState(sentences, features, embeddings, output, self.encoder, fields=fields)
+        return StepState(
+            sentences,
+            features,
+            embeddings,
+            output,
+            self.encoder,
+            fields=fields,
+            step=step,
+            steps_per_epoch=steps_per_epoch,
+        )
 
     def forward(
-        self, inputs: dict[str, Tensor], sentences: list[str], fields: dict[str, Any] | None = None
+        self,
+        inputs: dict[str, Tensor],
+        sentences: list[str],
+        fields: dict[str, Any] | None = None,
+        step: int = 0,
+        steps_per_epoch: int | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        """The weighted total loss and each named loss part (unweighted)."""
-        state = self.make_state(inputs, sentences, fields or {})
+        """The weighted total loss and each named loss part (unweighted).
+
+        `step` and `steps_per_epoch` (from the trainer) go into the `StepState` so that parts can
+        schedule themselves, e.g. switch on after a warm-up; the loop itself knows no schedule.
+        """
+        state = self.make_state(inputs, sentences, fields or {}, step, steps_per_epoch)
         for source in self.negatives:
             source(state)
         if self.weighting is not None:

@@ -39,6 +39,10 @@ class StepState:
     negative_weights: Tensor | None = None
     #: Scratch space for parts that hand results to later parts.
     extras: dict[str, Any] = field(default_factory=dict)
+    #: Optimizer steps taken before this one (0 on the first step); parts with a warm-up read it.
+    step: int = 0
+    #: Batches in one epoch (None outside the trainer); with `step`, where the run is in epochs.
+    steps_per_epoch: int | None = None
     _gathered: dict[int, Tensor] = field(default_factory=dict, repr=False)
 
     @property

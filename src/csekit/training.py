@@ -317,7 +317,9 @@ def train(
         batches = accelerator.skip_first_batches(loader, skip) if skip > 0 else loader
         for batch in batches:
             state.batches += 1
-            loss, parts = model(batch["inputs"], batch["sentences"], batch["fields"])
+            loss, parts = model(
+                batch["inputs"], batch["sentences"], batch["fields"], step=state.step, steps_per_epoch=steps_per_epoch
+            )
             # Always back-propagate (every process must join DDP's gradient all-reduce), then decide
             # together: a step is skipped everywhere when any process's loss or the gradient is not finite.
             accelerator.backward(loss)

