@@ -57,11 +57,37 @@ def run_csekit(recipe: str, precision: str, steps: int, batch: int, max_length: 
         if "counts" in spec:  # MiniLM shares bert-base-uncased's vocabulary: the authors' BookCorpus counts fit
             spec["counts"] = "freq/bookcorpus_bert-base-uncased/labels.json"
     with tempfile.TemporaryDirectory() as folder:
+        if config.data.corpus.endswith(".jsonl") and not _corpus_exists(config.data.corpus):
+            config.data.corpus = _surrogate_augmented_corpus(Path(folder), batch * (steps + 1))
         train(config, Path(folder) / "run", show_progress=False)
         records = [json.loads(x) for x in (Path(folder) / "run" / "metrics.jsonl").read_text().splitlines()]
     rates = [r["sentences_per_second"] for r in records if "sentences_per_second" in r][1:]
     rate = sum(rates) / len(rates)
     return {"sentences_per_second": rate, "seconds_per_step": batch / rate}
+
+
+def _corpus_exists(corpus: str) -> bool:
+    from csekit.data import resolve_corpus_path
+    from csekit.data_dir import resolve_data_dir
+    from csekit.errors import CsekitError
+
+    try:
+        return Path(resolve_corpus_path(corpus, resolve_data_dir(None))).exists()
+    except CsekitError:
+        return False
+
+
+def _surrogate_augmented_corpus(folder: Path, rows: int) -> str:
+    """For timing OssCSE without running `csekit augment`: fields of the same lengths, not real ones."""
+    from csekit.data_dir import resolve_data_dir
+
+    source = resolve_data_dir(None) / "corpus" / "sts_sick_unlabeled_sentences.txt"
+    path = folder / "augmented.jsonl"
+    with open(path, "w", encoding="utf-8") as handle:
+        for sentence in source.read_text(encoding="utf-8").splitlines()[:rows]:
+            row = {"text": sentence, "paraphrase": " ".join(reversed(sentence.split())), "negation": f"not {sentence}"}
+            handle.write(json.dumps(row) + "\n")
+    return str(path)
 
 
 def run_sentence_transformers(precision: str, steps: int, batch: int, max_length: int) -> dict:
