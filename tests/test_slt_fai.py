@@ -394,3 +394,16 @@ def test_slt_fai_recipes_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 def read_lines(root: Path, count: int) -> list[str]:
     with open(root / "corpus" / "sts_sick_unlabeled_sentences.txt", encoding="utf-8") as handle:
         return [next(handle).strip() for _ in range(count)]
+
+
+def test_incomplete_sentence_filtering_refuses_a_prompt_pooler(tmp_path: Path) -> None:
+    from csekit.config import load_recipe
+    from csekit.errors import CsekitError
+    from csekit.model import build_model
+
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask")
+    counts = tmp_path / "counts.json"
+    counts.write_text(json.dumps({w: i + 1 for i, w in enumerate(WORDS)}), encoding="utf-8")
+    recipe = load_recipe(None, [f"objectives=[{{name: slt_fai_isf, counts: '{counts}'}}]"])
+    with pytest.raises(CsekitError, match=r'objectives\[0\].*cannot yet be combined with the "mask" pooler'):
+        build_model(recipe, encoder)

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from csekit.frequency import FrequencyLabels
-from csekit.pooling import pad_ids
+from csekit.pooling import Pooler, pad_ids
 from csekit.state import StepState
 
 
@@ -198,9 +198,15 @@ class IncompleteSentenceFiltering(nn.Module):
         start_after_epochs: float = 0.0,
         view: int = 0,
         min_masked_words: int = 0,
+        pooler: Pooler | None = None,
     ) -> None:
         super().__init__()
         _check_options(low_fraction, start_after_epochs, learning_rate)
+        if pooler is not None and pooler.view_dependent:
+            raise ValueError(
+                f'slt_fai_isf re-tokenises the plain sentences, so it cannot yet be combined with the "{pooler.name}" '
+                "pooler (a prompt template would be lost); use cls, mean or first_last_avg"
+            )
         if not 0 < mask_rate <= 1:
             raise ValueError(f"mask_rate must be in (0, 1], got {mask_rate}")
         if min_masked_words < 0:
