@@ -1,4 +1,4 @@
-"""The `csekit` command line: train, evaluate, encode, download-data.
+"""The `csekit` command line: train, evaluate, bench, encode, download-data.
 
 Every input mistake is a `CsekitError`: printed as one line on stderr, exit status 2, no traceback.
 """
@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -56,44 +57,120 @@ def train(
     typer.echo(f"trained {result.steps} steps; best {config.train.select_metric}: {best}; model in {output / 'best'}")
 
 
-def _parse_tasks(tasks: str) -> tuple[list[str], list[str]]:
-    from csekit.evaluation.sts import DEV_TASKS, STS_TASKS
+TASK_GROUPS_HELP = "sts, dev, transfer, align, all (sts + transfer + align), or a comma list of task names."
 
-    sts, dev = [], []
+
+def _parse_tasks(tasks: str) -> dict[str, list[str]]:
+    """Split --tasks into STS tasks, dev tasks, transfer tasks and the alignment/uniformity task."""
+    from csekit.evaluation.sts import DEV_TASKS, STS_TASKS
+    from csekit.evaluation.transfer import TRANSFER_TASKS
+
+    groups: dict[str, list[str]] = {"sts": [], "dev": [], "transfer": [], "align": []}
     for name in (t.strip() for t in tasks.split(",") if t.strip()):
-        if name == "sts":
-            sts += STS_TASKS
+        if name == "all":
+            groups["sts"] += STS_TASKS
+            groups["transfer"] += TRANSFER_TASKS
+            groups["align"].append("align")
+        elif name == "sts":
+            groups["sts"] += STS_TASKS
         elif name == "dev":
-            dev += DEV_TASKS
+            groups["dev"] += DEV_TASKS
+        elif name == "transfer":
+            groups["transfer"] += TRANSFER_TASKS
+        elif name == "align":
+            groups["align"].append("align")
         elif name in STS_TASKS:
-            sts.append(name)
+            groups["sts"].append(name)
         elif name in DEV_TASKS:
-            dev.append(name)
+            groups["dev"].append(name)
+        elif name in TRANSFER_TASKS:
+            groups["transfer"].append(name)
         else:
             from csekit.errors import did_you_mean
 
-            choices = ["sts", "dev", *STS_TASKS, *DEV_TASKS]
+            choices = ["all", "sts", "dev", "transfer", "align", *STS_TASKS, *DEV_TASKS, *TRANSFER_TASKS]
             raise CsekitError(f'--tasks: unknown task "{name}"{did_you_mean(name, choices)}; choose from {choices}')
-    return list(dict.fromkeys(sts)), list(dict.fromkeys(dev))
+    return {key: list(dict.fromkeys(names)) for key, names in groups.items()}
+
+
+def run_evaluation(
+    encode_raw: Callable[[list[str]], np.ndarray],
+    root: Path,
+    groups: dict[str, list[str]],
+    whiten: bool = False,
+    whiten_dim: int | None = None,
+    n_jobs: int | None = 1,
+) -> dict:
+    """Run the requested evaluations with one model pass over all their distinct sentences.
+
+    Each task is scored in its own call, so that with whitening every task's kernel comes from that
+    task's own sentences (Su et al.); the cache keeps the model pass shared. Returns the `tasks`
+    results plus `avg` and `transfer_avg` when complete.
+    """
+    from csekit.evaluation.alignment import evaluate_align_uniform
+    from csekit.evaluation.cache import EmbeddingCache
+    from csekit.evaluation.sts import evaluate_dev, evaluate_sts, load_sts_task, sts_average
+    from csekit.evaluation.transfer import evaluate_transfer, load_transfer_task, transfer_average
+    from csekit.evaluation.whitening import whitened
+
+    cache = EmbeddingCache(encode_raw)
+    sentences: list[str] = []
+    for name in [*groups["sts"], *groups["dev"], *(["stsb-dev"] if groups["align"] else [])]:
+        for sub in load_sts_task(root, name):
+            sentences += sub.sentences1 + sub.sentences2
+    for name in groups["transfer"]:
+        sentences += load_transfer_task(root, name).sentences()
+    cache.prefetch(sentences)
+    encode = whitened(cache, whiten_dim) if whiten else cache
+
+    results: dict = {}
+    for name in groups["sts"]:
+        results.update({k: v for k, v in evaluate_sts(encode, root, [name]).items() if k != "avg"})
+    for name in groups["dev"]:
+        results.update(evaluate_dev(encode, root, name))
+    for name in groups["transfer"]:
+        results.update(
+            {k: v for k, v in evaluate_transfer(encode, root, [name], n_jobs).items() if k != "transfer_avg"}
+        )
+    if groups["align"]:
+        results["align"] = evaluate_align_uniform(encode, root, "stsb-dev")
+    for key, value in (("avg", sts_average(results)), ("transfer_avg", transfer_average(results))):
+        if value is not None:
+            results[key] = value
+    return results
 
 
 @app.command()
 def evaluate(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
-    tasks: Annotated[str, typer.Option(help="sts, dev, or a comma list of task names.")] = "sts",
+    tasks: Annotated[str, typer.Option(help=TASK_GROUPS_HELP)] = "sts",
     pooler: PoolerOption = None,
     data_dir: DataDirOption = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write results as JSON here.")] = None,
     precision: PrecisionOption = "fp32",
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
+    whiten: Annotated[
+        bool, typer.Option("--whiten", help="BERT-whitening of the embeddings (kernel from each task's sentences).")
+    ] = False,
+    whiten_dim: Annotated[
+        int | None, typer.Option("--whiten-dim", help="Keep the first K whitened dimensions (implies --whiten).")
+    ] = None,
+    n_jobs: Annotated[
+        int, typer.Option("--n-jobs", help="Parallel classifier fits for transfer tasks (-1: all cores).")
+    ] = -1,
 ) -> None:
-    """Evaluate a model SentEval's way (Spearman x 100 of cosine similarity)."""
+    """Evaluate a model SentEval's way: STS (Spearman x 100), transfer tasks (accuracy x 100), alignment/uniformity."""
     from csekit.atomic import atomic_write_text
     from csekit.data_dir import resolve_data_dir
     from csekit.encoder import SentenceEncoder
-    from csekit.evaluation.sts import evaluate_dev, evaluate_sts, format_sts_table
+    from csekit.evaluation.sts import format_sts_table
+    from csekit.evaluation.transfer import format_transfer_table
 
-    sts_tasks, dev_tasks = _parse_tasks(tasks)
+    groups = _parse_tasks(tasks)
+    if whiten_dim is not None:
+        if whiten_dim < 1:
+            raise CsekitError(f"--whiten-dim must be at least 1, got {whiten_dim}")
+        whiten = True
     root = resolve_data_dir(data_dir)
     encoder = SentenceEncoder.load(model, pooler=pooler)
 
@@ -101,21 +178,30 @@ def evaluate(
         return encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
 
     started = time.perf_counter()
-    results: dict = {}
-    if sts_tasks:
-        results.update(evaluate_sts(encode, root, sts_tasks))
-    for task in dev_tasks:
-        results.update(evaluate_dev(encode, root, task))
+    results = run_evaluation(encode, root, groups, whiten, whiten_dim, n_jobs)
     elapsed = time.perf_counter() - started
     average = results.pop("avg", None)
-    report = {"model": model, "pooler": encoder.pooler.name, "precision": precision, "tasks": results}
+    transfer_avg = results.pop("transfer_avg", None)
+    report: dict = {"model": model, "pooler": encoder.pooler.name, "precision": precision}
+    if whiten:
+        report["whiten"] = {"dim": whiten_dim}
+    report["tasks"] = results
     if average is not None:
         report["avg"] = average
-    if sts_tasks:
+    if transfer_avg is not None:
+        report["transfer_avg"] = transfer_avg
+    if groups["sts"]:
         typer.echo(format_sts_table({**results, "avg": average}))
-    for task in dev_tasks:
+    for task in groups["dev"]:
         typer.echo(f"{task}: {100 * results[task]:.2f}")
-    typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision}, {elapsed:.1f} s)")
+    if groups["transfer"]:
+        typer.echo(format_transfer_table({**results, "transfer_avg": transfer_avg}))
+    if groups["align"]:
+        typer.echo(
+            f"alignment {results['align']['align']:.4f}, uniformity {results['align']['uniform']:.4f} (STS-B dev)"
+        )
+    whitening = f", whitened{'' if whiten_dim is None else f' to {whiten_dim} dims'}" if whiten else ""
+    typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision}{whitening}, {elapsed:.1f} s)")
     if output is not None:
         report["seconds"] = round(elapsed, 2)
         atomic_write_text(output, json.dumps(report, indent=2) + "\n")

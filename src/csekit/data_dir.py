@@ -28,7 +28,8 @@ from csekit.errors import CsekitError, did_you_mean
 ENV_VAR = "CSEKIT_DATA"
 
 _STS_YEARS = ("STS12", "STS13", "STS14", "STS15", "STS16")
-DATA_FOLDERS = (*_STS_YEARS, "STSBenchmark", "SICK")
+TRANSFER_FOLDERS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
+DATA_FOLDERS = (*_STS_YEARS, "STSBenchmark", "SICK", *TRANSFER_FOLDERS)
 # Subsets per STS year, in SentEval's order (which fixes the order of its per-subset averages).
 STS_SUBSETS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
@@ -70,13 +71,17 @@ def _candidates(data_dir: Path, folder: str) -> list[Path]:
         senteval = [f"STS/{folder}-en-test", f"downstream/STS/{folder}-en-test"]
     elif folder == "STSBenchmark":
         senteval = ["STS/STSBenchmark", "downstream/STS/STSBenchmark"]
+    elif folder == "SST2":  # SentEval keeps binary SST under SST/binary
+        return [data_dir / rel for rel in ("transfer/SST2", "SST2", "SST/binary", "downstream/SST/binary")]
+    elif folder in TRANSFER_FOLDERS:
+        return [data_dir / rel for rel in (f"transfer/{folder}", folder, f"downstream/{folder}")]
     else:  # SICK
         senteval = ["downstream/SICK"]
     return [data_dir / rel for rel in (f"sts/{folder}", folder, *senteval)]
 
 
 def find_task_dir(data_dir: str | Path, folder: str) -> Path:
-    """Find the folder of one data set (STS12..STS16, STSBenchmark, SICK) in either layout."""
+    """Find the folder of one data set (STS12..STS16, STSBenchmark, SICK, a transfer task) in either layout."""
     if folder not in DATA_FOLDERS:
         raise CsekitError(f'unknown data set folder "{folder}"{did_you_mean(folder, DATA_FOLDERS)}')
     candidates = _candidates(Path(data_dir), folder)
