@@ -110,7 +110,7 @@ def test_shuffled_labels_give_chance() -> None:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((200, 8)).astype(np.float32)
     y = rng.permutation(np.repeat([0, 1], 100))
-    assert 0.35 <= inner_kfold(x, y, n_jobs=1, k=5)["acc"] <= 0.65
+    assert 0.35 <= inner_kfold(x, y, n_jobs=1, k=3)["acc"] <= 0.65
     # the same features with a learnable label are classified far above chance: the test can fail
     learnable = (x[:, 0] > 0).astype(int)
     assert kfold(x[:150], learnable[:150], x[150:], learnable[150:])[0]["acc"] > 0.9
@@ -270,8 +270,8 @@ def test_cli_transfer_and_align(tmp_path: Path, tiny_model_dir: Path) -> None:
 
 
 def test_task_groups() -> None:
-    from csekit.cli import _parse_tasks
     from csekit.evaluation.sts import STS_TASKS
+    from csekit.evaluation.suite import parse_tasks as _parse_tasks
 
     groups = _parse_tasks("all")
     assert groups == {"sts": list(STS_TASKS), "dev": [], "transfer": list(TRANSFER_TASKS), "align": ["align"]}

@@ -9,7 +9,6 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -60,86 +59,6 @@ def train(
 TASK_GROUPS_HELP = "sts, dev, transfer, align, all (sts + transfer + align), or a comma list of task names."
 
 
-def _parse_tasks(tasks: str) -> dict[str, list[str]]:
-    """Split --tasks into STS tasks, dev tasks, transfer tasks and the alignment/uniformity task."""
-    from csekit.evaluation.sts import DEV_TASKS, STS_TASKS
-    from csekit.evaluation.transfer import TRANSFER_TASKS
-
-    groups: dict[str, list[str]] = {"sts": [], "dev": [], "transfer": [], "align": []}
-    for name in (t.strip() for t in tasks.split(",") if t.strip()):
-        if name == "all":
-            groups["sts"] += STS_TASKS
-            groups["transfer"] += TRANSFER_TASKS
-            groups["align"].append("align")
-        elif name == "sts":
-            groups["sts"] += STS_TASKS
-        elif name == "dev":
-            groups["dev"] += DEV_TASKS
-        elif name == "transfer":
-            groups["transfer"] += TRANSFER_TASKS
-        elif name == "align":
-            groups["align"].append("align")
-        elif name in STS_TASKS:
-            groups["sts"].append(name)
-        elif name in DEV_TASKS:
-            groups["dev"].append(name)
-        elif name in TRANSFER_TASKS:
-            groups["transfer"].append(name)
-        else:
-            from csekit.errors import did_you_mean
-
-            choices = ["all", "sts", "dev", "transfer", "align", *STS_TASKS, *DEV_TASKS, *TRANSFER_TASKS]
-            raise CsekitError(f'--tasks: unknown task "{name}"{did_you_mean(name, choices)}; choose from {choices}')
-    return {key: list(dict.fromkeys(names)) for key, names in groups.items()}
-
-
-def run_evaluation(
-    encode_raw: Callable[[list[str]], np.ndarray],
-    root: Path,
-    groups: dict[str, list[str]],
-    whiten: bool = False,
-    whiten_dim: int | None = None,
-    n_jobs: int | None = 1,
-) -> dict:
-    """Run the requested evaluations with one model pass over all their distinct sentences.
-
-    Each task is scored in its own call, so that with whitening every task's kernel comes from that
-    task's own sentences (Su et al.); the cache keeps the model pass shared. Returns the `tasks`
-    results plus `avg` and `transfer_avg` when complete.
-    """
-    from csekit.evaluation.alignment import evaluate_align_uniform
-    from csekit.evaluation.cache import EmbeddingCache
-    from csekit.evaluation.sts import evaluate_dev, evaluate_sts, load_sts_task, sts_average
-    from csekit.evaluation.transfer import evaluate_transfer, load_transfer_task, transfer_average
-    from csekit.evaluation.whitening import whitened
-
-    cache = EmbeddingCache(encode_raw)
-    sentences: list[str] = []
-    for name in [*groups["sts"], *groups["dev"], *(["stsb-dev"] if groups["align"] else [])]:
-        for sub in load_sts_task(root, name):
-            sentences += sub.sentences1 + sub.sentences2
-    for name in groups["transfer"]:
-        sentences += load_transfer_task(root, name).sentences()
-    cache.prefetch(sentences)
-    encode = whitened(cache, whiten_dim) if whiten else cache
-
-    results: dict = {}
-    for name in groups["sts"]:
-        results.update({k: v for k, v in evaluate_sts(encode, root, [name]).items() if k != "avg"})
-    for name in groups["dev"]:
-        results.update(evaluate_dev(encode, root, name))
-    for name in groups["transfer"]:
-        results.update(
-            {k: v for k, v in evaluate_transfer(encode, root, [name], n_jobs).items() if k != "transfer_avg"}
-        )
-    if groups["align"]:
-        results["align"] = evaluate_align_uniform(encode, root, "stsb-dev")
-    for key, value in (("avg", sts_average(results)), ("transfer_avg", transfer_average(results))):
-        if value is not None:
-            results[key] = value
-    return results
-
-
 @app.command()
 def evaluate(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
@@ -164,9 +83,10 @@ def evaluate(
     from csekit.data_dir import resolve_data_dir
     from csekit.encoder import SentenceEncoder
     from csekit.evaluation.sts import format_sts_table
+    from csekit.evaluation.suite import parse_tasks, run_evaluation
     from csekit.evaluation.transfer import format_transfer_table
 
-    groups = _parse_tasks(tasks)
+    groups = parse_tasks(tasks)
     if whiten_dim is not None:
         if whiten_dim < 1:
             raise CsekitError(f"--whiten-dim must be at least 1, got {whiten_dim}")
