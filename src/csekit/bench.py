@@ -314,7 +314,12 @@ def _dev_curves(output: Path, suite: Suite) -> dict[str, dict[str, list[tuple[in
 
 def write_plots(output: Path, suite: Suite, runs: dict[str, list[dict[str, Any]]]) -> list[Path]:
     """Dev score and alignment/uniformity over steps, alignment vs uniformity, in-batch cosine histograms."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise CsekitError(
+            "the plots need matplotlib: pip install 'csekit[bench]' (or pip install matplotlib)"
+        ) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -5,6 +5,9 @@ Two layouts are accepted so that users can point csekit at a folder they already
 * csekit's own layout: ``<dir>/sts/STS12 .. STS16``, ``<dir>/sts/STSBenchmark``, ``<dir>/sts/SICK``;
 * SentEval's ``data/downstream`` layout: ``<dir>/STS/STS12-en-test``, ``<dir>/STS/STSBenchmark``,
   ``<dir>/SICK`` (``<dir>`` may also be SentEval's ``data`` folder, one level up).
+
+Transfer tasks live in ``<dir>/transfer/MR, CR, SUBJ, MPQA, SST2, TREC, MRPC`` (csekit) or in SentEval's
+``<dir>/MR``, ..., ``<dir>/SST/binary``.
 """
 
 from __future__ import annotations
