@@ -1,4 +1,4 @@
-"""The `csekit` command line: train, evaluate, encode, probe, augment, freq, download-data.
+"""The `csekit` command line: train, evaluate, bench, encode, probe, augment, freq, download-data.
 
 Every input mistake is a `CsekitError`: printed as one line on stderr, exit status 2, no traceback.
 """
@@ -56,44 +56,41 @@ def train(
     typer.echo(f"trained {result.steps} steps; best {config.train.select_metric}: {best}; model in {output / 'best'}")
 
 
-def _parse_tasks(tasks: str) -> tuple[list[str], list[str]]:
-    from csekit.evaluation.sts import DEV_TASKS, STS_TASKS
-
-    sts, dev = [], []
-    for name in (t.strip() for t in tasks.split(",") if t.strip()):
-        if name == "sts":
-            sts += STS_TASKS
-        elif name == "dev":
-            dev += DEV_TASKS
-        elif name in STS_TASKS:
-            sts.append(name)
-        elif name in DEV_TASKS:
-            dev.append(name)
-        else:
-            from csekit.errors import did_you_mean
-
-            choices = ["sts", "dev", *STS_TASKS, *DEV_TASKS]
-            raise CsekitError(f'--tasks: unknown task "{name}"{did_you_mean(name, choices)}; choose from {choices}')
-    return list(dict.fromkeys(sts)), list(dict.fromkeys(dev))
+TASK_GROUPS_HELP = "sts, dev, transfer, align, all (sts + transfer + align), or a comma list of task names."
 
 
 @app.command()
 def evaluate(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
-    tasks: Annotated[str, typer.Option(help="sts, dev, or a comma list of task names.")] = "sts",
+    tasks: Annotated[str, typer.Option(help=TASK_GROUPS_HELP)] = "sts",
     pooler: PoolerOption = None,
     data_dir: DataDirOption = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write results as JSON here.")] = None,
     precision: PrecisionOption = "fp32",
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
+    whiten: Annotated[
+        bool, typer.Option("--whiten", help="BERT-whitening of the embeddings (kernel from each task's sentences).")
+    ] = False,
+    whiten_dim: Annotated[
+        int | None, typer.Option("--whiten-dim", help="Keep the first K whitened dimensions (implies --whiten).")
+    ] = None,
+    n_jobs: Annotated[
+        int, typer.Option("--n-jobs", help="Parallel classifier fits for transfer tasks (-1: all cores).")
+    ] = -1,
 ) -> None:
-    """Evaluate a model SentEval's way (Spearman x 100 of cosine similarity)."""
+    """Evaluate a model SentEval's way: STS (Spearman x 100), transfer tasks (accuracy x 100), alignment/uniformity."""
     from csekit.atomic import atomic_write_text
     from csekit.data_dir import resolve_data_dir
     from csekit.encoder import SentenceEncoder
-    from csekit.evaluation.sts import evaluate_dev, evaluate_sts, format_sts_table
+    from csekit.evaluation.sts import format_sts_table
+    from csekit.evaluation.suite import parse_tasks, run_evaluation
+    from csekit.evaluation.transfer import format_transfer_table
 
-    sts_tasks, dev_tasks = _parse_tasks(tasks)
+    groups = parse_tasks(tasks)
+    if whiten_dim is not None:
+        if whiten_dim < 1:
+            raise CsekitError(f"--whiten-dim must be at least 1, got {whiten_dim}")
+        whiten = True
     root = resolve_data_dir(data_dir)
     encoder = SentenceEncoder.load(model, pooler=pooler)
 
@@ -101,21 +98,30 @@ def evaluate(
         return encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
 
     started = time.perf_counter()
-    results: dict = {}
-    if sts_tasks:
-        results.update(evaluate_sts(encode, root, sts_tasks))
-    for task in dev_tasks:
-        results.update(evaluate_dev(encode, root, task))
+    results = run_evaluation(encode, root, groups, whiten, whiten_dim, n_jobs)
     elapsed = time.perf_counter() - started
     average = results.pop("avg", None)
-    report = {"model": model, "pooler": encoder.pooler.name, "precision": precision, "tasks": results}
+    transfer_avg = results.pop("transfer_avg", None)
+    report: dict = {"model": model, "pooler": encoder.pooler.name, "precision": precision}
+    if whiten:
+        report["whiten"] = {"dim": whiten_dim}
+    report["tasks"] = results
     if average is not None:
         report["avg"] = average
-    if sts_tasks:
+    if transfer_avg is not None:
+        report["transfer_avg"] = transfer_avg
+    if groups["sts"]:
         typer.echo(format_sts_table({**results, "avg": average}))
-    for task in dev_tasks:
+    for task in groups["dev"]:
         typer.echo(f"{task}: {100 * results[task]:.2f}")
-    typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision}, {elapsed:.1f} s)")
+    if groups["transfer"]:
+        typer.echo(format_transfer_table({**results, "transfer_avg": transfer_avg}))
+    if groups["align"]:
+        typer.echo(
+            f"alignment {results['align']['align']:.4f}, uniformity {results['align']['uniform']:.4f} (STS-B dev)"
+        )
+    whitening = f", whitened{'' if whiten_dim is None else f' to {whiten_dim} dims'}" if whiten else ""
+    typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision}{whitening}, {elapsed:.1f} s)")
     if output is not None:
         report["seconds"] = round(elapsed, 2)
         atomic_write_text(output, json.dumps(report, indent=2) + "\n")

@@ -5,6 +5,9 @@ Two layouts are accepted so that users can point csekit at a folder they already
 * csekit's own layout: ``<dir>/sts/STS12 .. STS16``, ``<dir>/sts/STSBenchmark``, ``<dir>/sts/SICK``;
 * SentEval's ``data/downstream`` layout: ``<dir>/STS/STS12-en-test``, ``<dir>/STS/STSBenchmark``,
   ``<dir>/SICK`` (``<dir>`` may also be SentEval's ``data`` folder, one level up).
+
+Transfer tasks live in ``<dir>/transfer/MR, CR, SUBJ, MPQA, SST2, TREC, MRPC`` (csekit) or in SentEval's
+``<dir>/MR``, ..., ``<dir>/SST/binary``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from csekit.errors import CsekitError, did_you_mean
 ENV_VAR = "CSEKIT_DATA"
 
 _STS_YEARS = ("STS12", "STS13", "STS14", "STS15", "STS16")
-DATA_FOLDERS = (*_STS_YEARS, "STSBenchmark", "SICK")
+TRANSFER_FOLDERS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
+DATA_FOLDERS = (*_STS_YEARS, "STSBenchmark", "SICK", *TRANSFER_FOLDERS)
 # Subsets per STS year, in SentEval's order (which fixes the order of its per-subset averages).
 STS_SUBSETS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {
@@ -70,13 +74,17 @@ def _candidates(data_dir: Path, folder: str) -> list[Path]:
         senteval = [f"STS/{folder}-en-test", f"downstream/STS/{folder}-en-test"]
     elif folder == "STSBenchmark":
         senteval = ["STS/STSBenchmark", "downstream/STS/STSBenchmark"]
+    elif folder == "SST2":  # SentEval keeps binary SST under SST/binary
+        return [data_dir / rel for rel in ("transfer/SST2", "SST2", "SST/binary", "downstream/SST/binary")]
+    elif folder in TRANSFER_FOLDERS:
+        return [data_dir / rel for rel in (f"transfer/{folder}", folder, f"downstream/{folder}")]
     else:  # SICK
         senteval = ["downstream/SICK"]
     return [data_dir / rel for rel in (f"sts/{folder}", folder, *senteval)]
 
 
 def find_task_dir(data_dir: str | Path, folder: str) -> Path:
-    """Find the folder of one data set (STS12..STS16, STSBenchmark, SICK) in either layout."""
+    """Find the folder of one data set (STS12..STS16, STSBenchmark, SICK, a transfer task) in either layout."""
     if folder not in DATA_FOLDERS:
         raise CsekitError(f'unknown data set folder "{folder}"{did_you_mean(folder, DATA_FOLDERS)}')
     candidates = _candidates(Path(data_dir), folder)

@@ -263,6 +263,7 @@ def train(
             ),
             data_path,
             dev_task,
+            align_uniform=True,
         )
         return scores
 

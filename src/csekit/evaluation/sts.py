@@ -232,18 +232,34 @@ def evaluate_sts(encode: Encoder, data_dir: str | Path | None, tasks: Sequence[s
         else:
             (test,) = subsets
             results[name] = {"test": _spearman(_cosine(index, emb, test), test.scores)}
-    headline = [results.get(task, {}).get(key) for _, task, key in _TABLE_COLUMNS]
-    if all(x is not None for x in headline):
-        results["avg"] = float(np.mean(headline))
+    average = sts_average(results)
+    if average is not None:
+        results["avg"] = average
     return results
 
 
-def evaluate_dev(encode: Encoder, data_dir: str | Path | None, task: str = "stsb-dev") -> dict[str, float]:
-    """Spearman on a development split (STS-B dev or SICK trial), for model selection during training."""
+def sts_average(results: dict) -> float | None:
+    """The papers' STS average over the seven headline numbers, or None when one is missing."""
+    headline = [results.get(task, {}).get(key) for _, task, key in _TABLE_COLUMNS]
+    return float(np.mean(headline)) if all(x is not None for x in headline) else None
+
+
+def evaluate_dev(
+    encode: Encoder, data_dir: str | Path | None, task: str = "stsb-dev", align_uniform: bool = False
+) -> dict[str, float]:
+    """Spearman on a development split (STS-B dev or SICK trial), for model selection during training.
+
+    With `align_uniform`, the same embeddings (one encode call) also give `align` and `uniform`.
+    """
     _check_name(task, DEV_TASKS)
     (dev,) = load_sts_task(data_dir, task)
     index, emb = _encode_all(encode, [dev])
-    return {task: _spearman(_cosine(index, emb, dev), dev.scores)}
+    scores = {task: _spearman(_cosine(index, emb, dev), dev.scores)}
+    if align_uniform:
+        from csekit.evaluation.alignment import align_uniform_from_embeddings
+
+        scores.update(align_uniform_from_embeddings(index, emb, dev))
+    return scores
 
 
 def format_sts_table(results: dict) -> str:

@@ -1,0 +1,404 @@
+"""`csekit bench`: recipes x seeds, trained and evaluated, collected into the papers' tables and plots.
+
+A suite is a YAML file::
+
+    name: default
+    seeds: [42, 43, 44]
+    tasks: sts,transfer,align          # as `csekit evaluate --tasks`
+    sample_sentences: 1000             # corpus sentences for the cosine-distribution plot
+    recipes:
+      - recipe: ../../recipes/quickstart.yaml   # relative to the suite file
+        name: simcse-minilm                    # optional; default: the recipe file's stem
+        set: [train.max_steps=300]             # optional --set overrides
+
+Each run lives in `OUTPUT/<name>-seed<k>/` (the training run plus `results.json`, written last, which
+marks the run finished). A second call skips finished runs and resumes interrupted trainings, so a
+suite can be stopped and restarted at any time. The summary (`results.md`, `results.csv`, `*.png`)
+is rebuilt from all finished runs on every call.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from csekit.atomic import atomic_write_text
+from csekit.errors import CsekitError, at
+
+RESULTS_FILE = "results.json"
+COSINES_FILE = "cosines.npy"
+SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences"}
+RECIPE_KEYS = {"recipe", "name", "set"}
+
+# (column label, path into results.json "tasks"/top level) in the papers' order
+STS_COLUMNS = (
+    ("STS12", ("tasks", "STS12", "all")),
+    ("STS13", ("tasks", "STS13", "all")),
+    ("STS14", ("tasks", "STS14", "all")),
+    ("STS15", ("tasks", "STS15", "all")),
+    ("STS16", ("tasks", "STS16", "all")),
+    ("STS-B", ("tasks", "STSBenchmark", "test")),
+    ("SICK-R", ("tasks", "SICKRelatedness", "test")),
+    ("STS Avg.", ("avg",)),
+)
+TRANSFER_COLUMNS = (
+    *((name, ("tasks", task, "acc")) for name, task in (("MR", "MR"), ("CR", "CR"), ("SUBJ", "SUBJ"))),
+    *((name, ("tasks", task, "acc")) for name, task in (("MPQA", "MPQA"), ("SST", "SST2"), ("TREC", "TREC"))),
+    ("MRPC", ("tasks", "MRPC", "acc")),
+    ("Transfer Avg.", ("transfer_avg",)),
+)
+OTHER_COLUMNS = (
+    ("STS-B dev", ("tasks", "stsb-dev")),
+    ("SICK dev", ("tasks", "sick-dev")),
+    ("align", ("tasks", "align", "align")),
+    ("uniform", ("tasks", "align", "uniform")),
+)
+UNSCALED = {"align", "uniform"}  # reported as they are; everything else x 100
+
+
+@dataclass
+class SuiteRecipe:
+    name: str
+    path: Path
+    overrides: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Suite:
+    name: str
+    seeds: list[int]
+    tasks: str
+    recipes: list[SuiteRecipe]
+    sample_sentences: int = 1000
+
+
+def _line_of(text: str, key: str) -> int | None:
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.lstrip(" -").startswith(f"{key}:"):
+            return number
+    return None
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read and check a suite file; mistakes are CsekitErrors naming the file and line."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise CsekitError(f"suite file {path} does not exist") from None
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        raise CsekitError(f"{at(path, mark.line + 1 if mark else None)}: not valid YAML") from None
+    if not isinstance(raw, dict):
+        raise CsekitError(f"{path}: a suite is a mapping with keys {', '.join(sorted(SUITE_KEYS))}")
+    for key in raw:
+        if key not in SUITE_KEYS:
+            raise CsekitError(
+                f"{at(path, _line_of(text, key))}: unknown suite key {key!r}; expected {sorted(SUITE_KEYS)}"
+            )
+    seeds = raw.get("seeds", [42])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise CsekitError(f"{at(path, _line_of(text, 'seeds'))}: seeds must be a non-empty list of integers")
+    tasks = raw.get("tasks", "sts")
+    if isinstance(tasks, list):
+        tasks = ",".join(str(t) for t in tasks)
+    from csekit.evaluation.suite import parse_tasks
+
+    try:
+        parse_tasks(str(tasks))
+    except CsekitError as error:
+        raise CsekitError(f"{at(path, _line_of(text, 'tasks'))}: {error}") from None
+    entries = raw.get("recipes")
+    if not isinstance(entries, list) or not entries:
+        raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: recipes must be a non-empty list")
+    recipes: list[SuiteRecipe] = []
+    for entry in entries:
+        if isinstance(entry, str):
+            entry = {"recipe": entry}
+        if not isinstance(entry, dict) or "recipe" not in entry:
+            raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: each recipe needs a `recipe:` path")
+        unknown = set(entry) - RECIPE_KEYS
+        if unknown:
+            key = sorted(unknown)[0]
+            raise CsekitError(
+                f"{at(path, _line_of(text, key))}: unknown recipe key {key!r}; expected {sorted(RECIPE_KEYS)}"
+            )
+        recipe_path = (path.parent / str(entry["recipe"])).resolve()
+        if not recipe_path.exists():
+            raise CsekitError(f"{at(path, _line_of(text, 'recipe'))}: recipe {recipe_path} does not exist")
+        overrides = entry.get("set") or []
+        if not isinstance(overrides, list):
+            raise CsekitError(f"{at(path, _line_of(text, 'set'))}: set must be a list of key=value strings")
+        name = str(entry.get("name") or recipe_path.stem)
+        if any(r.name == name for r in recipes):
+            raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: two recipes are named {name!r}; give one a name")
+        recipes.append(SuiteRecipe(name, recipe_path, [str(o) for o in overrides]))
+    sample = raw.get("sample_sentences", 1000)
+    if not isinstance(sample, int) or sample < 2:
+        raise CsekitError(f"{at(path, _line_of(text, 'sample_sentences'))}: sample_sentences must be an integer >= 2")
+    return Suite(str(raw.get("name") or path.stem), seeds, str(tasks), recipes, sample)
+
+
+def run_dir(output: Path, recipe: SuiteRecipe, seed: int) -> Path:
+    return output / f"{recipe.name}-seed{seed}"
+
+
+def _run_one(
+    recipe: SuiteRecipe,
+    seed: int,
+    suite: Suite,
+    folder: Path,
+    data_dir: Path | None,
+    overrides: Sequence[str],
+    show_progress: bool,
+) -> dict[str, Any]:
+    """Train (or resume) one run, evaluate its best model, sample corpus cosines, write results.json last."""
+    from csekit.config import load_recipe
+    from csekit.data import open_corpus
+    from csekit.data_dir import resolve_data_dir
+    from csekit.encoder import SentenceEncoder
+    from csekit.evaluation.alignment import pairwise_cosines, sample_sentences
+    from csekit.evaluation.suite import parse_tasks, run_evaluation
+    from csekit.training import train
+
+    config = load_recipe(recipe.path, [*recipe.overrides, *overrides, f"train.seed={seed}"])
+    started = any((folder / name).exists() for name in ("metrics.jsonl", "checkpoint"))
+    result = train(config, folder, data_dir=data_dir, resume=started, show_progress=show_progress)
+    encoder = SentenceEncoder.load(folder / "best")
+
+    def encode(sentences: list[str]) -> np.ndarray:
+        return encoder.encode(sentences, batch_size=config.train.eval_batch_size, precision="fp32")
+
+    root = resolve_data_dir(data_dir)
+    scores = run_evaluation(encode, root, parse_tasks(suite.tasks), n_jobs=-1)
+    corpus = open_corpus(config.data.corpus, root, config.data.max_chars, "skip", config.data.text_column)
+    texts = [str(corpus[i]) for i in range(len(corpus))]
+    sample = sample_sentences(texts, suite.sample_sentences, seed=seed)
+    np.save(folder / COSINES_FILE, pairwise_cosines(encode(sample)).astype(np.float32))
+    report: dict[str, Any] = {"recipe": recipe.name, "seed": seed, "steps": result.steps, "best_step": result.best_step}
+    report["tasks"] = {k: v for k, v in scores.items() if k not in ("avg", "transfer_avg")}
+    for key in ("avg", "transfer_avg"):
+        if key in scores:
+            report[key] = scores[key]
+    atomic_write_text(folder / RESULTS_FILE, json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def run_suite(
+    suite_path: str | Path,
+    output: str | Path,
+    data_dir: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    show_progress: bool = True,
+    log: Any = print,
+) -> dict[str, Any]:
+    """Run every recipe x seed not yet finished, then write the tables and plots; returns what ran."""
+    suite = load_suite(suite_path)
+    out = Path(output)
+    out.mkdir(parents=True, exist_ok=True)
+    ran, skipped = [], []
+    for recipe in suite.recipes:
+        for seed in suite.seeds:
+            folder = run_dir(out, recipe, seed)
+            if (folder / RESULTS_FILE).exists():
+                skipped.append(folder.name)
+                log(f"{folder.name}: finished earlier, skipped")
+                continue
+            log(f"{folder.name}: training and evaluating")
+            _run_one(recipe, seed, suite, folder, Path(data_dir) if data_dir else None, overrides, show_progress)
+            ran.append(folder.name)
+    summary = summarise(out, suite)
+    return {"ran": ran, "skipped": skipped, **summary}
+
+
+# --- collection, tables, plots ----------------------------------------------------------------------
+
+
+def _get(report: dict[str, Any], path: tuple[str, ...]) -> float | None:
+    value: Any = report
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return float(value) if isinstance(value, int | float) else None
+
+
+def collect(output: Path, suite: Suite) -> dict[str, list[dict[str, Any]]]:
+    """results.json of every finished run, grouped by recipe name (suite order)."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for recipe in suite.recipes:
+        for seed in suite.seeds:
+            path = run_dir(output, recipe, seed) / RESULTS_FILE
+            if path.exists():
+                runs.setdefault(recipe.name, []).append(json.loads(path.read_text(encoding="utf-8")))
+    return runs
+
+
+def table_rows(runs: dict[str, list[dict[str, Any]]]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Columns present in any run, and per method the mean and standard deviation (ddof=0) over seeds."""
+    columns = [
+        (label, path)
+        for label, path in (*STS_COLUMNS, *TRANSFER_COLUMNS, *OTHER_COLUMNS)
+        if any(_get(r, path) is not None for reports in runs.values() for r in reports)
+    ]
+    rows = []
+    for method, reports in runs.items():
+        row: dict[str, Any] = {"method": method, "seeds": len(reports)}
+        for label, path in columns:
+            values = [v for v in (_get(r, path) for r in reports) if v is not None]
+            scale = 1.0 if label in UNSCALED else 100.0
+            row[label] = (scale * float(np.mean(values)), scale * float(np.std(values))) if values else None
+        rows.append(row)
+    return [label for label, _ in columns], rows
+
+
+def format_markdown(labels: list[str], rows: list[dict[str, Any]]) -> str:
+    """The papers' layout: one row per method, `mean ± std` over seeds (x 100 except align/uniform)."""
+    heads = ["Method", "Seeds", *labels]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "|".join("---" for _ in heads) + "|"]
+    for row in rows:
+        cells = [row["method"], str(row["seeds"])]
+        for label in labels:
+            value = row[label]
+            digits = 3 if label in UNSCALED else 2
+            cells.append("-" if value is None else f"{value[0]:.{digits}f} ± {value[1]:.{digits}f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def format_csv(labels: list[str], rows: list[dict[str, Any]]) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["method", "seeds", *[f"{label} {stat}" for label in labels for stat in ("mean", "std")]])
+    for row in rows:
+        cells: list[Any] = [row["method"], row["seeds"]]
+        for label in labels:
+            cells += ["", ""] if row[label] is None else [f"{row[label][0]:.4f}", f"{row[label][1]:.4f}"]
+        writer.writerow(cells)
+    return buffer.getvalue()
+
+
+def _dev_curves(output: Path, suite: Suite) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """Per method and metric (dev score, align, uniform): (step, mean over seeds) from metrics.jsonl."""
+    curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for recipe in suite.recipes:
+        per_metric: dict[str, dict[int, list[float]]] = {}
+        for seed in suite.seeds:
+            path = run_dir(output, recipe, seed) / "metrics.jsonl"
+            if not path.exists():
+                continue
+            for line in path.read_text(encoding="utf-8").splitlines():
+                record = json.loads(line)
+                if "align" not in record:
+                    continue
+                dev_keys = [k for k in ("stsb-dev", "sick-dev") if k in record]
+                for key in [*dev_keys, "align", "uniform"]:
+                    per_metric.setdefault(key, {}).setdefault(int(record["step"]), []).append(float(record[key]))
+        if per_metric:
+            curves[recipe.name] = {
+                key: sorted((step, float(np.mean(vals))) for step, vals in steps.items())
+                for key, steps in per_metric.items()
+            }
+    return curves
+
+
+def write_plots(output: Path, suite: Suite, runs: dict[str, list[dict[str, Any]]]) -> list[Path]:
+    """Dev score and alignment/uniformity over steps, alignment vs uniformity, in-batch cosine histograms."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise CsekitError(
+            "the plots need matplotlib: pip install 'csekit[bench]' (or pip install matplotlib)"
+        ) from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    curves = _dev_curves(output, suite)
+    if curves:
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+        for method, metrics in curves.items():
+            dev_key = next((k for k in ("stsb-dev", "sick-dev") if k in metrics), None)
+            for ax, key in zip(axes, (dev_key, "align", "uniform"), strict=True):
+                if key in metrics:
+                    steps, values = zip(*metrics[key], strict=True)
+                    scale = 100.0 if key == dev_key else 1.0
+                    ax.plot(steps, [scale * v for v in values], marker="o", label=method)
+        for ax, title in zip(
+            axes, ("dev Spearman x 100", "alignment (lower is better)", "uniformity (lower is better)"), strict=True
+        ):
+            ax.set_title(title)
+            ax.set_xlabel("training step")
+            ax.legend(fontsize="small")
+        fig.tight_layout()
+        written.append(output / "training_curves.png")
+        fig.savefig(written[-1], dpi=100)
+        plt.close(fig)
+
+    points = {
+        method: [
+            (r["tasks"]["align"]["uniform"], r["tasks"]["align"]["align"]) for r in reports if "align" in r["tasks"]
+        ]
+        for method, reports in runs.items()
+    }
+    if any(points.values()):
+        fig, ax = plt.subplots(figsize=(5, 4))
+        for method, xy in points.items():
+            if xy:
+                ax.scatter(*zip(*xy, strict=True), label=method)
+        for metrics in curves.values():  # the trajectory over training, as in SimCSE's Figure 2
+            if "align" in metrics and "uniform" in metrics:
+                ax.plot([v for _, v in metrics["uniform"]], [v for _, v in metrics["align"]], alpha=0.4, linestyle="--")
+        ax.set_xlabel("uniformity")
+        ax.set_ylabel("alignment")
+        ax.set_title("alignment vs uniformity (STS-B dev; lower is better)")
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        written.append(output / "align_uniform.png")
+        fig.savefig(written[-1], dpi=100)
+        plt.close(fig)
+
+    cosines = {}
+    for recipe in suite.recipes:
+        arrays = [
+            np.load(run_dir(output, recipe, seed) / COSINES_FILE)
+            for seed in suite.seeds
+            if (run_dir(output, recipe, seed) / COSINES_FILE).exists()
+        ]
+        if arrays:
+            cosines[recipe.name] = np.concatenate(arrays)
+    if cosines:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for method, values in cosines.items():
+            ax.hist(values, bins=50, range=(-1, 1), density=True, histtype="step", label=method)
+        ax.set_xlabel("cosine similarity of sentence pairs from the corpus (in-batch negatives)")
+        ax.set_ylabel("density")
+        ax.legend(fontsize="small")
+        fig.tight_layout()
+        written.append(output / "negative_cosines.png")
+        fig.savefig(written[-1], dpi=100)
+        plt.close(fig)
+    return written
+
+
+def summarise(output: Path, suite: Suite) -> dict[str, Any]:
+    """Write results.md, results.csv and the plots from every finished run."""
+    runs = collect(output, suite)
+    labels, rows = table_rows(runs)
+    markdown = f"# {suite.name}\n\nMean ± standard deviation over seeds; x 100 except alignment and uniformity.\n\n"
+    markdown += format_markdown(labels, rows)
+    atomic_write_text(output / "results.md", markdown)
+    atomic_write_text(output / "results.csv", format_csv(labels, rows))
+    plots = write_plots(output, suite, runs)
+    return {"table": markdown, "plots": [str(p) for p in plots]}

@@ -1,0 +1,87 @@
+"""One evaluation run over several task groups (STS, dev, transfer, alignment/uniformity), one model pass.
+
+Shared by `csekit evaluate` and `csekit bench`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from csekit.errors import CsekitError, did_you_mean
+from csekit.evaluation.alignment import evaluate_align_uniform
+from csekit.evaluation.cache import EmbeddingCache
+from csekit.evaluation.sts import DEV_TASKS, STS_TASKS, evaluate_dev, evaluate_sts, load_sts_task, sts_average
+from csekit.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, load_transfer_task, transfer_average
+from csekit.evaluation.whitening import whitened
+
+
+def parse_tasks(tasks: str) -> dict[str, list[str]]:
+    """Split --tasks into STS tasks, dev tasks, transfer tasks and the alignment/uniformity task."""
+    groups: dict[str, list[str]] = {"sts": [], "dev": [], "transfer": [], "align": []}
+    for name in (t.strip() for t in tasks.split(",") if t.strip()):
+        if name == "all":
+            groups["sts"] += STS_TASKS
+            groups["transfer"] += TRANSFER_TASKS
+            groups["align"].append("align")
+        elif name == "sts":
+            groups["sts"] += STS_TASKS
+        elif name == "dev":
+            groups["dev"] += DEV_TASKS
+        elif name == "transfer":
+            groups["transfer"] += TRANSFER_TASKS
+        elif name == "align":
+            groups["align"].append("align")
+        elif name in STS_TASKS:
+            groups["sts"].append(name)
+        elif name in DEV_TASKS:
+            groups["dev"].append(name)
+        elif name in TRANSFER_TASKS:
+            groups["transfer"].append(name)
+        else:
+            choices = ["all", "sts", "dev", "transfer", "align", *STS_TASKS, *DEV_TASKS, *TRANSFER_TASKS]
+            raise CsekitError(f'--tasks: unknown task "{name}"{did_you_mean(name, choices)}; choose from {choices}')
+    return {key: list(dict.fromkeys(names)) for key, names in groups.items()}
+
+
+def run_evaluation(
+    encode_raw: Callable[[list[str]], np.ndarray],
+    root: Path,
+    groups: dict[str, list[str]],
+    whiten: bool = False,
+    whiten_dim: int | None = None,
+    n_jobs: int | None = 1,
+) -> dict:
+    """Run the requested evaluations with one model pass over all their distinct sentences.
+
+    Each task is scored in its own call, so that with whitening every task's kernel comes from that
+    task's own sentences (Su et al.); the cache keeps the model pass shared. Returns the `tasks`
+    results plus `avg` and `transfer_avg` when complete.
+    """
+    cache = EmbeddingCache(encode_raw)
+    sentences: list[str] = []
+    for name in [*groups["sts"], *groups["dev"], *(["stsb-dev"] if groups["align"] else [])]:
+        for sub in load_sts_task(root, name):
+            sentences += sub.sentences1 + sub.sentences2
+    for name in groups["transfer"]:
+        sentences += load_transfer_task(root, name).sentences()
+    cache.prefetch(sentences)
+    encode = whitened(cache, whiten_dim) if whiten else cache
+
+    results: dict = {}
+    for name in groups["sts"]:
+        results.update({k: v for k, v in evaluate_sts(encode, root, [name]).items() if k != "avg"})
+    for name in groups["dev"]:
+        results.update(evaluate_dev(encode, root, name))
+    for name in groups["transfer"]:
+        results.update(
+            {k: v for k, v in evaluate_transfer(encode, root, [name], n_jobs).items() if k != "transfer_avg"}
+        )
+    if groups["align"]:
+        results["align"] = evaluate_align_uniform(encode, root, "stsb-dev")
+    for key, value in (("avg", sts_average(results)), ("transfer_avg", transfer_average(results))):
+        if value is not None:
+            results[key] = value
+    return results
