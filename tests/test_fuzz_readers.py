@@ -72,3 +72,45 @@ def test_sts_reader_gives_scored_pairs_or_a_located_error(rows: list, junk: byte
         assert len(subsets[0]) == len(scored)
         assert subsets[0].scores == [float(f"{y}") for _, _, y in scored]
         assert all(" ".join(s.split()) == s for s in subsets[0].sentences1)
+
+
+def _write(folder: str, name: str, data: bytes) -> Path:
+    path = Path(folder) / name
+    path.write_bytes(data)
+    return path
+
+
+@FUZZ
+@given(st.binary(max_size=300))
+def test_transfer_readers_never_crash_on_bytes(data: bytes) -> None:
+    from csekit.evaluation.transfer import read_mrpc_file, read_sst_file, read_trec_file
+
+    with tempfile.TemporaryDirectory() as folder:
+        for reader, name in ((read_sst_file, "sentiment-dev"), (read_trec_file, "TREC_10.label")):
+            path = _write(folder, name, data)
+            try:
+                sentences, labels = reader(path)
+            except CsekitError as error:
+                assert "\n" not in str(error) and name in str(error)
+                continue
+            assert len(sentences) == len(labels)
+        path = _write(folder, "msr_paraphrase_test.txt", data)
+        try:
+            first, second, labels = read_mrpc_file(path)
+        except CsekitError as error:
+            assert "\n" not in str(error) and "msr_paraphrase_test.txt" in str(error)
+        else:
+            assert len(first) == len(second) == len(labels) and set(labels) <= {0, 1}
+
+
+@FUZZ
+@given(st.lists(st.tuples(LINE, st.sampled_from(["0", "1"])), max_size=20))
+def test_sst_reader_keeps_every_labelled_line(rows: list[tuple[str, str]]) -> None:
+    from csekit.evaluation.transfer import read_sst_file
+
+    rows = [(text, label) for text, label in rows if text.strip() and "\t" not in text]
+    with tempfile.TemporaryDirectory() as folder:
+        path = _write(folder, "sentiment-train", "".join(f"{t}\t{y}\n" for t, y in rows).encode())
+        sentences, labels = read_sst_file(path)
+    assert labels == [int(y) for _, y in rows]
+    assert sentences == [" ".join(t.split()) for t, _ in rows]
