@@ -53,10 +53,9 @@ def main() -> None:
         bf16 = max(abs(results["bf16"][task][k] - results["fp32"][task][k]) for k in baseline[task])
         print(f"  {task:16s} fp32 vs SentEval-style {fp32:.1e}   bf16 vs fp32 {bf16:.1e}")
     base = seconds["SentEval-style"]
-    print(
-        f"\nwall time: SentEval-style {base:.1f} s; csekit fp32 {seconds['fp32']:.1f} s ({seconds['fp32'] / base:.2f} of"
-        f" it), bf16 {seconds['bf16']:.1f} s ({seconds['bf16'] / base:.2f} of it)"
-    )
+    fp32, bf16 = seconds["fp32"], seconds["bf16"]
+    print(f"\nwall time: SentEval-style {base:.1f} s; csekit fp32 {fp32:.1f} s ({fp32 / base:.2f} of it), ", end="")
+    print(f"bf16 {bf16:.1f} s ({bf16 / base:.2f} of it)")
 
 
 if __name__ == "__main__":
