@@ -18,6 +18,7 @@ from scipy.stats import spearmanr
 
 from csekit.data_dir import STS_SUBSETS, find_task_dir, resolve_data_dir
 from csekit.errors import CsekitError, at, did_you_mean
+from csekit.evaluation.table import score_table
 
 Encoder = Callable[[list[str]], np.ndarray]
 
@@ -266,11 +267,4 @@ def format_sts_table(results: dict) -> str:
     """The papers' STS table: Spearman x 100 with two decimals; '-' where a task was not run."""
     heads = [label for label, _, _ in _TABLE_COLUMNS] + ["Avg."]
     values = [results.get(task, {}).get(key) for _, task, key in _TABLE_COLUMNS] + [results.get("avg")]
-    cells = ["-" if v is None else f"{100 * v:.2f}" for v in values]
-    widths = [max(len(h), len(c)) for h, c in zip(heads, cells, strict=True)]
-
-    def row(items: list[str]) -> str:
-        return "| " + " | ".join(s.rjust(w) for s, w in zip(items, widths, strict=True)) + " |"
-
-    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([row(heads), rule, row(cells)])
+    return score_table(heads, values)

@@ -29,6 +29,7 @@ from sklearn.model_selection import StratifiedKFold
 
 from csekit.data_dir import find_task_dir, resolve_data_dir
 from csekit.errors import CsekitError, at, did_you_mean
+from csekit.evaluation.table import score_table
 
 Encoder = Callable[[list[str]], np.ndarray]
 
@@ -376,11 +377,4 @@ def format_transfer_table(results: dict) -> str:
     """The papers' transfer table: accuracy x 100 with two decimals; '-' where a task was not run."""
     heads = [label for label, _ in _TABLE_COLUMNS] + ["Avg."]
     values = [results.get(task, {}).get("acc") for _, task in _TABLE_COLUMNS] + [results.get("transfer_avg")]
-    cells = ["-" if v is None else f"{100 * v:.2f}" for v in values]
-    widths = [max(len(h), len(c)) for h, c in zip(heads, cells, strict=True)]
-
-    def row(items: list[str]) -> str:
-        return "| " + " | ".join(s.rjust(w) for s, w in zip(items, widths, strict=True)) + " |"
-
-    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
-    return "\n".join([row(heads), rule, row(cells)])
+    return score_table(heads, values)

@@ -10,38 +10,27 @@ averaged over all anchor-candidate entries, as `torch.nn.BCELoss` does) instead 
 
 from __future__ import annotations
 
-import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from csekit.objectives.infonce import cosine_matrix
+from csekit.objectives.infonce import InfoNCE
 from csekit.state import StepState
 
 LOSSES = ("bce", "infonce")
 
 
-class DclrCodeLoss(nn.Module):
+class DclrCodeLoss(InfoNCE):
     """Weights multiply the logits (false negatives get logit 0); BCE over softmax probabilities by default."""
 
     def __init__(self, temperature: float = 0.05, loss: str = "bce", anchor_view: int = 0, positive_view: int = 1):
-        super().__init__()
-        if temperature <= 0:
-            raise ValueError("temperature must be positive")
+        super().__init__(temperature, anchor_view, positive_view)
         if loss not in LOSSES:
             raise ValueError(f'option loss must be one of {", ".join(LOSSES)} (got "{loss}")')
-        self.temperature = temperature
         self.loss = loss
-        self.anchor_view = anchor_view
-        self.positive_view = positive_view
 
-    def logits(self, state: StepState) -> Tensor:
-        """Scaled similarities [n, N_global + k]; in-batch logits multiplied by their weights."""
-        anchors = state.embeddings[self.anchor_view]
-        logits = cosine_matrix(anchors, state.global_view(self.positive_view)) / self.temperature
-        if state.negative_weights is not None:
-            logits = logits * state.negative_weights.to(logits.dtype)
-        extra = [cosine_matrix(anchors, negatives) / self.temperature for negatives in state.extra_negatives]
-        return torch.cat([logits, *extra], dim=1) if extra else logits
+    def apply_weights(self, logits: Tensor, weights: Tensor) -> Tensor:
+        """The authors' code: logits x weight, so a weighted-out negative keeps logit 0 in the softmax."""
+        return logits * weights
 
     def forward(self, state: StepState) -> dict[str, Tensor]:
         logits = self.logits(state)

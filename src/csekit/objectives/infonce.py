@@ -36,9 +36,13 @@ class InfoNCE(nn.Module):
         anchors = state.embeddings[self.anchor_view]
         logits = cosine_matrix(anchors, state.global_view(self.positive_view)) / self.temperature
         if state.negative_weights is not None:
-            logits = logits + torch.log(state.negative_weights.to(logits.dtype))
+            logits = self.apply_weights(logits, state.negative_weights.to(logits.dtype))
         extra = [cosine_matrix(anchors, negatives) / self.temperature for negatives in state.extra_negatives]
         return torch.cat([logits, *extra], dim=1) if extra else logits
+
+    def apply_weights(self, logits: Tensor, weights: Tensor) -> Tensor:
+        """Paper Eq. 6: weight alpha scales a candidate's exp term, i.e. adds log(alpha) to its logit."""
+        return logits + torch.log(weights)
 
     def forward(self, state: StepState) -> dict[str, Tensor]:
         return {"infonce": F.cross_entropy(self.logits(state), state.positive_index())}
