@@ -46,8 +46,10 @@ def test_smoke_suite_runs_resumes_and_plots(tmp_path: Path, tiny_model_dir: Path
 
 def test_default_suite_is_valid() -> None:
     suite = load_suite(REPO / "benchmarks" / "suites" / "default.yaml")
-    assert [r.name for r in suite.recipes] == ["simcse-minilm"] and suite.seeds == [42, 43, 44]
+    methods = ["simcse", "dclr", "whitenedcse", "slt-fai", "osscse", "combined"]
+    assert [r.name for r in suite.recipes] == [f"{m}-minilm" for m in methods] and suite.seeds == [42, 43, 44]
     assert suite.recipes[0].path == (REPO / "recipes" / "quickstart.yaml").resolve()
+    assert all(r.path.exists() for r in suite.recipes)
 
 
 @pytest.mark.parametrize(
