@@ -106,3 +106,22 @@ def test_resolved_recipe_round_trips(tmp_path: Path) -> None:
     recipe = load_recipe(REPO / "recipes" / "quickstart.yaml", ["train.max_steps=7"])
     again = load_recipe(write(tmp_path, recipe.to_yaml()))
     assert again == recipe
+
+
+def test_override_a_list_item_by_index() -> None:
+    recipe = load_recipe(REPO / "recipes" / "quickstart.yaml", ["objectives.0.temperature=0.1"])
+    assert recipe.objectives == [{"name": "infonce", "temperature": 0.1}]
+
+
+def test_bad_list_and_section_overrides_are_one_line_errors() -> None:
+    with pytest.raises(CsekitError, match=r"--set objectives\.3\.temperature: objectives has 1 items"):
+        load_recipe(REPO / "recipes" / "quickstart.yaml", ["objectives.3.temperature=1"])
+    with pytest.raises(CsekitError, match=r"--set train\.batch_size\.x: train\.batch_size is a value"):
+        load_recipe(REPO / "recipes" / "quickstart.yaml", ["train.batch_size.x=1"])
+
+
+def test_setting_a_part_name_drops_the_old_parts_options() -> None:
+    recipe = load_recipe(REPO / "recipes" / "whitenedcse-minilm.yaml", ["model.head.name=mlp"])
+    assert recipe.model.head == {"name": "mlp"}
+    recipe = load_recipe(None, ["weighting.name=dclr", "weighting.phi=0.8"])
+    assert recipe.weighting == {"name": "dclr", "phi": 0.8}

@@ -111,21 +111,34 @@ def _check_keys(values: Mapping[str, Any], schema: type, prefix: str, where: Any
             _check_keys(value, nested, dotted + ".", where)
 
 
-def _merge(base: dict[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in update.items():
-        current = merged.get(key)
-        renamed = (
-            isinstance(value, Mapping)
-            and "name" in value
-            and isinstance(current, Mapping)
-            and (current.get("name") != value["name"])
-        )
-        if isinstance(value, Mapping) and isinstance(current, Mapping) and not renamed:
-            merged[key] = _merge(dict(current), value)
-        else:
-            merged[key] = value
-    return merged
+def _apply_override(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set dotted `key` in the resolved recipe `tree`; a number picks a list item (`objectives.0.weight`).
+
+    Setting a part's `name` to another part replaces the whole part spec, since the old part's options
+    would not fit the new one (`--set model.head.name=none`).
+    """
+    parts = key.split(".")
+    node: Any = tree
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise CsekitError(f"--set {key}: {'.'.join(parts[:depth])} has {len(node)} items; no item {part}")
+            if last:
+                node[int(part)] = value
+            else:
+                node = node[int(part)]
+        elif isinstance(node, dict):
+            if last:
+                if part == "name" and node is not tree and node.get("name") != value:
+                    node.clear()
+                node[part] = value
+            else:
+                if node.get(part) is None:
+                    node[part] = {}
+                elif not isinstance(node[part], dict | list):
+                    raise CsekitError(f"--set {key}: {'.'.join(parts[: depth + 1])} is a value, not a section")
+                node = node[part]
 
 
 def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
@@ -145,6 +158,17 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
             target = target.setdefault(part, {})
         target[parts[-1]] = value
     return result
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """Dotted (key, value) pairs of a nested override dict."""
+    pairs: list[tuple[str, Any]] = []
+    for key, value in tree.items():
+        if isinstance(value, Mapping) and value:
+            pairs += _flatten(value, f"{prefix}{key}.")
+        else:
+            pairs.append((f"{prefix}{key}", value))
+    return pairs
 
 
 def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recipe:
@@ -186,10 +210,13 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recip
 
     _check_keys(raw, Recipe, "", where_in_file)
     _check_keys(update, Recipe, "", lambda key: f"--set {key}")
-    merged = _merge(raw, update)
     try:
-        config = OmegaConf.merge(OmegaConf.structured(Recipe), merged)
-        recipe: Recipe = OmegaConf.to_object(config)  # type: ignore[assignment]
+        resolved = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(Recipe), raw))
+        assert isinstance(resolved, dict)
+        for item in overrides:
+            key, value = next(iter(_flatten(parse_overrides([item]))))
+            _apply_override(resolved, key, value)
+        recipe: Recipe = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Recipe), resolved))  # type: ignore[assignment]
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", "") or ""
         message = str(error).splitlines()[0]
