@@ -233,12 +233,14 @@ def train(
     metrics = MetricsLog(output / "metrics.jsonl", main)
     checkpoint_dir = output / "checkpoint"
     if resume:
-        recover_directory(checkpoint_dir)
-        recover_directory(output / "best")
+        for folder in (checkpoint_dir, output / "best", output / "last"):
+            recover_directory(folder)
         if (checkpoint_dir / STATE_FILE).exists():
             accelerator.load_state(str(checkpoint_dir))
             state = TrainerState(**json.loads((checkpoint_dir / STATE_FILE).read_text(encoding="utf-8")))
             metrics.truncate_after(state.step)
+        else:  # stopped before its first checkpoint: start over, without the old run's records
+            metrics.truncate_after(-1)
     if main:
         atomic_write_text(output / "recipe.yaml", recipe.to_yaml())
         if not resume or state.step == 0:
