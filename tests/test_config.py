@@ -125,3 +125,15 @@ def test_setting_a_part_name_drops_the_old_parts_options() -> None:
     assert recipe.model.head == {"name": "mlp"}
     recipe = load_recipe(None, ["weighting.name=dclr", "weighting.phi=0.8"])
     assert recipe.weighting == {"name": "dclr", "phi": 0.8}
+
+
+def test_whole_part_and_list_overrides_apply_completely_and_in_order() -> None:
+    head = "model.head={name: whitening, whitening: shuffled_group, group_size: 8, num_positives: 3}"
+    recipe = load_recipe(None, [head, "objectives=[{name: infonce}]", "objectives.0.temperature=0.3"])
+    assert recipe.model.head == {
+        "name": "whitening",
+        "whitening": "shuffled_group",
+        "group_size": 8,
+        "num_positives": 3,
+    }
+    assert recipe.objectives == [{"name": "infonce", "temperature": 0.3}]

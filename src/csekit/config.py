@@ -141,34 +141,32 @@ def _apply_override(tree: dict[str, Any], key: str, value: Any) -> None:
                 node = node[part]
 
 
+def _parse_override(item: str) -> tuple[str, Any]:
+    """`"train.batch_size=32"` -> ("train.batch_size", 32); the value is parsed as YAML."""
+    if "=" not in item:
+        raise CsekitError(f'--set "{item}": expected dotted.key=value')
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
 def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
-    """Turn `["train.batch_size=32", ...]` into a nested dict; values are parsed as YAML scalars."""
+    """Turn `["train.batch_size=32", ...]` into a nested dict (for checking keys against the schema)."""
     result: dict[str, Any] = {}
     for item in overrides:
-        if "=" not in item:
-            raise CsekitError(f'--set "{item}": expected dotted.key=value')
-        key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError:
-            value = raw
+        key, value = _parse_override(item)
         target = result
-        parts = key.strip().split(".")
+        parts = key.split(".")
         for part in parts[:-1]:
-            target = target.setdefault(part, {})
+            child = target.get(part)
+            if not isinstance(child, dict):  # only keys matter here: a list or value above is not walked
+                child = target[part] = {}
+            target = child
         target[parts[-1]] = value
     return result
-
-
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    """Dotted (key, value) pairs of a nested override dict."""
-    pairs: list[tuple[str, Any]] = []
-    for key, value in tree.items():
-        if isinstance(value, Mapping) and value:
-            pairs += _flatten(value, f"{prefix}{key}.")
-        else:
-            pairs.append((f"{prefix}{key}", value))
-    return pairs
 
 
 def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recipe:
@@ -214,8 +212,7 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recip
         resolved = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(Recipe), raw))
         assert isinstance(resolved, dict)
         for item in overrides:
-            key, value = next(iter(_flatten(parse_overrides([item]))))
-            _apply_override(resolved, key, value)
+            _apply_override(resolved, *_parse_override(item))
         recipe: Recipe = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Recipe), resolved))  # type: ignore[assignment]
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", "") or ""
