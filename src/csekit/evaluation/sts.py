@@ -18,6 +18,7 @@ from scipy.stats import spearmanr
 
 from csekit.data_dir import STS_SUBSETS, find_task_dir, resolve_data_dir
 from csekit.errors import CsekitError, at, did_you_mean
+from csekit.evaluation.files import read_text, universal_lines
 from csekit.evaluation.table import score_table
 
 Encoder = Callable[[list[str]], np.ndarray]
@@ -61,30 +62,6 @@ class StsSubset:
 # --- reading ---------------------------------------------------------------------------------------
 
 
-def _read_text(path: Path) -> str:
-    """Read a UTF-8 file (as SentEval does), turning I/O and decoding problems into CsekitError."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise CsekitError(f"{path}: file not found") from None
-    except OSError as exc:
-        raise CsekitError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise CsekitError(f"{at(path, line)}: not valid UTF-8") from None
-
-
-def _file_lines(path: Path) -> list[str]:
-    """Lines as Python's `for line in open(path)` yields them (universal newlines), without the newline."""
-    text = _read_text(path).replace("\r\n", "\n").replace("\r", "\n")
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return lines
-
-
 def _gold(path: Path, line: int, raw: str) -> float:
     try:
         value = float(raw)
@@ -105,8 +82,8 @@ def _read_sts_subset(folder: Path, subset: str) -> StsSubset:
     input_path = folder / f"STS.input.{subset}.txt"
     gs_path = folder / f"STS.gs.{subset}.txt"
     # str.splitlines, not file iteration: SentEval uses .read().splitlines() for these files.
-    inputs = _read_text(input_path).splitlines()
-    golds = _read_text(gs_path).splitlines()
+    inputs = read_text(input_path).splitlines()
+    golds = read_text(gs_path).splitlines()
     if len(inputs) != len(golds):
         raise CsekitError(
             f"{at(gs_path, min(len(inputs), len(golds)) + 1)}: {gs_path.name} has {len(golds)} lines "
@@ -131,7 +108,7 @@ def _read_pair_file(path: Path, header: bool, cols: tuple[int, int, int]) -> lis
     """Read STS-B / SICK rows as SimCSE's SentEval does: `line.strip().split('\\t')`, fields by index."""
     out = []
     need = max(cols) + 1
-    for i, line in enumerate(_file_lines(path), start=1):
+    for i, line in enumerate(universal_lines(read_text(path)), start=1):
         if header and i == 1:
             continue
         fields = line.strip().split("\t")

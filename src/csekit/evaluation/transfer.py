@@ -29,6 +29,7 @@ from sklearn.model_selection import StratifiedKFold
 
 from csekit.data_dir import find_task_dir, resolve_data_dir
 from csekit.errors import CsekitError, at, did_you_mean
+from csekit.evaluation.files import read_text, universal_lines
 from csekit.evaluation.table import score_table
 
 Encoder = Callable[[list[str]], np.ndarray]
@@ -81,29 +82,6 @@ class TransferTask:
 # --- reading ---------------------------------------------------------------------------------------
 
 
-def _read(path: Path, encoding: str) -> str:
-    """Decode a whole file, turning I/O and decoding problems into CsekitError with the line."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise CsekitError(f"{path}: file not found") from None
-    except OSError as exc:
-        raise CsekitError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        return data.decode(encoding)
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise CsekitError(f"{at(path, line)}: not valid {encoding.upper()}") from None
-
-
-def _iter_lines(text: str) -> list[str]:
-    """Lines as `for line in open(path)` yields them (universal newlines), newline removed."""
-    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return lines
-
-
 def _join(tokens: list[str]) -> str:
     """SentEval gives the batcher token lists; SimCSE's batcher joins them with single spaces."""
     return " ".join(tokens)
@@ -125,7 +103,7 @@ def _sorted_split(sentences: list[str], labels: list[int], sentences2: list[str]
 
 def _read_binary_file(path: Path) -> list[str]:
     """SentEval's BinaryClassifierEval.loadFile: latin-1, `.read().splitlines()`, empty lines kept."""
-    return [_join(line.split()) for line in _read(path, "latin-1").splitlines()]
+    return [_join(line.split()) for line in read_text(path, "latin-1").splitlines()]
 
 
 def read_binary(folder: Path, name: str) -> TransferTask:
@@ -138,7 +116,7 @@ def read_binary(folder: Path, name: str) -> TransferTask:
 def read_sst_file(path: Path) -> tuple[list[str], list[int]]:
     """SentEval's SSTEval.loadFile (binary): UTF-8, `sentence<TAB>label` per line."""
     sentences, labels = [], []
-    for i, line in enumerate(_iter_lines(_read(path, "utf-8")), start=1):
+    for i, line in enumerate(universal_lines(read_text(path, "utf-8")), start=1):
         fields = line.strip().split("\t")
         if len(fields) < 2:
             raise CsekitError(f"{at(path, i)}: expected `sentence<TAB>label`, found no tab")
@@ -156,7 +134,7 @@ def read_sst_file(path: Path) -> tuple[list[str], list[int]]:
 def read_trec_file(path: Path) -> tuple[list[str], list[int]]:
     """SentEval's TRECEval.loadFile: latin-1, `COARSE:fine question`; the fine label is dropped."""
     sentences, labels = [], []
-    for i, line in enumerate(_iter_lines(_read(path, "latin-1")), start=1):
+    for i, line in enumerate(universal_lines(read_text(path, "latin-1")), start=1):
         target, colon, sample = line.strip().partition(":")
         parts = sample.split(" ", 1)
         if not colon or len(parts) < 2:
@@ -174,7 +152,7 @@ def read_trec_file(path: Path) -> tuple[list[str], list[int]]:
 def read_mrpc_file(path: Path) -> tuple[list[str], list[str], list[int]]:
     """SentEval's MRPCEval.loadFile: UTF-8 (the BOM sits in the dropped header), fields 0, 3 and 4."""
     first, second, labels = [], [], []
-    for i, line in enumerate(_iter_lines(_read(path, "utf-8")), start=1):
+    for i, line in enumerate(universal_lines(read_text(path, "utf-8")), start=1):
         if i == 1:
             continue  # header: Quality, #1 ID, #2 ID, #1 String, #2 String
         fields = line.strip().split("\t")
