@@ -324,7 +324,14 @@ def write_plots(output: Path, suite: Suite, runs: dict[str, list[dict[str, Any]]
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written = []
+    written: list[Path] = []
+
+    def _save(fig: Any, path: Path) -> Path:
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
     curves = _dev_curves(output, suite)
     if curves:
         fig, axes = plt.subplots(1, 3, figsize=(15, 4))
@@ -341,10 +348,7 @@ def write_plots(output: Path, suite: Suite, runs: dict[str, list[dict[str, Any]]
             ax.set_title(title)
             ax.set_xlabel("training step")
             ax.legend(fontsize="small")
-        fig.tight_layout()
-        written.append(output / "training_curves.png")
-        fig.savefig(written[-1], dpi=100)
-        plt.close(fig)
+        written.append(_save(fig, output / "training_curves.png"))
 
     points = {
         method: [
@@ -364,10 +368,7 @@ def write_plots(output: Path, suite: Suite, runs: dict[str, list[dict[str, Any]]
         ax.set_ylabel("alignment")
         ax.set_title("alignment vs uniformity (STS-B dev; lower is better)")
         ax.legend(fontsize="small")
-        fig.tight_layout()
-        written.append(output / "align_uniform.png")
-        fig.savefig(written[-1], dpi=100)
-        plt.close(fig)
+        written.append(_save(fig, output / "align_uniform.png"))
 
     cosines = {}
     for recipe in suite.recipes:
@@ -385,10 +386,7 @@ def write_plots(output: Path, suite: Suite, runs: dict[str, list[dict[str, Any]]
         ax.set_xlabel("cosine similarity of sentence pairs from the corpus (in-batch negatives)")
         ax.set_ylabel("density")
         ax.legend(fontsize="small")
-        fig.tight_layout()
-        written.append(output / "negative_cosines.png")
-        fig.savefig(written[-1], dpi=100)
-        plt.close(fig)
+        written.append(_save(fig, output / "negative_cosines.png"))
     return written
 
 

@@ -134,19 +134,18 @@ def _param_groups(model: ContrastiveModel, recipe: Recipe) -> list[dict[str, Any
     groups: dict[tuple[float, float], list[torch.nn.Parameter]] = {}
     seen: set[int] = set()
     for module_name, module in model.named_modules():
-        lr = getattr(module, "learning_rate", None)
+        owner_lr = _inherited_lr(model, module_name, recipe.train.lr)
         for name, param in module.named_parameters(recurse=False):
             if not param.requires_grad or id(param) in seen:
                 continue
             seen.add(id(param))
-            owner_lr = lr if lr is not None else _inherited_lr(model, module_name, recipe.train.lr)
             decay = 0.0 if (name.endswith("bias") or "norm" in module_name.lower()) else recipe.train.weight_decay
             groups.setdefault((owner_lr, decay), []).append(param)
     return [{"params": params, "lr": lr, "weight_decay": decay} for (lr, decay), params in groups.items()]
 
 
 def _inherited_lr(model: torch.nn.Module, module_name: str, default: float) -> float:
-    """The `learning_rate` of the nearest enclosing module that sets one, else the recipe's lr."""
+    """The `learning_rate` of the module or its nearest enclosing module that sets one, else the recipe's lr."""
     parts = module_name.split(".") if module_name else []
     for depth in range(len(parts), 0, -1):
         owner = model.get_submodule(".".join(parts[:depth]))
