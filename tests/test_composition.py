@@ -6,7 +6,7 @@ from pathlib import Path
 
 from test_training import make_corpus, read_metrics, tiny_recipe
 
-from csekit.config import load_recipe
+from csekit.config import Recipe, load_recipe
 from csekit.encoder import SentenceEncoder
 from csekit.training import train
 
@@ -75,8 +75,8 @@ def test_a_kept_head_survives_checkpoint_and_resume(tmp_path: Path, tiny_model_d
         assert (actual[key] == tensor).all(), key
 
 
-def test_all_four_papers_compose_and_train(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """combined-*.yaml's parts on a tiny model: whitening + DCLR + SLT-FAI + OssCSE terms, every one active."""
+def tiny_combined_recipe(tmp_path: Path, tiny_model_dir: Path) -> Recipe:
+    """combined-minilm.yaml on the tiny model, with a made-up corpus and counts; every term active from step 1."""
     import json
 
     from conftest import WORDS
@@ -112,7 +112,12 @@ def test_all_four_papers_compose_and_train(tmp_path: Path, tiny_model_dir: Path)
         if spec["name"] == "slt_fai_isf":
             spec["min_masked_words"] = 1  # the tiny corpus is short: mask a word in every sentence that has one
     overrides.append(f"objectives={json.dumps(objectives)}")
-    recipe = load_recipe(REPO / "recipes" / "combined-minilm.yaml", overrides)
+    return load_recipe(REPO / "recipes" / "combined-minilm.yaml", overrides)
+
+
+def test_all_four_papers_compose_and_train(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """combined-*.yaml's parts on a tiny model: whitening + DCLR + SLT-FAI + OssCSE terms, every one active."""
+    recipe = tiny_combined_recipe(tmp_path, tiny_model_dir)
     train(recipe, tmp_path / "run", show_progress=False)
     records = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
     assert len(records) == 3

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -114,6 +115,21 @@ def _several_cpu_processes() -> bool:
     return not has_gpu and int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def _hint_if_accelerate_started_one_process() -> None:
+    """`accelerate launch --num_processes N` with no config starts ONE process when there is no GPU: say so.
+
+    Its simple launcher (the one used then) sets ACCELERATE_USE_CPU and no WORLD_SIZE; its torchrun
+    launcher sets WORLD_SIZE. The requested N is not passed on, so this is a hint, not an error.
+    """
+    has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+    if "ACCELERATE_USE_CPU" in os.environ and "WORLD_SIZE" not in os.environ and not has_gpu:
+        print(
+            "csekit: accelerate started a single process. For several processes on CPUs, launch with "
+            "--config_file configs/accelerate-cpu.yaml (or --multi_gpu); see docs/performance.md",
+            file=sys.stderr,
+        )
+
+
 def _optional_data_dir(data_dir: str | Path | None) -> Path | None:
     """The data folder if one is given (it may hold the corpus); without a dev task none is required."""
     try:
@@ -164,6 +180,7 @@ def train(
     """Train the recipe's model into `output_dir` (best/, last/, checkpoint/, metrics.jsonl, recipe.yaml)."""
     output = Path(output_dir)
     train_config = recipe.train
+    _hint_if_accelerate_started_one_process()
     accelerator = Accelerator(
         cpu=_several_cpu_processes(),
         mixed_precision=MIXED_PRECISION[train_config.precision],

@@ -1,0 +1,141 @@
+"""Where a training step's time goes: csekit's bf16 step against the matrix-product bound and a plain bf16 loop.
+
+    python benchmarks/profile_step.py                 # quickstart recipe (MiniLM, cls, batch 64, length 32)
+    python benchmarks/profile_step.py --table 25      # longer operator tables
+
+For each variant it times `--steps` steps after `--warmup` steps and prints seconds per step, the
+step's matrix-product FLOPs (counted by `torch.utils.flop_counter`) and the rate they imply, next to
+the bf16 matrix-product rate this CPU reaches on a large product (the bound). Then it prints the
+torch profiler's operators by self CPU time for csekit's step, so the rest of the time is named.
+
+Variants (same model, same batch of real corpus sentences, same loss):
+  csekit fp32 / csekit bf16   the trainer's own step: accelerate's autocast, backward, clip, AdamW
+  plain bf16                  the model cast to bf16 (weights, gradients and AdamW state in bf16)
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.flop_counter import FlopCounterMode
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def matmul_bound(dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
+    """GFLOP/s of a large square matrix product in `dtype` (what the step's products could reach)."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a @ b
+    started = time.perf_counter()
+    for _ in range(repeats):
+        a @ b
+    return 2 * size**3 * repeats / (time.perf_counter() - started) / 1e9
+
+
+def build(recipe_path: Path, precision: str, batch_size: int, max_length: int):  # type: ignore[no-untyped-def]
+    """The trainer's pieces for one recipe: accelerator, prepared model and optimizer, one real batch."""
+    from accelerate import Accelerator
+
+    from csekit.config import load_recipe
+    from csekit.data import open_corpus
+    from csekit.data_dir import resolve_data_dir
+    from csekit.encoder import SentenceEncoder
+    from csekit.model import build_model
+    from csekit.training import MIXED_PRECISION, _param_groups
+
+    recipe = load_recipe(recipe_path, [f"train.batch_size={batch_size}", f"model.max_length={max_length}"])
+    corpus = open_corpus(recipe.data.corpus, resolve_data_dir(None))
+    sentences = [corpus[i] for i in range(batch_size)]
+    encoder = SentenceEncoder.load(recipe.model.backbone, recipe.model.pooler, recipe.model.max_length)
+    model, views = build_model(recipe, encoder)
+    accelerator = Accelerator(mixed_precision=MIXED_PRECISION[precision])
+    optimizer = torch.optim.AdamW(_param_groups(model, recipe), lr=recipe.train.lr)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return accelerator, model, optimizer, views, sentences
+
+
+def csekit_step(recipe_path: Path, precision: str, batch_size: int, max_length: int) -> Callable[[], None]:
+    """One step exactly as `csekit.training.train` takes it (tokenisation included, as in its DataLoader)."""
+    accelerator, model, optimizer, views, sentences = build(recipe_path, precision, batch_size, max_length)
+    model.train()
+
+    def step() -> None:
+        loss, parts = model(views(sentences), sentences)
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(model.parameters(), float("inf"))
+        accelerator.reduce(torch.stack([loss.detach(), *parts.values()]).float(), "mean").tolist()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def plain_bf16_step(recipe_path: Path, batch_size: int, max_length: int) -> Callable[[], None]:
+    """The same model and loss with every weight in bf16 and no autocast: the fastest, least accurate step."""
+    _, model, _, views, sentences = build(recipe_path, "fp32", batch_size, max_length)
+    model.to(torch.bfloat16).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-5)
+
+    def step() -> None:
+        loss, _ = model(views(sentences), sentences)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return step
+
+
+def seconds_per_step(step: Callable[[], None], warmup: int, steps: int) -> float:
+    for _ in range(warmup):
+        step()
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - started) / steps
+
+
+def matmul_flops(step: Callable[[], None]) -> int:
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "quickstart.yaml")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-length", type=int, default=32)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--table", type=int, default=15, help="operators shown in each profile table")
+    args = parser.parse_args()
+    shape = (args.recipe, args.batch_size, args.max_length)
+    bound = matmul_bound(torch.bfloat16)
+    print(f"{torch.get_num_threads()} threads; bf16 2048x2048 matrix product: {bound:.0f} GFLOP/s (the bound)")
+    print(f"fp32 2048x2048 matrix product: {matmul_bound(torch.float32):.0f} GFLOP/s")
+    variants = {
+        "csekit fp32": csekit_step(args.recipe, "fp32", args.batch_size, args.max_length),
+        "csekit bf16": csekit_step(args.recipe, "bf16", args.batch_size, args.max_length),
+        "plain bf16": plain_bf16_step(*shape),
+    }
+    flops = matmul_flops(variants["csekit bf16"])
+    print(f"matrix-product FLOPs a step: {flops / 1e9:.1f} G; at the bound a step takes {flops / bound / 1e9:.3f} s")
+    for name, step in variants.items():
+        seconds = seconds_per_step(step, args.warmup, args.steps)
+        rate = flops / seconds / 1e9
+        print(f"{name:<12} {seconds:.3f} s/step  {rate:5.0f} GFLOP/s  {rate / bound:.0%} of the bound")
+    for name in ("csekit bf16", "plain bf16"):
+        with profile(activities=[ProfilerActivity.CPU]) as profiler:
+            for _ in range(3):
+                variants[name]()
+        print(f"\n{name}: operators by self CPU time over 3 steps")
+        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.table))
+
+
+if __name__ == "__main__":
+    main()
