@@ -9,7 +9,7 @@ the bf16 matrix-product rate this CPU reaches on a large product (the bound). Th
 torch profiler's operators by self CPU time for csekit's step, so the rest of the time is named.
 
 Variants (same model, same batch of real corpus sentences, same loss):
-  csekit fp32 / csekit bf16   the trainer's own step: accelerate's autocast, backward, clip, AdamW
+  csekit bf16 (--precision)   the trainer's own step: accelerate's autocast, backward, clip, AdamW
   plain bf16                  the model cast to bf16 (weights, gradients and AdamW state in bf16)
 """
 
@@ -37,31 +37,36 @@ def matmul_bound(dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> flo
     return 2 * size**3 * repeats / (time.perf_counter() - started) / 1e9
 
 
-def build(recipe_path: Path, precision: str, batch_size: int, max_length: int):  # type: ignore[no-untyped-def]
-    """The trainer's pieces for one recipe: accelerator, prepared model and optimizer, one real batch."""
-    from accelerate import Accelerator
-
+def build(recipe_path: Path, batch_size: int, max_length: int):  # type: ignore[no-untyped-def]
+    """The recipe's model, views and param groups, and one batch of real corpus sentences."""
     from csekit.config import load_recipe
     from csekit.data import open_corpus
     from csekit.data_dir import resolve_data_dir
     from csekit.encoder import SentenceEncoder
     from csekit.model import build_model
-    from csekit.training import MIXED_PRECISION, _param_groups
+    from csekit.training import make_optimizer
 
     recipe = load_recipe(recipe_path, [f"train.batch_size={batch_size}", f"model.max_length={max_length}"])
-    corpus = open_corpus(recipe.data.corpus, resolve_data_dir(None))
+    data = recipe.data
+    corpus = open_corpus(data.corpus, resolve_data_dir(None), data.max_chars, data.bad_lines, data.text_column)
     sentences = [corpus[i] for i in range(batch_size)]
     encoder = SentenceEncoder.load(recipe.model.backbone, recipe.model.pooler, recipe.model.max_length)
     model, views = build_model(recipe, encoder)
-    accelerator = Accelerator(mixed_precision=MIXED_PRECISION[precision])
-    optimizer = torch.optim.AdamW(_param_groups(model, recipe), lr=recipe.train.lr)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    return accelerator, model, optimizer, views, sentences
+    return model, views, make_optimizer(model, recipe), sentences
 
 
 def csekit_step(recipe_path: Path, precision: str, batch_size: int, max_length: int) -> Callable[[], None]:
-    """One step exactly as `csekit.training.train` takes it (tokenisation included, as in its DataLoader)."""
-    accelerator, model, optimizer, views, sentences = build(recipe_path, precision, batch_size, max_length)
+    """One step as `csekit.training.train` takes it (tokenisation included, as in its DataLoader).
+
+    accelerate allows one Accelerator (one precision) a process: one csekit variant a run.
+    """
+    from accelerate import Accelerator
+
+    from csekit.training import MIXED_PRECISION
+
+    model, views, optimizer, sentences = build(recipe_path, batch_size, max_length)
+    accelerator = Accelerator(mixed_precision=MIXED_PRECISION[precision])
+    model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
 
     def step() -> None:
@@ -77,9 +82,9 @@ def csekit_step(recipe_path: Path, precision: str, batch_size: int, max_length: 
 
 def plain_bf16_step(recipe_path: Path, batch_size: int, max_length: int) -> Callable[[], None]:
     """The same model and loss with every weight in bf16 and no autocast: the fastest, least accurate step."""
-    _, model, _, views, sentences = build(recipe_path, "fp32", batch_size, max_length)
+    model, views, _, sentences = build(recipe_path, batch_size, max_length)
     model.to(torch.bfloat16).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-5)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-5, fused=True)
 
     def step() -> None:
         loss, _ = model(views(sentences), sentences)
@@ -112,24 +117,25 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=32)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--precision", default="bf16", help="csekit's precision (bf16 or fp32)")
     parser.add_argument("--table", type=int, default=15, help="operators shown in each profile table")
     args = parser.parse_args()
     shape = (args.recipe, args.batch_size, args.max_length)
     bound = matmul_bound(torch.bfloat16)
     print(f"{torch.get_num_threads()} threads; bf16 2048x2048 matrix product: {bound:.0f} GFLOP/s (the bound)")
     print(f"fp32 2048x2048 matrix product: {matmul_bound(torch.float32):.0f} GFLOP/s")
+    csekit = f"csekit {args.precision}"
     variants = {
-        "csekit fp32": csekit_step(args.recipe, "fp32", args.batch_size, args.max_length),
-        "csekit bf16": csekit_step(args.recipe, "bf16", args.batch_size, args.max_length),
+        csekit: csekit_step(args.recipe, args.precision, args.batch_size, args.max_length),
         "plain bf16": plain_bf16_step(*shape),
     }
-    flops = matmul_flops(variants["csekit bf16"])
+    flops = matmul_flops(variants[csekit])
     print(f"matrix-product FLOPs a step: {flops / 1e9:.1f} G; at the bound a step takes {flops / bound / 1e9:.3f} s")
     for name, step in variants.items():
         seconds = seconds_per_step(step, args.warmup, args.steps)
         rate = flops / seconds / 1e9
         print(f"{name:<12} {seconds:.3f} s/step  {rate:5.0f} GFLOP/s  {rate / bound:.0%} of the bound")
-    for name in ("csekit bf16", "plain bf16"):
+    for name in variants:
         with profile(activities=[ProfilerActivity.CPU]) as profiler:
             for _ in range(3):
                 variants[name]()
