@@ -16,6 +16,7 @@ Variants (same model, same batch of real corpus sentences, same loss):
 from __future__ import annotations
 
 import argparse
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +39,7 @@ def matmul_bound(dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> flo
 
 
 def build(recipe_path: Path, batch_size: int, max_length: int):  # type: ignore[no-untyped-def]
-    """The recipe's model, views and param groups, and one batch of real corpus sentences."""
+    """The recipe's model, views and optimizer, and one random batch of its corpus's sentences."""
     from csekit.config import load_recipe
     from csekit.data import open_corpus
     from csekit.data_dir import resolve_data_dir
@@ -49,7 +50,7 @@ def build(recipe_path: Path, batch_size: int, max_length: int):  # type: ignore[
     recipe = load_recipe(recipe_path, [f"train.batch_size={batch_size}", f"model.max_length={max_length}"])
     data = recipe.data
     corpus = open_corpus(data.corpus, resolve_data_dir(None), data.max_chars, data.bad_lines, data.text_column)
-    sentences = [corpus[i] for i in range(batch_size)]
+    sentences = [corpus[i] for i in random.Random(0).sample(range(len(corpus)), batch_size)]  # a random batch
     encoder = SentenceEncoder.load(recipe.model.backbone, recipe.model.pooler, recipe.model.max_length)
     model, views = build_model(recipe, encoder)
     return model, views, make_optimizer(model, recipe), sentences

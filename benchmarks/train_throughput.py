@@ -57,8 +57,8 @@ def run_csekit(recipe: str, precision: str, steps: int, batch: int, max_length: 
         if "counts" in spec:  # MiniLM shares bert-base-uncased's vocabulary: the authors' BookCorpus counts fit
             spec["counts"] = "freq/bookcorpus_bert-base-uncased/labels.json"
     with tempfile.TemporaryDirectory() as folder:
-        if config.data.corpus.endswith(".jsonl") and not _corpus_exists(config.data.corpus):
-            config.data.corpus = _surrogate_augmented_corpus(Path(folder), batch * (steps + 1))
+        if config.data.corpus.endswith(".jsonl") and not corpus_exists(config.data.corpus):
+            config.data.corpus = surrogate_augmented_corpus(Path(folder), batch * (steps + 1))
         train(config, Path(folder) / "run", show_progress=False)
         records = [json.loads(x) for x in (Path(folder) / "run" / "metrics.jsonl").read_text().splitlines()]
     rates = [r["sentences_per_second"] for r in records if "sentences_per_second" in r][1:]
@@ -66,7 +66,7 @@ def run_csekit(recipe: str, precision: str, steps: int, batch: int, max_length: 
     return {"sentences_per_second": rate, "seconds_per_step": batch / rate}
 
 
-def _corpus_exists(corpus: str) -> bool:
+def corpus_exists(corpus: str) -> bool:
     from csekit.data import resolve_corpus_path
     from csekit.data_dir import resolve_data_dir
     from csekit.errors import CsekitError
@@ -77,7 +77,7 @@ def _corpus_exists(corpus: str) -> bool:
         return False
 
 
-def _surrogate_augmented_corpus(folder: Path, rows: int) -> str:
+def surrogate_augmented_corpus(folder: Path, rows: int) -> str:
     """For timing OssCSE without running `csekit augment`: fields of the same lengths, not real ones."""
     from csekit.data_dir import resolve_data_dir
 

@@ -149,3 +149,42 @@ def test_folder_without_a_model_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(CsekitError, match="not a model directory"):
         SentenceEncoder.load(tmp_path / "empty")
+
+
+@pytest.mark.parametrize("pooler", ["cls", "mean", "first_last_avg", "mask"])
+@pytest.mark.parametrize("embedding_mask", [None, "tokens", "features"])
+def test_length_groups_give_the_whole_batch_results_and_gradients(
+    tiny_model_dir: Path, pooler: str, embedding_mask: str | None
+) -> None:
+    """Grouping rows by length changes only the padding computed: same pooled vectors, token states, gradients."""
+    from conftest import WORDS
+
+    from csekit.encoder import EMBEDDING_MASK
+
+    encoder = SentenceEncoder.load(tiny_model_dir, pooler=pooler, dropout=0.0).train()
+    rng = np.random.default_rng(0)
+    sentences = [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 12)))) for _ in range(21)]
+    inputs = encoder.tokenize(sentences, max_length=40)
+    batch, width = inputs["input_ids"].shape
+    if embedding_mask == "tokens":  # ConSERT's token cutoff: [B, L, 1]
+        inputs[EMBEDDING_MASK] = torch.from_numpy(rng.random((batch, width, 1)) > 0.2).float()
+    elif embedding_mask == "features":  # feature cutoff: [B, 1, d]
+        inputs[EMBEDDING_MASK] = torch.from_numpy(rng.random((batch, 1, encoder.dim)) > 0.2).float()
+    assert inputs["attention_mask"].sum(dim=1).unique().numel() > 3  # rows of many lengths
+
+    def run(group_size: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        encoder.zero_grad(set_to_none=True)
+        output = encoder(inputs, group_size)
+        real = output.token_states * inputs["attention_mask"][..., None]
+        (output.pooled.pow(2).sum() + real.pow(2).sum()).backward()
+        grads = {name: p.grad.clone() for name, p in encoder.named_parameters() if p.grad is not None}
+        return output.pooled.detach(), real.detach(), grads
+
+    pooled, states, grads = run(0)
+    grouped_pooled, grouped_states, grouped_grads = run(4)  # 6 groups, the last one short
+    torch.testing.assert_close(grouped_pooled, pooled, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grouped_states, states, rtol=1e-5, atol=1e-5)
+    assert grouped_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grouped_grads[name], grad, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+    assert encoder(inputs, 4).token_states.shape == (batch, width, encoder.dim)  # padding states: unspecified

@@ -33,6 +33,10 @@ class ModelConfig:
     dropout: float | None = None  # None keeps the backbone's own dropout (0.1 for BERT)
     head: dict[str, Any] = field(default_factory=lambda: {"name": "mlp"})
     head_at_test: bool = False
+    # Training runs the encoder on groups of this many sequences of similar token length, each padded
+    # only to its own longest, instead of the whole batch padded to its longest (0: one pass). The loss
+    # and gradients are the same up to float rounding; see SentenceEncoder.forward.
+    length_group_size: int = 32
 
 
 @dataclass
@@ -236,6 +240,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         ("train.precision", train.precision in ("fp32", "bf16", "fp16"), "must be fp32, bf16 or fp16"),
         ("train.warmup_ratio", 0 <= train.warmup_ratio < 1, "must be in [0, 1)"),
         ("model.max_length", recipe.model.max_length >= 4, "must be at least 4"),
+        ("model.length_group_size", recipe.model.length_group_size >= 0, "must be 0 (off) or a positive size"),
         ("data.bad_lines", recipe.data.bad_lines in ("error", "skip"), "must be error or skip"),
         ("data.max_chars", recipe.data.max_chars >= 1, "must be at least 1"),
     ]

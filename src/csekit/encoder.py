@@ -122,6 +122,7 @@ class SentenceEncoder(nn.Module):
         self.pooler = pooler
         self.max_length = max_length
         self.head = head
+        self.length_group_size = 0  # rows per backbone pass in training (see `forward`); set by build_model
         pooler.bind(tokenizer)
 
     # ----------------------------------------------------------------- loading
@@ -213,13 +214,45 @@ class SentenceEncoder(nn.Module):
             return model_max
         return positions
 
-    def forward(self, inputs: dict[str, Tensor]) -> EncoderOutput:
+    def forward(self, inputs: dict[str, Tensor], length_group_size: int | None = None) -> EncoderOutput:
         """Run the backbone and the pooler on tokenised inputs (any extra keys go to the backbone).
 
         An optional `embedding_mask` key (see `EMBEDDING_MASK`) is not passed to the backbone: it is
         multiplied into the output of the backbone's embedding layer for this call only, which is how
         embedding-level augmentations (ConSERT's cutoffs) reach the model without editing it.
+
+        `length_group_size` > 0 runs the backbone on groups of that many rows of similar length, each
+        group cut to its own longest row: a row's states do not depend on the other rows, so this only
+        saves the work spent on padding (a random batch of 64 STS sentences, two views, max length 32,
+        computes 2.2 positions per real token in one pass, 1.2 in groups of 32). None: the encoder's
+        `length_group_size` in training (set from the recipe's `model.length_group_size`), 0 in eval.
+        Inputs must be right-padded, as `pad_ids` pads them.
+        `token_states` come back in the input's order and width; as always, their padding rows mean nothing.
         """
+        if length_group_size is None:
+            length_group_size = self.length_group_size if self.training else 0
+        rows = inputs["attention_mask"].shape[0]
+        if length_group_size <= 0 or rows <= length_group_size:
+            return self._forward_masked(inputs)
+        lengths = inputs["attention_mask"].sum(dim=1)
+        order = torch.argsort(lengths, stable=True)
+        width = inputs["attention_mask"].shape[1]
+        pooled, states = [], []
+        for group in order.split(length_group_size):
+            longest = int(lengths[group].max())
+            part = {
+                key: value[group][:, :longest] if value.dim() > 1 else value[group] for key, value in inputs.items()
+            }
+            output = self._forward_masked(part)
+            pooled.append(output.pooled)
+            states.append(nn.functional.pad(output.token_states, (0, 0, 0, width - longest)))
+        restore = torch.argsort(order)
+        return EncoderOutput(
+            torch.cat(pooled)[restore], torch.cat(states)[restore], inputs["attention_mask"], inputs["input_ids"]
+        )
+
+    def _forward_masked(self, inputs: dict[str, Tensor]) -> EncoderOutput:
+        """One backbone pass, with the optional embedding mask applied through a forward hook."""
         inputs = dict(inputs)
         mask = inputs.pop(EMBEDDING_MASK, None)
         if mask is None:

@@ -127,5 +127,6 @@ def build_model(recipe: Recipe, encoder: SentenceEncoder) -> tuple[ContrastiveMo
         (build_part(OBJECTIVES, spec, f"objectives[{i}]", **context), spec.get("weight", 1.0))
         for i, spec in enumerate(recipe.objectives)
     ]
+    encoder.length_group_size = recipe.model.length_group_size  # every training pass, objectives' own too
     model = ContrastiveModel(encoder, head, views.num_views, objectives, negatives, weighting)
     return model, views
