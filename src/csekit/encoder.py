@@ -227,7 +227,7 @@ class SentenceEncoder(nn.Module):
         computes 2.2 positions per real token in one pass, 1.2 in groups of 32). None: the encoder's
         `length_group_size` in training (set from the recipe's `model.length_group_size`), 0 in eval.
         Inputs must be right-padded, as `pad_ids` pads them.
-        `token_states` come back in the input's order and width; as always, their padding rows mean nothing.
+        `token_states` come back in the input's order and width; as always, values at padding mean nothing.
         """
         if length_group_size is None:
             length_group_size = self.length_group_size if self.training else 0
