@@ -51,11 +51,7 @@ def run_csekit(recipe: str, precision: str, steps: int, batch: int, max_length: 
         "model.pooler=cls",
     ]
     config = load_recipe(REPO / "recipes" / recipe, overrides)
-    for spec in config.objectives:  # steady state: every auxiliary term on from the first step
-        if "start_after_epochs" in spec:
-            spec["start_after_epochs"] = 0.0
-        if "counts" in spec:  # MiniLM shares bert-base-uncased's vocabulary: the authors' BookCorpus counts fit
-            spec["counts"] = "freq/bookcorpus_bert-base-uncased/labels.json"
+    steady_state_objectives(config.objectives)
     with tempfile.TemporaryDirectory() as folder:
         if config.data.corpus.endswith(".jsonl") and not corpus_exists(config.data.corpus):
             config.data.corpus = surrogate_augmented_corpus(Path(folder), batch * (steps + 1))
@@ -64,6 +60,24 @@ def run_csekit(recipe: str, precision: str, steps: int, batch: int, max_length: 
     rates = [r["sentences_per_second"] for r in records if "sentences_per_second" in r][1:]
     rate = sum(rates) / len(rates)
     return {"sentences_per_second": rate, "seconds_per_step": batch / rate}
+
+
+BOOKCORPUS_COUNTS = "freq/bookcorpus_bert-base-uncased/labels.json"
+
+
+def steady_state_objectives(objectives: list[dict]) -> list[str]:
+    """Every auxiliary term on from the first step, with the authors' BookCorpus counts; the changes made.
+
+    MiniLM shares bert-base-uncased's vocabulary, so those counts fit it.
+    """
+    changes = []
+    for spec in objectives:
+        if "start_after_epochs" in spec:
+            spec["start_after_epochs"] = 0.0
+        if "counts" in spec and spec["counts"] != BOOKCORPUS_COUNTS:
+            changes.append(f"counts {spec['counts']} -> {BOOKCORPUS_COUNTS}")
+            spec["counts"] = BOOKCORPUS_COUNTS
+    return changes
 
 
 def corpus_exists(corpus: str) -> bool:

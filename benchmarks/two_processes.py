@@ -23,11 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from train_throughput import corpus_exists, surrogate_augmented_corpus
+from train_throughput import corpus_exists, steady_state_objectives, surrogate_augmented_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 BACKBONE = "minilm-l6"
-COUNTS = "freq/bookcorpus_bert-base-uncased/labels.json"
 PLAIN_CORPUS = "corpus/sts_sick_unlabeled_sentences.txt"
 STEPS, BATCH = 3, 16
 
@@ -49,12 +48,7 @@ def offline_recipe(path: Path, folder: Path) -> tuple[str, list[str]]:
     if weighting and weighting.get("model", "self") not in ("self", BACKBONE):
         changes.append(f"complementary model {weighting['model']} -> {BACKBONE}")
         weighting["model"] = BACKBONE
-    for spec in recipe.objectives:
-        if "start_after_epochs" in spec:
-            spec["start_after_epochs"] = 0.0
-        if "counts" in spec and spec["counts"] != COUNTS:
-            changes.append(f"counts {spec['counts']} -> {COUNTS}")
-            spec["counts"] = COUNTS
+    changes += steady_state_objectives(recipe.objectives)
     corpus = recipe.data.corpus
     if not corpus_exists(corpus):
         if corpus.endswith(".jsonl"):

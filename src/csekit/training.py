@@ -111,8 +111,11 @@ def _several_cpu_processes() -> bool:
 
     accelerate then needs `cpu=True` to use its multi-CPU (gloo) mode instead of running each process alone.
     """
-    has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
-    return not has_gpu and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return not _has_gpu() and int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def _has_gpu() -> bool:
+    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
 
 
 def _hint_if_accelerate_started_one_process() -> None:
@@ -121,8 +124,7 @@ def _hint_if_accelerate_started_one_process() -> None:
     Its simple launcher (the one used then) sets ACCELERATE_USE_CPU and no WORLD_SIZE; its torchrun
     launcher sets WORLD_SIZE. The requested N is not passed on, so this is a hint, not an error.
     """
-    has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
-    if "ACCELERATE_USE_CPU" in os.environ and "WORLD_SIZE" not in os.environ and not has_gpu:
+    if "ACCELERATE_USE_CPU" in os.environ and "WORLD_SIZE" not in os.environ and not _has_gpu():
         print(
             "csekit: accelerate started a single process. For several processes on CPUs, launch with "
             "--config_file configs/accelerate-cpu.yaml (or --multi_gpu); see docs/performance.md",
