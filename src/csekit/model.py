@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from csekit.config import Recipe, build_part
 from csekit.dclr import ComplementaryWeighting, NoiseNegatives
 from csekit.encoder import SentenceEncoder
+from csekit.fast_dropout import enable_fast_dropout
 from csekit.heads import HEADS
 from csekit.objectives import OBJECTIVES
 from csekit.state import StepState
@@ -128,5 +129,7 @@ def build_model(recipe: Recipe, encoder: SentenceEncoder) -> tuple[ContrastiveMo
         for i, spec in enumerate(recipe.objectives)
     ]
     encoder.length_group_size = recipe.model.length_group_size  # every training pass, objectives' own too
+    if recipe.model.fast_dropout:
+        enable_fast_dropout(encoder.backbone)
     model = ContrastiveModel(encoder, head, views.num_views, objectives, negatives, weighting)
     return model, views
