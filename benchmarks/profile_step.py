@@ -63,8 +63,9 @@ def csekit_step(recipe_path: Path, precision: str, batch_size: int, max_length: 
     """
     from accelerate import Accelerator
 
-    from csekit.training import MIXED_PRECISION
+    from csekit.training import MIXED_PRECISION, keep_freed_memory
 
+    keep_freed_memory()  # as `train` does on CPU (process-wide, so the plain loop gets it too)
     model, views, optimizer, sentences = build(recipe_path, batch_size, max_length)
     accelerator = Accelerator(mixed_precision=MIXED_PRECISION[precision])
     model, optimizer = accelerator.prepare(model, optimizer)

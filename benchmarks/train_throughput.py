@@ -9,7 +9,7 @@ process, so peak memory (max RSS) is per measurement. Method recipes found in `r
 are set to 0 so every auxiliary term runs, and SLT-FAI uses the authors' BookCorpus counts (MiniLM has
 bert-base-uncased's vocabulary), with which incomplete-sentence filtering masks about half the sentences.
 
-    python benchmarks/train_throughput.py --steps 30            # the whole comparison
+    python benchmarks/train_throughput.py --steps 20            # the whole comparison, 3 rounds
     python benchmarks/train_throughput.py --corpus-memory       # peak memory of 100k / 1M-line corpora
 
 Figures depend on the machine and on what else runs on it: report them with both.
@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -204,6 +205,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-length", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of back-to-back runs (median reported)")
     parser.add_argument("--corpus-memory", action="store_true", help="only the 100k / 1M-line corpus figures")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -223,23 +225,36 @@ def main() -> None:
                 f"(+{grown:.0f} MiB for the corpus)"
             )
         return
-    results = {kind: measure(kind, args) for kind in ("st:fp32", "quickstart.yaml:fp32", "quickstart.yaml:bf16")}
-    for kind, r in results.items():
-        print(
-            f"{kind:<24} {r['sentences_per_second']:7.1f} sentences/s  {r['seconds_per_step']:.3f} s/step  "
-            f"peak RSS {r['peak_rss_mib']:.0f} MiB"
-        )
-    st_rate = results["st:fp32"]["sentences_per_second"]
-    for kind in ("quickstart.yaml:fp32", "quickstart.yaml:bf16"):
-        print(f"{kind} / sentence-transformers fp32: {results[kind]['sentences_per_second'] / st_rate:.2f}x")
-    simcse_step = results["quickstart.yaml:bf16"]["seconds_per_step"]
-    for recipe in METHOD_RECIPES:
-        if (REPO / "recipes" / recipe).exists():
-            r = measure(f"{recipe}:bf16", args)
+    # This machine's speed drifts by 20-30% over minutes (it is shared), so the runs whose ratio is
+    # reported are taken back to back in each round, and the median of the rounds' ratios is reported.
+    main_kinds = ("st:fp32", "quickstart.yaml:fp32", "quickstart.yaml:bf16")
+    methods = [recipe for recipe in METHOD_RECIPES if (REPO / "recipes" / recipe).exists()]
+    ratios: dict[str, list[float]] = {}
+    for round_number in range(1, args.rounds + 1):
+        print(f"round {round_number} of {args.rounds}")
+        results = {kind: measure(kind, args) for kind in main_kinds}
+        for kind, r in results.items():
             print(
-                f"{recipe:<24} {r['seconds_per_step']:.3f} s/step = {r['seconds_per_step'] / simcse_step:.2f}x "
-                f"SimCSE (bf16), peak RSS {r['peak_rss_mib']:.0f} MiB"
+                f"  {kind:<24} {r['sentences_per_second']:7.1f} sentences/s  {r['seconds_per_step']:.3f} s/step  "
+                f"peak RSS {r['peak_rss_mib']:.0f} MiB"
             )
+        st_rate = results["st:fp32"]["sentences_per_second"]
+        for kind in main_kinds[1:]:
+            ratio = results[kind]["sentences_per_second"] / st_rate
+            ratios.setdefault(f"{kind} / sentence-transformers fp32", []).append(ratio)
+            print(f"  {kind} / sentence-transformers fp32: {ratio:.2f}x")
+        simcse_step = results["quickstart.yaml:bf16"]["seconds_per_step"]
+        for recipe in methods:
+            r = measure(f"{recipe}:bf16", args)
+            ratio = r["seconds_per_step"] / simcse_step
+            ratios.setdefault(f"{recipe} / SimCSE (bf16) step time", []).append(ratio)
+            print(
+                f"  {recipe:<24} {r['seconds_per_step']:.3f} s/step = {ratio:.2f}x SimCSE (bf16), "
+                f"peak RSS {r['peak_rss_mib']:.0f} MiB"
+            )
+    print(f"median over {args.rounds} round(s):")
+    for name, values in ratios.items():
+        print(f"  {name}: {statistics.median(values):.2f}x  (rounds: {', '.join(f'{v:.2f}' for v in values)})")
 
 
 if __name__ == "__main__":

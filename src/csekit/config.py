@@ -69,6 +69,9 @@ class TrainConfig:
     dev_task: str = "stsb-dev"
     select_metric: str = "stsb-dev"  # the dev score that picks the best checkpoint (higher is better)
     eval_batch_size: int = 128
+    # On CPU (Linux), glibc keeps freed memory for reuse instead of page-faulting large blocks back
+    # in every step (see csekit.training.keep_freed_memory).
+    keep_freed_memory: bool = True
 
 
 @dataclass

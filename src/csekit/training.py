@@ -9,6 +9,8 @@ checkpoint and `--resume` continues from the last saved state.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import itertools
 import json
 import math
@@ -132,6 +134,30 @@ def _hint_if_accelerate_started_one_process() -> None:
         )
 
 
+GLIBC_M_TRIM_THRESHOLD, GLIBC_M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
+
+
+def keep_freed_memory(limit: int = 1 << 30) -> bool:
+    """Ask glibc's malloc to keep freed blocks (up to `limit` bytes) for reuse, not return them to the OS.
+
+    A training step allocates and frees the same large blocks every step (BERT's vocabulary gradient
+    alone is 47 MB). glibc serves blocks above its mmap threshold (32 MB at most) with fresh mappings
+    and unmaps them on free, so every step page-faults them in again: about 48,000 faults and 0.11
+    CPU-seconds of kernel time a MiniLM bf16 step on this project's machine. PyTorch's CPU tuning guide
+    gets the same by preloading jemalloc or tcmalloc. Process-wide; Linux with glibc only (False elsewhere).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return False
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
+        return False
+    return bool(mallopt(GLIBC_M_MMAP_THRESHOLD, limit)) and bool(mallopt(GLIBC_M_TRIM_THRESHOLD, limit))
+
+
 def _optional_data_dir(data_dir: str | Path | None) -> Path | None:
     """The data folder if one is given (it may hold the corpus); without a dev task none is required."""
     try:
@@ -198,6 +224,8 @@ def train(
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
     _check_precision(accelerator.device, train_config.precision)
+    if accelerator.device.type == "cpu" and train_config.keep_freed_memory:
+        keep_freed_memory()
     main = accelerator.is_main_process
     _check_output(output, resume)
     set_seed(train_config.seed)
