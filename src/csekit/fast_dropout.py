@@ -8,12 +8,13 @@ probability becomes a multiple of 1/65536 (0.1 -> 0.1000061) and kept values are
 reciprocal of that rounded keep probability, so a layer's output is still unbiased.
 
 Attention dropout is not a module call in transformers models: the attention function receives the
-probability, and PyTorch's SDPA on CPU then falls back to its slow reference path (a 6-layer MiniLM
-attention forward and backward took 7.6 ms with dropout, 4.6 ms in plain ops with the mask here, and
-21 ms with dropout 0 through the fused kernel). `enable_fast_dropout` therefore registers an
-attention function through transformers' `AttentionInterface` that computes softmax(QK^T)V in plain
-ops with this mask when gradients are on and on CPU, and defers to transformers' own SDPA function
-otherwise (evaluation, GPUs), so only CPU training changes.
+probability, and PyTorch's SDPA on CPU then falls back to its slow reference path (one bf16
+attention forward and backward of 32 rows of 20 tokens, 12 heads, took 7.6 ms with dropout, 4.6 ms in
+plain ops with the mask here, and 21 ms with dropout 0 through the fused kernel).
+`enable_fast_dropout` therefore registers an attention function through transformers'
+`AttentionInterface` that computes softmax(QK^T)V in plain ops with this mask when gradients are on
+and on CPU, and defers to transformers' own SDPA function otherwise (evaluation, GPUs), so only CPU
+training changes.
 """
 
 from __future__ import annotations
