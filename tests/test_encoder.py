@@ -63,9 +63,9 @@ def test_encode_calls_the_model_once_per_unique_sentence(tiny_encoder: SentenceE
     seen: list[int] = []
     original = tiny_encoder.forward
 
-    def counting(inputs):  # type: ignore[no-untyped-def]
+    def counting(inputs, **options):  # type: ignore[no-untyped-def]
         seen.append(inputs["input_ids"].shape[0])
-        return original(inputs)
+        return original(inputs, **options)
 
     tiny_encoder.forward = counting  # type: ignore[method-assign]
     tiny_encoder.encode(SENTENCES * 3, batch_size=64)
@@ -188,3 +188,87 @@ def test_length_groups_give_the_whole_batch_results_and_gradients(
     for name, grad in grads.items():
         torch.testing.assert_close(grouped_grads[name], grad, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
     assert encoder(inputs, 4).token_states.shape == (batch, width, encoder.dim)  # padding states: unspecified
+
+
+def _mixed_length_inputs(encoder: SentenceEncoder, rows: int = 13) -> dict[str, torch.Tensor]:
+    from conftest import WORDS
+
+    rng = np.random.default_rng(1)
+    sentences = [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 12)))) for _ in range(rows)]
+    return encoder.tokenize(sentences, max_length=40)
+
+
+def _last_layer_widths(encoder: SentenceEncoder) -> tuple[list[int], torch.utils.hooks.RemovableHandle]:
+    """Positions the last layer's feed-forward sees, one entry a backbone pass."""
+    widths: list[int] = []
+    feed_forward = encoder.backbone.encoder.layer[-1].intermediate
+    handle = feed_forward.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[1]))
+    return widths, handle
+
+
+@pytest.mark.parametrize("pooler", ["cls", "mask"])
+@pytest.mark.parametrize("group_size", [0, 4])
+def test_a_pooled_only_pass_runs_less_of_the_last_layer_with_the_same_vectors_and_gradients(
+    tiny_model_dir: Path, pooler: str, group_size: int
+) -> None:
+    """token_states=False: the last layer's feed-forward sees one position a row; nothing else changes."""
+    from csekit.encoder import EMBEDDING_MASK
+
+    encoder = SentenceEncoder.load(tiny_model_dir, pooler=pooler, dropout=0.0).train()
+    inputs = _mixed_length_inputs(encoder)
+    batch, width = inputs["input_ids"].shape
+    inputs[EMBEDDING_MASK] = (torch.rand(batch, width, 1, generator=torch.Generator().manual_seed(0)) > 0.2).float()
+    weights = torch.randn(batch, encoder.dim, generator=torch.Generator().manual_seed(1))
+    widths, handle = _last_layer_widths(encoder)
+
+    def run(token_states: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[int]]:
+        encoder.zero_grad(set_to_none=True)
+        widths.clear()
+        output = encoder(inputs, group_size, token_states=token_states)
+        (output.pooled * weights).sum().backward()
+        grads = {name: p.grad.clone() for name, p in encoder.named_parameters() if p.grad is not None}
+        if not token_states:
+            assert output.last_layer_states is None
+            with pytest.raises(CsekitError, match="reads_token_states"):
+                output.token_states  # noqa: B018
+        return output.pooled.detach(), grads, list(widths)
+
+    try:
+        pooled, grads, full_widths = run(True)
+        fast_pooled, fast_grads, fast_widths = run(False)
+    finally:
+        handle.remove()
+    assert min(full_widths) > 1 and fast_widths == [1] * len(full_widths)
+    torch.testing.assert_close(fast_pooled, pooled, rtol=1e-5, atol=1e-5)
+    assert fast_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(fast_grads[name], grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("pooler", ["mean", "first_last_avg"])
+def test_poolers_that_read_every_position_keep_the_whole_last_layer(tiny_model_dir: Path, pooler: str) -> None:
+    encoder = SentenceEncoder.load(tiny_model_dir, pooler=pooler, dropout=0.0).eval()
+    inputs = _mixed_length_inputs(encoder)
+    widths, handle = _last_layer_widths(encoder)
+    try:
+        with torch.no_grad():
+            fast, full = encoder(inputs, token_states=False), encoder(inputs)
+    finally:
+        handle.remove()
+    assert widths == [inputs["input_ids"].shape[1]] * 2
+    assert fast.last_layer_states is not None
+    torch.testing.assert_close(fast.pooled, full.pooled)
+
+
+def test_gradient_checkpointing_keeps_the_whole_last_layer(tiny_model_dir: Path) -> None:
+    """Checkpointing re-runs the layer in backward, after the pass's hook is gone: no shortcut then."""
+    encoder = SentenceEncoder.load(tiny_model_dir, pooler="cls", dropout=0.0).train()
+    encoder.backbone.activation_checkpointing_enable()
+    inputs = _mixed_length_inputs(encoder)
+    widths, handle = _last_layer_widths(encoder)
+    try:
+        encoder(inputs, token_states=False).pooled.sum().backward()
+    finally:
+        handle.remove()
+    assert widths and min(widths) == inputs["input_ids"].shape[1]
+    assert all(p.grad is not None for p in encoder.backbone.encoder.parameters())

@@ -191,6 +191,24 @@ def test_gradient_reversal_flips_the_encoder_gradient_exactly(tmp_path: Path, mo
         assert torch.equal(reversed_grads[name], expected), name
 
 
+def test_the_encoder_keeps_token_states_only_for_a_recipe_that_reads_them(tmp_path: Path) -> None:
+    """With a cls pooler the last layer runs at [CLS] only, unless a part (the adversary) reads every token."""
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="cls")
+    counts = write_counts(encoder.tokenizer, tmp_path / "counts.json")
+    sentences = ["a man plays the guitar", "the red dog runs in the park", "she eats food"]
+    plain, views = build_model(tiny_recipe(tmp_path, tmp_path, "model.head.name=none"), encoder)
+    assert not plain.reads_token_states
+    assert plain.make_state(views(sentences), sentences, {}).encoder_output.last_layer_states is None
+    recipe = tiny_recipe(tmp_path, tmp_path, "model.head.name=none")
+    recipe.objectives += [{"name": "slt_fai_at", "counts": str(counts), "low_fraction": 0.2}]
+    adversarial, views = build_model(recipe, encoder)
+    assert adversarial.reads_token_states
+    state = adversarial.make_state(views(sentences), sentences, {})
+    assert state.encoder_output.token_states.shape[:2] == state.encoder_output.input_ids.shape
+    _, parts = adversarial(views(sentences), sentences)
+    assert float(parts["slt_fai_at"]) > 0
+
+
 def test_reverse_gradient_scales() -> None:
     x = torch.randn(4, requires_grad=True)
     (reverse_gradient(x, 0.5) * torch.arange(4.0)).sum().backward()

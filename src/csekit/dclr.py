@@ -184,7 +184,7 @@ class ComplementaryWeighting(nn.Module):
             complementary.to(device)
         inputs = complementary.tokenize(state.sentences, max_length=self.max_length)
         with torch.no_grad():
-            vectors = complementary({key: value.to(device) for key, value in inputs.items()}).pooled
+            vectors = complementary({key: value.to(device) for key, value in inputs.items()}, token_states=False).pooled
         vectors = vectors.float()
         return cosine_matrix(vectors, gather_no_grad(vectors))
 

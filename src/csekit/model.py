@@ -54,6 +54,10 @@ class ContrastiveModel(nn.Module):
         self.weighting = weighting
         self.objectives = nn.ModuleList([objective for objective, _ in objectives])
         self.objective_weights = [float(weight) for _, weight in objectives]
+        parts = [head, weighting, *self.negatives, *self.objectives]
+        #: Whether some part reads the last layer's token states; if none does, the encoder computes the
+        #: last layer only where the pooler reads it (see `SentenceEncoder.forward`).
+        self.reads_token_states = any(getattr(part, "reads_token_states", False) for part in parts)
 
     def make_state(
         self,
@@ -64,7 +68,7 @@ class ContrastiveModel(nn.Module):
         steps_per_epoch: int | None = None,
     ) -> StepState:
         """Encode all views in one forward pass and apply the head."""
-        output = self.encoder(inputs)
+        output = self.encoder(inputs, token_states=self.reads_token_states)
         features = list(output.pooled.chunk(self.num_views))
         views_through_head = getattr(self.head, "forward_views", None)
         if views_through_head is not None:

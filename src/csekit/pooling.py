@@ -50,6 +50,14 @@ class Pooler(nn.Module):
         """Padded model inputs for `sentences` (see `encode_ids`)."""
         return pad_ids(self.encode_ids(tokenizer, sentences, max_length, view), tokenizer.pad_token_id or 0)
 
+    def read_positions(self, attention_mask: Tensor, input_ids: Tensor) -> Tensor | None:
+        """The one last-layer position each row's vector is read from [B], or None if it reads more.
+
+        The encoder uses it to run the last layer's position-wise part (attention output, feed-forward)
+        at those positions only when no part needs the other token states.
+        """
+        return None
+
     def forward(
         self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor
     ) -> Tensor:  # pragma: no cover - abstract
@@ -74,6 +82,9 @@ class ClsPooler(Pooler):
     """The last layer's state at the first position ([CLS] or <s>)."""
 
     name = "cls"
+
+    def read_positions(self, attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
 
     def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
         return hidden_states[-1][:, 0]
@@ -189,7 +200,7 @@ class MaskPooler(Pooler):
                 rows["token_type_ids"].append([0] * len(ids))
         return rows
 
-    def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+    def read_positions(self, attention_mask: Tensor, input_ids: Tensor) -> Tensor:
         if self.mask_token_id is None:
             raise CsekitError("the mask pooler was not given a tokenizer (SentenceEncoder binds it)")
         is_mask = (input_ids == self.mask_token_id) & attention_mask.bool()
@@ -197,8 +208,11 @@ class MaskPooler(Pooler):
             raise CsekitError("the mask pooler got an input without a mask token (tokenise through the pooler)")
         # The template's mask is the last one: a sentence may itself contain the mask token's text.
         length = input_ids.shape[1]
-        last = (length - 1) - is_mask.flip(dims=[1]).int().argmax(dim=1)
+        return (length - 1) - is_mask.flip(dims=[1]).int().argmax(dim=1)
+
+    def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
         states = hidden_states[-1]
+        last = self.read_positions(attention_mask, input_ids)
         return states[torch.arange(states.shape[0], device=states.device), last]
 
 

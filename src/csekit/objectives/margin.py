@@ -69,7 +69,7 @@ class TwoWayMargin(nn.Module):
         encoder = state.encoder
         texts = [paraphrases[i] for i in rows] + [negations[i] for i in rows]
         inputs = encoder.tokenize(texts, view=0, max_length=self.max_length)
-        pooled = encoder({key: value.to(anchors.device) for key, value in inputs.items()}).pooled
+        pooled = encoder({key: value.to(anchors.device) for key, value in inputs.items()}, token_states=False).pooled
         paraphrase, negation = pooled.split(len(rows))
         index = torch.tensor(rows, device=anchors.device)
         losses = two_way_margin(anchors.index_select(0, index), paraphrase, negation, self.alpha, self.beta)

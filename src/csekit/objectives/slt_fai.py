@@ -95,6 +95,8 @@ class AdversarialTuning(nn.Module):
     sentences of every view in `views` (all views by default: each is a sentence the encoder embeds).
     """
 
+    reads_token_states = True  # the encoder keeps every position of the last layer for it
+
     def __init__(
         self,
         dim: int,
@@ -263,12 +265,12 @@ class IncompleteSentenceFiltering(nn.Module):
         if original is None:  # encode originals and incomplete sentences in one pass
             both = {key: torch.cat([value, value]) for key, value in batch.items()}
             both["input_ids"] = torch.cat([batch["input_ids"], masked_ids[keep].to(device)])
-            pooled = state.encoder(both).pooled
+            pooled = state.encoder(both, token_states=False).pooled
             original, incomplete = pooled.chunk(2)
         else:
             original = original[keep.to(device)]
             batch["input_ids"] = masked_ids[keep].to(device)
-            incomplete = state.encoder(batch).pooled
+            incomplete = state.encoder(batch, token_states=False).pooled
         logits = self.discriminator(torch.cat([incomplete, original])).float()
         k = incomplete.shape[0]
         targets = torch.cat([torch.ones(k, dtype=torch.long), torch.zeros(k, dtype=torch.long)]).to(device)
