@@ -12,6 +12,11 @@ bert-base-uncased's vocabulary), with which incomplete-sentence filtering masks 
     python benchmarks/train_throughput.py --steps 20            # the whole comparison, 3 rounds
     python benchmarks/train_throughput.py --corpus-memory       # peak memory of 100k / 1M-line corpora
 
+Method step-time ratios are measured twice: each recipe's real loop in its own process (its s/step and
+peak memory), and all recipes in one process taking turns, a few steps each on the same batches, for
+several turns (the reported ratio): this machine's speed drifts by 20-30% over minutes, which the
+separate runs, minutes apart, cannot cancel and the alternating ones do.
+
 Figures depend on the machine and on what else runs on it: report them with both.
 """
 
@@ -158,6 +163,70 @@ def run_sentence_transformers(precision: str, steps: int, batch: int, max_length
     return {"sentences_per_second": batch / seconds, "seconds_per_step": seconds}
 
 
+def alternate_recipes(recipes: list[str], batch: int, max_length: int, turns: int, steps_per_turn: int) -> dict:
+    """Seconds per step of each recipe, all built in this process and stepped in turns on the same batches.
+
+    Each step is the training loop's: accelerate's bf16 autocast, the model on the collated batch
+    (fields, step numbers), backward, gradient clipping, AdamW. Returns each recipe's list of per-turn
+    s/step and each turn's ratio to the first recipe's.
+    """
+    import random
+
+    from accelerate import Accelerator
+
+    from csekit.config import load_recipe
+    from csekit.data import TrainCollator, open_corpus
+    from csekit.data_dir import resolve_data_dir
+    from csekit.encoder import SentenceEncoder
+    from csekit.model import build_model
+    from csekit.training import keep_freed_memory, make_optimizer
+
+    keep_freed_memory()
+    accelerator = Accelerator(mixed_precision="bf16")
+    with tempfile.TemporaryDirectory() as folder:  # the surrogate OssCSE corpus, if needed
+        total = turns * steps_per_turn + 2
+        picks = random.Random(0).sample(range(20_000), batch * total)
+        steps = {}
+        for recipe in recipes:
+            overrides = [f"train.batch_size={batch}", f"model.max_length={max_length}", "model.pooler=cls"]
+            config = load_recipe(REPO / "recipes" / recipe, overrides)
+            steady_state_objectives(config.objectives)
+            if config.data.corpus.endswith(".jsonl") and not corpus_exists(config.data.corpus):
+                config.data.corpus = surrogate_augmented_corpus(Path(folder), 20_000)
+            data = config.data
+            corpus = open_corpus(data.corpus, resolve_data_dir(None), data.max_chars, data.bad_lines, data.text_column)
+            encoder = SentenceEncoder.load(config.model.backbone, config.model.pooler, config.model.max_length)
+            model, views = build_model(config, encoder)
+            collate = TrainCollator(views, data.text_column)
+            batches = [collate([corpus[i] for i in picks[k * batch : (k + 1) * batch]]) for k in range(total)]
+            optimizer = make_optimizer(model, config)
+            model, optimizer = accelerator.prepare(model, optimizer)
+            model.train()
+            clip = config.train.max_grad_norm or float("inf")
+
+            def step(item: dict, model=model, optimizer=optimizer, clip=clip) -> None:  # type: ignore[no-untyped-def]
+                loss, _ = model(item["inputs"], item["sentences"], item["fields"], step=1000, steps_per_epoch=1000)
+                accelerator.backward(loss)
+                accelerator.clip_grad_norm_(model.parameters(), clip)
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+            steps[recipe] = (step, batches)
+        times: dict[str, list[float]] = {recipe: [] for recipe in recipes}
+        for step, batches in steps.values():  # warm-up: first steps allocate and build kernels
+            for item in batches[-2:]:
+                step(item)
+        for turn in range(turns):
+            for recipe, (step, batches) in steps.items():
+                started = time.perf_counter()
+                for item in batches[turn * steps_per_turn : (turn + 1) * steps_per_turn]:
+                    step(item)
+                times[recipe].append((time.perf_counter() - started) / steps_per_turn)
+        base = times[recipes[0]]
+        ratios = {recipe: [t / b for t, b in zip(values, base, strict=True)] for recipe, values in times.items()}
+        return {"seconds_per_step": times, "ratios": ratios}
+
+
 def corpus_memory(lines: int) -> dict:
     """Peak memory after opening a generated corpus of `lines` lines and reading a few batches."""
     from csekit.data import Corpus
@@ -181,7 +250,10 @@ def one(kind: str, args: argparse.Namespace) -> None:
 
     torch.manual_seed(0)
     name, _, precision = kind.partition(":")
-    if name == "st":
+    if name == "alternate":
+        recipes = precision.split(",")
+        result = alternate_recipes(recipes, args.batch_size, args.max_length, args.turns, args.steps_per_turn)
+    elif name == "st":
         result = run_sentence_transformers(precision, args.steps, args.batch_size, args.max_length)
     elif name == "corpus":
         result = corpus_memory(int(precision))
@@ -194,6 +266,7 @@ def one(kind: str, args: argparse.Namespace) -> None:
 def measure(kind: str, args: argparse.Namespace) -> dict:
     command = [sys.executable, __file__, "--one", kind, "--steps", str(args.steps)]
     command += ["--batch-size", str(args.batch_size), "--max-length", str(args.max_length)]
+    command += ["--turns", str(args.turns), "--steps-per-turn", str(args.steps_per_turn)]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     if done.returncode != 0:
         raise SystemExit(f"{kind} failed:\n{done.stderr[-3000:]}")
@@ -206,6 +279,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-length", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3, help="rounds of back-to-back runs (median reported)")
+    parser.add_argument("--turns", type=int, default=8, help="turns of the alternating method comparison")
+    parser.add_argument("--steps-per-turn", type=int, default=2, help="steps a recipe takes in each turn")
     parser.add_argument("--corpus-memory", action="store_true", help="only the 100k / 1M-line corpus figures")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -243,18 +318,29 @@ def main() -> None:
             ratio = results[kind]["sentences_per_second"] / st_rate
             ratios.setdefault(f"{kind} / sentence-transformers fp32", []).append(ratio)
             print(f"  {kind} / sentence-transformers fp32: {ratio:.2f}x")
-        simcse_step = results["quickstart.yaml:bf16"]["seconds_per_step"]
-        for recipe in methods:
-            r = measure(f"{recipe}:bf16", args)
-            ratio = r["seconds_per_step"] / simcse_step
-            ratios.setdefault(f"{recipe} / SimCSE (bf16) step time", []).append(ratio)
-            print(
-                f"  {recipe:<24} {r['seconds_per_step']:.3f} s/step = {ratio:.2f}x SimCSE (bf16), "
-                f"peak RSS {r['peak_rss_mib']:.0f} MiB"
-            )
     print(f"median over {args.rounds} round(s):")
     for name, values in ratios.items():
         print(f"  {name}: {statistics.median(values):.2f}x  (rounds: {', '.join(f'{v:.2f}' for v in values)})")
+    if not methods:
+        return
+    print("method recipes, bf16, each in its own process (the real loop; peak memory):")
+    for recipe in methods:
+        r = measure(f"{recipe}:bf16", args)
+        print(f"  {recipe:<24} {r['seconds_per_step']:.3f} s/step  peak RSS {r['peak_rss_mib']:.0f} MiB")
+    print(
+        f"method recipes against SimCSE in one process, {args.turns} turns of {args.steps_per_turn} steps each "
+        "on the same batches (bf16):"
+    )
+    r = measure("alternate:" + ",".join(["quickstart.yaml", *methods]), args)
+    for recipe, values in r["ratios"].items():
+        if recipe == "quickstart.yaml":
+            continue
+        median_step = statistics.median(r["seconds_per_step"][recipe])
+        print(
+            f"  {recipe:<24} {median_step:.3f} s/step, {statistics.median(values):.2f}x SimCSE's step "
+            f"(turns: {', '.join(f'{v:.2f}' for v in values)})"
+        )
+    print(f"  SimCSE (quickstart.yaml)   {statistics.median(r['seconds_per_step']['quickstart.yaml']):.3f} s/step")
 
 
 if __name__ == "__main__":
