@@ -39,7 +39,7 @@ def matmul_bound(dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> flo
 
 
 def build(recipe_path: Path, batch_size: int, max_length: int):  # type: ignore[no-untyped-def]
-    """The recipe's model, views and optimizer, and one random batch of its corpus's sentences."""
+    """The recipe's model, views and optimizer, one random batch of its corpus's sentences, and the recipe."""
     from csekit.config import load_recipe
     from csekit.data import open_corpus
     from csekit.data_dir import resolve_data_dir
@@ -53,28 +53,29 @@ def build(recipe_path: Path, batch_size: int, max_length: int):  # type: ignore[
     sentences = [corpus[i] for i in random.Random(0).sample(range(len(corpus)), batch_size)]  # a random batch
     encoder = SentenceEncoder.load(recipe.model.backbone, recipe.model.pooler, recipe.model.max_length)
     model, views = build_model(recipe, encoder)
-    return model, views, make_optimizer(model, recipe), sentences
+    return model, views, make_optimizer(model, recipe), sentences, recipe
 
 
 def csekit_step(recipe_path: Path, precision: str, batch_size: int, max_length: int) -> Callable[[], None]:
-    """One step as `csekit.training.train` takes it (tokenisation included, as in its DataLoader).
+    """One step as `csekit.training.train` takes it: collation (tokenisation, as in its DataLoader),
+    the loop's `forward_backward`, the logged loss's all-reduce, AdamW.
 
     accelerate allows one Accelerator (one precision) a process: one csekit variant a run.
     """
     from accelerate import Accelerator
 
-    from csekit.training import MIXED_PRECISION, keep_freed_memory
+    from csekit.data import TrainCollator
+    from csekit.training import MIXED_PRECISION, forward_backward, keep_freed_memory
 
     keep_freed_memory()  # as `train` does on CPU (process-wide, so the plain loop gets it too)
-    model, views, optimizer, sentences = build(recipe_path, batch_size, max_length)
+    model, views, optimizer, sentences, recipe = build(recipe_path, batch_size, max_length)
     accelerator = Accelerator(mixed_precision=MIXED_PRECISION[precision])
     model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
+    collate = TrainCollator(views, recipe.data.text_column)
 
     def step() -> None:
-        loss, parts = model(views(sentences), sentences)
-        accelerator.backward(loss)
-        accelerator.clip_grad_norm_(model.parameters(), float("inf"))
+        loss, parts, _ = forward_backward(accelerator, model, collate(sentences), recipe.train.max_grad_norm)
         accelerator.reduce(torch.stack([loss.detach(), *parts.values()]).float(), "mean").tolist()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -84,7 +85,7 @@ def csekit_step(recipe_path: Path, precision: str, batch_size: int, max_length: 
 
 def plain_bf16_step(recipe_path: Path, batch_size: int, max_length: int) -> Callable[[], None]:
     """The same model and loss with every weight in bf16 and no autocast: the fastest, least accurate step."""
-    model, views, _, sentences = build(recipe_path, batch_size, max_length)
+    model, views, _, sentences, _ = build(recipe_path, batch_size, max_length)
     model.to(torch.bfloat16).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-5, fused=True)
 

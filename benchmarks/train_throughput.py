@@ -166,8 +166,8 @@ def run_sentence_transformers(precision: str, steps: int, batch: int, max_length
 def alternate_recipes(recipes: list[str], batch: int, max_length: int, turns: int, steps_per_turn: int) -> dict:
     """Seconds per step of each recipe, all built in this process and stepped in turns on the same batches.
 
-    Each step is the training loop's: accelerate's bf16 autocast, the model on the collated batch
-    (fields, step numbers), backward, gradient clipping, AdamW. Returns each recipe's list of per-turn
+    Each step is the training loop's: accelerate's bf16 autocast, the loop's `forward_backward` on the
+    collated batch (fields, step numbers), AdamW. Returns each recipe's list of per-turn
     s/step and each turn's ratio to the first recipe's.
     """
     import random
@@ -179,7 +179,7 @@ def alternate_recipes(recipes: list[str], batch: int, max_length: int, turns: in
     from csekit.data_dir import resolve_data_dir
     from csekit.encoder import SentenceEncoder
     from csekit.model import build_model
-    from csekit.training import keep_freed_memory, make_optimizer
+    from csekit.training import forward_backward, keep_freed_memory, make_optimizer
 
     keep_freed_memory()
     accelerator = Accelerator(mixed_precision="bf16")
@@ -202,12 +202,11 @@ def alternate_recipes(recipes: list[str], batch: int, max_length: int, turns: in
             optimizer = make_optimizer(model, config)
             model, optimizer = accelerator.prepare(model, optimizer)
             model.train()
-            clip = config.train.max_grad_norm or float("inf")
+
+            clip = config.train.max_grad_norm
 
             def step(item: dict, model=model, optimizer=optimizer, clip=clip) -> None:  # type: ignore[no-untyped-def]
-                loss, _ = model(item["inputs"], item["sentences"], item["fields"], step=1000, steps_per_epoch=1000)
-                accelerator.backward(loss)
-                accelerator.clip_grad_norm_(model.parameters(), clip)
+                forward_backward(accelerator, model, item, clip, step=1000, steps_per_epoch=1000)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
 

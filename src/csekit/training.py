@@ -197,6 +197,27 @@ def make_optimizer(model: ContrastiveModel, recipe: Recipe) -> torch.optim.AdamW
     return torch.optim.AdamW(_param_groups(model, recipe), lr=recipe.train.lr, fused=True)
 
 
+def forward_backward(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    batch: dict[str, Any],
+    max_grad_norm: float | None,
+    step: int = 0,
+    steps_per_epoch: int | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    """A step's loss and parts, back-propagated, and the gradient norm before clipping.
+
+    `batch` is what `TrainCollator` makes. The loop decides what to do with the results (skip a
+    non-finite step, or step AdamW); the benchmarks call this too, so they time the loop's own step.
+    """
+    loss, parts = model(
+        batch["inputs"], batch["sentences"], batch["fields"], step=step, steps_per_epoch=steps_per_epoch
+    )
+    accelerator.backward(loss)
+    grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
+    return loss, parts, grad_norm
+
+
 def _inherited_lr(model: torch.nn.Module, module_name: str, default: float) -> float:
     """The `learning_rate` of the module or its nearest enclosing module that sets one, else the recipe's lr."""
     parts = module_name.split(".") if module_name else []
@@ -366,7 +387,6 @@ def train(
     window: dict[str, float] = {}
     window_steps, window_start, bad_in_a_row = 0, time.perf_counter(), 0
     model.train()
-    no_clipping = float("inf")
     for epoch in itertools.count(state.batches // steps_per_epoch):
         if state.step >= total_steps:
             break
@@ -375,13 +395,11 @@ def train(
         batches = accelerator.skip_first_batches(loader, skip) if skip > 0 else loader
         for batch in batches:
             state.batches += 1
-            loss, parts = model(
-                batch["inputs"], batch["sentences"], batch["fields"], step=state.step, steps_per_epoch=steps_per_epoch
-            )
             # Always back-propagate (every process must join DDP's gradient all-reduce), then decide
             # together: a step is skipped everywhere when any process's loss or the gradient is not finite.
-            accelerator.backward(loss)
-            grad_norm = accelerator.clip_grad_norm_(model.parameters(), train_config.max_grad_norm or no_clipping)
+            loss, parts, grad_norm = forward_backward(
+                accelerator, model, batch, train_config.max_grad_norm, state.step, steps_per_epoch
+            )
             # One all-reduce gives the mean loss and parts over processes (for the log) and, since a NaN
             # anywhere makes the mean NaN, whether every process's loss is finite.
             names = ["loss", *parts]
