@@ -272,3 +272,39 @@ def test_gradient_checkpointing_keeps_the_whole_last_layer(tiny_model_dir: Path)
         handle.remove()
     assert widths and min(widths) == inputs["input_ids"].shape[1]
     assert all(p.grad is not None for p in encoder.backbone.encoder.parameters())
+
+
+@pytest.mark.parametrize(
+    ("model_type", "shortcut"), [("roberta", True), ("electra", True), ("deberta-v2", True), ("mpnet", False)]
+)
+def test_the_pooled_only_shortcut_finds_bert_style_layers_and_leaves_others_whole(
+    tmp_path: Path, model_type: str, shortcut: bool
+) -> None:
+    """BERT-style layers (attention.output, then the feed-forward) take the shortcut; MPNet's layout runs whole."""
+    from conftest import make_tokenizer
+    from transformers import AutoConfig
+
+    tokenizer = make_tokenizer(tmp_path / "tokenizer")
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=80,
+        pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    encoder = SentenceEncoder.from_config(config, tokenizer, "cls").eval()
+    inputs = _mixed_length_inputs(encoder)
+    if model_type == "mpnet":
+        inputs.pop("token_type_ids")
+    widths, handle = _last_layer_widths(encoder)
+    try:
+        with torch.no_grad():
+            full, fast = encoder(inputs), encoder(inputs, token_states=False)
+    finally:
+        handle.remove()
+    assert widths[1] == (1 if shortcut else inputs["input_ids"].shape[1])
+    torch.testing.assert_close(fast.pooled, full.pooled, rtol=1e-5, atol=1e-6)

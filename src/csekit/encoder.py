@@ -79,9 +79,10 @@ class EncoderOutput:
 def _position_wise_tail(backbone: nn.Module) -> nn.Module | None:
     """The module where a BERT-style last layer's position-wise part begins, or None for other layouts.
 
-    BERT-style layers (BERT, RoBERTa, XLM-R, ELECTRA) call `attention.output(context, residual)` after
-    attention; from there on (output projection, residual, LayerNorm, feed-forward: 3/4 of the layer's
-    matrix-product FLOPs) each position is computed on its own, so positions no one reads can be dropped.
+    BERT-style layers (BERT, RoBERTa, XLM-R, ELECTRA, DeBERTa-v2) call `attention.output(context,
+    residual)` after attention; from there on (output projection, residual, LayerNorm, feed-forward:
+    3/4 of the layer's matrix-product FLOPs) each position is computed on its own, so positions no one
+    reads can be dropped. Other layouts (MPNet, DistilBERT) run whole.
     """
     layers = getattr(getattr(backbone, "encoder", None), "layer", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
