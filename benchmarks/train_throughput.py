@@ -202,7 +202,6 @@ def alternate_recipes(recipes: list[str], batch: int, max_length: int, turns: in
             optimizer = make_optimizer(model, config)
             model, optimizer = accelerator.prepare(model, optimizer)
             model.train()
-
             clip = config.train.max_grad_norm
 
             def step(item: dict, model=model, optimizer=optimizer, clip=clip) -> None:  # type: ignore[no-untyped-def]
