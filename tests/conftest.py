@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import BertConfig, BertTokenizerFast
+from transformers import AutoConfig, BertTokenizerFast
 
 from csekit.encoder import SentenceEncoder
 
@@ -41,16 +41,19 @@ def make_tokenizer(folder: Path) -> BertTokenizerFast:
     return tokenizer
 
 
-def make_tiny_encoder(folder: Path, pooler: str = "cls", seed: int = 0) -> SentenceEncoder:
+def make_tiny_encoder(folder: Path, pooler: str = "cls", seed: int = 0, model_type: str = "bert") -> SentenceEncoder:
+    """A 2-layer, 32-dimension model of `model_type` (a transformers model type) with the tiny vocabulary."""
     torch.manual_seed(seed)
     tokenizer = make_tokenizer(folder)
-    config = BertConfig(
+    config = AutoConfig.for_model(
+        model_type,
         vocab_size=tokenizer.vocab_size,
         hidden_size=32,
         num_hidden_layers=2,
         num_attention_heads=2,
         intermediate_size=64,
         max_position_embeddings=64,
+        pad_token_id=0,  # the tiny vocabulary's [PAD] (RoBERTa's and MPNet's configs default to 1)
     )
     return SentenceEncoder.from_config(config, tokenizer, pooler=pooler)
 

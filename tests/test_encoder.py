@@ -281,22 +281,9 @@ def test_the_pooled_only_shortcut_finds_bert_style_layers_and_leaves_others_whol
     tmp_path: Path, model_type: str, shortcut: bool
 ) -> None:
     """BERT-style layers (attention.output, then the feed-forward) take the shortcut; MPNet's layout runs whole."""
-    from conftest import make_tokenizer
-    from transformers import AutoConfig
+    from conftest import make_tiny_encoder
 
-    tokenizer = make_tokenizer(tmp_path / "tokenizer")
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=80,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    encoder = SentenceEncoder.from_config(config, tokenizer, "cls").eval()
+    encoder = make_tiny_encoder(tmp_path / "tokenizer", model_type=model_type).eval()
     inputs = _mixed_length_inputs(encoder)
     if model_type == "mpnet":
         inputs.pop("token_type_ids")

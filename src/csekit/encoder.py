@@ -328,9 +328,9 @@ class SentenceEncoder(nn.Module):
         if INPUT_EMBEDDINGS in backbone_inputs:  # the backbone takes ids or embeddings, not both
             del backbone_inputs["input_ids"]
         mask, ids = inputs["attention_mask"], inputs["input_ids"]
-        positions = None if token_states else self.pooler.read_positions(mask, ids)
-        tail = _position_wise_tail(self.backbone) if positions is not None else None
-        if positions is not None and tail is not None:
+        tail = None if token_states else _position_wise_tail(self.backbone)
+        positions = self.pooler.read_positions(mask, ids) if tail is not None else None
+        if tail is not None and positions is not None:
             rows = torch.arange(positions.shape[0], device=positions.device)
 
             def keep_read_positions(module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
