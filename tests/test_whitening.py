@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -10,14 +11,22 @@ import pytest
 import torch
 from test_training import make_corpus, read_metrics, tiny_recipe
 
-from csekit.config import build_part
+from csekit.config import build_part, load_recipe
 from csekit.encoder import SentenceEncoder
 from csekit.errors import CsekitError
 from csekit.heads import HEADS, MLPHead
 from csekit.objectives import InfoNCE, MultiPositiveInfoNCE
 from csekit.state import StepState
 from csekit.training import train
-from csekit.whitening import GroupWhitening, WhiteningHead, whitening_matrices
+from csekit.whitening import GroupWhitening, SingularWhiteningWarning, WhiteningHead, whitening_matrices
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+BACKBONE_DIMS = {"bert-base-uncased": 768, "roberta-base": 768, "minilm-l6": 384}
+WHITENING_RECIPES = sorted(
+    path.name for path in RECIPES.glob("*.yaml") if "name: whitening" in path.read_text(encoding="utf-8")
+)
+SINGULAR_BY_DESIGN = {"whitenedcse-bert-base-pca.yaml", "whitenedcse-bert-base-zca.yaml"}
+"""The paper's PCA/ZCA ablations whiten all 768 channels as one group over 64 rows, as the paper did."""
 
 
 def make_state(embeddings: list[torch.Tensor]) -> StepState:
@@ -184,6 +193,99 @@ def test_options_are_checked_with_the_recipe_key() -> None:
         build_part(HEADS, {"name": "whitening", "whitening": "zca", "num_groups": 4}, "model.head", dim=32)
     with pytest.raises(CsekitError, match=r"model\.head\.whitening.*pcaa|model\.head.*pcaa"):
         build_part(HEADS, {"name": "whitening", "whitening": "pcaa", "num_groups": 4}, "model.head", dim=32)
+
+
+# --------------------------------------------------------------------------- shipped recipes' conditioning
+def recipe_head(name: str) -> tuple[WhiteningHead, int]:
+    """The training head a shipped recipe builds, and the rows its batch statistics come from."""
+    recipe = load_recipe(RECIPES / name)
+    dim = BACKBONE_DIMS[recipe.model.backbone]
+    head = build_part(HEADS, recipe.model.head, "model.head", dim=dim, recipe=recipe)
+    return head.train(), recipe.train.batch_size
+
+
+def features_like_a_backbone(n: int, d: int, noise_seed: int) -> torch.Tensor:
+    """float32 rows of one fixed correlated distribution ([CLS]-like scale); `noise_seed` draws new rows."""
+    mixing = torch.randn(d, d, generator=torch.Generator().manual_seed(1234))
+    rows = torch.randn(n, d, generator=torch.Generator().manual_seed(noise_seed))
+    return (rows @ mixing + 3.0) / (2 * d**0.5)
+
+
+def group_covariances(out: torch.Tensor, permutation: torch.Tensor, groups: int) -> torch.Tensor:
+    cov = covariance(out.double())[permutation][:, permutation]
+    size = out.shape[1] // groups
+    return torch.stack([cov[g * size : (g + 1) * size, g * size : (g + 1) * size] for g in range(groups)])
+
+
+def test_whitening_recipes_are_found() -> None:
+    assert {"whitenedcse-bert-base.yaml", "dclr+whitened-bert-base.yaml", "combined-minilm.yaml"} <= set(
+        WHITENING_RECIPES
+    )
+
+
+@pytest.mark.parametrize("name", sorted(set(WHITENING_RECIPES) - SINGULAR_BY_DESIGN))
+def test_every_shipped_grouping_whitens_a_training_batch_to_identity(name: str) -> None:
+    """At a recipe's own batch size each group's covariance is estimable, so a batch comes out white."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SingularWhiteningWarning)
+        head, rows = recipe_head(name)
+    whitening = head.whitening
+    torch.manual_seed(0)
+    permutation = torch.randperm(whitening.dim)
+    x = features_like_a_backbone(rows, whitening.dim, noise_seed=1)
+    out = whitening(x, permutation if whitening.shuffle else None)
+    order = permutation if whitening.shuffle else torch.arange(whitening.dim)
+    blocks = group_covariances(out, order, whitening.num_groups)
+    identity = torch.eye(blocks.shape[-1], dtype=blocks.dtype).expand_as(blocks)
+    torch.testing.assert_close(blocks, identity, atol=2e-3, rtol=0)
+
+
+def test_a_group_wider_than_the_batch_is_not_whitened_by_the_data() -> None:
+    """The reading csekit no longer ships: groups of 384 over 64 rows come out as a rank-63 projection."""
+    whitening = GroupWhitening(768, "group", group_size=384).train()
+    out = whitening(features_like_a_backbone(64, 768, noise_seed=1))
+    eigenvalues = torch.linalg.eigvalsh(covariance(out.double())[:384, :384])
+    assert int((eigenvalues > 0.5).sum()) == 63  # only the batch's 63 directions are white; the rest ~0
+
+
+@pytest.mark.parametrize("name", sorted(set(WHITENING_RECIPES) - SINGULAR_BY_DESIGN))
+def test_test_time_whitening_of_a_shipped_grouping_is_identity_on_its_distribution(name: str) -> None:
+    """Running statistics of a large batch give a fixed map that whitens fresh rows of the same distribution."""
+    head, _ = recipe_head(name)
+    whitening = head.whitening
+    dim = whitening.dim
+    whitening.momentum = 1.0  # the running statistics become exactly those of the large batch
+    whitening.update_running_statistics(features_like_a_backbone(16384, dim, noise_seed=1))
+    whitening.eval()
+    fresh = features_like_a_backbone(16384, dim, noise_seed=2)  # the same distribution, new rows
+    out = whitening(fresh)
+    blocks = group_covariances(out, whitening.test_permutation, whitening.num_groups)
+    identity = torch.eye(blocks.shape[-1], dtype=blocks.dtype).expand_as(blocks)
+    torch.testing.assert_close(blocks, identity, atol=0.1, rtol=0)
+    assert float((blocks - identity).abs().mean()) < 0.02
+
+
+@pytest.mark.parametrize("name", sorted(SINGULAR_BY_DESIGN))
+def test_singular_ablations_still_build_and_say_so(name: str) -> None:
+    with pytest.warns(SingularWhiteningWarning, match=r"recipe key model\.head\.whitening: .*rank at most 63 < 768"):
+        head, _ = recipe_head(name)
+    assert head.whitening.num_groups == 1
+    assert "Singular by design" in (RECIPES / name).read_text(encoding="utf-8")
+
+
+def test_the_warning_names_the_key_that_set_the_groups_and_the_rank() -> None:
+    recipe = load_recipe(None, ["train.batch_size=64"])
+    with pytest.warns(SingularWhiteningWarning, match=r"model\.head\.group_size: .*384 channels .*rank at most 63"):
+        WhiteningHead(768, "shuffled_group", group_size=384, recipe=recipe)
+    with pytest.warns(SingularWhiteningWarning, match=r"model\.head\.num_groups: .*2 group\(s\) of 384 channels"):
+        WhiteningHead(768, "shuffled_group", num_groups=2, recipe=recipe)
+    with pytest.warns(SingularWhiteningWarning, match=r"rank at most 63 < 64"):  # the boundary: 64 channels
+        WhiteningHead(768, "shuffled_group", num_groups=12, recipe=recipe)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        WhiteningHead(768, "shuffled_group", num_groups=16, recipe=recipe)  # groups of 48 < 64 rows
+        WhiteningHead(768, "none", recipe=recipe)
+        WhiteningHead(768, "shuffled_group", group_size=384)  # no recipe (a user's own code): no batch known
 
 
 # --------------------------------------------------------------------------- positives and loss

@@ -22,6 +22,7 @@ and a regularised eigenvector gradient for PCA (its exact gradient is undefined 
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -288,6 +289,12 @@ class WhiteningHead(nn.Module):
         self.whitening = GroupWhitening(
             dim, whitening, num_groups, group_size, eps, eigh_dtype, gradient_through_whitening, momentum
         )
+        rows = _recipe_batch_size(recipe)
+        if rows is not None:
+            key = "num_groups" if num_groups is not None else "group_size" if group_size is not None else "whitening"
+            message = singular_groups_message(self.whitening, rows, f"model.head.{key}")
+            if message is not None:
+                warnings.warn(message, SingularWhiteningWarning, stacklevel=2)
         self.linear = nn.Linear(dim, dim)
         self.activation = nn.Tanh()
 
@@ -317,6 +324,40 @@ class WhiteningHead(nn.Module):
             head.linear.weight.copy_(weight)
             head.linear.bias.copy_(bias)
         return head
+
+
+class SingularWhiteningWarning(UserWarning):
+    """A whitening group is wider than the batch that estimates its covariance (see `singular_groups_message`)."""
+
+
+def singular_groups_message(whitening: GroupWhitening, rows: int, key: str) -> str | None:
+    """Why whitening groups of g channels over `rows` rows are singular, or None when they are not.
+
+    A group's centred covariance over n rows has rank at most n - 1, so a group of g >= n channels
+    has g - n + 1 or more zero eigenvalues: their directions are scaled by eps^{-1/2} (about 316 at
+    eps = 1e-5), an amount set by `eps`, not by the data. The statistics are gathered over every
+    process, so n is the global batch (`train.batch_size`).
+    """
+    if whitening.kind == "none":
+        return None
+    channels = whitening.dim // whitening.num_groups
+    if channels < rows:
+        return None
+    if whitening.num_groups == 1:
+        advice = "grouped whitening (shuffled_group or group) with smaller groups avoids this"
+    else:
+        advice = f"set model.head.num_groups so that {whitening.dim} / num_groups < {rows} and group_size: null"
+    return (
+        f"recipe key {key}: {whitening.kind} whitening of {whitening.num_groups} group(s) of {channels} channels "
+        f"over batches of {rows} rows (train.batch_size): a group covariance has rank at most {rows - 1} < "
+        f"{channels}, so the whitening of the missing directions is set by eps, not by the data; {advice}"
+    )
+
+
+def _recipe_batch_size(recipe: Any) -> int | None:
+    """Rows a training batch's whitening statistics come from: the global `train.batch_size` (gathered)."""
+    value = getattr(getattr(recipe, "train", None), "batch_size", None)
+    return int(value) if value is not None else None
 
 
 def _recipe_num_views(recipe: Any) -> int | None:
