@@ -18,7 +18,7 @@ from csekit.errors import CsekitError
 from csekit.heads import MLPHead
 from csekit.model import NEGATIVES, ContrastiveModel
 from csekit.objectives import InfoNCE, cosine_matrix
-from csekit.objectives.dclr_code import DclrCodeLoss
+from csekit.objectives.dclr_code import DclrCodeLoss, bce_of_softmax
 from csekit.state import StepState
 from csekit.training import train
 from csekit.views import DropoutViews
@@ -109,6 +109,75 @@ def test_authors_code_option_zeroes_the_false_negative_logits(tiny_model_dir: Pa
     torch.testing.assert_close(bce, by_hand)
     # The paper's removal gives another value: the two options really differ.
     assert not torch.isclose(InfoNCE(temperature=TAU)(state)["infonce"], infonce)
+
+
+def probabilities_bce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The authors' formula as csekit first wrote it: BCELoss on softmax probabilities (CUDA autocast bans it)."""
+    probabilities = logits.softmax(dim=1)
+    return F.binary_cross_entropy(probabilities, F.one_hot(labels, logits.shape[1]).to(probabilities.dtype))
+
+
+def code_logits(seed: int, n: int = 16, extra: int = 16, temperature: float = 0.05) -> torch.Tensor:
+    """Logits shaped like the code's: cosines / tau against n candidates and `extra` noise, some zeroed."""
+    generator = torch.Generator().manual_seed(seed)
+    cosines = torch.rand(n, n + extra, generator=generator) * 1.6 - 0.6
+    cosines[torch.arange(n), torch.arange(n)] = 0.95  # positives
+    logits = cosines / temperature
+    logits[0, 3] = logits[5, 1] = 0.0  # false negatives weighted out (logit x 0)
+    return logits
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_code_bce_from_logits_equals_bce_on_probabilities_in_fp32(seed: int) -> None:
+    labels = torch.arange(16)
+    logits = code_logits(seed).requires_grad_(True)
+    reference = probabilities_bce(logits, labels)
+    (reference_grad,) = torch.autograd.grad(reference, logits)
+    value = bce_of_softmax(logits, labels)
+    (grad,) = torch.autograd.grad(value, logits)
+    torch.testing.assert_close(value, reference, rtol=1e-5, atol=0)
+    torch.testing.assert_close(grad, reference_grad, rtol=1e-4, atol=1e-9)
+
+
+def test_code_bce_is_finite_where_a_probability_rounds_to_one_or_zero() -> None:
+    logits = torch.tensor([[200.0, 0.0, -200.0], [0.0, 0.0, 0.0]], requires_grad=True)
+    labels = torch.tensor([1, 1])  # row 0: the target's p rounds to 0 and a negative's to 1 (both floors)
+    value = bce_of_softmax(logits, labels)
+    torch.testing.assert_close(value, probabilities_bce(logits.detach(), labels))
+    (grad,) = torch.autograd.grad(value, logits)
+    assert torch.isfinite(grad).all()
+
+
+def test_code_bce_runs_under_autocast_without_the_banned_probability_bce(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA autocast raises on binary_cross_entropy; CPU autocast does not, so the ban is reproduced here."""
+
+    def banned(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast")
+
+    generator = torch.Generator().manual_seed(0)
+    views = [torch.randn(16, 32, generator=generator), torch.randn(16, 32, generator=generator)]
+    state = StepState([""] * 16, views, views, None, None)  # type: ignore[arg-type]
+    state.extra_negatives.append(torch.randn(16, 32, generator=generator))
+    state.negative_weights = torch.ones(16, 16)
+    state.negative_weights[0, 3] = state.negative_weights[5, 1] = 0.0
+    loss = DclrCodeLoss(temperature=0.05, loss="bce")
+    expected = loss(state)["dclr_code"]
+    monkeypatch.setattr(F, "binary_cross_entropy", banned)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under_autocast = loss(state)["dclr_code"]
+    assert under_autocast.dtype == torch.float32
+    # The logits are rounded to bf16 by autocast's matmul; the loss itself is float32 math on them.
+    torch.testing.assert_close(under_autocast, expected, rtol=2e-2, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_code_bce_runs_under_cuda_autocast() -> None:
+    labels = torch.arange(16, device="cuda")
+    logits = code_logits(0).cuda().requires_grad_(True)
+    with torch.autocast("cuda", dtype=torch.float16):
+        value = bce_of_softmax(logits.half(), labels)
+    value.backward()
+    torch.testing.assert_close(value.cpu(), probabilities_bce(logits.detach().half().float().cpu(), labels.cpu()))
 
 
 def test_gradient_ascent_steps_increase_the_non_uniformity_loss() -> None:

@@ -6,10 +6,17 @@ by the weights, so a false negative stays in the softmax with logit 0, and train
 cross-entropy over the softmax probabilities (target 1 for the positive, 0 for every other candidate,
 averaged over all anchor-candidate entries, as `torch.nn.BCELoss` does) instead of InfoNCE.
 `loss: infonce` keeps the code's weighting but uses cross-entropy, to separate the two differences.
+
+The BCE is computed from the logits in float32 with autocast off (`bce_of_softmax`): CUDA autocast
+refuses `binary_cross_entropy` on probabilities ("unsafe to autocast"), and bf16 probabilities would
+round the loss. The value is `torch.nn.BCELoss`'s, its log terms clamped at -100 like BCELoss's.
 """
 
 from __future__ import annotations
 
+import math
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 
@@ -17,6 +24,38 @@ from csekit.objectives.infonce import InfoNCE
 from csekit.state import StepState
 
 LOSSES = ("bce", "infonce")
+BCE_LOG_FLOOR = -100.0
+"""`torch.nn.BCELoss` clamps its log terms at -100 (so p = 0 or 1 gives a finite loss); kept for equality."""
+
+
+def log1mexp(x: Tensor) -> Tensor:
+    """log(1 - exp(x)) for x <= 0, accurate at both ends (Maechler 2012): expm1 near 0, log1p far below.
+
+    Where 1 - exp(x) is below e^-100 (x > -1e-38: p = 1 to float32 precision) the result is BCELoss's
+    floor, -100, with a zero gradient; each branch's input is replaced
+    where the other branch is taken, so no inf or NaN enters the gradient.
+    """
+    at_one = x > -1e-38
+    near_zero = x > -math.log(2.0)
+    placeholder = torch.full_like(x, -1.0)  # each branch sees only inputs where it is finite
+    near = torch.where(near_zero & ~at_one, x, placeholder)
+    far = torch.where(near_zero, placeholder, x)
+    value = torch.where(near_zero, torch.log(-torch.expm1(near)), torch.log1p(-torch.exp(far)))
+    return torch.where(at_one, torch.full_like(x, BCE_LOG_FLOOR), value)
+
+
+def bce_of_softmax(logits: Tensor, labels: Tensor) -> Tensor:
+    """`BCELoss(softmax(logits), one_hot(labels))`, from the logits in float32 with autocast off.
+
+    The mean over all [n, m] entries of -(t log p + (1 - t) log(1 - p)), with log p from log_softmax
+    and log(1 - p) from it by `log1mexp`, both floored at -100 as BCELoss floors them. Gradients equal
+    BCELoss's away from p(1 - p) < 1e-12, where BCELoss's backward clamps its denominator.
+    """
+    with torch.autocast(logits.device.type, enabled=False):
+        log_p = F.log_softmax(logits.float(), dim=1)
+        targets = F.one_hot(labels, num_classes=logits.shape[1]).to(torch.bool)
+        terms = torch.where(targets, log_p.clamp_min(BCE_LOG_FLOOR), log1mexp(log_p).clamp_min(BCE_LOG_FLOOR))
+        return -terms.mean()
 
 
 class DclrCodeLoss(InfoNCE):
@@ -37,6 +76,4 @@ class DclrCodeLoss(InfoNCE):
         labels = state.positive_index()
         if self.loss == "infonce":
             return {"dclr_code": F.cross_entropy(logits, labels)}
-        probabilities = logits.softmax(dim=1)
-        targets = F.one_hot(labels, num_classes=logits.shape[1]).to(probabilities.dtype)
-        return {"dclr_code": F.binary_cross_entropy(probabilities, targets)}
+        return {"dclr_code": bce_of_softmax(logits, labels)}
