@@ -15,7 +15,7 @@ from csekit.config import build_part, load_recipe
 from csekit.dclr import ComplementaryWeighting, NoiseNegatives, improve_noise, non_uniformity_loss
 from csekit.encoder import SentenceEncoder
 from csekit.errors import CsekitError
-from csekit.heads import MLPHead
+from csekit.heads import HEADS, MLPHead
 from csekit.model import NEGATIVES, ContrastiveModel
 from csekit.objectives import InfoNCE, cosine_matrix
 from csekit.objectives.dclr_code import DclrCodeLoss, bce_of_softmax
@@ -286,3 +286,105 @@ def test_authors_code_recipe_objective_loads() -> None:
     recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "dclr-bert-base-authors-code.yaml")
     assert recipe.objectives[0]["name"] == "dclr_code"
     assert recipe.weighting is not None and recipe.weighting["phi"] == 0.9
+
+
+# --------------------------------------------------------------------------- representations as the authors' code
+DCLR_CODE_RECIPES = [
+    "dclr-bert-base.yaml",
+    "dclr-roberta-base.yaml",
+    "dclr-bert-base-authors-code.yaml",
+    "dclr-ablation-no-noise.yaml",
+    "dclr-ablation-random-noise.yaml",
+    "dclr-ablation-self-weighting.yaml",
+    "dclr-ablation-no-weighting.yaml",
+]
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
+
+def test_complementary_model_can_read_its_pooler_layer(tiny_model_dir: Path) -> None:
+    """`model_pooler: pooler_output`: cosines of the complementary backbone's own pooler_output (DCLR's code)."""
+    weighting = ComplementaryWeighting(model=str(tiny_model_dir), model_pooler="pooler_output", phi=PHI, max_length=16)
+    model = build(tiny_model_dir, weighting)
+    state = step_state(model)
+    complementary = weighting.complementary
+    assert not any(p.requires_grad for p in complementary.parameters())  # frozen, its pooler layer too
+    inputs = complementary.tokenize(SENTENCES, max_length=16)
+    with torch.no_grad():
+        pooled = complementary(inputs, token_states=False).pooled  # what `similarities` encodes with
+        outputs = complementary.backbone(**inputs, return_dict=True)
+    torch.testing.assert_close(pooled, outputs.pooler_output)
+    assert not torch.allclose(pooled, outputs.last_hidden_state[:, 0], atol=1e-3)  # not the raw [CLS]
+    torch.testing.assert_close(weighting.similarities(state), cosine_matrix(pooled, pooled))
+
+
+@pytest.mark.parametrize("name", DCLR_CODE_RECIPES)
+def test_dclr_recipes_use_the_authors_evaluation_interval_and_complementary_pooler(name: str) -> None:
+    recipe = load_recipe(RECIPES / name)
+    assert recipe.train.eval_every == 125  # run.sh: --eval_steps 125 (the paper's text says 150)
+    if recipe.weighting is not None and recipe.weighting["model"] != "self":
+        assert recipe.weighting["model_pooler"] == "pooler_output"  # models.py: encoder.pooler(sequence_output)
+
+
+@pytest.mark.parametrize("name", ["dclr+whitened-bert-base.yaml", "combined-bert-base.yaml"])
+def test_compositions_read_the_simcse_complementary_model_as_dclr_does(name: str) -> None:
+    recipe = load_recipe(RECIPES / name)
+    assert recipe.weighting is not None
+    assert recipe.weighting["model"] == "princeton-nlp/unsup-simcse-bert-base-uncased"
+    assert recipe.weighting["model_pooler"] == "pooler_output"
+
+
+def test_mlp_head_through_the_backbone_pooler_is_the_authors_training_representation(tiny_model_dir: Path) -> None:
+    """DCLR's code trains on mlp(bert.pooler(last_hidden)): tanh(L(tanh(P [CLS]))), P pre-trained and trained."""
+    encoder = SentenceEncoder.load(tiny_model_dir, pooler="cls", max_length=16)
+    recipe = load_recipe(None, ["model.head_at_test=false"])
+    spec = {"name": "mlp", "through_backbone_pooler": True}
+    head = build_part(HEADS, spec, "model.head", dim=encoder.dim, encoder=encoder, recipe=recipe)
+    assert all(p.requires_grad for p in encoder.backbone.pooler.parameters())
+    cls = torch.randn(5, encoder.dim)
+    pooler = encoder.backbone.pooler
+    expected = torch.tanh(head.linear(torch.tanh(pooler.dense(cls))))
+    torch.testing.assert_close(head(cls), expected)
+    assert set(dict(head.named_parameters())) == {"linear.weight", "linear.bias"}  # the backbone owns P
+    plain = build_part(HEADS, {"name": "mlp"}, "model.head", dim=encoder.dim, encoder=encoder, recipe=recipe)
+    plain.load_state_dict(head.state_dict())
+    assert not torch.allclose(plain(cls), head(cls))
+
+
+def test_mlp_head_through_the_backbone_pooler_refuses_what_it_cannot_reproduce(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    from conftest import make_tiny_encoder
+
+    spec = {"name": "mlp", "through_backbone_pooler": True}
+    encoder = SentenceEncoder.load(tiny_model_dir, pooler="cls")
+    kept = load_recipe(None, ["model.head_at_test=true"])
+    with pytest.raises(CsekitError, match=r"model\.head: .*training-only.*head_at_test: false"):
+        build_part(HEADS, spec, "model.head", dim=encoder.dim, encoder=encoder, recipe=kept)
+    mean = SentenceEncoder.load(tiny_model_dir, pooler="mean")
+    with pytest.raises(CsekitError, match=r"model\.head: .*needs model\.pooler cls"):
+        build_part(HEADS, spec, "model.head", dim=mean.dim, encoder=mean, recipe=load_recipe(None))
+    electra = make_tiny_encoder(tmp_path / "tok", model_type="electra")
+    with pytest.raises(CsekitError, match=r"model\.head\.through_backbone_pooler needs a backbone with a pooler layer"):
+        build_part(HEADS, spec, "model.head", dim=electra.dim, encoder=electra, recipe=load_recipe(None))
+
+
+def test_a_recipe_with_the_authors_representations_trains_the_backbone_pooler(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        corpus,
+        "train.max_steps=2",
+        "train.eval_every=0",
+        "model.head={name: mlp, through_backbone_pooler: true}",
+        "negatives=[{name: dclr_noise, ratio: 1.0}]",
+        f"weighting={{name: dclr, model: {tiny_model_dir}, model_pooler: pooler_output, phi: 0.9, dropout: true}}",
+        "objectives=[{name: dclr_code, temperature: 0.05, loss: bce}]",
+    )
+    result = train(recipe, tmp_path / "run", show_progress=False)
+    assert result.steps == 2
+    before = load_file(str(tiny_model_dir / "model.safetensors"))
+    after = load_file(str(tmp_path / "run" / "best" / "model.safetensors"))
+    assert not torch.equal(before["pooler.dense.weight"], after["pooler.dense.weight"])  # trained, as in the code
+    assert SentenceEncoder.load(tmp_path / "run" / "best").pooler.name == "cls"  # evaluated on [CLS] before it

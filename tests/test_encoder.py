@@ -85,7 +85,7 @@ def test_bf16_encoding_stays_close_to_fp32(tiny_encoder: SentenceEncoder) -> Non
     assert cosine.min() > 0.99
 
 
-@pytest.mark.parametrize("pooler", ["cls", "mean", "first_last_avg"])
+@pytest.mark.parametrize("pooler", ["cls", "mean", "first_last_avg", "pooler_output"])
 @pytest.mark.parametrize("with_head", [False, True])
 def test_saved_model_loads_in_sentence_transformers_with_the_same_embeddings(
     tmp_path: Path, pooler: str, with_head: bool
@@ -206,7 +206,7 @@ def _last_layer_widths(encoder: SentenceEncoder) -> tuple[list[int], torch.utils
     return widths, handle
 
 
-@pytest.mark.parametrize("pooler", ["cls", "mask"])
+@pytest.mark.parametrize("pooler", ["cls", "mask", "pooler_output"])
 @pytest.mark.parametrize("group_size", [0, 4])
 def test_a_pooled_only_pass_runs_less_of_the_last_layer_with_the_same_vectors_and_gradients(
     tiny_model_dir: Path, pooler: str, group_size: int
@@ -295,3 +295,54 @@ def test_the_pooled_only_shortcut_finds_bert_style_layers_and_leaves_others_whol
         handle.remove()
     assert widths[1] == (1 if shortcut else inputs["input_ids"].shape[1])
     torch.testing.assert_close(fast.pooled, full.pooled, rtol=1e-5, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- the backbone's own pooler layer
+@pytest.mark.parametrize("token_states", [True, False])
+@pytest.mark.parametrize("group_size", [0, 4])
+def test_pooler_output_is_the_backbones_own_pooler_output(
+    tiny_model_dir: Path, token_states: bool, group_size: int
+) -> None:
+    """transformers' `pooler_output` (BERT: tanh(dense([CLS]))), through the shortcut and length groups too."""
+    encoder = SentenceEncoder.load(tiny_model_dir, pooler="pooler_output", dropout=0.0).eval()
+    inputs = _mixed_length_inputs(encoder)
+    with torch.no_grad():
+        pooled = encoder(inputs, group_size, token_states=token_states).pooled
+        reference = encoder.backbone(**inputs, return_dict=True).pooler_output
+        raw_cls = encoder.backbone(**inputs, return_dict=True).last_hidden_state[:, 0]
+    torch.testing.assert_close(pooled, reference, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(pooled, raw_cls, atol=1e-3)  # the layer really ran
+
+
+def test_pooler_output_trains_the_layer_other_poolers_leave_frozen(tiny_model_dir: Path) -> None:
+    reading = SentenceEncoder.load(tiny_model_dir, pooler="pooler_output")
+    assert all(p.requires_grad for p in reading.backbone.pooler.parameters())
+    plain = SentenceEncoder.load(tiny_model_dir, pooler="cls")
+    assert not any(p.requires_grad for p in plain.backbone.pooler.parameters())
+    reading(reading.tokenize(SENTENCES), token_states=False).pooled.sum().backward()
+    assert reading.backbone.pooler.dense.weight.grad is not None
+    # The layer stays the backbone's: one state_dict entry, no copy under the pooler.
+    assert not [key for key in reading.state_dict() if key.startswith("pooler.")]
+
+
+@pytest.mark.parametrize("model_type", ["electra", "distilbert"])
+def test_pooler_output_refuses_a_backbone_without_a_pooler_layer(tmp_path: Path, model_type: str) -> None:
+    from conftest import make_tiny_encoder
+
+    with pytest.raises(CsekitError, match=r"pooler_output pooler needs a backbone with a pooler layer.*has none"):
+        make_tiny_encoder(tmp_path / "tok", pooler="pooler_output", model_type=model_type)
+
+
+def test_pooler_output_refuses_a_checkpoint_whose_pooler_layer_is_random(tmp_path: Path) -> None:
+    """A checkpoint saved without the layer (transformers initialises it at random) would pool through noise."""
+    from conftest import make_tiny_encoder
+    from transformers import BertModel
+
+    tiny = make_tiny_encoder(tmp_path / "tok")
+    BertModel(tiny.backbone.config, add_pooling_layer=False).save_pretrained(tmp_path / "no-pooler")
+    tiny.tokenizer.save_pretrained(tmp_path / "no-pooler")
+    with pytest.raises(
+        CsekitError, match=r"no weights for the pooler layer \(pooler\.dense\.bias, pooler\.dense\.weight"
+    ):
+        SentenceEncoder.load(tmp_path / "no-pooler", pooler="pooler_output")
+    assert SentenceEncoder.load(tmp_path / "no-pooler", pooler="cls").pooler.name == "cls"

