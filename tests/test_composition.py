@@ -95,7 +95,7 @@ def tiny_combined_recipe(tmp_path: Path, tiny_model_dir: Path) -> Recipe:
     overrides = [
         f"model.backbone={tiny_model_dir}",
         "model.max_length=16",
-        "model.head.group_size=8",
+        "model.head.num_groups=4",  # groups of 8 of the tiny model's 32 channels
         f"data.corpus={corpus}",
         "train.batch_size=16",
         "train.max_steps=3",
