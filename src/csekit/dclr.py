@@ -120,7 +120,9 @@ class ComplementaryWeighting(nn.Module):
     """DCLR's instance weighting: in-batch negatives too similar to the anchor get weight 0.
 
     model: path or hub name of a trained encoder (the paper uses unsupervised SimCSE), loaded with
-    `SentenceEncoder.load(model, pooler=model_pooler)` (None: the pooler saved with it, else cls); or
+    `SentenceEncoder.load(model, pooler=model_pooler)` (None: the pooler saved with it, else cls;
+    `pooler_output` reads the checkpoint's pooler layer, which in SimCSE's hub checkpoints holds SimCSE's
+    training MLP: how DCLR's code reads its complementary model); or
     `self` for the "self instance weighting" ablation, which uses the step's own detached
     representations (`representation`: embeddings = head output, features = pooled vectors).
     phi: the similarity threshold. dropout: keep the complementary model's dropout on (the authors'

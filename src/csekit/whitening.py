@@ -10,7 +10,8 @@ Shuffled group whitening (SGW) permutes the d channels, whitens each group of g 
 independently (ZCA) and undoes the permutation; a new permutation per call makes every call a
 different "distortion" of the same features, which WhitenedCSE uses as extra positives.
 
-Numerics (a batch of 64 cannot estimate a 384-wide covariance; features may be collinear):
+Numerics (a batch of 64 cannot estimate a 384-wide covariance, and csekit warns at start when a group
+is that wide, see `singular_groups_message`; features may be collinear):
 `eps * I` is added to every covariance and eigenvalues are clamped at `eps`, so lam^{-1/2} <= eps^{-1/2}
 and no division can produce inf/NaN; the eigendecomposition runs on the features' device in float32
 (retried in float64 if it fails or returns non-finite values) or float64 when asked. When gradients
