@@ -219,3 +219,46 @@ def test_freed_memory_is_reused_without_page_faults() -> None:
 
     assert faults("default") > 10_000
     assert faults("keep") < 100
+
+
+LONG_SENTENCES = [
+    " ".join(WORDS[i % len(WORDS)] for i in range(start, start + 40)) for start in range(0, 120, 17)
+]  # 40 words each: far beyond the training max_length of 8 tokens, within the tiny model's 64 positions
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        ["model.pooler=cls"],  # SimCSE
+        [  # WhitenedCSE with its head kept at test time (exported as a folded Dense layer)
+            "model.pooler=cls",
+            "model.head={name: whitening, whitening: shuffled_group, num_groups: 8, num_positives: 3}",
+            "model.head_at_test=true",
+            "objectives=[{name: multi_positive, temperature: 0.05}]",
+        ],
+    ],
+    ids=["simcse", "whitenedcse-head"],
+)
+def test_a_trained_model_encodes_untruncated_and_sentence_transformers_agrees(
+    tmp_path: Path, tiny_model_dir: Path, parts: list[str]
+) -> None:
+    """model.max_length bounds training only: evaluation, encode and the export see whole sentences."""
+    st = pytest.importorskip("sentence_transformers")
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=3", "model.max_length=8", *parts)
+    train(recipe, tmp_path / "run", show_progress=False)
+    best = tmp_path / "run" / "best"
+    encoder = SentenceEncoder.load(best)
+    ours = encoder.encode(LONG_SENTENCES)
+
+    truncated = [
+        encoder.tokenizer.decode(encoder.tokenizer(s, truncation=True, max_length=8)["input_ids"][1:-1])
+        for s in LONG_SENTENCES
+    ]
+    assert not np.allclose(ours, encoder.encode(truncated), atol=1e-4)  # the words past token 8 count
+    config = json.loads((best / "sentence_bert_config.json").read_text())
+    assert config["max_seq_length"] == encoder.max_seq_length == 64  # the backbone's limit, not 8
+
+    theirs = st.SentenceTransformer(str(best), device="cpu").encode(LONG_SENTENCES)
+    cosine = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
+    assert cosine.min() >= 0.9999

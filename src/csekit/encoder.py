@@ -146,14 +146,12 @@ class SentenceEncoder(nn.Module):
         backbone: PreTrainedModel,
         tokenizer: Tokenizer,
         pooler: Pooler,
-        max_length: int | None = None,
         head: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.backbone = backbone
         self.tokenizer = tokenizer
         self.pooler = pooler
-        self.max_length = max_length
         self.head = head
         self.length_group_size = 0  # rows per backbone pass in training (see `forward`); set by build_model
         pooler.bind(tokenizer)
@@ -164,13 +162,14 @@ class SentenceEncoder(nn.Module):
         cls,
         name_or_path: str | Path,
         pooler: str | None = None,
-        max_length: int | None = None,
         dropout: float | None = None,
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
 
         `pooler` overrides the pooler recorded with the model (default `cls` for plain checkpoints).
         `dropout` overrides the backbone's hidden and attention dropout (SimCSE's views come from it).
+        A training `max_length` that older csekit versions saved is ignored: inference never truncates below
+        the backbone's limit (`max_seq_length`).
         """
         location = resolve_model_path(name_or_path)
         path = Path(location)
@@ -180,7 +179,6 @@ class SentenceEncoder(nn.Module):
             if (path / CSEKIT_CONFIG).exists():
                 meta = _read_json(path / CSEKIT_CONFIG)
                 saved_pooler = meta.get("pooler")
-                max_length = max_length if max_length is not None else meta.get("max_length")
                 head_config = meta.get("head")
                 templates = meta.get("templates")
             elif (path / "modules.json").exists():
@@ -205,7 +203,7 @@ class SentenceEncoder(nn.Module):
             ) from None
         chosen = pooler or saved_pooler or "cls"
         options = {"templates": templates} if chosen == "mask" and templates else {}
-        encoder = cls(backbone, tokenizer, make_pooler(chosen, **options), max_length)
+        encoder = cls(backbone, tokenizer, make_pooler(chosen, **options))
         if head_config is not None:
             encoder.head = MLPHead(head_config["dim"])
             weights = load_file(str(path / head_config["path"] / "model.safetensors"))
@@ -229,16 +227,21 @@ class SentenceEncoder(nn.Module):
         return next(self.backbone.parameters()).device
 
     def tokenize(self, sentences: Sequence[str], view: int = 0, max_length: int | None = None) -> dict[str, Tensor]:
-        """Padded token ids through the pooler (which may wrap sentences in a prompt template)."""
-        return self.pooler.tokenize(self.tokenizer, sentences, self._limit(max_length), view)
+        """Padded token ids through the pooler (which may wrap sentences in a prompt template).
 
-    def _limit(self, max_length: int | None) -> int:
-        if max_length is not None:
-            return max_length
-        return self.max_length if self.max_length is not None else self.inference_max_length()
+        `max_length` is a training bound on each sentence (the recipe's `model.max_length`); without it
+        only the backbone's limit applies, as in `encode`.
+        """
+        return self.pooler.tokenize(self.tokenizer, sentences, max_length, view, self.max_seq_length)
 
-    def inference_max_length(self) -> int:
-        """Longest input the backbone accepts (SentEval never truncates; this only guards overflow)."""
+    @property
+    def max_seq_length(self) -> int:
+        """The one inference length: the longest input the backbone accepts.
+
+        `encode` (so `csekit evaluate`, `encode`, probes and the Python API) and the exported
+        `sentence_bert_config.json` all read it here. SentEval never truncates; this only guards
+        against overflowing the position table. A recipe's `model.max_length` bounds training inputs only.
+        """
         positions = int(getattr(self.backbone.config, "max_position_embeddings", 512))
         if getattr(self.backbone.config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
             positions -= 2  # RoBERTa's position ids start after the padding index
@@ -366,7 +369,7 @@ class SentenceEncoder(nn.Module):
         if precision not in PRECISIONS:
             raise CsekitError(f'unknown precision "{precision}"; choose one of {", ".join(PRECISIONS)}')
         unique = list(dict.fromkeys(sentences))
-        ids = self.pooler.encode_ids(self.tokenizer, unique, self._limit(None))
+        ids = self.pooler.encode_ids(self.tokenizer, unique, None, max_positions=self.max_seq_length)
         # Sorting by token count (not characters) leaves almost no padding in a batch.
         order = sorted(range(len(unique)), key=lambda i: -len(ids["input_ids"][i]))
         if show_progress_bar is None:
@@ -471,7 +474,7 @@ class SentenceEncoder(nn.Module):
                     "pooling_mode_mean_sqrt_len_tokens": False,
                 },
             )
-        meta: dict[str, Any] = {"csekit_version": __version__, "pooler": name, "max_length": self.max_length}
+        meta: dict[str, Any] = {"csekit_version": __version__, "pooler": name}
         templates = getattr(self.pooler, "templates", None)
         if templates is not None:
             meta["templates"] = list(templates)
@@ -495,7 +498,7 @@ class SentenceEncoder(nn.Module):
         _write_json(out / "modules.json", modules)
         _write_json(
             out / "sentence_bert_config.json",
-            {"max_seq_length": self.inference_max_length(), "do_lower_case": False},
+            {"max_seq_length": self.max_seq_length, "do_lower_case": False},
         )
         _write_json(
             out / "config_sentence_transformers.json",

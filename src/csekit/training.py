@@ -265,9 +265,7 @@ def train(
     corpus = open_corpus(
         recipe.data.corpus, data_path, recipe.data.max_chars, recipe.data.bad_lines, recipe.data.text_column
     )
-    encoder = SentenceEncoder.load(
-        recipe.model.backbone, recipe.model.pooler, recipe.model.max_length, recipe.model.dropout
-    )
+    encoder = SentenceEncoder.load(recipe.model.backbone, recipe.model.pooler, dropout=recipe.model.dropout)
     model, views = build_model(recipe, encoder)
     if recipe.model.head_at_test:
         encoder.head = model.head
