@@ -144,7 +144,7 @@ def test_bad_probe_file_names_the_line(tmp_path: Path) -> None:
 
 
 def test_prompt_truncates_the_sentence_never_the_template(tmp_path: Path) -> None:
-    """PromptBERT cuts the sentence to max_length (as a plain tokenisation with its [CLS]/[SEP] would), then wraps it."""
+    """PromptBERT cuts the sentence to max_length (as a plain tokenisation with [CLS]/[SEP] would), then wraps it."""
     encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask")
     assert isinstance(encoder.pooler, MaskPooler) and POOLERS["mask"] is MaskPooler
     tokenizer = encoder.tokenizer
