@@ -32,7 +32,14 @@ PoolerOption = Annotated[
     str | None,
     typer.Option("--pooler", help="cls, mean or first_last_avg (default: the model's own, else cls)."),
 ]
-PrecisionOption = Annotated[str, typer.Option("--precision", help="fp32 (SentEval-exact) or bf16 (faster).")]
+PrecisionOption = Annotated[
+    str,
+    typer.Option(
+        "--precision",
+        help="auto (bf16 where the hardware runs it natively, else fp32), fp32 (SentEval-exact) or bf16 (faster, "
+        "moves STS numbers by < 0.003; emulated and slow on CPUs without native bf16).",
+    ),
+]
 
 
 @app.command()
@@ -66,7 +73,7 @@ def evaluate(
     pooler: PoolerOption = None,
     data_dir: DataDirOption = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write results as JSON here.")] = None,
-    precision: PrecisionOption = "fp32",
+    precision: PrecisionOption = "auto",
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
     whiten: Annotated[
         bool, typer.Option("--whiten", help="BERT-whitening of the embeddings (kernel from each task's sentences).")
@@ -93,6 +100,7 @@ def evaluate(
         whiten = True
     root = resolve_data_dir(data_dir)
     encoder = SentenceEncoder.load(model, pooler=pooler)
+    precision = _choose_precision(precision, encoder)
 
     def encode(sentences: list[str]) -> np.ndarray:
         return encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
@@ -133,7 +141,7 @@ def encode(
     input: Annotated[Path, typer.Option("--input", "-i", help="Text file, one sentence per line.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the .npy matrix.")],
     pooler: PoolerOption = None,
-    precision: PrecisionOption = "fp32",
+    precision: PrecisionOption = "auto",
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
 ) -> None:
     """Write one embedding row per input line (float32 .npy)."""
@@ -147,6 +155,7 @@ def encode(
         line = input.read_bytes()[: error.start].count(b"\n") + 1
         raise CsekitError(f"{input}:{line}: not valid UTF-8") from None
     encoder = SentenceEncoder.load(model, pooler=pooler)
+    precision = _choose_precision(precision, encoder)
     embeddings = encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.tmp")
@@ -168,7 +177,7 @@ def probe(
     transformations: Annotated[
         Path | None, typer.Option(help="A .jsonl probe set of your own (default: the one shipped with csekit).")
     ] = None,
-    precision: PrecisionOption = "fp32",
+    precision: PrecisionOption = "auto",
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
 ) -> None:
     """OssCSE's bias probes: Spearman on Cont./Oppn. STS splits (by MER) and a sentence-transformation probe."""
@@ -187,6 +196,7 @@ def probe(
     chosen = select_datasets(load_probe_datasets(data_dir), datasets)
     rows = load_transformation_probe(transformations)
     encoder = SentenceEncoder.load(model, pooler=pooler)
+    precision = _choose_precision(precision, encoder)
 
     def encode(sentences: list[str]) -> np.ndarray:
         return encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
@@ -298,6 +308,13 @@ def download_data(
 
     path = download_senteval_data(dest)
     typer.echo(f"data in {path}; export CSEKIT_DATA={path}")
+
+
+def _choose_precision(requested: str, encoder: object) -> str:
+    """--precision for the encoder's device (auto: bf16 where native, else fp32), said in one line."""
+    from csekit.precision import choose_precision
+
+    return choose_precision(requested, encoder.device, "--precision")  # type: ignore[attr-defined]
 
 
 def main() -> None:

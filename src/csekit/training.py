@@ -37,6 +37,7 @@ from csekit.encoder import SentenceEncoder
 from csekit.errors import CsekitError
 from csekit.evaluation.sts import DEV_TASKS, evaluate_dev
 from csekit.model import ContrastiveModel, build_model
+from csekit.precision import choose_precision
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 STATE_FILE = "trainer_state.json"
@@ -168,9 +169,22 @@ def _optional_data_dir(data_dir: str | Path | None) -> Path | None:
         return None
 
 
-def _check_precision(accelerator_device: torch.device, precision: str) -> None:
-    if precision == "fp16" and accelerator_device.type == "cpu":
-        raise CsekitError("recipe key train.precision: fp16 needs a GPU; use bf16 or fp32 on the CPU")
+def _training_device_type() -> str:
+    """The kind of device accelerate will train on; needed before the Accelerator, whose precision depends on it."""
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or _several_cpu_processes():
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "xpu" if _has_gpu() else "cpu"
+
+
+def training_precision(requested: str) -> str:
+    """The recipe's precision for this machine (auto: bf16 where native, else fp32), said in one line by rank 0."""
+    device = _training_device_type()
+    if requested == "fp16" and device == "cpu":
+        raise CsekitError("recipe key train.precision: fp16 needs a GPU; use auto, bf16 or fp32 on the CPU")
+    quiet = os.environ.get("RANK", "0") != "0"
+    return choose_precision(requested, device, "train.precision", say=(lambda line: None) if quiet else None)
 
 
 def _param_groups(model: ContrastiveModel, recipe: Recipe) -> list[dict[str, Any]]:
@@ -239,12 +253,12 @@ def train(
     output = Path(output_dir)
     train_config = recipe.train
     _hint_if_accelerate_started_one_process()
+    precision = training_precision(train_config.precision)
     accelerator = Accelerator(
         cpu=_several_cpu_processes(),
-        mixed_precision=MIXED_PRECISION[train_config.precision],
+        mixed_precision=MIXED_PRECISION[precision],
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
-    _check_precision(accelerator.device, train_config.precision)
     if accelerator.device.type == "cpu" and train_config.keep_freed_memory:
         keep_freed_memory()
     main = accelerator.is_main_process
@@ -325,6 +339,7 @@ def train(
                     "corpus": corpus.report.summary(),
                     "total_steps": total_steps,
                     "processes": processes,
+                    "precision": precision,
                 }
             )
 
@@ -335,7 +350,7 @@ def train(
             return {}
         scores = evaluate_dev(
             lambda sentences: unwrapped.encoder.encode(
-                sentences, batch_size=train_config.eval_batch_size, precision=train_config.precision
+                sentences, batch_size=train_config.eval_batch_size, precision=precision
             ),
             data_path,
             dev_task,
