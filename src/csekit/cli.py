@@ -100,7 +100,7 @@ def evaluate(
         whiten = True
     root = resolve_data_dir(data_dir)
     encoder = SentenceEncoder.load(model, pooler=pooler)
-    precision = _choose_precision(precision, encoder)
+    precision, precision_label = _choose_precision(precision, encoder)
 
     def encode(sentences: list[str]) -> np.ndarray:
         return encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
@@ -129,7 +129,7 @@ def evaluate(
             f"alignment {results['align']['align']:.4f}, uniformity {results['align']['uniform']:.4f} (STS-B dev)"
         )
     whitening = f", whitened{'' if whiten_dim is None else f' to {whiten_dim} dims'}" if whiten else ""
-    typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision}{whitening}, {elapsed:.1f} s)")
+    typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision_label}{whitening}, {elapsed:.1f} s)")
     if output is not None:
         report["seconds"] = round(elapsed, 2)
         atomic_write_text(output, json.dumps(report, indent=2) + "\n")
@@ -155,14 +155,14 @@ def encode(
         line = input.read_bytes()[: error.start].count(b"\n") + 1
         raise CsekitError(f"{input}:{line}: not valid UTF-8") from None
     encoder = SentenceEncoder.load(model, pooler=pooler)
-    precision = _choose_precision(precision, encoder)
+    precision, precision_label = _choose_precision(precision, encoder)
     embeddings = encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.tmp")
     with open(temporary, "wb") as handle:
         np.save(handle, embeddings)
     os.replace(temporary, output)
-    typer.echo(f"wrote {embeddings.shape[0]} x {embeddings.shape[1]} embeddings to {output}")
+    typer.echo(f"wrote {embeddings.shape[0]} x {embeddings.shape[1]} embeddings to {output} ({precision_label})")
 
 
 @app.command()
@@ -196,7 +196,7 @@ def probe(
     chosen = select_datasets(load_probe_datasets(data_dir), datasets)
     rows = load_transformation_probe(transformations)
     encoder = SentenceEncoder.load(model, pooler=pooler)
-    precision = _choose_precision(precision, encoder)
+    precision, precision_label = _choose_precision(precision, encoder)
 
     def encode(sentences: list[str]) -> np.ndarray:
         return encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
@@ -213,7 +213,7 @@ def probe(
     typer.echo(format_bias_table(report["bias"]))
     typer.echo("")
     typer.echo(format_transformation_table(report["transformations"]))
-    typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision}, {time.perf_counter() - started:.1f} s)")
+    typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision_label}, {time.perf_counter() - started:.1f} s)")
     if output is not None:
         atomic_write_text(output, json.dumps(report, indent=2) + "\n")
 
@@ -310,11 +310,20 @@ def download_data(
     typer.echo(f"data in {path}; export CSEKIT_DATA={path}")
 
 
-def _choose_precision(requested: str, encoder: object) -> str:
-    """--precision for the encoder's device (auto: bf16 where native, else fp32), said in one line."""
+def _choose_precision(requested: str, encoder: object) -> tuple[str, str]:
+    """--precision for the encoder's device, and how the command's last line names it (with auto's reason).
+
+    An explicit bf16 on a CPU without native bf16 is warned about at once, before the slow work.
+    """
     from csekit.precision import choose_precision
 
-    return choose_precision(requested, encoder.device, "--precision")  # type: ignore[attr-defined]
+    notes: list[str] = []
+    chosen = choose_precision(requested, encoder.device, "--precision", say=notes.append)  # type: ignore[attr-defined]
+    if requested == "auto":
+        return chosen, notes[0].removeprefix("csekit: --precision ")
+    for line in notes:
+        typer.echo(line, err=True)
+    return chosen, chosen
 
 
 def main() -> None:

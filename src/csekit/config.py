@@ -67,8 +67,10 @@ class TrainConfig:
     weight_decay: float = 0.0
     max_grad_norm: float | None = 1.0  # the reference code trains with the HF Trainer's default clipping
     max_bad_steps: int = 20  # this many non-finite steps in a row stop the run
-    dev_task: str = "stsb-dev"
-    select_metric: str = "stsb-dev"  # the dev score that picks the best checkpoint (higher is better)
+    # Dev splits evaluated every eval_every steps: sts (STS-B dev and SICK-R dev, and their mean avg_sts, as
+    # SimCSE's and DCLR's code log them), stsb-dev, sick-dev, or none.
+    dev_task: str = "sts"
+    select_metric: str = "stsb-dev"  # the dev score that picks the best checkpoint: stsb-dev, sick-dev or avg_sts
     eval_batch_size: int = 128
     # On CPU (Linux), glibc keeps freed memory for reuse instead of page-faulting large blocks back
     # in every step (see csekit.training.keep_freed_memory).
@@ -254,9 +256,28 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     for key, ok, message in checks:
         if not ok:
             raise CsekitError(f"{where(key)}: recipe key {key} {message}")
+    _check_dev_selection(train, where)
     for key, spec in _part_specs(recipe):
         if not isinstance(spec, Mapping) or "name" not in spec:
             raise CsekitError(f'{where(key)}: recipe key {key} must be a mapping with a "name"')
+
+
+def _check_dev_selection(train: TrainConfig, where: Any) -> None:
+    """`dev_task` must be known and `select_metric` one of the scores it gives."""
+    from csekit.evaluation.sts import TRAINING_DEV_TASKS, dev_scores
+
+    choices = [*TRAINING_DEV_TASKS, "none"]
+    if train.dev_task not in choices:
+        raise CsekitError(
+            f'{where("train.dev_task")}: recipe key train.dev_task: unknown dev task "{train.dev_task}"'
+            f"{did_you_mean(train.dev_task, choices)}; choose {', '.join(choices)}"
+        )
+    scores = dev_scores(train.dev_task)
+    if scores and train.select_metric not in scores:
+        raise CsekitError(
+            f'{where("train.select_metric")}: recipe key train.select_metric: "{train.select_metric}" is not a '
+            f"score of dev_task {train.dev_task}; choose {', '.join(scores)}"
+        )
 
 
 def _part_specs(recipe: Recipe) -> list[tuple[str, Any]]:

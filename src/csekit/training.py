@@ -35,7 +35,7 @@ from csekit.data import TrainCollator, open_corpus
 from csekit.data_dir import resolve_data_dir
 from csekit.encoder import SentenceEncoder
 from csekit.errors import CsekitError
-from csekit.evaluation.sts import DEV_TASKS, evaluate_dev
+from csekit.evaluation.sts import TRAINING_DEV_TASKS, evaluate_dev
 from csekit.model import ContrastiveModel, build_model
 from csekit.precision import choose_precision
 
@@ -178,13 +178,16 @@ def _training_device_type() -> str:
     return "xpu" if _has_gpu() else "cpu"
 
 
-def training_precision(requested: str) -> str:
-    """The recipe's precision for this machine (auto: bf16 where native, else fp32), said in one line by rank 0."""
+def training_precision(requested: str) -> tuple[str, list[str]]:
+    """The recipe's precision for this machine (auto: bf16 where native, else fp32) and the line that says so.
+
+    The line is printed once every input has been checked, so that an input error stays one line.
+    """
     device = _training_device_type()
     if requested == "fp16" and device == "cpu":
         raise CsekitError("recipe key train.precision: fp16 needs a GPU; use auto, bf16 or fp32 on the CPU")
-    quiet = os.environ.get("RANK", "0") != "0"
-    return choose_precision(requested, device, "train.precision", say=(lambda line: None) if quiet else None)
+    said: list[str] = []
+    return choose_precision(requested, device, "train.precision", say=said.append), said
 
 
 def _param_groups(model: ContrastiveModel, recipe: Recipe) -> list[dict[str, Any]]:
@@ -253,7 +256,7 @@ def train(
     output = Path(output_dir)
     train_config = recipe.train
     _hint_if_accelerate_started_one_process()
-    precision = training_precision(train_config.precision)
+    precision, precision_note = training_precision(train_config.precision)
     accelerator = Accelerator(
         cpu=_several_cpu_processes(),
         mixed_precision=MIXED_PRECISION[precision],
@@ -265,17 +268,8 @@ def train(
     _check_output(output, resume)
     set_seed(train_config.seed)
 
-    dev_task = train_config.dev_task
-    data_path = resolve_data_dir(data_dir) if dev_task != "none" else _optional_data_dir(data_dir)
-    if dev_task != "none" and dev_task not in DEV_TASKS:
-        choices = ", ".join(DEV_TASKS)
-        raise CsekitError(f'recipe key train.dev_task: unknown dev task "{dev_task}"; choose {choices} or none')
-
-    if dev_task != "none" and train_config.select_metric != dev_task:
-        raise CsekitError(
-            f'recipe key train.select_metric: "{train_config.select_metric}" is not a dev score; '
-            f'the dev task gives "{dev_task}"'
-        )
+    dev_tasks = TRAINING_DEV_TASKS.get(train_config.dev_task, ())  # checked with the recipe
+    data_path = resolve_data_dir(data_dir) if dev_tasks else _optional_data_dir(data_dir)
     corpus = open_corpus(
         recipe.data.corpus, data_path, recipe.data.max_chars, recipe.data.bad_lines, recipe.data.text_column
     )
@@ -305,6 +299,9 @@ def train(
         generator=torch.Generator().manual_seed(train_config.seed),
     )
     _create_output(output, accelerator.process_index)  # every input is valid: only now is anything written
+    if main:
+        for line in precision_note:
+            print(line, file=sys.stderr)
     optimizer = make_optimizer(model, recipe)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     steps_per_epoch = len(loader)
@@ -346,17 +343,16 @@ def train(
     unwrapped: ContrastiveModel = accelerator.unwrap_model(model)
 
     def evaluate() -> dict[str, float]:
-        if dev_task == "none":
+        if not dev_tasks:
             return {}
-        scores = evaluate_dev(
+        return evaluate_dev(
             lambda sentences: unwrapped.encoder.encode(
                 sentences, batch_size=train_config.eval_batch_size, precision=precision
             ),
             data_path,
-            dev_task,
+            dev_tasks,
             align_uniform=True,
         )
-        return scores
 
     def save_checkpoint() -> None:
         """The resumable state: weights, optimizer, scheduler, RNG states (every process's) and the step."""
