@@ -66,7 +66,7 @@ def test_auto_says_what_it_chose_and_explicit_bf16_warns_on_a_slow_cpu(native_bf
 def test_unknown_precision_is_a_clear_error() -> None:
     with pytest.raises(CsekitError, match='unknown precision "fp8"'):
         resolve_precision("fp8", "cpu")
-    with pytest.raises(CsekitError, match="train.precision must be auto, fp32, bf16 or fp16"):
+    with pytest.raises(CsekitError, match=r"train\.precision must be auto, fp32, bf16 or fp16"):
         load_recipe(None, ["train.precision=fp8"])
 
 
