@@ -136,6 +136,35 @@ def evaluate(
 
 
 @app.command()
+def bench(
+    suite: Annotated[Path, typer.Argument(help="Suite YAML file: recipes x seeds (see benchmarks/suites/).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the runs, tables and plots.")],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a key in every recipe: dotted.key=value (repeatable)."),
+    ] = None,
+    data_dir: DataDirOption = None,
+    progress: Annotated[bool, typer.Option(help="Show training progress bars.")] = True,
+) -> None:
+    """Train and evaluate every recipe of a suite with every seed; write results.md, results.csv and plots.
+
+    Finished runs are skipped and interrupted ones resume, so a suite can be stopped and started again.
+    """
+    from csekit.bench import run_suite
+
+    summary = run_suite(
+        suite,
+        output,
+        data_dir=data_dir,
+        overrides=overrides or [],
+        show_progress=progress,
+        log=lambda line: typer.echo(line, err=True),
+    )
+    typer.echo(summary["table"])
+    typer.echo(f"ran {len(summary['ran'])}, skipped {len(summary['skipped'])} finished; results in {output}")
+
+
+@app.command()
 def encode(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
     input: Annotated[Path, typer.Option("--input", "-i", help="Text file, one sentence per line.")],
