@@ -467,6 +467,36 @@ def test_slt_fai_recipes_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         assert ("IncompleteSentenceFiltering" in names) == ("no-isf" not in path.name)
 
 
+def test_consert_recipe_trains_with_the_authors_settings() -> None:
+    """slt-fai-consert-sts.yaml: ConSERT's unsupervised settings, as SLT-FAI's main.py and scripts run them."""
+    recipe = load_recipe(REPO / "recipes" / "slt-fai-consert-sts.yaml")
+    train_config = recipe.train
+    got = {
+        "lr": train_config.lr,
+        "batch_size": train_config.batch_size,
+        "epochs": train_config.epochs,
+        "eval_every": train_config.eval_every,
+        "warmup_ratio": train_config.warmup_ratio,
+        "weight_decay": train_config.weight_decay,
+        "max_length": recipe.model.max_length,
+        "dropout": recipe.model.dropout,
+        "temperature": recipe.objectives[0]["temperature"],
+        "warm_up_epochs": {spec.get("start_after_epochs") for spec in recipe.objectives[1:]},
+    }
+    assert got == {
+        "lr": 5e-7,
+        "batch_size": 32,
+        "epochs": 10,
+        "eval_every": 200,
+        "warmup_ratio": 0.1,
+        "weight_decay": 0.01,
+        "max_length": 64,
+        "dropout": 0.0,
+        "temperature": 0.1,
+        "warm_up_epochs": {0.5},
+    }
+
+
 def read_lines(root: Path, count: int) -> list[str]:
     with open(root / "corpus" / "sts_sick_unlabeled_sentences.txt", encoding="utf-8") as handle:
         return [next(handle).strip() for _ in range(count)]
