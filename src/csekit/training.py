@@ -347,7 +347,7 @@ def train(
             return {}
         return evaluate_dev(
             lambda sentences: unwrapped.encoder.encode(
-                sentences, batch_size=train_config.eval_batch_size, precision=precision
+                sentences, batch_size=train_config.eval_batch_size, precision=precision, show_progress_bar=False
             ),
             data_path,
             dev_tasks,
