@@ -12,6 +12,7 @@ Any file that is missing, damaged or holds something other than what csekit wrot
 
 from __future__ import annotations
 
+import pickle
 import random
 from collections.abc import Mapping
 from pathlib import Path
@@ -70,12 +71,14 @@ def _load_tensors(path: Path, device: torch.device | str = "cpu") -> Any:
     if not path.is_file():
         raise CsekitError(f"checkpoint file {path} is missing; the checkpoint is incomplete")
     try:
-        return torch.load(path, map_location=device, weights_only=True)
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:
+        reason = "it holds objects other than tensors and plain values"
     except Exception as error:  # any failure to read the file means it is unusable
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CsekitError(
-            f"checkpoint file {path} is damaged or not written by csekit ({reason[:200]}); it was not loaded"
-        ) from None
+    else:
+        return state
+    raise CsekitError(f"checkpoint file {path} is damaged or not written by csekit ({reason[:200]}); it was not loaded")
 
 
 def check_format(folder: Path) -> None:
