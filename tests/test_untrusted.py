@@ -336,6 +336,18 @@ def test_a_stale_lock_of_a_dead_process_is_cleared(
     assert not (run / ".lock").exists()  # released at the end
 
 
+def test_a_lock_that_links_elsewhere_is_not_followed(
+    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """A shared run folder whose .lock points at one of your files: the file is not truncated."""
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me", encoding="utf-8")
+    (run / ".lock").symlink_to(victim)
+    code, err = resume(monkeypatch, capsys, run)
+    assert_one_line_error(code, err, str(run / ".lock"), "symbolic link")
+    assert victim.read_text(encoding="utf-8") == "keep me"
+
+
 # --- 3. download-data: https only, every file checked before use ----------------------------------
 
 

@@ -24,6 +24,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 LOCK_NAME = ".lock"
+_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a run folder from someone else may hold a link to your files
 
 
 def _holder(path: Path) -> str:
@@ -47,15 +48,15 @@ def check_not_locked(output: Path) -> None:
     if fcntl is None or not path.is_file():
         return
     try:
-        handle = open(path, "rb")  # noqa: SIM115 - closed below, lock or not
+        fd = os.open(path, os.O_RDONLY | _NO_FOLLOW)
     except OSError:
-        return
-    with handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise _in_use_error(output) from None
-        fcntl.flock(handle, fcntl.LOCK_UN)
+        return  # a symbolic link: hold_run_lock says so
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _in_use_error(output) from None
+    finally:
+        os.close(fd)  # closing releases the lock taken for the test
 
 
 @contextlib.contextmanager
@@ -70,7 +71,13 @@ def hold_run_lock(output: Path) -> Iterator[None]:
         return
     path = output / LOCK_NAME
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _NO_FOLLOW, 0o644)
+        except OSError as error:  # ELOOP: a symbolic link, which could point at any file of the user's
+            raise CsekitError(
+                f"{path} cannot be opened as a lock file ({error.strerror}); csekit does not follow a "
+                "symbolic link there: remove it"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
