@@ -44,21 +44,41 @@ PrecisionOption = Annotated[
 
 @app.command()
 def train(
-    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file (see recipes/).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Output folder for the run.")],
+    recipe: Annotated[
+        Path | None,
+        typer.Argument(help="Recipe YAML file (see recipes/); with --resume, default: the run's saved recipe."),
+    ] = None,
     overrides: Annotated[
         list[str] | None, typer.Option("--set", help="Override a recipe key: dotted.key=value (repeatable).")
     ] = None,
     data_dir: DataDirOption = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run saved in --output.")] = False,
+    allow_changes: Annotated[
+        bool,
+        typer.Option(
+            "--allow-changes", help="With --resume: accept a recipe that differs from the saved one (logged)."
+        ),
+    ] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train a model from a recipe; writes best/, last/, checkpoint/, metrics.jsonl and recipe.yaml."""
     from csekit.config import load_recipe
+    from csekit.training import SAVED_RECIPE
     from csekit.training import train as run_training
 
+    if recipe is None:
+        if not resume:
+            raise CsekitError("a recipe file is needed (csekit train RECIPE --output DIR), or --resume")
+        recipe = output / SAVED_RECIPE
+        if not recipe.is_file():
+            raise CsekitError(f"nothing to resume in {output}: no run there (no {SAVED_RECIPE})")
+    if allow_changes and not resume:
+        raise CsekitError("--allow-changes goes with --resume")
     config = load_recipe(recipe, overrides or [])
-    result = run_training(config, output, data_dir=data_dir, resume=resume, show_progress=progress)
+    result = run_training(
+        config, output, data_dir=data_dir, resume=resume, show_progress=progress, allow_changes=allow_changes
+    )
     best = "n/a" if result.best_score is None else f"{100 * result.best_score:.2f} at step {result.best_step}"
     typer.echo(f"trained {result.steps} steps; best {config.train.select_metric}: {best}; model in {output / 'best'}")
 

@@ -11,7 +11,7 @@ against the part's constructor when the part is built.
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import importlib.metadata
 import inspect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -292,25 +292,33 @@ def _part_specs(recipe: Recipe) -> list[tuple[str, Any]]:
 def build_part(table: Mapping[str, Any], spec: Mapping[str, Any], key: str, **context: Any) -> Any:
     """Instantiate the part named by `spec["name"]` from `table` with the spec's options.
 
-    `name` may also be an import path (`package.module:Class`) for a user's own part. `context`
-    holds values the caller supplies (e.g. `dim`), passed only when the constructor accepts them.
-    A wrong name or option gives one line naming the recipe key and the closest valid choice.
+    Only parts in `table` are built: csekit's own, those registered with `csekit.register_part` and
+    those installed packages declare (entry points, loaded here when named). A recipe is data from
+    anyone, so a name is never imported or called as a Python path. `context` holds values the
+    caller supplies (e.g. `dim`), passed only when the constructor accepts them. A wrong name or
+    option gives one line naming the recipe key and the closest valid choice.
     """
     options = {k: v for k, v in spec.items() if k not in ("name", "weight")}
     name = str(spec["name"])
-    if name in table:
-        factory = table[name]
-    elif ":" in name:
-        module_name, _, attribute = name.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module_name), attribute)
-        except (ImportError, AttributeError) as error:
-            raise CsekitError(f'recipe key {key}: cannot import "{name}" ({error})') from None
-    else:
+    if name not in table:
+        hint = (
+            "; a recipe cannot name Python code: register your part with csekit.register_part "
+            "or a csekit.parts entry point (docs/architecture.md)"
+            if ":" in name or "." in name
+            else ""
+        )
         raise CsekitError(
             f'recipe key {key}.name: unknown part "{name}"{did_you_mean(name, table)}; '
-            f"choose one of {', '.join(sorted(table))} or give package.module:Class"
+            f"choose one of {', '.join(sorted(table))}{hint}"
         )
+    factory = table[name]
+    if isinstance(factory, importlib.metadata.EntryPoint):
+        try:
+            factory = factory.load()
+        except Exception as error:  # an installed plugin failing to import is reported, not raised
+            raise CsekitError(
+                f'recipe key {key}.name: part "{name}" from entry point {factory.value} cannot be loaded ({error})'
+            ) from None
     parameters = inspect.signature(factory).parameters
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     for option in options:
@@ -325,3 +333,28 @@ def build_part(table: Mapping[str, Any], spec: Mapping[str, Any], key: str, **co
         return factory(**supplied, **options)
     except (TypeError, ValueError) as error:
         raise CsekitError(f"recipe key {key}: {error}") from None
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys of a resolved recipe (`objectives[0].temperature`) and their values."""
+    if isinstance(value, Mapping):
+        flat: dict[str, Any] = {}
+        for key, item in value.items():
+            flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return flat or {prefix: {}}
+    if isinstance(value, list) and value:
+        flat = {}
+        for index, item in enumerate(value):
+            flat.update(_flatten(item, f"{prefix}[{index}]"))
+        return flat
+    return {prefix: value}
+
+
+def recipe_changes(old: Recipe, new: Recipe) -> dict[str, tuple[Any, Any]]:
+    """Every dotted key whose value differs between two resolved recipes: {key: (old, new)} (None: absent)."""
+    before, after = _flatten(dataclasses.asdict(old)), _flatten(dataclasses.asdict(new))
+    return {
+        key: (before.get(key), after.get(key))
+        for key in [*before, *(k for k in after if k not in before)]
+        if before.get(key) != after.get(key) or (key in before) != (key in after)
+    }

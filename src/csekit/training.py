@@ -9,6 +9,7 @@ checkpoint and `--resume` continues from the last saved state.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import itertools
@@ -30,7 +31,8 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from csekit.atomic import atomic_write_text, recover_directory, swap_in
-from csekit.config import Recipe
+from csekit.checkpoint import load_rng_state, load_shared_state, save_rng_state, save_shared_state
+from csekit.config import Recipe, load_recipe, recipe_changes
 from csekit.data import TrainCollator, open_corpus
 from csekit.data_dir import resolve_data_dir
 from csekit.encoder import SentenceEncoder
@@ -38,9 +40,11 @@ from csekit.errors import CsekitError
 from csekit.evaluation.sts import TRAINING_DEV_TASKS, evaluate_dev
 from csekit.model import ContrastiveModel, build_model
 from csekit.precision import choose_precision
+from csekit.run_lock import check_not_locked, hold_run_lock
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 STATE_FILE = "trainer_state.json"
+SAVED_RECIPE = "recipe.yaml"
 
 
 @dataclass
@@ -80,23 +84,67 @@ class MetricsLog:
         """On resume, drop records written after the saved state (they will be written again)."""
         if not (self.enabled and self.path.exists()):
             return
-        kept = [
-            line
-            for line in self.path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step
-        ]
+        kept = []
+        for number, line in enumerate(self.path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                record_step = record.get("step", 0) if isinstance(record, dict) else None
+            except json.JSONDecodeError:
+                record_step = None
+            if not isinstance(record_step, int):
+                raise CsekitError(f"{self.path}:{number}: not a metrics record (a JSON object with a step)")
+            if record_step <= step:
+                kept.append(line)
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+
+
+def _read_trainer_state(path: Path) -> TrainerState:
+    """The checkpoint's position (JSON); anything but what csekit wrote is a CsekitError naming the file."""
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+        state = TrainerState(**values)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as error:
+        raise CsekitError(f"checkpoint file {path} is damaged ({str(error)[:200]})") from None
+    counts = (state.step, state.batches, state.skipped_steps)
+    if not all(isinstance(n, int) and n >= 0 for n in counts) or not isinstance(state.history, list):
+        raise CsekitError(f"checkpoint file {path} is damaged (step, batches or skipped_steps is not a count)")
+    return state
 
 
 def _check_output(output_dir: Path, resume: bool) -> None:
     """Refuse to overwrite a run (read-only: nothing is created before all inputs are checked)."""
     if output_dir.exists() and not output_dir.is_dir():
         raise CsekitError(f"output folder {output_dir} is a file")
+    check_not_locked(output_dir)
     has_run = any((output_dir / name).exists() for name in ("metrics.jsonl", "checkpoint", "best", "last"))
     if has_run and not resume:
         raise CsekitError(
             f"output folder {output_dir} already holds a run; pass --resume to continue it or choose a new folder"
         )
+    if resume and not (has_run or (output_dir / SAVED_RECIPE).exists()):
+        raise CsekitError(f"nothing to resume in {output_dir}: it holds no run; start one without --resume")
+
+
+def _recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bool) -> dict[str, list[Any]]:
+    """Keys whose value differs from the run's saved recipe; refused unless `allow_changes`.
+
+    A resumed run must continue the run that is in the folder: the same length, batch, precision
+    and parts. The saved recipe is read like any recipe (yaml.safe_load, then validated).
+    """
+    saved_path = output_dir / SAVED_RECIPE
+    if not saved_path.exists():
+        return {}
+    changes = recipe_changes(load_recipe(saved_path), recipe)
+    if changes and not allow_changes:
+        key, (old, new) = next(iter(changes.items()))
+        others = f" (and {', '.join(list(changes)[1:])})" if len(changes) > 1 else ""
+        raise CsekitError(
+            f"recipe key {key} is {new!r} but the run in {output_dir} was saved with {old!r}{others}; resume "
+            f"without a recipe and --set to continue it as saved ({saved_path}), or pass --allow-changes"
+        )
+    return {key: [old, new] for key, (old, new) in changes.items()}
 
 
 def _create_output(output_dir: Path, process: int) -> None:
@@ -251,9 +299,26 @@ def train(
     data_dir: str | Path | None = None,
     resume: bool = False,
     show_progress: bool = True,
+    allow_changes: bool = False,
 ) -> TrainResult:
-    """Train the recipe's model into `output_dir` (best/, last/, checkpoint/, metrics.jsonl, recipe.yaml)."""
-    output = Path(output_dir)
+    """Train the recipe's model into `output_dir` (best/, last/, checkpoint/, metrics.jsonl, recipe.yaml).
+
+    With `resume`, `recipe` must equal the run's saved recipe key for key, unless `allow_changes`
+    (then the changed keys are recorded in metrics.jsonl). The folder is locked for the run.
+    """
+    with contextlib.ExitStack() as held_until_the_end:
+        return _train(recipe, Path(output_dir), data_dir, resume, show_progress, allow_changes, held_until_the_end)
+
+
+def _train(
+    recipe: Recipe,
+    output: Path,
+    data_dir: str | Path | None,
+    resume: bool,
+    show_progress: bool,
+    allow_changes: bool,
+    held_until_the_end: contextlib.ExitStack,
+) -> TrainResult:
     train_config = recipe.train
     _hint_if_accelerate_started_one_process()
     precision, precision_note = training_precision(train_config.precision)
@@ -266,6 +331,7 @@ def train(
         keep_freed_memory()
     main = accelerator.is_main_process
     _check_output(output, resume)
+    changes = _recipe_changes_on_resume(output, recipe, allow_changes) if resume else {}
     set_seed(train_config.seed)
 
     dev_tasks = TRAINING_DEV_TASKS.get(train_config.dev_task, ())  # checked with the recipe
@@ -300,6 +366,7 @@ def train(
     )
     _create_output(output, accelerator.process_index)  # every input is valid: only now is anything written
     if main:
+        held_until_the_end.enter_context(hold_run_lock(output))
         for line in precision_note:
             print(line, file=sys.stderr)
     optimizer = make_optimizer(model, recipe)
@@ -312,22 +379,25 @@ def train(
     scheduler = get_linear_schedule_with_warmup(
         optimizer, math.ceil(train_config.warmup_ratio * total_steps), total_steps
     )
-    accelerator.register_for_checkpointing(scheduler)
 
     state = TrainerState()
     metrics = MetricsLog(output / "metrics.jsonl", main)
     checkpoint_dir = output / "checkpoint"
+    unwrapped: ContrastiveModel = accelerator.unwrap_model(model)
     if resume:
         for folder in (checkpoint_dir, output / "best", output / "last"):
             recover_directory(folder)
         if (checkpoint_dir / STATE_FILE).exists():
-            accelerator.load_state(str(checkpoint_dir))
-            state = TrainerState(**json.loads((checkpoint_dir / STATE_FILE).read_text(encoding="utf-8")))
+            state = _read_trainer_state(checkpoint_dir / STATE_FILE)
+            load_shared_state(checkpoint_dir, unwrapped, optimizer, scheduler, accelerator.scaler, accelerator.device)
+            load_rng_state(checkpoint_dir, accelerator.process_index)
             metrics.truncate_after(state.step)
         else:  # stopped before its first checkpoint: start over, without the old run's records
             metrics.truncate_after(-1)
+        if changes:
+            metrics.write({"event": "recipe_changed", "step": state.step, "changes": changes})
     if main:
-        atomic_write_text(output / "recipe.yaml", recipe.to_yaml())
+        atomic_write_text(output / SAVED_RECIPE, recipe.to_yaml())
         if not resume or state.step == 0:
             metrics.write(
                 {
@@ -339,8 +409,6 @@ def train(
                     "precision": precision,
                 }
             )
-
-    unwrapped: ContrastiveModel = accelerator.unwrap_model(model)
 
     def evaluate() -> dict[str, float]:
         if not dev_tasks:
@@ -361,7 +429,9 @@ def train(
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
         accelerator.wait_for_everyone()
-        accelerator.save_state(str(staging))
+        if main:
+            save_shared_state(staging, unwrapped, optimizer, scheduler, accelerator.scaler)
+        save_rng_state(staging, accelerator.process_index)
         accelerator.wait_for_everyone()
         if main:
             atomic_write_text(staging / STATE_FILE, json.dumps(state.__dict__))
