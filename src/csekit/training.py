@@ -367,8 +367,6 @@ def _train(
     _create_output(output, accelerator.process_index)  # every input is valid: only now is anything written
     if main:
         held_until_the_end.enter_context(hold_run_lock(output))
-        for line in precision_note:
-            print(line, file=sys.stderr)
     optimizer = make_optimizer(model, recipe)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     steps_per_epoch = len(loader)
@@ -397,6 +395,8 @@ def _train(
         if changes:
             metrics.write({"event": "recipe_changed", "step": state.step, "changes": changes})
     if main:
+        for line in precision_note:  # every input, the checkpoint included, has been read: the run begins
+            print(line, file=sys.stderr)
         atomic_write_text(output / SAVED_RECIPE, recipe.to_yaml())
         if not resume or state.step == 0:
             metrics.write(
