@@ -29,13 +29,14 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from csekit.atomic import atomic_write_text, recover_directory, swap_in
+from csekit.atomic import atomic_write_text, recover_directory, remove_staging_leftovers, swap_in
 from csekit.config import Recipe
 from csekit.data import TrainCollator, open_corpus
 from csekit.data_dir import resolve_data_dir
 from csekit.encoder import SentenceEncoder
 from csekit.errors import CsekitError
 from csekit.evaluation.sts import DEV_TASKS, evaluate_dev
+from csekit.lines import split_lines
 from csekit.model import ContrastiveModel, build_model
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
@@ -76,14 +77,35 @@ class MetricsLog:
                 handle.write(json.dumps(record) + "\n")
 
     def truncate_after(self, step: int) -> None:
-        """On resume, drop records written after the saved state (they will be written again)."""
+        """On resume, drop records written after the saved state (they will be written again).
+
+        A run killed in the middle of a write leaves a cut-off last line: it is dropped, with a note.
+        Any other line that is not a JSON record means the file is not this run's log: an error.
+        """
         if not (self.enabled and self.path.exists()):
             return
-        kept = [
-            line
-            for line in self.path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step
-        ]
+        try:
+            lines = split_lines(self.path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError) as error:
+            raise CsekitError(f"{self.path}: cannot read it ({error})") from None
+        kept = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            if not isinstance(record, dict):
+                if number == len(lines):
+                    print(
+                        f"csekit: {self.path}:{number}: dropped a cut-off last line (a crash mid-write)",
+                        file=sys.stderr,
+                    )
+                    continue
+                raise CsekitError(f"{self.path}:{number}: not a metrics record; is this folder a csekit run?")
+            if record.get("step", 0) <= step:
+                kept.append(line)
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
 
@@ -268,6 +290,11 @@ def train(
     encoder = SentenceEncoder.load(
         recipe.model.backbone, recipe.model.pooler, recipe.model.max_length, recipe.model.dropout
     )
+    if recipe.model.max_length > encoder.inference_max_length():
+        raise CsekitError(
+            f"recipe key model.max_length: {recipe.model.max_length} is more tokens than {recipe.model.backbone} "
+            f"accepts ({encoder.inference_max_length()})"
+        )
     model, views = build_model(recipe, encoder)
     if recipe.model.head_at_test:
         encoder.head = model.head
@@ -293,6 +320,9 @@ def train(
         generator=torch.Generator().manual_seed(train_config.seed),
     )
     _create_output(output, accelerator.process_index)  # every input is valid: only now is anything written
+    if main:  # staging folders and files of a run killed mid-write; they are never resumed from
+        for name in remove_staging_leftovers(output):
+            print(f"csekit: removed {output / name}, left by an interrupted run", file=sys.stderr)
     optimizer = make_optimizer(model, recipe)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     steps_per_epoch = len(loader)

@@ -25,6 +25,7 @@ import numpy as np
 from csekit.data_dir import STS_SUBSETS, resolve_data_dir
 from csekit.errors import CsekitError, at
 from csekit.evaluation.sts import StsSubset, _read_split, load_sts_task
+from csekit.lines import split_lines
 
 Encoder = Callable[[list[str]], np.ndarray]
 
@@ -236,7 +237,7 @@ def load_transformation_probe(path: str | Path | None = None) -> list[dict[str, 
         except (OSError, UnicodeDecodeError) as error:
             raise CsekitError(f"{path}: cannot read the probe set ({error})") from None
     rows: list[dict[str, str]] = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(split_lines(text), start=1):
         if not line.strip():
             continue
         try:
