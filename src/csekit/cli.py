@@ -147,11 +147,11 @@ def encode(
 ) -> None:
     """Write one embedding row per input line (float32 .npy)."""
     from csekit.encoder import SentenceEncoder
-    from csekit.lines import split_lines
+    from csekit.lines import read_lines
 
     _require_at_least("--batch-size", batch_size)
     try:
-        sentences = split_lines(input.read_text(encoding="utf-8"))
+        sentences = read_lines(input)
     except FileNotFoundError:
         raise CsekitError(f"input {input} does not exist") from None
     except IsADirectoryError:

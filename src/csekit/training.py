@@ -36,7 +36,7 @@ from csekit.data_dir import resolve_data_dir
 from csekit.encoder import SentenceEncoder
 from csekit.errors import CsekitError
 from csekit.evaluation.sts import DEV_TASKS, evaluate_dev
-from csekit.lines import split_lines
+from csekit.lines import read_lines
 from csekit.model import ContrastiveModel, build_model
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
@@ -85,7 +85,7 @@ class MetricsLog:
         if not (self.enabled and self.path.exists()):
             return
         try:
-            lines = split_lines(self.path.read_text(encoding="utf-8"))
+            lines = read_lines(self.path)
         except (OSError, UnicodeDecodeError) as error:
             raise CsekitError(f"{self.path}: cannot read it ({error})") from None
         kept = []
