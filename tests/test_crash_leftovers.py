@@ -53,6 +53,14 @@ def test_a_broken_line_before_the_last_is_an_error_naming_it(tmp_path: Path) -> 
     assert path.read_text(encoding="utf-8") == '{"step": 0}\nnot json\n{"step": 1}\n'  # nothing lost
 
 
+def test_a_complete_last_line_that_is_not_a_record_is_an_error(tmp_path: Path) -> None:
+    """Only a line cut off before its newline is a crash's leftover; a whole bad line was written by someone."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 0}\nnot json\n', encoding="utf-8")
+    with pytest.raises(CsekitError, match=f"{path}:2: not a metrics record"):
+        MetricsLog(path, enabled=True).truncate_after(5)
+
+
 def test_a_complete_last_line_without_its_newline_is_kept(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0}\n{"step": 1}\n{"step": 2}', encoding="utf-8")

@@ -36,7 +36,7 @@ from csekit.data_dir import resolve_data_dir
 from csekit.encoder import SentenceEncoder
 from csekit.errors import CsekitError
 from csekit.evaluation.sts import DEV_TASKS, evaluate_dev
-from csekit.lines import read_lines
+from csekit.lines import split_lines
 from csekit.model import ContrastiveModel, build_model
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
@@ -79,15 +79,18 @@ class MetricsLog:
     def truncate_after(self, step: int) -> None:
         """On resume, drop records written after the saved state (they will be written again).
 
-        A run killed in the middle of a write leaves a cut-off last line: it is dropped, with a note.
-        Any other line that is not a JSON record means the file is not this run's log: an error.
+        A run killed in the middle of a write leaves a last line cut off before its newline: it is
+        dropped, with a note. Any other line that is not a JSON record (a complete line, or one before
+        the last) means the file was edited or is not this run's log: an error naming the line.
         """
         if not (self.enabled and self.path.exists()):
             return
         try:
-            lines = read_lines(self.path)
+            text = self.path.read_bytes().decode("utf-8")
         except (OSError, UnicodeDecodeError) as error:
             raise CsekitError(f"{self.path}: cannot read it ({error})") from None
+        lines = split_lines(text)
+        cut_off = not text.endswith("\n")
         kept = []
         for number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -97,7 +100,7 @@ class MetricsLog:
             except json.JSONDecodeError:
                 record = None
             if not isinstance(record, dict):
-                if number == len(lines):
+                if number == len(lines) and cut_off:
                     print(
                         f"csekit: {self.path}:{number}: dropped a cut-off last line (a crash mid-write)",
                         file=sys.stderr,
