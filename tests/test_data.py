@@ -119,3 +119,19 @@ def test_corpus_truncated_during_training_is_an_error_not_a_bus_error(tmp_path: 
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 1, (result.returncode, result.stderr)
     assert f"corpus {path} changed after it was read" in result.stderr
+
+
+def test_a_change_seen_by_a_dataloader_worker_is_still_one_line(tmp_path: Path) -> None:
+    """PyTorch re-raises a worker's error with the worker's traceback; the CLI prints the original line."""
+    from torch.utils.data import DataLoader
+
+    from csekit.errors import message_line
+
+    path = write_bytes(tmp_path, b"".join(b"line %d\n" % i for i in range(64)))
+    loader = DataLoader(Corpus(path), batch_size=4, num_workers=1)
+    path.write_bytes(b"short\n")
+    with pytest.raises(CsekitError) as error:
+        next(iter(loader))
+    assert "Traceback" in str(error.value)  # what PyTorch makes of it
+    assert message_line(error.value).startswith(f"corpus {path} changed after it was read")
+    assert "\n" not in message_line(error.value)

@@ -15,7 +15,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from csekit.errors import CsekitError
+from csekit.errors import CsekitError, message_line
 
 app = typer.Typer(
     add_completion=False,
@@ -332,7 +332,7 @@ def main() -> None:
     try:
         app()
     except CsekitError as error:
-        print(f"csekit: error: {error}", file=sys.stderr)
+        print(f"csekit: error: {message_line(error)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("csekit: interrupted", file=sys.stderr)
