@@ -15,7 +15,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from csekit.errors import CsekitError
+from csekit.errors import CsekitError, message_line
 
 app = typer.Typer(
     add_completion=False,
@@ -40,6 +40,12 @@ PrecisionOption = Annotated[
         "moves STS numbers by < 0.003; emulated and slow on CPUs without native bf16).",
     ),
 ]
+
+
+def _require_at_least(option: str, value: int, minimum: int = 1) -> None:
+    """Refuse an option below its minimum before anything is loaded or written."""
+    if value < minimum:
+        raise CsekitError(f"{option} must be at least {minimum}, got {value}")
 
 
 @app.command()
@@ -114,6 +120,9 @@ def evaluate(
     from csekit.evaluation.transfer import format_transfer_table
 
     groups = parse_tasks(tasks)
+    _require_at_least("--batch-size", batch_size)
+    if n_jobs == 0 or n_jobs < -1:
+        raise CsekitError(f"--n-jobs must be -1 (all cores) or at least 1, got {n_jobs}")
     if whiten_dim is not None:
         if whiten_dim < 1:
             raise CsekitError(f"--whiten-dim must be at least 1, got {whiten_dim}")
@@ -195,11 +204,17 @@ def encode(
 ) -> None:
     """Write one embedding row per input line (float32 .npy)."""
     from csekit.encoder import SentenceEncoder
+    from csekit.lines import read_lines
 
+    _require_at_least("--batch-size", batch_size)
     try:
-        sentences = input.read_text(encoding="utf-8").splitlines()
+        sentences = read_lines(input)
     except FileNotFoundError:
         raise CsekitError(f"input {input} does not exist") from None
+    except IsADirectoryError:
+        raise CsekitError(f"input {input} is a folder, not a text file") from None
+    except OSError as error:
+        raise CsekitError(f"input {input}: cannot read it ({error.strerror})") from None
     except UnicodeDecodeError as error:
         line = input.read_bytes()[: error.start].count(b"\n") + 1
         raise CsekitError(f"{input}:{line}: not valid UTF-8") from None
@@ -242,6 +257,7 @@ def probe(
         transformation_probe,
     )
 
+    _require_at_least("--batch-size", batch_size)
     chosen = select_datasets(load_probe_datasets(data_dir), datasets)
     rows = load_transformation_probe(transformations)
     encoder = SentenceEncoder.load(model, pooler=pooler)
@@ -291,8 +307,11 @@ def augment(
         raise CsekitError(f"--output {output}: must end in .jsonl (a recipe reads the fields from it)")
     if not 0 <= min_mer <= max_mer <= 1:
         raise CsekitError(f"--min-mer {min_mer} / --max-mer {max_mer}: need 0 <= min <= max <= 1")
-    if chunk_size < 1:
-        raise CsekitError("--chunk-size must be at least 1")
+    _require_at_least("--chunk-size", chunk_size)
+    if limit is not None:
+        _require_at_least("--limit", limit)
+    if paraphrases is not None and engine != "file":
+        raise CsekitError(f"--paraphrases is read only with --engine file (the engine is {engine})")
     if can not in ("cannot", "can not"):
         raise CsekitError(f'--can "{can}": choose cannot or "can not"')
     if not corpus.is_file():
@@ -304,7 +323,10 @@ def augment(
     elif engine == "apertium":
         chosen = ApertiumEngine()
     elif engine == "marian":
-        chosen = MarianEngine(pivots=[p.strip() for p in pivots.split(",") if p.strip()])
+        languages = [p.strip() for p in pivots.split(",") if p.strip()]
+        if not languages:
+            raise CsekitError(f'--pivots "{pivots}": name at least one pivot language, e.g. de,ru')
+        chosen = MarianEngine(pivots=languages)
     elif engine == "none":
         chosen = None
     else:
@@ -337,6 +359,7 @@ def freq(
     from csekit.encoder import resolve_model_path
     from csekit.frequency import count_tokens, counts_by_token
 
+    _require_at_least("--chunk-lines", chunk_lines)
     location = resolve_model_path(tokenizer)
     try:
         loaded = AutoTokenizer.from_pretrained(location)
@@ -384,7 +407,7 @@ def main() -> None:
     try:
         app()
     except CsekitError as error:
-        print(f"csekit: error: {error}", file=sys.stderr)
+        print(f"csekit: error: {message_line(error)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("csekit: interrupted", file=sys.stderr)

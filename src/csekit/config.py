@@ -13,6 +13,9 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import inspect
+import math
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +94,9 @@ class Recipe:
     def to_yaml(self) -> str:
         return yaml.safe_dump(dataclasses.asdict(self), sort_keys=False)
 
+
+MAX_SEED = 2**32 - 1
+"""The largest seed every generator accepts (numpy's legacy seeding takes [0, 2**32 - 1])."""
 
 PART_SECTIONS = ("model.head", "data.views", "negatives", "weighting", "objectives")
 """Keys whose values are part specifications (`name` plus the part's own options)."""
@@ -238,9 +244,10 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recip
 def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     """Checks the schema cannot express: value ranges and choices."""
     train = recipe.train
+    seed_range = f"must be in [0, {MAX_SEED}] (numpy's seed range)"
     checks = [
         ("train.batch_size", train.batch_size >= 2, "must be at least 2 (contrastive learning needs negatives)"),
-        ("train.lr", train.lr > 0, "must be positive"),
+        ("train.lr", math.isfinite(train.lr) and train.lr > 0, "must be a positive number"),
         ("train.epochs", train.epochs >= 1, "must be at least 1"),
         ("train.max_steps", train.max_steps is None or train.max_steps >= 1, "must be at least 1"),
         ("train.eval_every", train.eval_every >= 0, "must be >= 0 (0 evaluates only at the end)"),
@@ -248,15 +255,36 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         ("train.max_bad_steps", train.max_bad_steps >= 1, "must be at least 1"),
         ("train.precision", train.precision in PRECISIONS, "must be auto, fp32, bf16 or fp16"),
         ("train.warmup_ratio", 0 <= train.warmup_ratio < 1, "must be in [0, 1)"),
+        ("train.weight_decay", math.isfinite(train.weight_decay) and train.weight_decay >= 0, "must be >= 0"),
+        (
+            "train.max_grad_norm",
+            train.max_grad_norm is None or train.max_grad_norm > 0,
+            "must be positive (the gradient norm is clipped to it), or null for no clipping",
+        ),
+        ("train.eval_batch_size", train.eval_batch_size >= 1, "must be at least 1"),
+        ("train.seed", 0 <= train.seed <= MAX_SEED, seed_range),
         ("model.max_length", recipe.model.max_length >= 4, "must be at least 4"),
+        (
+            "model.dropout",
+            recipe.model.dropout is None or 0 <= recipe.model.dropout < 1,
+            "must be in [0, 1), or null for the backbone's own",
+        ),
         ("model.length_group_size", recipe.model.length_group_size >= 0, "must be 0 (off) or a positive size"),
         ("data.bad_lines", recipe.data.bad_lines in ("error", "skip"), "must be error or skip"),
         ("data.max_chars", recipe.data.max_chars >= 1, "must be at least 1"),
+        ("data.num_workers", recipe.data.num_workers >= 0, "must be >= 0 (0 loads batches in the main process)"),
+        ("objectives", len(recipe.objectives) >= 1, "must list at least one objective (e.g. - name: infonce)"),
     ]
     for key, ok, message in checks:
         if not ok:
             raise CsekitError(f"{where(key)}: recipe key {key} {message}")
     _check_dev_selection(train, where)
+    for index, spec in enumerate(recipe.objectives):
+        weight = spec.get("weight", 1.0) if isinstance(spec, Mapping) else 1.0
+        number = isinstance(weight, int | float) and not isinstance(weight, bool)
+        if not (number and math.isfinite(weight) and weight >= 0):
+            key = f"objectives[{index}].weight"
+            raise CsekitError(f"{where(key)}: recipe key {key} must be a number >= 0, got {weight!r}")
     for key, spec in _part_specs(recipe):
         if not isinstance(spec, Mapping) or "name" not in spec:
             raise CsekitError(f'{where(key)}: recipe key {key} must be a mapping with a "name"')
@@ -328,6 +356,7 @@ def build_part(table: Mapping[str, Any], spec: Mapping[str, Any], key: str, **co
                 f'recipe key {key}.{option}: "{name}" has no option "{option}"{did_you_mean(option, valid)}'
                 f"; its options: {', '.join(valid) or 'none'}"
             )
+    _check_option_types(factory, options, key)
     supplied = {k: v for k, v in context.items() if k in parameters or accepts_any}
     try:
         return factory(**supplied, **options)
@@ -358,3 +387,78 @@ def recipe_changes(old: Recipe, new: Recipe) -> dict[str, tuple[Any, Any]]:
         for key in [*before, *(k for k in after if k not in before)]
         if before.get(key) != after.get(key) or (key in before) != (key in after)
     }
+
+
+def _option_hints(factory: Any) -> dict[str, Any]:
+    """The constructor's resolved type hints, or none when they cannot be resolved (then nothing is checked)."""
+    target = factory.__init__ if inspect.isclass(factory) else factory
+    try:
+        return typing.get_type_hints(target)
+    except Exception:  # an unresolvable forward reference in a user's part: leave its options unchecked
+        return {}
+
+
+def _fits(value: Any, hint: Any) -> bool | None:
+    """Whether a YAML value fits a type hint: True, False, or None when the hint is not a plain type.
+
+    YAML gives int, float, bool, str, None, lists and mappings. A bool is not a number here (YAML's
+    `true` for a temperature is a mistake), an int is a float, and a float option must be finite.
+    """
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return None
+    if hint is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        verdicts = [_fits(value, option) for option in typing.get_args(hint)]
+        if any(verdicts):
+            return True
+        return None if None in verdicts else False
+    if origin in (list, tuple, Sequence):
+        if isinstance(value, str):
+            return origin is Sequence  # a string is a Sequence (of characters), never a list
+        if not isinstance(value, list | tuple):
+            return False
+        arguments = typing.get_args(hint)
+        if len(arguments) != 1:
+            return None
+        verdicts = {_fits(item, arguments[0]) for item in value}
+        return False if False in verdicts else (None if None in verdicts else True)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if hint is str:
+        return isinstance(value, str)
+    return None
+
+
+def _check_option_types(factory: Any, options: Mapping[str, Any], key: str) -> None:
+    """Refuse a part option whose value does not fit the constructor's annotation (`temperature: abc`).
+
+    Without this a wrong type fails deep inside a training step with a traceback, or, for a bool
+    given as a number, silently runs with 1 or 0.
+    """
+    hints = _option_hints(factory)
+    for option, value in options.items():
+        hint = hints.get(option)
+        if hint is not None and _fits(value, hint) is False:
+            expected = _describe(hint)
+            raise CsekitError(f"recipe key {key}.{option}: expected {expected}, got {value!r}")
+
+
+def _describe(hint: Any) -> str:
+    """`float | None` -> "a finite number or null", for error messages."""
+    names = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string", type(None): "null"}
+    if hint in names:
+        return names[hint]
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(option) for option in typing.get_args(hint))
+    if origin in (list, tuple, Sequence):
+        items = {int: "integers", float: "numbers", str: "strings", bool: "true/false values"}
+        arguments = typing.get_args(hint)
+        return f"a list of {items[arguments[0]]}" if len(arguments) == 1 and arguments[0] in items else "a list"
+    return getattr(hint, "__name__", str(hint))

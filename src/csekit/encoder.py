@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
@@ -96,12 +98,28 @@ def _position_wise_tail(backbone: nn.Module) -> nn.Module | None:
     return tail
 
 
-def _load_backbone(location: str, config: Any) -> PreTrainedModel:
+UNREAD_WEIGHTS_PREFIX = "pooler."
+"""The backbone's own pooler layer (NSP head), which no csekit pooler reads; RoBERTa checkpoints lack it."""
+
+
+def _load_backbone(location: str, config: Any, local: bool) -> PreTrainedModel:
     """Load the backbone; its NSP/pooler layer stays (so exports are complete) but is frozen.
 
     No csekit pooler reads that layer, and frozen parameters keep DDP from flagging them as unused.
+    transformers initialises weights a checkpoint lacks at random and goes on; from a local folder
+    that means a damaged or wrong model, so missing weights (other than that pooler) are refused.
     """
-    backbone = AutoModel.from_pretrained(location, config=config)
+    backbone, info = AutoModel.from_pretrained(location, config=config, output_loading_info=True)
+    if local:
+        missing = sorted(key for key in info["missing_keys"] if not key.startswith(UNREAD_WEIGHTS_PREFIX))
+        if missing or info.get("error_msgs"):
+            unexpected = sorted(info["unexpected_keys"])
+            detail = f"{len(missing)} weights missing (e.g. {missing[0]})" if missing else info["error_msgs"][0]
+            found = f"; it holds other weights (e.g. {unexpected[0]})" if unexpected else ""
+            raise CsekitError(
+                f"{location}: the weights do not fit the model in config.json: {detail}{found}; "
+                "refusing to fill them in at random"
+            )
     _freeze_unused_pooler(backbone)
     return backbone
 
@@ -112,7 +130,7 @@ def _freeze_unused_pooler(backbone: PreTrainedModel) -> None:
         pooler.requires_grad_(False)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:
@@ -121,10 +139,12 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _sentence_transformers_layout(path: Path) -> tuple[Path, str | None]:
     """For a sentence-transformers directory: the transformer's folder and its pooling mode."""
-    modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
+    modules = _read_json(path / "modules.json")
+    if not isinstance(modules, list) or not all(isinstance(module, dict) for module in modules):
+        raise CsekitError(f"{path / 'modules.json'}: expected a list of modules")
     transformer_dir, pooler = path, None
     for module in modules:
-        kind = module.get("type", "")
+        kind = str(module.get("type", ""))
         if kind.endswith("Transformer"):
             transformer_dir = path / module.get("path", "")
         elif kind.endswith("Pooling"):
@@ -175,9 +195,12 @@ class SentenceEncoder(nn.Module):
         path = Path(location)
         saved_pooler, head_config, templates = None, None, None
         transformer_dir: str = location
-        if path.is_dir():
+        local = path.is_dir()
+        if local:
             if (path / CSEKIT_CONFIG).exists():
                 meta = _read_json(path / CSEKIT_CONFIG)
+                if not isinstance(meta, dict):
+                    raise CsekitError(f"{path / CSEKIT_CONFIG}: expected a JSON object")
                 saved_pooler = meta.get("pooler")
                 head_config = meta.get("head")
                 templates = meta.get("templates")
@@ -194,20 +217,32 @@ class SentenceEncoder(nn.Module):
         try:
             config = AutoConfig.from_pretrained(transformer_dir, **overrides)
             config.output_hidden_states = False
-            backbone = _load_backbone(transformer_dir, config)
+            backbone = _load_backbone(transformer_dir, config, local)
             tokenizer = AutoTokenizer.from_pretrained(transformer_dir)
-        except OSError as error:
-            raise CsekitError(
-                f'cannot load model "{location}": {str(error).splitlines()[0]} '
-                "(offline? use a local directory, or the alias minilm-l6)"
-            ) from None
+        except (OSError, ValueError, EOFError, SafetensorError, pickle.UnpicklingError) as error:
+            # A damaged file: truncated weights (SafetensorError, EOFError, UnpicklingError), a broken
+            # tokenizer.json (a ValueError); OSError is also what transformers raises for a missing one.
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            hint = (
+                "a file in it is missing or damaged"
+                if local
+                else "offline? use a local directory, or the alias minilm-l6"
+            )
+            raise CsekitError(f'cannot load model "{location}": {reason} ({hint})') from None
         chosen = pooler or saved_pooler or "cls"
         options = {"templates": templates} if chosen == "mask" and templates else {}
         encoder = cls(backbone, tokenizer, make_pooler(chosen, **options))
         if head_config is not None:
-            encoder.head = MLPHead(head_config["dim"])
-            weights = load_file(str(path / head_config["path"] / "model.safetensors"))
-            encoder.head.linear.load_state_dict({k.removeprefix("linear."): v for k, v in weights.items()})
+            if not isinstance(head_config, dict) or not {"dim", "path"} <= set(head_config):
+                raise CsekitError(f'{path / CSEKIT_CONFIG}: "head" must give the head\'s "dim" and "path"')
+            head_file = path / str(head_config["path"]) / "model.safetensors"
+            try:
+                encoder.head = MLPHead(int(head_config["dim"]))
+                weights = load_file(str(head_file))
+                encoder.head.linear.load_state_dict({k.removeprefix("linear."): v for k, v in weights.items()})
+            except (OSError, TypeError, ValueError, RuntimeError, SafetensorError) as error:
+                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                raise CsekitError(f"{head_file}: cannot load the kept head ({reason})") from None
         return encoder
 
     @classmethod
@@ -368,6 +403,10 @@ class SentenceEncoder(nn.Module):
         `precision` is fp32 (SentEval-exact), bf16, fp16 or auto (bf16 where the device runs it natively).
         """
         precision = resolve_precision(precision, self.device)[0]
+        if batch_size < 1:
+            raise CsekitError(f"batch size must be at least 1, got {batch_size}")
+        if len(sentences) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
         unique = list(dict.fromkeys(sentences))
         ids = self.pooler.encode_ids(self.tokenizer, unique, None, max_positions=self.max_seq_length)
         # Sorting by token count (not characters) leaves almost no padding in a batch.

@@ -91,6 +91,8 @@ def count_tokens(
                 flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64)
                 totals += np.bincount(flat, minlength=len(totals))[: len(totals)]
             bar.update(sum(len(line) for line in raw))
+    if not totals.any():
+        raise CsekitError(f"corpus {path}: no tokens to count ({line_number:,} lines, none with text)")
     return totals
 
 

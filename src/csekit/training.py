@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from csekit.atomic import atomic_write_text, recover_directory, swap_in
+from csekit.atomic import atomic_write_text, recover_directory, remove_staging_leftovers, swap_in
 from csekit.checkpoint import load_rng_state, load_shared_state, save_rng_state, save_shared_state
 from csekit.config import Recipe, load_recipe, recipe_changes
 from csekit.data import TrainCollator, open_corpus
@@ -38,6 +38,7 @@ from csekit.data_dir import resolve_data_dir
 from csekit.encoder import SentenceEncoder
 from csekit.errors import CsekitError
 from csekit.evaluation.sts import TRAINING_DEV_TASKS, evaluate_dev
+from csekit.lines import split_lines
 from csekit.model import ContrastiveModel, build_model
 from csekit.precision import choose_precision
 from csekit.run_lock import check_not_locked, hold_run_lock
@@ -81,21 +82,37 @@ class MetricsLog:
                 handle.write(json.dumps(record) + "\n")
 
     def truncate_after(self, step: int) -> None:
-        """On resume, drop records written after the saved state (they will be written again)."""
+        """On resume, drop records written after the saved state (they will be written again).
+
+        A run killed in the middle of a write leaves a last line cut off before its newline: it is
+        dropped, with a note. Any other line that is not a JSON record (a complete line, or one before
+        the last) means the file was edited or is not this run's log: an error naming the line.
+        """
         if not (self.enabled and self.path.exists()):
             return
+        try:
+            text = self.path.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise CsekitError(f"{self.path}: cannot read it ({error})") from None
+        lines = split_lines(text)
+        cut_off = not text.endswith("\n")
         kept = []
-        for number, line in enumerate(self.path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
-                record_step = record.get("step", 0) if isinstance(record, dict) else None
             except json.JSONDecodeError:
-                record_step = None
-            if not isinstance(record_step, int):
+                record = None
+            if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
+                if number == len(lines) and cut_off:
+                    print(
+                        f"csekit: {self.path}:{number}: dropped a cut-off last line (a crash mid-write)",
+                        file=sys.stderr,
+                    )
+                    continue
                 raise CsekitError(f"{self.path}:{number}: not a metrics record (a JSON object with a step)")
-            if record_step <= step:
+            if record.get("step", 0) <= step:
                 kept.append(line)
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
@@ -340,6 +357,11 @@ def _train(
         recipe.data.corpus, data_path, recipe.data.max_chars, recipe.data.bad_lines, recipe.data.text_column
     )
     encoder = SentenceEncoder.load(recipe.model.backbone, recipe.model.pooler, dropout=recipe.model.dropout)
+    if recipe.model.max_length > encoder.max_seq_length:
+        raise CsekitError(
+            f"recipe key model.max_length: {recipe.model.max_length} is more tokens than {recipe.model.backbone} "
+            f"accepts ({encoder.max_seq_length})"
+        )
     model, views = build_model(recipe, encoder)
     if recipe.model.head_at_test:
         encoder.head = model.head
@@ -367,6 +389,9 @@ def _train(
     _create_output(output, accelerator.process_index)  # every input is valid: only now is anything written
     if main:
         held_until_the_end.enter_context(hold_run_lock(output))
+        # Staging folders and files of a run killed mid-write (never resumed from); removed under the lock.
+        for name in remove_staging_leftovers(output):
+            print(f"csekit: removed {output / name}, left by an interrupted run", file=sys.stderr)
     optimizer = make_optimizer(model, recipe)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     steps_per_epoch = len(loader)

@@ -84,6 +84,17 @@ def _gold(path: Path, line: int, raw: str) -> float:
     return value
 
 
+def _check_scorable(path: Path, scores: Sequence[float]) -> None:
+    """Spearman's correlation needs two pairs with different gold scores; otherwise it is NaN, not a score."""
+    if len(scores) == 0:
+        raise CsekitError(f"{path}: no scored sentence pairs (an empty or truncated file?)")
+    if len(set(scores)) < 2:
+        raise CsekitError(
+            f"{path}: {len(scores)} scored pair(s), all with gold score {scores[0]}; "
+            "a correlation needs at least two different gold scores"
+        )
+
+
 def _norm(sentence: str) -> str:
     """SentEval splits on whitespace and the batcher re-joins with single spaces."""
     return " ".join(sentence.split())
@@ -113,6 +124,7 @@ def _read_sts_subset(folder: Path, subset: str) -> StsSubset:
         scores.append(_gold(gs_path, i, raw))
         s1.append(_norm(fields[0]))
         s2.append(_norm(fields[1]))
+    _check_scorable(gs_path, scores)
     return StsSubset(subset, s1, s2, scores)
 
 
@@ -128,6 +140,7 @@ def _read_pair_file(path: Path, header: bool, cols: tuple[int, int, int]) -> lis
             raise CsekitError(f"{at(path, i)}: expected at least {need} tab-separated fields, found {len(fields)}")
         a, b, y = cols
         out.append((_norm(fields[a]), _norm(fields[b]), _gold(path, i, fields[y])))
+    _check_scorable(path, [row[2] for row in out])
     return out
 
 
