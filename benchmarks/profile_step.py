@@ -51,7 +51,7 @@ def build(recipe_path: Path, batch_size: int, max_length: int):  # type: ignore[
     data = recipe.data
     corpus = open_corpus(data.corpus, resolve_data_dir(None), data.max_chars, data.bad_lines, data.text_column)
     sentences = [corpus[i] for i in random.Random(0).sample(range(len(corpus)), batch_size)]  # a random batch
-    encoder = SentenceEncoder.load(recipe.model.backbone, recipe.model.pooler, recipe.model.max_length)
+    encoder = SentenceEncoder.load(recipe.model.backbone, recipe.model.pooler)
     model, views = build_model(recipe, encoder)
     return model, views, make_optimizer(model, recipe), sentences, recipe
 

@@ -1,4 +1,4 @@
-"""Compare csekit's STS evaluation with a SentEval-style loop: same numbers, less time.
+"""Compare csekit's STS evaluation with a SentEval-style loop, or with real SentEval: same numbers, less time.
 
 The baseline re-implements SentEval's protocol independently of csekit's readers: each subset's
 pairs are sorted by (length of sentence 1, length of sentence 2, gold score), encoded 64 pairs at a
@@ -6,6 +6,14 @@ time (sentences 1 then sentences 2 of each batch), and STS-B/SICK-R encode train
 SentEval does before reporting test. csekit encodes each distinct sentence once.
 
     python benchmarks/senteval_check.py MODEL_DIR --pooler cls --data-dir ../shared/data --threads 2
+
+For a model csekit trained (any head, any pooler sentence-transformers can run), `--senteval PATH`
+runs real SentEval (a checkout of facebookresearch/SentEval or SimCSE's fork, `PATH/senteval/`) with
+the exported model, `SentenceTransformer(MODEL_DIR).encode`, as its batcher, and compares it with
+what `csekit evaluate MODEL_DIR --tasks sts --precision fp32` computes: one check of the evaluation
+against SentEval and of the export against the evaluation.
+
+    python benchmarks/senteval_check.py runs/quickstart/run/best --senteval /path/to/SentEval --threads 2
 """
 
 from __future__ import annotations
@@ -121,6 +129,76 @@ def senteval_style(embed: Callable[[list[str]], np.ndarray], data_dir: Path, bat
     return results
 
 
+# --- real SentEval on the exported model ------------------------------------------------------------
+
+
+def senteval_layout(data_dir: Path, where: Path) -> Path:
+    """SentEval's `data/downstream/STS/STS1x-en-test`, `STS/STSBenchmark`, `SICK` layout, as links into data_dir."""
+    sts = where / "downstream" / "STS"
+    sts.mkdir(parents=True, exist_ok=True)
+    for year in STS_SUBSETS:
+        (sts / f"{year}-en-test").symlink_to(find_task_dir(data_dir, year).resolve())
+    (sts / "STSBenchmark").symlink_to(find_task_dir(data_dir, "STSBenchmark").resolve())
+    (where / "downstream" / "SICK").symlink_to(find_task_dir(data_dir, "SICK").resolve())
+    return where
+
+
+def real_senteval(senteval_path: Path, model_dir: str, data_dir: Path, batch_size: int) -> dict:
+    """STS12-16, STS-B and SICK-R from SentEval's own engine, the exported model as batcher (as SimCSE's
+    evaluation.py: tokens joined with single spaces, fp32, no truncation)."""
+    import sys
+    import tempfile
+
+    from sentence_transformers import SentenceTransformer
+
+    sys.path.insert(0, str(senteval_path))
+    import senteval  # type: ignore[import-not-found]
+
+    model = SentenceTransformer(model_dir, device="cpu")
+
+    def batcher(params: object, batch: list[list[str]]) -> np.ndarray:
+        sentences = [" ".join(words) for words in batch]
+        return model.encode(sentences, batch_size=len(sentences), convert_to_numpy=True)
+
+    results: dict = {}
+    with tempfile.TemporaryDirectory() as folder:
+        params = {"task_path": str(senteval_layout(data_dir, Path(folder))), "usepytorch": False, "kfold": 10}
+        params["batch_size"] = batch_size
+        engine = senteval.engine.SE(params, batcher, lambda params, samples: None)
+        for task in STS_TASKS:
+            out = engine.eval([task])[task]
+            if task in STS_SUBSETS:
+                results[task] = dict(out["all"]["spearman"])
+            else:
+                results[task] = {"test": float(out["test"]["spearman"].correlation)}
+    results["avg"] = float(
+        np.mean([results[t]["all"] for t in STS_SUBSETS] + [results[t]["test"] for t in STS_TASKS[5:]])
+    )
+    return results
+
+
+def compare_with_real_senteval(args: argparse.Namespace, data_dir: Path) -> None:
+    from csekit.encoder import SentenceEncoder
+
+    encoder = SentenceEncoder.load(args.model_dir)
+    start = time.perf_counter()
+    ours = evaluate_sts(lambda s: encoder.encode(s, precision="fp32"), data_dir)
+    t_ours = time.perf_counter() - start
+    start = time.perf_counter()
+    theirs = real_senteval(Path(args.senteval), args.model_dir, data_dir, args.batch_size)
+    t_theirs = time.perf_counter() - start
+    print(f"csekit evaluate ({args.model_dir}, pooler {encoder.pooler.name}, fp32)\n" + format_sts_table(ours))
+    print("\nreal SentEval, batcher SentenceTransformer(MODEL_DIR).encode\n" + format_sts_table(theirs))
+    print("\nmax |difference| per task (Spearman, all reported keys)")
+    worst = 0.0
+    for task in STS_TASKS:
+        gap = max(abs(ours[task][k] - theirs[task][k]) for k in ours[task])
+        worst = max(worst, gap)
+        print(f"  {task:16s} {gap:.2e}")
+    print(f"largest: {worst:.2e} ({'within' if worst <= 5e-4 else 'NOT within'} 5e-4)")
+    print(f"\nwall time: csekit {t_ours:.1f} s, real SentEval {t_theirs:.1f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("model_dir")
@@ -128,10 +206,14 @@ def main() -> None:
     parser.add_argument("--data-dir", default=None, help="SentEval data (default: $CSEKIT_DATA)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--senteval", default=None, help="a SentEval checkout: compare with real SentEval")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     data_dir = resolve_data_dir(args.data_dir)
+    if args.senteval:
+        compare_with_real_senteval(args, data_dir)
+        return
     embed = make_embedder(args.model_dir, args.pooler)
 
     start = time.perf_counter()

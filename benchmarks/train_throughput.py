@@ -195,7 +195,7 @@ def alternate_recipes(recipes: list[str], batch: int, max_length: int, turns: in
                 config.data.corpus = surrogate_augmented_corpus(Path(folder), 20_000)
             data = config.data
             corpus = open_corpus(data.corpus, resolve_data_dir(None), data.max_chars, data.bad_lines, data.text_column)
-            encoder = SentenceEncoder.load(config.model.backbone, config.model.pooler, config.model.max_length)
+            encoder = SentenceEncoder.load(config.model.backbone, config.model.pooler)
             model, views = build_model(config, encoder)
             collate = TrainCollator(views, data.text_column)
             batches = [collate([corpus[i] for i in picks[k * batch : (k + 1) * batch]]) for k in range(total)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,18 @@ def data_dir() -> Path:
     if path is None:
         pytest.skip("SentEval data folder not found (set CSEKIT_DATA)")
     return path
+
+
+@pytest.fixture
+def test_parts() -> Iterator[None]:
+    """The objectives of parts_for_tests, registered for this test (kill_once, raise_once, nan_after)."""
+    from parts_for_tests import TEST_PARTS
+
+    import csekit
+    from csekit.objectives import OBJECTIVES
+
+    for name, part in TEST_PARTS.items():
+        csekit.register_part("objective", name, part)
+    yield
+    for name in TEST_PARTS:
+        OBJECTIVES.pop(name, None)

@@ -1,4 +1,6 @@
-"""Objectives used only by tests, reached from recipes by import path (tests/ is put on PYTHONPATH)."""
+"""Objectives used only by tests. Recipes name them once they are registered: in-process through
+`csekit.register_part` (the `test_parts` fixture), in a `csekit train` subprocess through the
+`csekit.parts` entry points of a made-up installed package (`write_entry_points`)."""
 
 from __future__ import annotations
 
@@ -57,3 +59,16 @@ class NanAfter(nn.Module):
         if self.gradient_only:  # a finite loss whose gradient is NaN: sqrt'(0) * 0 = inf * 0
             return {"nan_after": torch.sqrt(anchors.sum() * 0.0)}
         return {"nan_after": anchors.sum() * float("nan")}
+
+
+TEST_PARTS = {"kill_once": KillOnce, "raise_once": RaiseOnce, "nan_after": NanAfter}
+
+
+def write_entry_points(folder: Path) -> Path:
+    """A package's metadata declaring the test parts as `csekit.parts` entry points; put `folder` on the path."""
+    info = folder / "csekit_test_parts-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: csekit-test-parts\nVersion: 0\n", encoding="utf-8")
+    lines = [f"objective.{name} = parts_for_tests:{part.__name__}" for name, part in TEST_PARTS.items()]
+    (info / "entry_points.txt").write_text("[csekit.parts]\n" + "\n".join(lines) + "\n", encoding="utf-8")
+    return folder

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from csekit.atomic import atomic_directory, atomic_write_text, recover_directory
+from csekit.atomic import atomic_directory, atomic_write_text, recover_directory, swap_in
 
 
 def test_failed_directory_write_leaves_the_old_one_intact(tmp_path: Path) -> None:
@@ -43,3 +46,74 @@ def test_atomic_text_write(tmp_path: Path) -> None:
     atomic_write_text(path, '{"a": 1}')
     assert path.read_text(encoding="utf-8") == '{"a": 1}'
     assert [p.name for p in path.parent.iterdir()] == ["r.json"]
+
+
+@pytest.fixture(params=[0o022, 0o077, 0o002], ids=["umask022", "umask077", "umask002"])
+def umask(request: pytest.FixtureRequest) -> Iterator[int]:
+    """Run the test under this umask (restored afterwards)."""
+    previous = os.umask(request.param)
+    try:
+        yield request.param
+    finally:
+        os.umask(previous)
+
+
+def modes(root: Path) -> dict[str, int]:
+    """Permission bits of `root` and everything below it, by relative path."""
+    found = {".": stat.S_IMODE(root.stat().st_mode)}
+    for path in root.rglob("*"):
+        found[str(path.relative_to(root))] = stat.S_IMODE(path.stat().st_mode)
+    return found
+
+
+def test_model_folder_files_follow_the_umask(tmp_path: Path, umask: int) -> None:
+    """What a plain mkdir/open gives under the umask, also for files written 0600 (safetensors)."""
+    from conftest import make_tiny_encoder
+
+    make_tiny_encoder(tmp_path / "tok").save(tmp_path / "best")
+    found = modes(tmp_path / "best")
+    folders = {name for name in found if (tmp_path / "best" / name).is_dir()}
+    assert {"model.safetensors", "1_Pooling", "csekit.json"} <= set(found)
+    assert {name: mode for name, mode in found.items() if name in folders} == dict.fromkeys(folders, 0o777 & ~umask)
+    files = {name: mode for name, mode in found.items() if name not in folders}
+    assert files == dict.fromkeys(files, 0o666 & ~umask)
+
+
+def test_atomic_text_file_follows_the_umask(tmp_path: Path, umask: int) -> None:
+    atomic_write_text(tmp_path / "r.json", "{}")
+    assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == 0o666 & ~umask
+
+
+def test_swap_in_gives_staged_files_the_umask_modes(tmp_path: Path, umask: int) -> None:
+    staging = tmp_path / ".checkpoint.tmp"
+    (staging / "sub").mkdir(parents=True)
+    for name, mode in (("private", 0o600), ("sub/tool", 0o700)):
+        (staging / name).write_text("x", encoding="utf-8")
+        os.chmod(staging / name, mode)
+    os.chmod(staging, 0o700)
+    swap_in(staging, tmp_path / "checkpoint")
+    assert modes(tmp_path / "checkpoint") == {
+        ".": 0o777 & ~umask,
+        "sub": 0o777 & ~umask,
+        "private": 0o666 & ~umask,
+        "sub/tool": 0o777 & ~umask,  # an executable stays executable, as far as the umask allows
+    }
+
+
+def test_current_umask_reads_the_process_umask(umask: int) -> None:
+    from csekit.atomic import current_umask
+
+    assert current_umask() == umask
+
+
+def test_staging_leftovers_are_removed_and_nothing_else(tmp_path: Path) -> None:
+    from csekit.atomic import remove_staging_leftovers
+
+    for folder in (".best.1a2b3c4d.tmp", ".checkpoint.tmp", "best", ".git"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "model.safetensors").write_text("x", encoding="utf-8")
+    for name in (".metrics.jsonl.9f8e7d6c.tmp", "metrics.jsonl", "notes.tmp", ".lock"):
+        (tmp_path / name).write_text("x", encoding="utf-8")
+    removed = remove_staging_leftovers(tmp_path)
+    assert removed == [".best.1a2b3c4d.tmp", ".checkpoint.tmp", ".metrics.jsonl.9f8e7d6c.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".git", ".lock", "best", "metrics.jsonl", "notes.tmp"]

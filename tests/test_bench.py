@@ -58,6 +58,9 @@ def test_default_suite_is_valid() -> None:
         ("recipes: []\n", "suite.yaml:1: recipes must be a non-empty list"),
         ("seeds: [1]\nrecipe: x\n", "suite.yaml:2: unknown suite key 'recipe'"),
         ("seeds: one\nrecipes: [a.yaml]\n", "suite.yaml:1: seeds must be"),
+        ("seeds: [-1]\nrecipes: [a.yaml]\n", "suite.yaml:1: seeds must be a non-empty list of integers in [0, "),
+        ("seeds: [true]\nrecipes: [a.yaml]\n", "suite.yaml:1: seeds must be"),
+        ("tasks: ','\nrecipes: [a.yaml]\n", 'suite.yaml:1: --tasks ",": no task given'),
         ("tasks: STS21\nrecipes: [a.yaml]\n", 'suite.yaml:1: --tasks: unknown task "STS21"'),
         ("recipes:\n  - recipe: missing.yaml\n", "suite.yaml:2: recipe"),
     ],
@@ -67,3 +70,22 @@ def test_bad_suites_name_file_and_line(tmp_path: Path, text: str, needle: str) -
     (tmp_path / "suite.yaml").write_text(text, encoding="utf-8")
     with pytest.raises(CsekitError, match=needle.replace("[", r"\[")):
         load_suite(tmp_path / "suite.yaml")
+
+
+def test_csekit_bench_command_runs_a_suite(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`csekit bench SUITE --output DIR --set ...` is the README's command (it once answered "No such command")."""
+    from test_training import make_corpus, make_data_dir
+    from typer.testing import CliRunner
+
+    from csekit.cli import app
+
+    data = make_data_dir(tmp_path / "data")
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=48)
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(f"seeds: [1]\ntasks: stsb-dev\nrecipes: [{REPO / 'benchmarks/suites/smoke-recipe.yaml'}]\n")
+    args = ["bench", str(suite), "--output", str(tmp_path / "out"), "--data-dir", str(data), "--no-progress"]
+    args += ["--set", f"model.backbone={tiny_model_dir}", "--set", f"data.corpus={corpus}"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "smoke-recipe-seed1" / "results.json").exists()
+    assert "| Method |" in result.output and "ran 1, skipped 0 finished" in result.output

@@ -44,7 +44,7 @@ def test_shipped_composition_recipes_name_parts_of_both_papers() -> None:
         assert [o["name"] for o in recipe.objectives] == ["multi_positive"]
 
 
-def test_a_kept_head_survives_checkpoint_and_resume(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_a_kept_head_survives_checkpoint_and_resume(tmp_path: Path, tiny_model_dir: Path, test_parts: None) -> None:
     """With head_at_test the head is shared by the model and its encoder: the checkpoint must restore it."""
     import pytest
     from safetensors.torch import load_file
@@ -58,7 +58,7 @@ def test_a_kept_head_survives_checkpoint_and_resume(tmp_path: Path, tiny_model_d
         "model.head={name: whitening, whitening: shuffled_group, group_size: 8, num_positives: 3}",
         "model.head_at_test=true",
     ]
-    crash = f"{{name: 'parts_for_tests:RaiseOnce', weight: 0.0, at_call: 3, marker: '{marker}'}}"
+    crash = f"{{name: raise_once, weight: 0.0, at_call: 3, marker: '{marker}'}}"
     objectives = f"objectives=[{{name: multi_positive}}, {crash}]"
     marker.write_text("not this run", encoding="utf-8")
     train(tiny_recipe(tiny_model_dir, corpus, *parts, objectives), tmp_path / "straight", show_progress=False)

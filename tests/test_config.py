@@ -8,7 +8,7 @@ import pytest
 
 from csekit.config import build_part, load_recipe
 from csekit.errors import CsekitError
-from csekit.objectives import OBJECTIVES
+from csekit.objectives import OBJECTIVES, InfoNCE
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -97,8 +97,13 @@ def test_unknown_part_name_and_option_are_explained() -> None:
         build_part(OBJECTIVES, {"name": "infonce", "temprature": 0.1}, "objectives[0]")
 
 
-def test_part_by_import_path() -> None:
-    part = build_part({}, {"name": "csekit.objectives.infonce:InfoNCE", "temperature": 0.1}, "objectives[0]")
+def test_a_part_is_never_built_from_an_import_path() -> None:
+    """A recipe names parts; a Python path in it is refused (a user's part is registered: test_untrusted.py)."""
+    with pytest.raises(
+        CsekitError, match=r'recipe key objectives\[0\]\.name: unknown part "csekit.objectives.infonce:'
+    ):
+        build_part({}, {"name": "csekit.objectives.infonce:InfoNCE", "temperature": 0.1}, "objectives[0]")
+    part = build_part({"mine": InfoNCE}, {"name": "mine", "temperature": 0.1}, "objectives[0]")
     assert part.temperature == 0.1
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,49 @@ def test_corpus_survives_pickling_for_dataloader_workers(tmp_path: Path) -> None
     assert corpus[1] == "two"  # opens the memory map
     clone = pickle.loads(pickle.dumps(corpus))
     assert clone[0] == "one"
+
+
+def test_corpus_rewritten_with_the_same_size_is_an_error(tmp_path: Path) -> None:
+    path = write_bytes(tmp_path, b"one\ntwo\n")
+    corpus = Corpus(path)
+    stamp = path.stat().st_mtime_ns
+    path.write_bytes(b"six\nten\n")
+    os.utime(path, ns=(stamp + 1_000_000_000, stamp + 1_000_000_000))  # a later write, on any clock resolution
+    with pytest.raises(CsekitError, match="changed after it was read"):
+        corpus[1]
+
+
+def test_corpus_truncated_during_training_is_an_error_not_a_bus_error(tmp_path: Path) -> None:
+    """A memory map read past a truncated end kills the process with SIGBUS; the reader must stop with an error.
+
+    Run in a fresh process, so that a bus error shows as a signal instead of killing the test run.
+    """
+    import subprocess
+    import sys
+
+    path = write_bytes(tmp_path, b"".join(b"line %d\n" % i for i in range(20000)))
+    script = (
+        "import sys\nfrom csekit.data import Corpus\nfrom csekit.errors import CsekitError\n"
+        f"corpus = Corpus({str(path)!r})\ncorpus[0]\n"
+        f"open({str(path)!r}, 'r+b').truncate(10)\n"
+        "try:\n    corpus[19999]\nexcept CsekitError as error:\n    sys.exit(f'error: {error}')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 1, (result.returncode, result.stderr)
+    assert f"corpus {path} changed after it was read" in result.stderr
+
+
+def test_a_change_seen_by_a_dataloader_worker_is_still_one_line(tmp_path: Path) -> None:
+    """PyTorch re-raises a worker's error with the worker's traceback; the CLI prints the original line."""
+    from torch.utils.data import DataLoader
+
+    from csekit.errors import message_line
+
+    path = write_bytes(tmp_path, b"".join(b"line %d\n" % i for i in range(64)))
+    loader = DataLoader(Corpus(path), batch_size=4, num_workers=1)
+    path.write_bytes(b"short\n")
+    with pytest.raises(CsekitError) as error:
+        next(iter(loader))
+    assert "Traceback" in str(error.value)  # what PyTorch makes of it
+    assert message_line(error.value).startswith(f"corpus {path} changed after it was read")
+    assert "\n" not in message_line(error.value)

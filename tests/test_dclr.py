@@ -38,7 +38,7 @@ TAU = 1.0  # the authors' test: a temperature at which logit 0 and removal diffe
 
 
 def build(model_dir: Path, weighting: torch.nn.Module | None, noise: NoiseNegatives | None = None) -> ContrastiveModel:
-    encoder = SentenceEncoder.load(model_dir, pooler="mean", max_length=16)
+    encoder = SentenceEncoder.load(model_dir, pooler="mean")
     negatives = [noise] if noise is not None else []
     return ContrastiveModel(encoder, MLPHead(encoder.dim), 2, [(InfoNCE(), 1.0)], negatives, weighting)
 

@@ -157,6 +157,9 @@ def test_torchrun_trains_on_two_cpu_processes(tmp_path: Path, tiny_model_dir: Pa
     assert result.returncode == 0, result.stderr[-2000:]
     assert logged_steps(tmp_path / "out") == (2, [1, 2, 3])  # written once, by the main process
     assert (tmp_path / "out" / "best" / "model.safetensors").exists()
+    checkpoint = tmp_path / "out" / "checkpoint"
+    assert sorted(p.name for p in checkpoint.glob("rng_state_*.pt")) == ["rng_state_0.pt", "rng_state_1.pt"]
+    assert not (tmp_path / "out" / ".lock").exists()
 
 
 def test_accelerate_launch_trains_all_four_papers_on_two_cpu_processes(tmp_path: Path, tiny_model_dir: Path) -> None:

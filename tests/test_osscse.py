@@ -144,6 +144,7 @@ def test_bad_probe_file_names_the_line(tmp_path: Path) -> None:
 
 
 def test_prompt_truncates_the_sentence_never_the_template(tmp_path: Path) -> None:
+    """PromptBERT cuts the sentence to max_length (as a plain tokenisation with [CLS]/[SEP] would), then wraps it."""
     encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask")
     assert isinstance(encoder.pooler, MaskPooler) and POOLERS["mask"] is MaskPooler
     tokenizer = encoder.tokenizer
@@ -151,8 +152,9 @@ def test_prompt_truncates_the_sentence_never_the_template(tmp_path: Path) -> Non
     for view, word in ((0, None), (1, "of")):
         full = encoder.pooler.encode_ids(tokenizer, ["the man"], None, view=view)["input_ids"][0]
         template_length = len(full) - 2  # "the man" is two tokens
-        cut = encoder.pooler.encode_ids(tokenizer, [long_sentence], template_length + 3, view=view)["input_ids"][0]
-        assert len(cut) == template_length + 3
+        plain = tokenizer([long_sentence], truncation=True, max_length=5)["input_ids"][0]  # [CLS] 3 words [SEP]
+        cut = encoder.pooler.encode_ids(tokenizer, [long_sentence], 5, view=view)["input_ids"][0]
+        assert len(cut) == template_length + len(plain) - 2  # the whole template on top of the cut sentence
         tokens = tokenizer.convert_ids_to_tokens(cut)
         # Everything but the sentence is the untouched template: prefix before it, suffix after it.
         before, after = full[: full.index(tokenizer.convert_tokens_to_ids("the"))], full[-5:]
@@ -161,7 +163,23 @@ def test_prompt_truncates_the_sentence_never_the_template(tmp_path: Path) -> Non
         assert tokens.count("[MASK]") == 1 and tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
         assert (word in tokens) == (word is not None)
     with pytest.raises(CsekitError, match="max_length"):
-        encoder.pooler.encode_ids(tokenizer, ["the man"], 8)
+        encoder.pooler.encode_ids(tokenizer, ["the man"], 2)
+
+
+def test_prompt_inputs_fit_the_backbone_with_the_whole_template(tmp_path: Path) -> None:
+    """At inference only the backbone's limit applies: a sentence longer than it is cut, the template kept."""
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask")
+    limit = encoder.max_seq_length  # 64 positions in the tiny config
+    long_sentence = " ".join(["the man plays guitar"] * 40)  # 160 words
+    short = encoder.tokenize(["the man"])["input_ids"][0].tolist()
+    inputs = encoder.tokenize([long_sentence, "the man"])
+    assert inputs["input_ids"].shape[1] == limit
+    row = inputs["input_ids"][0].tolist()
+    prefix = short[: short.index(encoder.tokenizer.convert_tokens_to_ids("the"))]  # [CLS] + the template's start
+    assert row[: len(prefix)] == prefix and row[-5:] == short[-5:]  # ... and its end, [MASK] and [SEP]
+    assert row.count(encoder.tokenizer.mask_token_id) == 1
+    vectors = encoder.encode([long_sentence, "the man"])  # runs: no position overflow
+    assert np.isfinite(vectors).all()
 
 
 def test_mask_pooler_reads_the_mask_position_and_reloads(tmp_path: Path) -> None:
@@ -226,7 +244,8 @@ def test_roberta_style_tokenizer_keeps_the_template() -> None:
     assert tokenizer.decode(ids) == '<s>This sentence : "a man plays the guitar ." means <mask> .</s>'
     second = pooler.encode_ids(tokenizer, ["a man plays"], None, view=1)["input_ids"][0]
     assert tokenizer.decode(second) == '<s>This sentence of "a man plays" means <mask> .</s>'
-    long = pooler.encode_ids(tokenizer, ["a man plays the guitar . the woman eats food"], 20)["input_ids"][0]
+    text = "a man plays the guitar . the woman eats food"
+    long = pooler.encode_ids(tokenizer, [text], None, max_positions=20)["input_ids"][0]
     assert len(long) == 20 and long.count(tokenizer.mask_token_id) == 1
     assert tokenizer.decode(long).endswith('" means <mask> .</s>') and tokenizer.decode(long).startswith("<s>This")
 

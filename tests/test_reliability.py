@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from parts_for_tests import write_entry_points
 from safetensors.torch import load_file
 from test_training import make_corpus, read_metrics, tiny_recipe
 
@@ -27,7 +28,7 @@ data: {{corpus: "{corpus}"}}
 train: {{batch_size: 16, lr: 1.0e-3, max_steps: 12, eval_every: 4, log_every: 1, dev_task: none, seed: 7}}
 objectives:
   - {{name: infonce, temperature: 0.05}}
-  - {{name: "parts_for_tests:KillOnce", weight: 0.0, at_call: 7, marker: "{marker}"}}
+  - {{name: kill_once, weight: 0.0, at_call: 7, marker: "{marker}"}}
 """,
         encoding="utf-8",
     )
@@ -35,7 +36,10 @@ objectives:
 
 
 def run_train(recipe: Path, output: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
+    """`csekit train` in a subprocess that sees the test parts as an installed plugin's entry points."""
+    plugin = write_entry_points(output.parent / "plugin")
+    path = [str(TESTS), str(plugin), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     command = [sys.executable, "-m", "csekit.cli", "train", str(recipe), "--output", str(output), "--no-progress"]
     return subprocess.run([*command, *extra], capture_output=True, text=True, env=env)
 
@@ -79,10 +83,10 @@ def test_resume_of_a_finished_run_does_nothing(tmp_path: Path, tiny_model_dir: P
 
 @pytest.mark.parametrize("gradient_only", [False, True])
 def test_non_finite_steps_are_skipped_then_stop_the_run(
-    tmp_path: Path, tiny_model_dir: Path, gradient_only: bool
+    tmp_path: Path, tiny_model_dir: Path, gradient_only: bool, test_parts: None
 ) -> None:
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    spec = f"{{name: 'parts_for_tests:NanAfter', after: 3, gradient_only: {str(gradient_only).lower()}}}"
+    spec = f"{{name: nan_after, after: 3, gradient_only: {str(gradient_only).lower()}}}"
     recipe = tiny_recipe(
         tiny_model_dir,
         corpus,
@@ -90,7 +94,6 @@ def test_non_finite_steps_are_skipped_then_stop_the_run(
         "train.eval_every=2",
         f"objectives=[{{name: infonce}}, {spec}]",
     )
-    sys.path.insert(0, str(TESTS))
     with pytest.raises(CsekitError, match="in a row had a non-finite"):
         train(recipe, tmp_path / "run", show_progress=False)
     records = read_metrics(tmp_path / "run")

@@ -56,25 +56,84 @@ def write_counts(tokenizer: BertTokenizerFast, path: Path) -> Path:
 # ------------------------------------------------------------------ labels
 
 
+def authors_get_label(token_dic: dict[str, int], tokenizer: BertTokenizerFast, low_rate: float = 0.5) -> dict[int, int]:
+    """Line-for-line port of the authors' `get_label` (wangbing1416/SLT-FAI, AdvCLSoftmaxLoss.py:132-149)."""
+    freq_list = [token_dic[i] for i in token_dic]
+    num = 0
+    for i in freq_list:
+        if i == 0:
+            num += 1
+    freq_list.sort()
+    thres = freq_list[num + int((len(freq_list) - num) * low_rate)]
+    freq_label = {}
+    for k, v in token_dic.items():
+        index = tokenizer.convert_tokens_to_ids(k)
+        freq_label[index] = 1 if v < thres else 0
+    return freq_label
+
+
 def test_labels_from_counts_hand_example_with_ties_and_special_tokens(tmp_path: Path) -> None:
     tokenizer = hand_tokenizer(tmp_path)
-    # Special tokens have the smallest counts and would be ranked first if they counted; "e" is missing (0).
+    # "e" is missing (count 0); [CLS] occurs, so it is ranked (as in the authors' code) but labelled 0.
     counts = {"[PAD]": 0, "[UNK]": 0, "[CLS]": 5, "[SEP]": 0, "[MASK]": 0, "a": 10, "b": 3, "c": 3, "d": 3, "f": 7}
     labels = frequency_labels(counts, tokenizer, low_fraction=0.5)
     by_token = {token: int(labels[i]) for token, i in tokenizer.get_vocab().items()}
-    # 6 ranked types -> floor(3) low: e (0), then the tie at 3 is broken by the higher id: d, c; b stays 0.
+    # Occurring counts 3 3 3 5 7 10: the threshold is the one at rank floor(0.5 * 6) = 3, i.e. 5;
+    # below it: b, c, d, and e (never occurs). Special tokens are 0.
     assert by_token == {"[PAD]": 0, "[UNK]": 0, "[CLS]": 0, "[SEP]": 0, "[MASK]": 0} | {
         "a": 0,
-        "b": 0,
+        "b": 1,
         "c": 1,
         "d": 1,
         "e": 1,
         "f": 0,
     }
-    labels = frequency_labels(counts, tokenizer, low_fraction=0.34)  # floor(2.04) = 2
-    assert [tokenizer.convert_ids_to_tokens(i) for i in labels.nonzero().flatten().tolist()] == ["d", "e"]
+    # Rank floor(0.34 * 6) = 2 holds a 3: pieces tied at the threshold are all high-frequency.
+    labels = frequency_labels(counts, tokenizer, low_fraction=0.34)
+    assert [tokenizer.convert_ids_to_tokens(i) for i in labels.nonzero().flatten().tolist()] == ["e"]
     with pytest.raises(CsekitError, match="another tokenizer"):
         frequency_labels({"zebra": 1, "yak": 2}, tokenizer)
+    with pytest.raises(CsekitError, match=r"no token .* count above 0"):
+        frequency_labels(dict.fromkeys(tokenizer.get_vocab(), 0), tokenizer)
+
+
+def test_pieces_that_never_occur_do_not_shift_the_split() -> None:
+    occurring = {"a": 50, "b": 40, "c": 30, "d": 20, "e": 10, "f": 5}
+    small = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *occurring]
+    never = [f"##{letter}" for letter in "ghijklmnopqrstuvwxyz"]  # 20 pieces the corpus never produces
+    large = small + never
+    tokenizers = [BertTokenizerFast(vocab={t: i for i, t in enumerate(vocab)}) for vocab in (small, large)]
+    counts = occurring | dict.fromkeys(never[:15], 0)  # 5 of the unseen pieces are absent from the counts
+    labels = [frequency_labels(counts, tokenizer) for tokenizer in tokenizers]
+    occurring_labels = [
+        {t: int(table[tok.convert_tokens_to_ids(t)]) for t in occurring}
+        for table, tok in zip(labels, tokenizers, strict=True)
+    ]
+    # Threshold: the count at rank floor(0.5 * 6) = 3 of 5 10 20 30 40 50, i.e. 30; d, e, f are low either way.
+    assert occurring_labels[0] == occurring_labels[1] == {"a": 0, "b": 0, "c": 0, "d": 1, "e": 1, "f": 1}
+    assert all(int(labels[1][tokenizers[1].convert_tokens_to_ids(t)]) == 1 for t in never)
+
+
+@pytest.mark.data
+def test_labels_equal_the_authors_on_their_bookcorpus_counts() -> None:
+    root = shared_data_dir()
+    if root is None or not (root / BOOK_COUNTS).exists():
+        pytest.skip("the authors' BookCorpus counts are not in the data folder")
+    token_dic = json.loads((root / BOOK_COUNTS).read_text(encoding="utf-8"))
+    # labels.json lists bert-base-uncased's vocabulary in id order (the authors iterate tokenizer.vocab).
+    tokenizer = BertTokenizerFast(vocab={token: i for i, token in enumerate(token_dic)}, do_lower_case=True)
+    authors = authors_get_label(token_dic, tokenizer)
+    special = set(tokenizer.all_special_ids)
+    for name in ("labels.json", "labels_sort.json"):
+        ours = frequency_labels(read_counts(root / BOOK_COUNTS.replace("labels.json", name)), tokenizer)
+        assert {i: int(ours[i]) for i in authors if i not in special} == {
+            i: label for i, label in authors.items() if i not in special
+        }
+        assert all(int(ours[i]) == 0 for i in special)  # the authors' code gives them 1 ([UNK] 24 < 2945)
+    # The figures of this split: 2,994 pieces never occur, threshold 2,945 (the count at rank 13,764 of the
+    # 27,528 occurring pieces), 13,764 occurring pieces + 2,994 unseen = 16,758 low-frequency pieces.
+    assert sum(authors.values()) == 16758 and int(ours.sum()) == 16758 - len(special)
+    assert sum(1 for count in token_dic.values() if 0 < count < 2945) == 13764
 
 
 def test_counts_file_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,12 +201,11 @@ def test_vectorised_lookup_equals_python_reference_on_minilm_tokenizer() -> None
     counts = read_counts(root / BOOK_COUNTS)
     table = FrequencyLabels.from_counts(str(root / BOOK_COUNTS), tokenizer)
 
-    # Slow reference: rank the non-special vocabulary in Python and take the least frequent half.
-    vocab = tokenizer.get_vocab()
+    # Slow reference: the authors' get_label on the same counts, special tokens excluded.
     special = set(tokenizer.all_special_tokens)
-    ranked = sorted((t for t in vocab if t not in special), key=lambda t: (counts.get(t, 0), -vocab[t]))
-    low = set(ranked[: len(ranked) // 2])
-    assert int(table.labels.sum()) == len(low) == (30522 - 5) // 2
+    by_id = authors_get_label(counts, tokenizer)
+    low = {token for token, index in tokenizer.get_vocab().items() if by_id[index] and token not in special}
+    assert int(table.labels.sum()) == len(low) == 16758 - 5
 
     sentences = (root / "corpus" / "sts_sick_unlabeled_sentences.txt").read_text(encoding="utf-8").splitlines()[:300]
     batch = tokenizer(sentences, padding=True, truncation=True, max_length=48, return_tensors="pt")
@@ -407,6 +465,36 @@ def test_slt_fai_recipes_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
         names = {type(part).__name__ for part in model.objectives}
         assert ("AdversarialTuning" in names) == ("no-at" not in path.name)
         assert ("IncompleteSentenceFiltering" in names) == ("no-isf" not in path.name)
+
+
+def test_consert_recipe_trains_with_the_authors_settings() -> None:
+    """slt-fai-consert-sts.yaml: ConSERT's unsupervised settings, as SLT-FAI's main.py and scripts run them."""
+    recipe = load_recipe(REPO / "recipes" / "slt-fai-consert-sts.yaml")
+    train_config = recipe.train
+    got = {
+        "lr": train_config.lr,
+        "batch_size": train_config.batch_size,
+        "epochs": train_config.epochs,
+        "eval_every": train_config.eval_every,
+        "warmup_ratio": train_config.warmup_ratio,
+        "weight_decay": train_config.weight_decay,
+        "max_length": recipe.model.max_length,
+        "dropout": recipe.model.dropout,
+        "temperature": recipe.objectives[0]["temperature"],
+        "warm_up_epochs": {spec.get("start_after_epochs") for spec in recipe.objectives[1:]},
+    }
+    assert got == {
+        "lr": 5e-7,
+        "batch_size": 32,
+        "epochs": 10,
+        "eval_every": 200,
+        "warmup_ratio": 0.1,
+        "weight_decay": 0.01,
+        "max_length": 64,
+        "dropout": 0.0,
+        "temperature": 0.1,
+        "warm_up_epochs": {0.5},
+    }
 
 
 def read_lines(root: Path, count: int) -> list[str]:

@@ -219,3 +219,96 @@ def test_freed_memory_is_reused_without_page_faults() -> None:
 
     assert faults("default") > 10_000
     assert faults("keep") < 100
+
+
+LONG_SENTENCES = [
+    " ".join(WORDS[i % len(WORDS)] for i in range(start, start + 40)) for start in range(0, 120, 17)
+]  # 40 words each: far beyond the training max_length of 8 tokens, within the tiny model's 64 positions
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        ["model.pooler=cls"],  # SimCSE
+        [  # WhitenedCSE with its head kept at test time (exported as a folded Dense layer)
+            "model.pooler=cls",
+            "model.head={name: whitening, whitening: shuffled_group, num_groups: 8, num_positives: 3}",
+            "model.head_at_test=true",
+            "objectives=[{name: multi_positive, temperature: 0.05}]",
+        ],
+    ],
+    ids=["simcse", "whitenedcse-head"],
+)
+def test_a_trained_model_encodes_untruncated_and_sentence_transformers_agrees(
+    tmp_path: Path, tiny_model_dir: Path, parts: list[str]
+) -> None:
+    """model.max_length bounds training only: evaluation, encode and the export see whole sentences."""
+    st = pytest.importorskip("sentence_transformers")
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=3", "model.max_length=8", *parts)
+    train(recipe, tmp_path / "run", show_progress=False)
+    best = tmp_path / "run" / "best"
+    encoder = SentenceEncoder.load(best)
+    ours = encoder.encode(LONG_SENTENCES)
+
+    truncated = [
+        encoder.tokenizer.decode(encoder.tokenizer(s, truncation=True, max_length=8)["input_ids"][1:-1])
+        for s in LONG_SENTENCES
+    ]
+    assert not np.allclose(ours, encoder.encode(truncated), atol=1e-4)  # the words past token 8 count
+    config = json.loads((best / "sentence_bert_config.json").read_text())
+    assert config["max_seq_length"] == encoder.max_seq_length == 64  # the backbone's limit, not 8
+
+    theirs = st.SentenceTransformer(str(best), device="cpu").encode(LONG_SENTENCES)
+    cosine = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
+    assert cosine.min() >= 0.9999
+
+
+def add_sick_trial(root: Path, pairs: int = 30, seed: int = 2) -> Path:
+    """A made-up SICK trial split (SentEval's SICK_trial.txt: header, then id, A, B, score, label)."""
+    rng = random.Random(seed)
+    words = [w for w in WORDS if w.isalpha()]
+    rows = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"]
+    for i in range(pairs):
+        a, b = " ".join(rng.choices(words, k=5)), " ".join(rng.choices(words, k=5))
+        rows.append(f"{i}\t{a}\t{b}\t{rng.uniform(1, 5):.2f}\tNEUTRAL")
+    folder = root / "sts" / "SICK"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "SICK_trial.txt").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return root
+
+
+def test_selection_on_avg_sts_evaluates_both_dev_sets(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """SimCSE's and DCLR's eval_avg_sts: the mean of STS-B dev and SICK-R dev picks the best model."""
+    from csekit.evaluation.sts import evaluate_dev
+
+    data = add_sick_trial(make_data_dir(tmp_path / "data"))
+    corpus = make_corpus(tmp_path / "corpus.txt")
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        corpus,
+        "train.max_steps=4",
+        "train.eval_every=2",
+        "train.dev_task=sts",
+        "train.select_metric=avg_sts",
+        "model.pooler=mean",
+    )
+    result = train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
+    evaluations = [r for r in read_metrics(tmp_path / "run") if "avg_sts" in r]
+    assert [r["step"] for r in evaluations] == [2, 4]
+    for record in evaluations:
+        assert record["avg_sts"] == pytest.approx((record["stsb-dev"] + record["sick-dev"]) / 2)
+    best = max(evaluations, key=lambda r: r["avg_sts"])
+    assert (result.best_step, result.best_score) == (best["step"], pytest.approx(best["avg_sts"]))
+    model = SentenceEncoder.load(tmp_path / "run" / "best")
+    assert evaluate_dev(model.encode, data, ["stsb-dev", "sick-dev"])["avg_sts"] == pytest.approx(
+        best["avg_sts"], abs=1e-6
+    )
+
+
+def test_select_metric_must_be_a_score_of_the_dev_task() -> None:
+    with pytest.raises(CsekitError, match=r"avg_sts.*not a score of dev_task stsb-dev; choose stsb-dev"):
+        load_recipe(None, ["train.dev_task=stsb-dev", "train.select_metric=avg_sts"])
+    with pytest.raises(CsekitError, match='unknown dev task "stsb"'):
+        load_recipe(None, ["train.dev_task=stsb"])
+    assert load_recipe(None, ["train.dev_task=none", "train.select_metric=anything"]).train.dev_task == "none"

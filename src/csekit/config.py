@@ -11,8 +11,11 @@ against the part's constructor when the part is built.
 from __future__ import annotations
 
 import dataclasses
-import importlib
+import importlib.metadata
 import inspect
+import math
+import types
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +26,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from csekit.errors import CsekitError, did_you_mean
+from csekit.precision import PRECISIONS
 
 
 @dataclass
@@ -60,14 +64,16 @@ class TrainConfig:
     max_steps: int | None = None  # when set, the run's length in steps (replaces epochs), as in transformers
     eval_every: int = 125
     log_every: int = 10
-    precision: str = "fp32"  # fp32 | bf16 | fp16
+    precision: str = "auto"  # auto (bf16 where the hardware runs it natively, else fp32) | fp32 | bf16 | fp16
     seed: int = 42
     warmup_ratio: float = 0.0
     weight_decay: float = 0.0
     max_grad_norm: float | None = 1.0  # the reference code trains with the HF Trainer's default clipping
     max_bad_steps: int = 20  # this many non-finite steps in a row stop the run
-    dev_task: str = "stsb-dev"
-    select_metric: str = "stsb-dev"  # the dev score that picks the best checkpoint (higher is better)
+    # Dev splits evaluated every eval_every steps: sts (STS-B dev and SICK-R dev, and their mean avg_sts, as
+    # SimCSE's and DCLR's code log them), stsb-dev, sick-dev, or none.
+    dev_task: str = "sts"
+    select_metric: str = "stsb-dev"  # the dev score that picks the best checkpoint: stsb-dev, sick-dev or avg_sts
     eval_batch_size: int = 128
     # On CPU (Linux), glibc keeps freed memory for reuse instead of page-faulting large blocks back
     # in every step (see csekit.training.keep_freed_memory).
@@ -88,6 +94,9 @@ class Recipe:
     def to_yaml(self) -> str:
         return yaml.safe_dump(dataclasses.asdict(self), sort_keys=False)
 
+
+MAX_SEED = 2**32 - 1
+"""The largest seed every generator accepts (numpy's legacy seeding takes [0, 2**32 - 1])."""
 
 PART_SECTIONS = ("model.head", "data.views", "negatives", "weighting", "objectives")
 """Keys whose values are part specifications (`name` plus the part's own options)."""
@@ -235,27 +244,68 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recip
 def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     """Checks the schema cannot express: value ranges and choices."""
     train = recipe.train
+    seed_range = f"must be in [0, {MAX_SEED}] (numpy's seed range)"
     checks = [
         ("train.batch_size", train.batch_size >= 2, "must be at least 2 (contrastive learning needs negatives)"),
-        ("train.lr", train.lr > 0, "must be positive"),
+        ("train.lr", math.isfinite(train.lr) and train.lr > 0, "must be a positive number"),
         ("train.epochs", train.epochs >= 1, "must be at least 1"),
         ("train.max_steps", train.max_steps is None or train.max_steps >= 1, "must be at least 1"),
         ("train.eval_every", train.eval_every >= 0, "must be >= 0 (0 evaluates only at the end)"),
         ("train.log_every", train.log_every >= 1, "must be at least 1"),
         ("train.max_bad_steps", train.max_bad_steps >= 1, "must be at least 1"),
-        ("train.precision", train.precision in ("fp32", "bf16", "fp16"), "must be fp32, bf16 or fp16"),
+        ("train.precision", train.precision in PRECISIONS, "must be auto, fp32, bf16 or fp16"),
         ("train.warmup_ratio", 0 <= train.warmup_ratio < 1, "must be in [0, 1)"),
+        ("train.weight_decay", math.isfinite(train.weight_decay) and train.weight_decay >= 0, "must be >= 0"),
+        (
+            "train.max_grad_norm",
+            train.max_grad_norm is None or train.max_grad_norm > 0,
+            "must be positive (the gradient norm is clipped to it), or null for no clipping",
+        ),
+        ("train.eval_batch_size", train.eval_batch_size >= 1, "must be at least 1"),
+        ("train.seed", 0 <= train.seed <= MAX_SEED, seed_range),
         ("model.max_length", recipe.model.max_length >= 4, "must be at least 4"),
+        (
+            "model.dropout",
+            recipe.model.dropout is None or 0 <= recipe.model.dropout < 1,
+            "must be in [0, 1), or null for the backbone's own",
+        ),
         ("model.length_group_size", recipe.model.length_group_size >= 0, "must be 0 (off) or a positive size"),
         ("data.bad_lines", recipe.data.bad_lines in ("error", "skip"), "must be error or skip"),
         ("data.max_chars", recipe.data.max_chars >= 1, "must be at least 1"),
+        ("data.num_workers", recipe.data.num_workers >= 0, "must be >= 0 (0 loads batches in the main process)"),
+        ("objectives", len(recipe.objectives) >= 1, "must list at least one objective (e.g. - name: infonce)"),
     ]
     for key, ok, message in checks:
         if not ok:
             raise CsekitError(f"{where(key)}: recipe key {key} {message}")
+    _check_dev_selection(train, where)
+    for index, spec in enumerate(recipe.objectives):
+        weight = spec.get("weight", 1.0) if isinstance(spec, Mapping) else 1.0
+        number = isinstance(weight, int | float) and not isinstance(weight, bool)
+        if not (number and math.isfinite(weight) and weight >= 0):
+            key = f"objectives[{index}].weight"
+            raise CsekitError(f"{where(key)}: recipe key {key} must be a number >= 0, got {weight!r}")
     for key, spec in _part_specs(recipe):
         if not isinstance(spec, Mapping) or "name" not in spec:
             raise CsekitError(f'{where(key)}: recipe key {key} must be a mapping with a "name"')
+
+
+def _check_dev_selection(train: TrainConfig, where: Any) -> None:
+    """`dev_task` must be known and `select_metric` one of the scores it gives."""
+    from csekit.evaluation.sts import TRAINING_DEV_TASKS, dev_scores
+
+    choices = [*TRAINING_DEV_TASKS, "none"]
+    if train.dev_task not in choices:
+        raise CsekitError(
+            f'{where("train.dev_task")}: recipe key train.dev_task: unknown dev task "{train.dev_task}"'
+            f"{did_you_mean(train.dev_task, choices)}; choose {', '.join(choices)}"
+        )
+    scores = dev_scores(train.dev_task)
+    if scores and train.select_metric not in scores:
+        raise CsekitError(
+            f'{where("train.select_metric")}: recipe key train.select_metric: "{train.select_metric}" is not a '
+            f"score of dev_task {train.dev_task}; choose {', '.join(scores)}"
+        )
 
 
 def _part_specs(recipe: Recipe) -> list[tuple[str, Any]]:
@@ -270,25 +320,33 @@ def _part_specs(recipe: Recipe) -> list[tuple[str, Any]]:
 def build_part(table: Mapping[str, Any], spec: Mapping[str, Any], key: str, **context: Any) -> Any:
     """Instantiate the part named by `spec["name"]` from `table` with the spec's options.
 
-    `name` may also be an import path (`package.module:Class`) for a user's own part. `context`
-    holds values the caller supplies (e.g. `dim`), passed only when the constructor accepts them.
-    A wrong name or option gives one line naming the recipe key and the closest valid choice.
+    Only parts in `table` are built: csekit's own, those registered with `csekit.register_part` and
+    those installed packages declare (entry points, loaded here when named). A recipe is data from
+    anyone, so a name is never imported or called as a Python path. `context` holds values the
+    caller supplies (e.g. `dim`), passed only when the constructor accepts them. A wrong name or
+    option gives one line naming the recipe key and the closest valid choice.
     """
     options = {k: v for k, v in spec.items() if k not in ("name", "weight")}
     name = str(spec["name"])
-    if name in table:
-        factory = table[name]
-    elif ":" in name:
-        module_name, _, attribute = name.partition(":")
-        try:
-            factory = getattr(importlib.import_module(module_name), attribute)
-        except (ImportError, AttributeError) as error:
-            raise CsekitError(f'recipe key {key}: cannot import "{name}" ({error})') from None
-    else:
+    if name not in table:
+        hint = (
+            "; a recipe cannot name Python code: register your part with csekit.register_part "
+            "or a csekit.parts entry point (docs/architecture.md)"
+            if ":" in name or "." in name
+            else ""
+        )
         raise CsekitError(
             f'recipe key {key}.name: unknown part "{name}"{did_you_mean(name, table)}; '
-            f"choose one of {', '.join(sorted(table))} or give package.module:Class"
+            f"choose one of {', '.join(sorted(table))}{hint}"
         )
+    factory = table[name]
+    if isinstance(factory, importlib.metadata.EntryPoint):
+        try:
+            factory = factory.load()
+        except Exception as error:  # an installed plugin failing to import is reported, not raised
+            raise CsekitError(
+                f'recipe key {key}.name: part "{name}" from entry point {factory.value} cannot be loaded ({error})'
+            ) from None
     parameters = inspect.signature(factory).parameters
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     for option in options:
@@ -298,8 +356,109 @@ def build_part(table: Mapping[str, Any], spec: Mapping[str, Any], key: str, **co
                 f'recipe key {key}.{option}: "{name}" has no option "{option}"{did_you_mean(option, valid)}'
                 f"; its options: {', '.join(valid) or 'none'}"
             )
+    _check_option_types(factory, options, key)
     supplied = {k: v for k, v in context.items() if k in parameters or accepts_any}
     try:
         return factory(**supplied, **options)
     except (TypeError, ValueError) as error:
         raise CsekitError(f"recipe key {key}: {error}") from None
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys of a resolved recipe (`objectives[0].temperature`) and their values."""
+    if isinstance(value, Mapping):
+        flat: dict[str, Any] = {}
+        for key, item in value.items():
+            flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return flat or {prefix: {}}
+    if isinstance(value, list) and value:
+        flat = {}
+        for index, item in enumerate(value):
+            flat.update(_flatten(item, f"{prefix}[{index}]"))
+        return flat
+    return {prefix: value}
+
+
+def recipe_changes(old: Recipe, new: Recipe) -> dict[str, tuple[Any, Any]]:
+    """Every dotted key whose value differs between two resolved recipes: {key: (old, new)} (None: absent)."""
+    before, after = _flatten(dataclasses.asdict(old)), _flatten(dataclasses.asdict(new))
+    return {
+        key: (before.get(key), after.get(key))
+        for key in [*before, *(k for k in after if k not in before)]
+        if before.get(key) != after.get(key) or (key in before) != (key in after)
+    }
+
+
+def _option_hints(factory: Any) -> dict[str, Any]:
+    """The constructor's resolved type hints, or none when they cannot be resolved (then nothing is checked)."""
+    target = factory.__init__ if inspect.isclass(factory) else factory
+    try:
+        return typing.get_type_hints(target)
+    except Exception:  # an unresolvable forward reference in a user's part: leave its options unchecked
+        return {}
+
+
+def _fits(value: Any, hint: Any) -> bool | None:
+    """Whether a YAML value fits a type hint: True, False, or None when the hint is not a plain type.
+
+    YAML gives int, float, bool, str, None, lists and mappings. A bool is not a number here (YAML's
+    `true` for a temperature is a mistake), an int is a float, and a float option must be finite.
+    """
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return None
+    if hint is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        verdicts = [_fits(value, option) for option in typing.get_args(hint)]
+        if any(verdicts):
+            return True
+        return None if None in verdicts else False
+    if origin in (list, tuple, Sequence):
+        if isinstance(value, str):
+            return origin is Sequence  # a string is a Sequence (of characters), never a list
+        if not isinstance(value, list | tuple):
+            return False
+        arguments = typing.get_args(hint)
+        if len(arguments) != 1:
+            return None
+        verdicts = {_fits(item, arguments[0]) for item in value}
+        return False if False in verdicts else (None if None in verdicts else True)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if hint is str:
+        return isinstance(value, str)
+    return None
+
+
+def _check_option_types(factory: Any, options: Mapping[str, Any], key: str) -> None:
+    """Refuse a part option whose value does not fit the constructor's annotation (`temperature: abc`).
+
+    Without this a wrong type fails deep inside a training step with a traceback, or, for a bool
+    given as a number, silently runs with 1 or 0.
+    """
+    hints = _option_hints(factory)
+    for option, value in options.items():
+        hint = hints.get(option)
+        if hint is not None and _fits(value, hint) is False:
+            expected = _describe(hint)
+            raise CsekitError(f"recipe key {key}.{option}: expected {expected}, got {value!r}")
+
+
+def _describe(hint: Any) -> str:
+    """`float | None` -> "a finite number or null", for error messages."""
+    names = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string", type(None): "null"}
+    if hint in names:
+        return names[hint]
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(option) for option in typing.get_args(hint))
+    if origin in (list, tuple, Sequence):
+        items = {int: "integers", float: "numbers", str: "strings", bool: "true/false values"}
+        arguments = typing.get_args(hint)
+        return f"a list of {items[arguments[0]]}" if len(arguments) == 1 and arguments[0] in items else "a list"
+    return getattr(hint, "__name__", str(hint))

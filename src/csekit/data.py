@@ -2,8 +2,10 @@
 
 A plain-text corpus is scanned once: blank lines are skipped and counted, and undecodable or
 absurdly long lines are reported with their line numbers. What is kept in memory is only the byte
-offset and length of each sentence; sentences are decoded from a memory map when a batch asks for
-them, so a corpus of millions of lines costs a few bytes per line. `.gz` corpora are decompressed
+offset and length of each sentence; sentences are read from the file and decoded when a batch asks
+for them, so a corpus of millions of lines costs a few bytes per line. A file that changes after the
+scan (truncated or rewritten during training) stops the run with an error naming it; a memory map
+would instead kill the process with a bus error when it reads past a truncated end. `.gz` corpora are decompressed
 into memory; `.jsonl` corpora give one JSON object per line (the text under `text_column`, plus any
 fields a method needs, such as a paraphrase).
 """
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import mmap
+import os
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -73,12 +75,15 @@ class Corpus(Dataset):
         self._starts = np.zeros(0, dtype=np.int64)
         self._lengths = np.zeros(0, dtype=np.int32)
         self._lines: list[Any] | None = None
-        self._mmap: mmap.mmap | None = None
+        self._handle: Any = None  # opened on first read (and again in each DataLoader worker)
         if not self.path.exists():
             raise CsekitError(f"corpus {self.path} does not exist")
         if not self.path.is_file():
             raise CsekitError(f"corpus {self.path} is not a file")
+        self._scanned = self._signature()
         self._scan(max_chars, bad_lines)
+        if self._signature() != self._scanned:
+            raise CsekitError(f"corpus {self.path} changed while it was being read; read it again when it is complete")
         if self.report.sentences == 0:
             raise CsekitError(
                 f"corpus {self.path} has no sentences ({self.report.blank_lines:,} blank lines, "
@@ -138,18 +143,44 @@ class Corpus(Dataset):
     def __len__(self) -> int:
         return self.report.sentences
 
+    def _signature(self) -> tuple[int, int]:
+        """(size, modification time) of the file: what must not change between the scan and the reads."""
+        try:
+            info = self.path.stat()
+        except OSError as error:
+            raise CsekitError(f"corpus {self.path}: cannot read it ({error.strerror})") from None
+        return info.st_size, info.st_mtime_ns
+
     def __getitem__(self, index: int) -> Any:
         if self._lines is not None:
             return self._lines[index]
-        if self._mmap is None:
-            with open(self.path, "rb") as handle:
-                self._mmap = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-        start = int(self._starts[index])
-        return self._mmap[start : start + int(self._lengths[index])].decode("utf-8")
+        if self._handle is None:
+            try:
+                self._handle = open(self.path, "rb", buffering=0)  # noqa: SIM115 (held for the corpus's life)
+            except OSError as error:
+                raise CsekitError(f"corpus {self.path}: cannot read it ({error.strerror})") from None
+        # Checked before every read: one fstat, microseconds, next to a training step's milliseconds.
+        info = os.fstat(self._handle.fileno())
+        start, length = int(self._starts[index]), int(self._lengths[index])
+        raw = b""
+        if (info.st_size, info.st_mtime_ns) == self._scanned:
+            self._handle.seek(start)
+            raw = self._handle.read(length)
+        if len(raw) != length:
+            raise CsekitError(
+                f"corpus {self.path} changed after it was read at the start (now {info.st_size:,} bytes, then "
+                f"{self._scanned[0]:,}); restore it, then continue with --resume"
+            )
+        return raw.decode("utf-8")
 
     def __getstate__(self) -> dict[str, Any]:
-        # A memory map cannot be pickled (DataLoader workers); each worker reopens it.
-        return {**self.__dict__, "_mmap": None}
+        # An open file cannot be pickled (DataLoader workers); each worker reopens it.
+        return {**self.__dict__, "_handle": None}
+
+    def __del__(self) -> None:
+        handle = getattr(self, "_handle", None)
+        if handle is not None:
+            handle.close()
 
 
 class HubCorpus(Dataset):

