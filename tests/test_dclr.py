@@ -335,7 +335,7 @@ def test_compositions_read_the_simcse_complementary_model_as_dclr_does(name: str
 
 def test_mlp_head_through_the_backbone_pooler_is_the_authors_training_representation(tiny_model_dir: Path) -> None:
     """DCLR's code trains on mlp(bert.pooler(last_hidden)): tanh(L(tanh(P [CLS]))), P pre-trained and trained."""
-    encoder = SentenceEncoder.load(tiny_model_dir, pooler="cls", max_length=16)
+    encoder = SentenceEncoder.load(tiny_model_dir, pooler="cls")
     recipe = load_recipe(None, ["model.head_at_test=false"])
     spec = {"name": "mlp", "through_backbone_pooler": True}
     head = build_part(HEADS, spec, "model.head", dim=encoder.dim, encoder=encoder, recipe=recipe)
