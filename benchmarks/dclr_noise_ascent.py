@@ -84,13 +84,13 @@ def main() -> None:
     corpus = Path(resolve_data_dir(args.data_dir)) / "corpus" / "sts_sick_unlabeled_sentences.txt"
     lines = [line.strip() for line in corpus.read_text(encoding="utf-8").splitlines() if line.strip()]
     torch.manual_seed(args.seed)
-    encoder = SentenceEncoder.load("minilm-l6", pooler="cls", max_length=32).train()  # dropout on: two views
+    encoder = SentenceEncoder.load("minilm-l6", pooler="cls").train()  # dropout on: two views
     head = MLPHead(encoder.dim)  # a fresh SimCSE head, as at the first DCLR step
     generator = torch.Generator().manual_seed(args.seed)
     results: dict[str, list[dict[str, float]]] = {"pooled [CLS]": [], "fresh MLP head": []}
     for index in range(args.batches):
         batch = lines[index * args.batch_size : (index + 1) * args.batch_size]
-        inputs = encoder.tokenize(batch)
+        inputs = encoder.tokenize(batch, max_length=32)  # the recipes' training bound
         with torch.no_grad():
             anchors = encoder(inputs, token_states=False).pooled
             positives = encoder(inputs, token_states=False).pooled

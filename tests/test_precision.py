@@ -109,4 +109,4 @@ def test_evaluate_reports_the_precision_it_used(tmp_path: Path, tiny_model_dir: 
     )
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["precision"] == "fp32"
-    assert "auto -> fp32: this CPU has no native bf16" in result.output
+    assert "fp32 (auto: this CPU has no native bf16" in result.output

@@ -451,7 +451,7 @@ def test_slt_fai_recipes_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.chdir(tmp_path)
     recipes = sorted((REPO / "recipes").glob("slt-fai*.yaml"))
     assert {"slt-fai-simcse.yaml", "slt-fai-consert-sts.yaml", "slt-fai-minilm.yaml"} <= {p.name for p in recipes}
-    encoder = SentenceEncoder.load("minilm-l6", "mean", 32)
+    encoder = SentenceEncoder.load("minilm-l6", "mean")
     with pytest.raises(CsekitError, match=r"freq/sts_sick_minilm-l6\.json not found.*csekit freq"):
         build_model(load_recipe(REPO / "recipes" / "slt-fai-minilm.yaml"), encoder)
     sample = tmp_path / "sample.txt"

@@ -387,12 +387,12 @@ def _choose_precision(requested: str, encoder: object) -> tuple[str, str]:
 
     An explicit bf16 on a CPU without native bf16 is warned about at once, before the slow work.
     """
-    from csekit.precision import choose_precision
+    from csekit.precision import choose_precision, resolve_precision
 
     notes: list[str] = []
     chosen = choose_precision(requested, encoder.device, "--precision", say=notes.append)  # type: ignore[attr-defined]
     if requested == "auto":
-        return chosen, notes[0].removeprefix("csekit: --precision ")
+        return chosen, f"{chosen} (auto: {resolve_precision(requested, encoder.device)[1]})"  # type: ignore[attr-defined]
     for line in notes:
         typer.echo(line, err=True)
     return chosen, chosen

@@ -184,6 +184,7 @@ class SentenceEncoder(nn.Module):
         cls,
         name_or_path: str | Path,
         pooler: str | None = None,
+        *,
         dropout: float | None = None,
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.

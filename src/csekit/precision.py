@@ -47,10 +47,9 @@ def resolve_precision(requested: str, device: torch.device | str) -> tuple[str, 
     if requested != "auto":
         return requested, "asked for"
     if bf16_is_native(kind):
-        where = "this GPU" if kind == "cuda" else "this CPU (oneDNN: AVX512-BF16/AMX)"
-        return "bf16", f"{where} runs bf16 natively"
+        return "bf16", "this GPU runs bf16 natively" if kind == "cuda" else "this CPU runs bf16 natively (oneDNN)"
     if kind == "cpu":
-        return "fp32", "this CPU has no native bf16 (oneDNN reports none), where bf16 runs many times slower"
+        return "fp32", "this CPU has no native bf16; emulated bf16 is many times slower"
     return "fp32", f"no native bf16 known for {kind}"
 
 
