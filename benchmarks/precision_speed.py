@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from transformers.utils import logging as hf_logging
 
 from csekit.config import load_recipe
@@ -60,6 +61,7 @@ def step_seconds(recipe_path: str, precision: str, steps: int, batch_size: int) 
         optimizer.zero_grad(set_to_none=True)
         if step:
             times.append(time.perf_counter() - start)
+    AcceleratorState._reset_state(reset_partial_state=True)  # accelerate keeps one precision per process
     return times
 
 
