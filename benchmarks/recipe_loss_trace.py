@@ -55,7 +55,8 @@ def main() -> None:
         print(f"{recipe_file}: {', '.join(trace)}; {status}")
     if args.write:
         RECORDED.parent.mkdir(parents=True, exist_ok=True)
-        RECORDED.write_text(format_traces({**recorded, **traces}), encoding="utf-8")
+        kept = {**recorded, **traces} if args.recipes else traces  # all recipes: drop removed ones' traces
+        RECORDED.write_text(format_traces(kept), encoding="utf-8")
         print(f"wrote {RECORDED}", file=sys.stderr)
 
 
