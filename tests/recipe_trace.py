@@ -42,6 +42,16 @@ TINY_GROUPS = 8
 """Whitening groups of 4 of the tiny model's 32 channels: estimable from a batch of 8 rows, like the
 recipes' groups of 2 or 3 channels from a batch of 64."""
 
+BACKBONE_SPREAD = 0.3
+"""The tiny models' weight standard deviation (transformers' initializer_range). At the default 0.02 every
+sentence's [CLS] vector is almost the same (cosines of 0.99+), so DCLR's weighting (phi 0.85 to 0.9) would
+zero every in-batch negative and each loss would sit at log(batch); at 0.3 a batch's cosines spread."""
+COMPLEMENTARY_SPREAD = {False: 0.2, True: 0.1}
+"""DCLR's complementary model without and with its dropout on (weighting.dropout, the authors' code):
+spreads at which its weighting zeroes some in-batch negatives of most steps but never all of them
+(measured over the 20 steps: 0 to 50% of a step's negatives for BERT, 29 to 89% for RoBERTa, 4 to 71%
+with dropout; at 0.3 the model with dropout zeroed none)."""
+
 MODEL_TYPE_OF_BACKBONE = {"bert-base-uncased": "bert", "minilm-l6": "bert", "roberta-base": "roberta"}
 """The transformers model type of the tiny stand-in for each backbone the shipped recipes name."""
 
@@ -65,7 +75,7 @@ class TinyInputs:
     """The tiny stand-ins for the recipes' models, corpora and SLT-FAI token counts."""
 
     backbones: dict[str, Path]  # model type -> saved tiny model
-    complementary: dict[str, Path]  # model type -> a second tiny model (another seed), for DCLR's weighting
+    complementary: dict[tuple[str, bool], Path]  # (model type, dropout on) -> DCLR's complementary model
     text_corpus: Path
     osscse_corpus: Path  # .jsonl with text, paraphrase and negation, as `csekit augment` writes it
     counts: Path  # {token: count} over the tiny vocabulary
@@ -73,14 +83,21 @@ class TinyInputs:
 
 def make_tiny_inputs(folder: Path) -> TinyInputs:
     """Write tiny models (BERT and RoBERTa), both corpora and the counts under `folder`; deterministic."""
+
+    def make_model(name: str, model_type: str, seed: int, spread: float) -> Path:
+        path = folder / name
+        encoder = make_tiny_encoder(
+            folder / f"{name}-tokenizer", seed=seed, model_type=model_type, initializer_range=spread
+        )
+        encoder.save(path)
+        return path
+
     backbones, complementary = {}, {}
     for model_type in sorted(set(MODEL_TYPE_OF_BACKBONE.values())):
-        for seed, table in ((0, backbones), (1, complementary)):
-            path = folder / f"tiny-{model_type}-{seed}"
-            make_tiny_encoder(
-                folder / f"tokenizer-{model_type}-{seed}", seed=seed, model_type=model_type, initializer_range=0.3
-            ).save(path)
-            table[model_type] = path
+        backbones[model_type] = make_model(f"tiny-{model_type}", model_type, 0, BACKBONE_SPREAD)
+        for dropout, spread in COMPLEMENTARY_SPREAD.items():
+            name = f"tiny-{model_type}-complementary{'-dropout' if dropout else ''}"
+            complementary[model_type, dropout] = make_model(name, model_type, 1, spread)
 
     rng = random.Random(0)
     words = [word for word in WORDS if word.isalpha()]
@@ -122,8 +139,11 @@ def tiny_overrides(recipe: Recipe, tiny: TinyInputs) -> list[str]:
     weighting = recipe.weighting or {}
     if weighting.get("model", "self") != "self":
         # The MiniLM recipes weigh with their own backbone; the others with a second (SimCSE) model.
-        same = weighting["model"] == recipe.model.backbone
-        overrides.append(f"weighting.model={(tiny.backbones if same else tiny.complementary)[model_type]}")
+        if weighting["model"] == recipe.model.backbone:
+            model = tiny.backbones[model_type]
+        else:
+            model = tiny.complementary[model_type, bool(weighting.get("dropout", False))]
+        overrides.append(f"weighting.model={model}")
     for index, objective in enumerate(recipe.objectives):
         if "counts" in objective:
             overrides.append(f"objectives.{index}.counts={tiny.counts}")
