@@ -35,7 +35,9 @@ def main() -> None:
     parser.add_argument("recipes", nargs="*", type=Path, help="recipe files (default: every recipes/*.yaml)")
     parser.add_argument("--write", action="store_true", help=f"record the traces in {RECORDED}")
     parser.add_argument(
-        "--work-dir", type=Path, help="keep the tiny models and runs here (default: a temporary folder)"
+        "--work-dir",
+        type=Path,
+        help="keep the tiny models and runs in this new or empty folder (default: a temporary one)",
     )
     args = parser.parse_args()
 

@@ -37,7 +37,8 @@ RECIPE_FILES = [path.name for path in shipped_recipes()]
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyInputs:
-    return make_tiny_inputs(tmp_path_factory.mktemp("tiny"))
+    with one_thread():  # as trace_recipes makes them
+        return make_tiny_inputs(tmp_path_factory.mktemp("tiny"))
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +90,15 @@ def test_recipe_loss_trace_matches_the_recording(
             f"{actual[name][steps[0] - 1]!r}, recorded {values[steps[0] - 1]!r}); if the change is meant to "
             f"change training, record again: {RECORD_COMMAND}"
         )
+
+
+def test_the_tolerance_allows_rounding_but_not_a_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CSEKIT_EXACT_TRACES", raising=False)
+    loss = [2.0, 1.5, 0.0]
+    assert mismatches([2.0 * (1 + 5e-5), 1.5 * (1 - 5e-5), 5e-7], loss) == []  # another CPU's rounding
+    assert mismatches([2.0 * (1 + 2e-4), 1.5, float("nan")], loss) == [1, 3]
+    recall = [0.0, 2e-9, 3e-8]  # far below ATOL: compared at its own scale
+    assert mismatches([0.0, 2e-9 * (1 + 5e-5), 3e-8], recall) == []
+    assert mismatches([0.0, 2e-9, 3e-8 * 1.1], recall) == [3]
+    monkeypatch.setenv("CSEKIT_EXACT_TRACES", "1")
+    assert mismatches([2.0, 1.5 * (1 + 1e-7), 0.0], loss) == [2]
