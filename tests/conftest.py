@@ -42,8 +42,14 @@ def make_tokenizer(folder: Path) -> BertTokenizerFast:
     return tokenizer
 
 
-def make_tiny_encoder(folder: Path, pooler: str = "cls", seed: int = 0, model_type: str = "bert") -> SentenceEncoder:
-    """A 2-layer, 32-dimension model of `model_type` (a transformers model type) with the tiny vocabulary."""
+def make_tiny_encoder(
+    folder: Path, pooler: str = "cls", seed: int = 0, model_type: str = "bert", initializer_range: float = 0.02
+) -> SentenceEncoder:
+    """A 2-layer, 32-dimension model of `model_type` (a transformers model type) with the tiny vocabulary.
+
+    `initializer_range` is the weights' standard deviation (transformers' default, 0.02, makes every
+    sentence's [CLS] vector almost the same; about 0.2 makes them differ as a trained model's do).
+    """
     torch.manual_seed(seed)
     tokenizer = make_tokenizer(folder)
     config = AutoConfig.for_model(
@@ -55,6 +61,7 @@ def make_tiny_encoder(folder: Path, pooler: str = "cls", seed: int = 0, model_ty
         intermediate_size=64,
         max_position_embeddings=64,
         pad_token_id=0,  # the tiny vocabulary's [PAD] (RoBERTa's and MPNet's configs default to 1)
+        initializer_range=initializer_range,
     )
     return SentenceEncoder.from_config(config, tokenizer, pooler=pooler)
 

@@ -1,0 +1,214 @@
+"""Fixed-seed loss traces of every shipped recipe on tiny models: a behaviour lock for refactors.
+
+Each `recipes/*.yaml` is trained for `STEPS` steps on a tiny randomly initialised model of its
+backbone's family and a tiny made-up corpus; the loss and every named loss part of every step (as
+`metrics.jsonl` logs them with `train.log_every=1`) form the recipe's trace. A change that keeps
+csekit's behaviour keeps every trace; `tests/test_recipe_losses.py` compares them with the ones in
+`tests/data/recipe_losses.json`, which `benchmarks/recipe_loss_trace.py --write` records.
+
+The recipes run as shipped (seed, lr, schedule, views, head, negatives, weighting, objectives, warm-ups)
+except for what the tiny setup must change; `tiny_overrides` is the one place that says what that is.
+Lives beside conftest.py because it builds its models with `make_tiny_encoder`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import tempfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from conftest import WORDS, make_tiny_encoder
+
+from csekit.config import Recipe, load_recipe
+from csekit.errors import CsekitError
+from csekit.training import train
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
+RECORDED = REPO / "tests" / "data" / "recipe_losses.json"
+RECORD_COMMAND = "python benchmarks/recipe_loss_trace.py --write"
+
+STEPS = 20
+BATCH_SIZE = 8
+CORPUS_ROWS = 64
+"""8 batches an epoch: the 20 steps cross two epoch boundaries (reshuffling), and every SLT-FAI warm-up
+of the shipped recipes (0.01 to 0.5 epoch) ends inside them, so both sides of it are traced."""
+TINY_GROUPS = 8
+"""Whitening groups of 4 of the tiny model's 32 channels: estimable from a batch of 8 rows, like the
+recipes' groups of 2 or 3 channels from a batch of 64."""
+
+BACKBONE_SPREAD = 0.3
+"""The tiny models' weight standard deviation (transformers' initializer_range). At the default 0.02 every
+sentence's [CLS] vector is almost the same (cosines of 0.99+), so DCLR's weighting (phi 0.85 to 0.9) would
+zero every in-batch negative and each loss would sit at log(batch); at 0.3 a batch's cosines spread."""
+COMPLEMENTARY_SPREAD = {False: 0.2, True: 0.1}
+"""DCLR's complementary model without and with its dropout on (weighting.dropout, the authors' code):
+spreads at which its weighting zeroes some in-batch negatives of most steps but never all of them
+(measured over the 20 steps: 0 to 50% of a step's negatives for BERT, 29 to 89% for RoBERTa, 4 to 71%
+with dropout; at 0.3 the model with dropout zeroed none)."""
+
+MODEL_TYPE_OF_BACKBONE = {"bert-base-uncased": "bert", "minilm-l6": "bert", "roberta-base": "roberta"}
+"""The transformers model type of the tiny stand-in for each backbone the shipped recipes name."""
+
+COMMON_OVERRIDES = (
+    f"train.max_steps={STEPS}",
+    f"train.batch_size={BATCH_SIZE}",
+    "train.dev_task=none",
+    "train.precision=fp32",  # the recipes' auto would pick bf16 on a CPU that has it
+    "train.log_every=1",
+    "train.eval_every=0",
+    "model.max_length=16",
+)
+"""Set for every recipe: length of the run, batch, no dev evaluation, fp32, a log record every step."""
+
+METRICS_NOT_LOSSES = {"step", "lr", "sentences_per_second"}
+"""Keys of a metrics.jsonl step record that are not the loss or a named loss part."""
+
+
+@dataclass(frozen=True)
+class TinyInputs:
+    """The tiny stand-ins for the recipes' models, corpora and SLT-FAI token counts."""
+
+    backbones: dict[str, Path]  # model type -> saved tiny model
+    complementary: dict[tuple[str, bool], Path]  # (model type, dropout on) -> DCLR's complementary model
+    text_corpus: Path
+    osscse_corpus: Path  # .jsonl with text, paraphrase and negation, as `csekit augment` writes it
+    counts: Path  # {token: count} over the tiny vocabulary
+
+
+def make_tiny_inputs(folder: Path) -> TinyInputs:
+    """Write tiny models (BERT and RoBERTa), both corpora and the counts under `folder`; deterministic."""
+
+    def make_model(name: str, model_type: str, seed: int, spread: float) -> Path:
+        path = folder / name
+        encoder = make_tiny_encoder(
+            folder / f"{name}-tokenizer", seed=seed, model_type=model_type, initializer_range=spread
+        )
+        encoder.save(path)
+        return path
+
+    backbones, complementary = {}, {}
+    for model_type in sorted(set(MODEL_TYPE_OF_BACKBONE.values())):
+        backbones[model_type] = make_model(f"tiny-{model_type}", model_type, 0, BACKBONE_SPREAD)
+        for dropout, spread in COMPLEMENTARY_SPREAD.items():
+            name = f"tiny-{model_type}-complementary{'-dropout' if dropout else ''}"
+            complementary[model_type, dropout] = make_model(name, model_type, 1, spread)
+
+    rng = random.Random(0)
+    words = [word for word in WORDS if word.isalpha()]
+    sentences = [" ".join(rng.choices(words, k=rng.randint(3, 8))) for _ in range(CORPUS_ROWS)]
+    text_corpus = folder / "corpus.txt"
+    text_corpus.write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    osscse_corpus = folder / "corpus.osscse.jsonl"
+    with open(osscse_corpus, "w", encoding="utf-8") as handle:
+        for index, sentence in enumerate(sentences):
+            split = sentence.split()
+            paraphrase = None if index % 8 == 7 else " ".join(reversed(split))  # augment drops some: null
+            negation = " ".join([split[0], "not", *split[1:]])
+            handle.write(json.dumps({"text": sentence, "negation": negation, "paraphrase": paraphrase}) + "\n")
+
+    vocabulary = make_tiny_encoder(folder / "tokenizer-counts").tokenizer.get_vocab()
+    frequent = set(WORDS[::2])  # every other word is frequent; the rest and the word pieces are rare
+    counts = {token: 1000 if token in frequent else 1 + index % 7 for token, index in vocabulary.items()}
+    counts_path = folder / "counts.json"
+    counts_path.write_text(json.dumps(counts), encoding="utf-8")
+    return TinyInputs(backbones, complementary, text_corpus, osscse_corpus, counts_path)
+
+
+def tiny_overrides(recipe: Recipe, tiny: TinyInputs) -> list[str]:
+    """The `--set` overrides that run `recipe` on the tiny setup, by the kinds of part it names.
+
+    Only paths and sizes change: no part is removed or replaced, and no option of a method is touched.
+    """
+    model_type = MODEL_TYPE_OF_BACKBONE.get(recipe.model.backbone)
+    if model_type is None:
+        raise CsekitError(
+            f"recipe {recipe.name}: no tiny stand-in for backbone {recipe.model.backbone}; "
+            "add its model type to MODEL_TYPE_OF_BACKBONE in tests/recipe_trace.py"
+        )
+    corpus = tiny.osscse_corpus if recipe.data.corpus.endswith(".jsonl") else tiny.text_corpus
+    overrides = [*COMMON_OVERRIDES, f"model.backbone={tiny.backbones[model_type]}", f"data.corpus={corpus}"]
+    head = recipe.model.head
+    if head.get("name") == "whitening" and head.get("num_groups") is not None:
+        overrides.append(f"model.head.num_groups={TINY_GROUPS}")  # the recipes' 384 or 128 do not divide 32
+    weighting = recipe.weighting or {}
+    if weighting.get("model", "self") != "self":
+        # The MiniLM recipes weigh with their own backbone; the others with a second (SimCSE) model.
+        if weighting["model"] == recipe.model.backbone:
+            model = tiny.backbones[model_type]
+        else:
+            model = tiny.complementary[model_type, bool(weighting.get("dropout", False))]
+        overrides.append(f"weighting.model={model}")
+    for index, objective in enumerate(recipe.objectives):
+        if "counts" in objective:
+            overrides.append(f"objectives.{index}.counts={tiny.counts}")
+    return overrides
+
+
+def trace_recipe(recipe_path: Path, tiny: TinyInputs, output: Path) -> dict[str, list[float]]:
+    """Train the recipe on the tiny setup into `output` and return each logged loss series by name."""
+    recipe = load_recipe(recipe_path)
+    recipe = load_recipe(recipe_path, tiny_overrides(recipe, tiny))
+    train(recipe, output, show_progress=False)
+    records = [json.loads(line) for line in (output / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    steps = [record for record in records if "loss" in record]
+    if [record["step"] for record in steps] != list(range(1, STEPS + 1)):
+        raise CsekitError(f"{recipe_path.name}: expected a loss record for each of steps 1..{STEPS} in metrics.jsonl")
+    names = [name for name in steps[0] if name not in METRICS_NOT_LOSSES]
+    return {name: [float(record[name]) for record in steps] for name in names}
+
+
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """PyTorch on one thread for the block, then as before.
+
+    The thread count is part of the fixed setup (a sum split over threads rounds differently), and a
+    tiny model's operations are far too small to share: on the 2 busy cores of the development machine a
+    recipe took 3 to 18 s with 2 threads and 0.7 s with one.
+    """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def trace_recipes(recipe_paths: Iterable[Path], folder: Path | None = None) -> dict[str, dict[str, list[float]]]:
+    """The trace of each recipe, keyed by its file name; in `folder` (else a temporary one)."""
+    with tempfile.TemporaryDirectory(prefix="recipe-trace-") as temporary, one_thread():
+        root = Path(folder or temporary)
+        tiny = make_tiny_inputs(root / "tiny")
+        return {path.name: trace_recipe(path, tiny, root / "runs" / path.stem) for path in recipe_paths}
+
+
+def shipped_recipes() -> list[Path]:
+    return sorted(RECIPES.glob("*.yaml"))
+
+
+def read_recorded(path: Path = RECORDED) -> dict[str, dict[str, list[float]]]:
+    """The recorded traces (none when the file does not exist yet)."""
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def format_traces(traces: dict[str, dict[str, list[float]]]) -> str:
+    """JSON with one line per series, recipes in name order; floats as Python writes them (exact round trip)."""
+    blocks = []
+    for recipe_file in sorted(traces):
+        series = ",\n".join(
+            f"    {json.dumps(name)}: {json.dumps(values)}" for name, values in traces[recipe_file].items()
+        )
+        blocks.append(f"  {json.dumps(recipe_file)}: {{\n{series}\n  }}")
+    return "{\n" + ",\n".join(blocks) + "\n}\n"
+
+
+def deviation(actual: list[float], expected: list[float]) -> float:
+    """The largest relative difference |a - e| / max(|e|, tiny) of two series (0.0 when equal)."""
+    return max((abs(a - e) / max(abs(e), 1e-30) for a, e in zip(actual, expected, strict=True)), default=0.0)

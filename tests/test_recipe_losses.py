@@ -1,0 +1,104 @@
+"""Behaviour lock: every shipped recipe's 20-step loss trace on tiny models equals the recorded one.
+
+A refactor that keeps csekit's behaviour keeps every trace. A change that is meant to change training
+records the traces again (`python benchmarks/recipe_loss_trace.py --write`) and says so in its commit.
+The tolerance allows for another CPU's rounding; on the recording machine the traces are identical
+(the largest deviation is printed: `pytest -s`), and CSEKIT_EXACT_TRACES=1 requires them to be. Use it
+there to check a refactor: a change that acts only through the gradients moves a loss by as little as
+1e-4 relative in 20 steps at the recipes' learning rates (less at slt-fai-consert-sts.yaml's 5e-7).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from recipe_trace import (
+    RECIPES,
+    RECORD_COMMAND,
+    RECORDED,
+    TinyInputs,
+    deviation,
+    make_tiny_inputs,
+    one_thread,
+    read_recorded,
+    shipped_recipes,
+    trace_recipe,
+)
+
+RTOL = 1e-4
+ATOL = 1e-6
+"""Absolute tolerance at the scale of a loss of about 1; a series of smaller values (recall: ~1e-8) gets
+it scaled down to its own size, else any value of it would pass."""
+
+RECIPE_FILES = [path.name for path in shipped_recipes()]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyInputs:
+    with one_thread():  # as trace_recipes makes them
+        return make_tiny_inputs(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def recorded() -> dict[str, dict[str, list[float]]]:
+    return read_recorded()
+
+
+def mismatches(actual: list[float], expected: list[float]) -> list[int]:
+    """Steps (1-based) where `actual` is outside the tolerance around `expected`."""
+    if os.environ.get("CSEKIT_EXACT_TRACES") == "1":
+        return [step for step, (a, e) in enumerate(zip(actual, expected, strict=True), start=1) if a != e]
+    atol = ATOL * min(1.0, max(abs(value) for value in expected))
+    return [
+        step
+        for step, (a, e) in enumerate(zip(actual, expected, strict=True), start=1)
+        if not abs(a - e) <= atol + RTOL * abs(e)
+    ]
+
+
+def test_there_are_shipped_recipes_and_no_recording_of_a_removed_one(
+    recorded: dict[str, dict[str, list[float]]],
+) -> None:
+    assert len(RECIPE_FILES) >= 30
+    removed = sorted(set(recorded) - set(RECIPE_FILES))
+    assert not removed, (
+        f"{RECORDED} holds traces of recipes that no longer exist: {removed}; record all again: {RECORD_COMMAND}"
+    )
+
+
+@pytest.mark.parametrize("recipe_file", RECIPE_FILES)
+def test_recipe_loss_trace_matches_the_recording(
+    recipe_file: str, tiny: TinyInputs, recorded: dict[str, dict[str, list[float]]], tmp_path: Path
+) -> None:
+    expected = recorded.get(recipe_file)
+    if expected is None:
+        pytest.fail(
+            f"recipes/{recipe_file} has no recorded loss trace in {RECORDED.name}; record it with "
+            f"`{RECORD_COMMAND} recipes/{recipe_file}` (PYTHONPATH=src) and commit the file"
+        )
+    with one_thread():
+        actual = trace_recipe(RECIPES / recipe_file, tiny, tmp_path / "run")
+    assert list(actual) == list(expected), f"{recipe_file}: logged loss parts {list(actual)}, recorded {list(expected)}"
+    largest = max(deviation(actual[name], expected[name]) for name in expected)
+    print(f"{recipe_file}: largest relative deviation from the recording {largest:.3g}")
+    for name, values in expected.items():
+        steps = mismatches(actual[name], values)
+        assert not steps, (
+            f"{recipe_file}: {name} differs from the recording at steps {steps} (step {steps[0]}: "
+            f"{actual[name][steps[0] - 1]!r}, recorded {values[steps[0] - 1]!r}); if the change is meant to "
+            f"change training, record again: {RECORD_COMMAND}"
+        )
+
+
+def test_the_tolerance_allows_rounding_but_not_a_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CSEKIT_EXACT_TRACES", raising=False)
+    loss = [2.0, 1.5, 0.0]
+    assert mismatches([2.0 * (1 + 5e-5), 1.5 * (1 - 5e-5), 5e-7], loss) == []  # another CPU's rounding
+    assert mismatches([2.0 * (1 + 2e-4), 1.5, float("nan")], loss) == [1, 3]
+    recall = [0.0, 2e-9, 3e-8]  # far below ATOL: compared at its own scale
+    assert mismatches([0.0, 2e-9 * (1 + 5e-5), 3e-8], recall) == []
+    assert mismatches([0.0, 2e-9, 3e-8 * 1.1], recall) == [3]
+    monkeypatch.setenv("CSEKIT_EXACT_TRACES", "1")
+    assert mismatches([2.0, 1.5 * (1 + 1e-7), 0.0], loss) == [2]
