@@ -22,8 +22,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # recipe
 
 from recipe_trace import (
     RECORDED,
+    RECORDED_ON,
     deviation,
     format_traces,
+    machine_signature,
     read_recorded,
     shipped_recipes,
     trace_recipes,
@@ -59,6 +61,7 @@ def main() -> None:
         RECORDED.parent.mkdir(parents=True, exist_ok=True)
         kept = {**recorded, **traces} if args.recipes else traces  # all recipes: drop removed ones' traces
         RECORDED.write_text(format_traces(kept), encoding="utf-8")
+        RECORDED_ON.write_text(machine_signature() + "\n", encoding="utf-8")
         print(f"wrote {RECORDED}", file=sys.stderr)
 
 

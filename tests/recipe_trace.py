@@ -31,6 +31,8 @@ from csekit.training import train
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 RECORDED = REPO / "tests" / "data" / "recipe_losses.json"
+RECORDED_ON = REPO / "tests" / "data" / "recipe_losses.machine"
+"""The machine the traces were recorded on (see `machine_signature`)."""
 RECORD_COMMAND = "python benchmarks/recipe_loss_trace.py --write"
 
 STEPS = 20
@@ -207,6 +209,26 @@ def format_traces(traces: dict[str, dict[str, list[float]]]) -> str:
         )
         blocks.append(f"  {json.dumps(recipe_file)}: {{\n{series}\n  }}")
     return "{\n" + ",\n".join(blocks) + "\n}\n"
+
+
+def machine_signature() -> str:
+    """What decides float rounding here: CPU model, its vector extensions and the PyTorch version.
+
+    Another CPU (AVX2 against AVX-512) or PyTorch build rounds a matrix product differently; over 20
+    steps that stays within the test's tolerance for smooth losses, but not where a result is
+    discontinuous in its input (DCLR's threshold, the sign an eigensolver picks for PCA whitening).
+    """
+    cpu, flags = "unknown CPU", set()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and cpu == "unknown CPU":
+                cpu = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    vector = [name for name in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if name in flags]
+    return f"{cpu}; {' '.join(vector) or 'no AVX2'}; torch {torch.__version__}"
 
 
 def deviation(actual: list[float], expected: list[float]) -> float:
