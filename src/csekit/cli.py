@@ -30,7 +30,10 @@ DataDirOption = Annotated[
 ]
 PoolerOption = Annotated[
     str | None,
-    typer.Option("--pooler", help="cls, mean or first_last_avg (default: the model's own, else cls)."),
+    typer.Option(
+        "--pooler",
+        help="cls, mean, first_last_avg, mask (prompt) or pooler_output (default: the model's own, else cls).",
+    ),
 ]
 PrecisionOption = Annotated[
     str,
