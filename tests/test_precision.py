@@ -110,3 +110,15 @@ def test_evaluate_reports_the_precision_it_used(tmp_path: Path, tiny_model_dir: 
     assert result.exit_code == 0, result.output
     assert json.loads(out.read_text())["precision"] == "fp32"
     assert "fp32 (auto: this CPU has no native bf16" in result.output
+
+
+def test_encode_warns_before_an_emulated_bf16_run(tmp_path: Path, tiny_model_dir: Path, native_bf16) -> None:  # type: ignore[no-untyped-def]
+    native_bf16(False)
+    (tmp_path / "in.txt").write_text("a man plays\n", encoding="utf-8")
+    args = ["encode", str(tiny_model_dir), "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.npy")]
+    result = CliRunner().invoke(app, [*args, "--precision", "bf16"])
+    assert result.exit_code == 0, result.output
+    assert "warning: --precision bf16 on a CPU without native bf16" in result.output
+    assert "(bf16)" in result.output
+    quiet = CliRunner().invoke(app, [*args, "--precision", "fp32"])
+    assert "warning" not in quiet.output and "(fp32)" in quiet.output

@@ -390,15 +390,14 @@ def _choose_precision(requested: str, encoder: object) -> tuple[str, str]:
 
     An explicit bf16 on a CPU without native bf16 is warned about at once, before the slow work.
     """
-    from csekit.precision import choose_precision, resolve_precision
+    from csekit.precision import resolve_precision, slow_bf16_warning
 
-    notes: list[str] = []
-    chosen = choose_precision(requested, encoder.device, "--precision", say=notes.append)  # type: ignore[attr-defined]
-    if requested == "auto":
-        return chosen, f"{chosen} (auto: {resolve_precision(requested, encoder.device)[1]})"  # type: ignore[attr-defined]
-    for line in notes:
-        typer.echo(line, err=True)
-    return chosen, chosen
+    device = encoder.device  # type: ignore[attr-defined]
+    chosen, reason = resolve_precision(requested, device)
+    warning = slow_bf16_warning(chosen, device, "--precision")
+    if warning is not None:
+        typer.echo(warning, err=True)
+    return chosen, f"{chosen} (auto: {reason})" if requested == "auto" else chosen
 
 
 def main() -> None:

@@ -53,6 +53,16 @@ def resolve_precision(requested: str, device: torch.device | str) -> tuple[str, 
     return "fp32", f"no native bf16 known for {kind}"
 
 
+def slow_bf16_warning(chosen: str, device: torch.device | str, what: str = "precision") -> str | None:
+    """The warning for bf16 on a CPU that only emulates it, else None. `what` names the setting."""
+    if chosen == "bf16" and torch.device(device).type == "cpu" and not cpu_has_native_bf16():
+        return (
+            f"csekit: warning: {what} bf16 on a CPU without native bf16 (AVX2 only) is emulated and runs "
+            "many times slower than fp32; use auto or fp32"
+        )
+    return None
+
+
 def choose_precision(
     requested: str, device: torch.device | str, what: str = "precision", say: Callable[[str], None] | None = None
 ) -> str:
@@ -62,11 +72,9 @@ def choose_precision(
     """
     say = say or (lambda line: print(line, file=sys.stderr))
     chosen, reason = resolve_precision(requested, device)
-    if requested == "auto":
-        say(f"csekit: {what} auto -> {chosen}: {reason}")
-    elif chosen == "bf16" and torch.device(device).type == "cpu" and not cpu_has_native_bf16():
-        say(
-            f"csekit: warning: {what} bf16 on a CPU without native bf16 (AVX2 only) is emulated and runs "
-            "many times slower than fp32; use auto or fp32"
-        )
+    line = (
+        f"csekit: {what} auto -> {chosen}: {reason}" if requested == "auto" else slow_bf16_warning(chosen, device, what)
+    )
+    if line is not None:
+        say(line)
     return chosen
