@@ -28,10 +28,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from csekit.data_dir import resolve_data_dir
-from csekit.dclr import improve_noise, non_uniformity_loss
-from csekit.encoder import SentenceEncoder
-from csekit.heads import MLPHead
+from csekit.data.data_dir import resolve_data_dir
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.parts.heads.mlp import MLPHead
+from csekit.parts.negatives.noise import improve_noise, non_uniformity_loss
 
 SIGMA, STEPS, BETA, TAU_U, TAU = 1.0, 4, 1e-3, 0.05, 0.05
 """The paper's settings (section 5.1) and csekit's tau_u default (the paper gives none; the code uses tau)."""

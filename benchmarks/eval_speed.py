@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from senteval_check import make_embedder, senteval_style
 
-from csekit.data_dir import resolve_data_dir
-from csekit.encoder import SentenceEncoder, resolve_model_path
+from csekit.data.data_dir import resolve_data_dir
+from csekit.encoding.encoder import SentenceEncoder, resolve_model_path
 from csekit.evaluation.sts import STS_TASKS, evaluate_sts, format_sts_table
 
 

@@ -21,8 +21,8 @@ from accelerate.state import AcceleratorState
 from profile_step import csekit_step  # benchmarks/ is on the path when run as a script
 from transformers.utils import logging as hf_logging
 
-from csekit.config import load_recipe
-from csekit.precision import cpu_has_native_bf16, resolve_precision
+from csekit.core.precision import cpu_has_native_bf16, resolve_precision
+from csekit.training.recipe import load_recipe
 
 
 def cpu_name() -> str:

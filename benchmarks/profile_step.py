@@ -40,12 +40,12 @@ def matmul_bound(dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> flo
 
 def build(recipe_path: Path, batch_size: int, max_length: int):  # type: ignore[no-untyped-def]
     """The recipe's model, views and optimizer, one random batch of its corpus's sentences, and the recipe."""
-    from csekit.config import load_recipe
-    from csekit.data import open_corpus
-    from csekit.data_dir import resolve_data_dir
-    from csekit.encoder import SentenceEncoder
-    from csekit.model import build_model
-    from csekit.training import make_optimizer
+    from csekit.data.corpus import open_corpus
+    from csekit.data.data_dir import resolve_data_dir
+    from csekit.encoding.encoder import SentenceEncoder
+    from csekit.training.model import build_model
+    from csekit.training.recipe import load_recipe
+    from csekit.training.trainer import make_optimizer
 
     recipe = load_recipe(recipe_path, [f"train.batch_size={batch_size}", f"model.max_length={max_length}"])
     data = recipe.data
@@ -57,15 +57,15 @@ def build(recipe_path: Path, batch_size: int, max_length: int):  # type: ignore[
 
 
 def csekit_step(recipe_path: Path, precision: str, batch_size: int, max_length: int) -> Callable[[], None]:
-    """One step as `csekit.training.train` takes it: collation (tokenisation, as in its DataLoader),
+    """One step as `csekit.training.trainer.train` takes it: collation (tokenisation, as in its DataLoader),
     the loop's `forward_backward`, the logged loss's all-reduce, AdamW.
 
     accelerate allows one Accelerator (one precision) a process: one csekit variant a run.
     """
     from accelerate import Accelerator
 
-    from csekit.data import TrainCollator
-    from csekit.training import MIXED_PRECISION, forward_backward, keep_freed_memory
+    from csekit.data.corpus import TrainCollator
+    from csekit.training.trainer import MIXED_PRECISION, forward_backward, keep_freed_memory
 
     keep_freed_memory()  # as `train` does on CPU (process-wide, so the plain loop gets it too)
     model, views, optimizer, sentences, recipe = build(recipe_path, batch_size, max_length)

@@ -28,7 +28,7 @@ import torch
 from scipy.stats import spearmanr
 from transformers import AutoModel, AutoTokenizer
 
-from csekit.data_dir import STS_SUBSETS, find_task_dir, resolve_data_dir
+from csekit.data.data_dir import STS_SUBSETS, find_task_dir, resolve_data_dir
 from csekit.evaluation.sts import STS_TASKS, evaluate_sts, format_sts_table
 
 Pair = tuple[list[str], list[str], float]  # tokens of sentence 1, tokens of sentence 2, gold
@@ -178,7 +178,7 @@ def real_senteval(senteval_path: Path, model_dir: str, data_dir: Path, batch_siz
 
 
 def compare_with_real_senteval(args: argparse.Namespace, data_dir: Path) -> None:
-    from csekit.encoder import SentenceEncoder
+    from csekit.encoding.encoder import SentenceEncoder
 
     encoder = SentenceEncoder.load(args.model_dir)
     start = time.perf_counter()

@@ -1,7 +1,7 @@
 """Training throughput: csekit SimCSE against sentence-transformers' own unsupervised SimCSE, in one run.
 
 Both train the same backbone on the same corpus with the same batch size and maximum length:
-csekit through `csekit.training.train` (its real loop, data loading included), sentence-transformers
+csekit through `csekit.training.trainer.train` (its real loop, data loading included), sentence-transformers
 through `SentenceTransformerTrainer` with `MultipleNegativesRankingLoss` on (sentence, sentence)
 pairs (its documented SimCSE recipe), with a [CLS] pooler to match. Each measurement runs in its own
 process, so peak memory (max RSS) is per measurement. Method recipes found in `recipes/` (e.g.
@@ -43,8 +43,8 @@ def peak_rss_mib() -> float:
 
 def run_csekit(recipe: str, precision: str, steps: int, batch: int, max_length: int) -> dict:
     """Train `steps` steps; throughput from metrics.jsonl after the first logging window (warm-up)."""
-    from csekit.config import load_recipe
-    from csekit.training import train
+    from csekit.training.recipe import load_recipe
+    from csekit.training.trainer import train
 
     overrides = [
         f"train.max_steps={steps}",
@@ -87,9 +87,9 @@ def steady_state_objectives(objectives: list[dict]) -> list[str]:
 
 
 def corpus_exists(corpus: str) -> bool:
-    from csekit.data import resolve_corpus_path
-    from csekit.data_dir import resolve_data_dir
-    from csekit.errors import CsekitError
+    from csekit.core.errors import CsekitError
+    from csekit.data.corpus import resolve_corpus_path
+    from csekit.data.data_dir import resolve_data_dir
 
     try:
         return Path(resolve_corpus_path(corpus, resolve_data_dir(None))).exists()
@@ -99,7 +99,7 @@ def corpus_exists(corpus: str) -> bool:
 
 def surrogate_augmented_corpus(folder: Path, rows: int) -> str:
     """For timing OssCSE without running `csekit augment`: fields of the same lengths, not real ones."""
-    from csekit.data_dir import resolve_data_dir
+    from csekit.data.data_dir import resolve_data_dir
 
     source = resolve_data_dir(None) / "corpus" / "sts_sick_unlabeled_sentences.txt"
     path = folder / "augmented.jsonl"
@@ -119,8 +119,8 @@ def run_sentence_transformers(precision: str, steps: int, batch: int, max_length
     from sentence_transformers.training_args import SentenceTransformerTrainingArguments
     from transformers import TrainerCallback
 
-    from csekit.data_dir import resolve_data_dir
-    from csekit.encoder import resolve_model_path
+    from csekit.data.data_dir import resolve_data_dir
+    from csekit.encoding.encoder import resolve_model_path
 
     corpus = resolve_data_dir(None) / "corpus" / "sts_sick_unlabeled_sentences.txt"
     sentences = corpus.read_text(encoding="utf-8").splitlines()[: batch * (steps + 1)]
@@ -174,12 +174,12 @@ def alternate_recipes(recipes: list[str], batch: int, max_length: int, turns: in
 
     from accelerate import Accelerator
 
-    from csekit.config import load_recipe
-    from csekit.data import TrainCollator, open_corpus
-    from csekit.data_dir import resolve_data_dir
-    from csekit.encoder import SentenceEncoder
-    from csekit.model import build_model
-    from csekit.training import forward_backward, keep_freed_memory, make_optimizer
+    from csekit.data.corpus import TrainCollator, open_corpus
+    from csekit.data.data_dir import resolve_data_dir
+    from csekit.encoding.encoder import SentenceEncoder
+    from csekit.training.model import build_model
+    from csekit.training.recipe import load_recipe
+    from csekit.training.trainer import forward_backward, keep_freed_memory, make_optimizer
 
     keep_freed_memory()
     accelerator = Accelerator(mixed_precision="bf16")
@@ -227,7 +227,7 @@ def alternate_recipes(recipes: list[str], batch: int, max_length: int, turns: in
 
 def corpus_memory(lines: int) -> dict:
     """Peak memory after opening a generated corpus of `lines` lines and reading a few batches."""
-    from csekit.data import Corpus
+    from csekit.data.corpus import Corpus
 
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "corpus.txt"

@@ -13,7 +13,7 @@ import argparse
 import os
 import time
 
-from csekit.encoder import SentenceEncoder
+from csekit.encoding.encoder import SentenceEncoder
 from csekit.evaluation.cache import EmbeddingCache
 from csekit.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, format_transfer_table, load_transfer_task
 

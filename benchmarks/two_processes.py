@@ -33,7 +33,7 @@ STEPS, BATCH = 3, 16
 
 def offline_recipe(path: Path, folder: Path) -> tuple[str, list[str]]:
     """The recipe as YAML text with this machine's substitutions, and the list of substitutions made."""
-    from csekit.config import load_recipe
+    from csekit.training.recipe import load_recipe
 
     recipe = load_recipe(path)
     changes: list[str] = []

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoConfig, BertTokenizerFast
 
-from csekit.encoder import SentenceEncoder
+from csekit.encoding.encoder import SentenceEncoder
 
 WORDS = """
 a the man woman dog cat is are was plays playing runs running sits on in with guitar ball park
@@ -93,10 +93,10 @@ def test_parts() -> Iterator[None]:
     from parts_for_tests import TEST_PARTS
 
     import csekit
-    from csekit.objectives import OBJECTIVES
+    from csekit.core.registry import OBJECTIVES
 
     for name, part in TEST_PARTS.items():
         csekit.register_part("objective", name, part)
     yield
     for name in TEST_PARTS:
-        OBJECTIVES.pop(name, None)
+        OBJECTIVES.unregister(name)

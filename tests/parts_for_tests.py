@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from csekit.state import StepState
+from csekit.parts.step_state import StepState
 
 
 class KillOnce(nn.Module):

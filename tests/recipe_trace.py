@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 from conftest import WORDS, make_tiny_encoder
 
-from csekit.config import Recipe, load_recipe
-from csekit.errors import CsekitError
-from csekit.training import train
+from csekit.core.errors import CsekitError
+from csekit.training.recipe import Recipe, load_recipe
+from csekit.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"

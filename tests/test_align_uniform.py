@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from csekit.errors import CsekitError
+from csekit.core.errors import CsekitError
 from csekit.evaluation.alignment import alignment, evaluate_align_uniform, pairwise_cosines, uniformity
 from csekit.evaluation.cache import EmbeddingCache
+from csekit.evaluation.post_whitening import whiten, whitened, whitening_transform
 from csekit.evaluation.sts import evaluate_dev
-from csekit.evaluation.whitening import whiten, whitened, whitening_transform
 
 
 def test_alignment_by_hand() -> None:
@@ -135,7 +135,7 @@ def test_cache_encodes_once() -> None:
 def test_training_logs_align_uniform(tmp_path: Path, tiny_model_dir: Path) -> None:
     from test_training import make_corpus, make_data_dir, tiny_recipe
 
-    from csekit.training import train
+    from csekit.training.trainer import train
 
     data = make_data_dir(tmp_path / "data")
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)

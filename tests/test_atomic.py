@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from csekit.atomic import atomic_directory, atomic_write_text, recover_directory, swap_in
+from csekit.core.atomic import atomic_directory, atomic_write_text, recover_directory, swap_in
 
 
 def test_failed_directory_write_leaves_the_old_one_intact(tmp_path: Path) -> None:
@@ -101,13 +101,13 @@ def test_swap_in_gives_staged_files_the_umask_modes(tmp_path: Path, umask: int) 
 
 
 def test_current_umask_reads_the_process_umask(umask: int) -> None:
-    from csekit.atomic import current_umask
+    from csekit.core.atomic import current_umask
 
     assert current_umask() == umask
 
 
 def test_staging_leftovers_are_removed_and_nothing_else(tmp_path: Path) -> None:
-    from csekit.atomic import remove_staging_leftovers
+    from csekit.core.atomic import remove_staging_leftovers
 
     for folder in (".best.1a2b3c4d.tmp", ".checkpoint.tmp", "best", ".git"):
         (tmp_path / folder).mkdir()

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from test_bad_input import assert_one_line_error, run_main, write_recipe
 from test_training import make_corpus, make_data_dir
 
-from csekit.encoder import SentenceEncoder
+from csekit.encoding.encoder import SentenceEncoder
 
 RECIPE_VALUES = {
     "max_grad_norm zero": ("train.max_grad_norm=0", "train.max_grad_norm"),
@@ -80,8 +80,8 @@ def test_part_option_of_the_wrong_type(
 
 
 def test_part_options_of_the_right_type_still_build() -> None:
-    from csekit.config import build_part
-    from csekit.objectives import OBJECTIVES
+    from csekit.core.registry import OBJECTIVES
+    from csekit.training.recipe import build_part
 
     part = build_part(OBJECTIVES, {"name": "multi_positive", "temperature": 1, "positive_views": [1, 2]}, "o")
     assert part.temperature == 1 and part.positive_views == [1, 2]  # an int is a float; a list of ints fits
@@ -234,7 +234,7 @@ def test_damaged_model_folder(
 
 
 def test_missing_weights_never_load_as_a_random_model(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from csekit.errors import CsekitError
+    from csekit.core.errors import CsekitError
 
     folder = damaged_copy(tiny_model_dir, tmp_path, "half the weights")
     with pytest.raises(CsekitError, match="refusing to fill them in at random"):
@@ -260,7 +260,7 @@ def test_damaged_kept_head(
 ) -> None:
     from conftest import make_tiny_encoder
 
-    from csekit.heads import MLPHead
+    from csekit.parts.heads.mlp import MLPHead
 
     encoder = make_tiny_encoder(tmp_path / "tok")
     encoder.head = MLPHead(encoder.dim)
@@ -302,8 +302,8 @@ def test_freq_of_an_empty_corpus(
 
 
 def test_augment_of_an_empty_corpus_creates_nothing(tmp_path: Path) -> None:
-    from csekit.augment import augment_corpus
-    from csekit.errors import CsekitError
+    from csekit.core.errors import CsekitError
+    from csekit.prep.augment import augment_corpus
 
     corpus = tmp_path / "c.txt"
     corpus.write_bytes(b"\n \n")

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from csekit.bench import load_suite, run_suite
-from csekit.errors import CsekitError
+from csekit.core.errors import CsekitError
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = REPO / "benchmarks" / "suites" / "smoke.yaml"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from test_training import make_corpus, read_metrics, tiny_recipe
 
-from csekit.config import Recipe, load_recipe
-from csekit.encoder import SentenceEncoder
-from csekit.training import train
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.training.recipe import Recipe, load_recipe
+from csekit.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 

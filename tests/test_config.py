@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from csekit.config import build_part, load_recipe
-from csekit.errors import CsekitError
-from csekit.objectives import OBJECTIVES, InfoNCE
+from csekit.core.errors import CsekitError
+from csekit.core.registry import OBJECTIVES, Registry
+from csekit.parts.objectives import InfoNCE
+from csekit.training.recipe import build_part, load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,7 +92,9 @@ def test_override_replaces_a_part_when_its_name_changes() -> None:
 
 
 def test_unknown_part_name_and_option_are_explained() -> None:
-    with pytest.raises(CsekitError, match=r'objectives\[0\]\.name: unknown part "infonse".*did you mean "infonce"'):
+    with pytest.raises(
+        CsekitError, match=r'objectives\[0\]\.name: unknown objective "infonse".*did you mean "infonce"'
+    ):
         build_part(OBJECTIVES, {"name": "infonse"}, "objectives[0]")
     with pytest.raises(CsekitError, match=r'has no option "temprature".*did you mean "temperature"'):
         build_part(OBJECTIVES, {"name": "infonce", "temprature": 0.1}, "objectives[0]")
@@ -100,10 +103,12 @@ def test_unknown_part_name_and_option_are_explained() -> None:
 def test_a_part_is_never_built_from_an_import_path() -> None:
     """A recipe names parts; a Python path in it is refused (a user's part is registered: test_untrusted.py)."""
     with pytest.raises(
-        CsekitError, match=r'recipe key objectives\[0\]\.name: unknown part "csekit.objectives.infonce:'
+        CsekitError, match=r'recipe key objectives\[0\]\.name: unknown objective "csekit.parts.objectives.infonce:'
     ):
-        build_part({}, {"name": "csekit.objectives.infonce:InfoNCE", "temperature": 0.1}, "objectives[0]")
-    part = build_part({"mine": InfoNCE}, {"name": "mine", "temperature": 0.1}, "objectives[0]")
+        build_part(OBJECTIVES, {"name": "csekit.parts.objectives.infonce:InfoNCE", "temperature": 0.1}, "objectives[0]")
+    own = Registry("objective", "csekit.parts.objectives:BUILTIN", "objective")  # a fresh registry: nothing leaks
+    own.register("mine", InfoNCE)
+    part = build_part(own, {"name": "mine", "temperature": 0.1}, "objectives[0]")
     assert part.temperature == 0.1
 
 

@@ -8,12 +8,13 @@ import pytest
 import torch
 from test_training import make_corpus, tiny_recipe
 
-from csekit.config import build_part
-from csekit.consert import ConsertViews
-from csekit.encoder import EMBEDDING_MASK, SentenceEncoder
-from csekit.errors import CsekitError
-from csekit.training import train
-from csekit.views import VIEWS, DropoutViews
+from csekit.core.errors import CsekitError
+from csekit.core.registry import VIEWS
+from csekit.encoding.encoder import EMBEDDING_MASK, SentenceEncoder
+from csekit.parts.views.consert import ConsertViews
+from csekit.parts.views.dropout import DropoutViews
+from csekit.training.recipe import build_part
+from csekit.training.trainer import train
 
 SENTENCES = [
     "a man plays guitar in the park",

@@ -9,8 +9,8 @@ import pytest
 from test_bad_input import assert_one_line_error, run_main, write_recipe
 from test_training import make_corpus
 
-from csekit.errors import CsekitError
-from csekit.training import MetricsLog
+from csekit.core.errors import CsekitError
+from csekit.training.trainer import MetricsLog
 
 LEFTOVERS = (".best.1a2b3c4d.tmp", ".last.5e6f7a8b.tmp", ".checkpoint.tmp")
 

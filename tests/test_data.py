@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from csekit.data import Corpus, TrainCollator, resolve_corpus_path
-from csekit.errors import CsekitError
+from csekit.core.errors import CsekitError
+from csekit.data.corpus import Corpus, TrainCollator, resolve_corpus_path
 
 
 def write_bytes(tmp_path: Path, data: bytes, name: str = "corpus.txt") -> Path:
@@ -111,7 +111,7 @@ def test_corpus_truncated_during_training_is_an_error_not_a_bus_error(tmp_path: 
 
     path = write_bytes(tmp_path, b"".join(b"line %d\n" % i for i in range(20000)))
     script = (
-        "import sys\nfrom csekit.data import Corpus\nfrom csekit.errors import CsekitError\n"
+        "import sys\nfrom csekit.data.corpus import Corpus\nfrom csekit.core.errors import CsekitError\n"
         f"corpus = Corpus({str(path)!r})\ncorpus[0]\n"
         f"open({str(path)!r}, 'r+b').truncate(10)\n"
         "try:\n    corpus[19999]\nexcept CsekitError as error:\n    sys.exit(f'error: {error}')\n"
@@ -125,7 +125,7 @@ def test_a_change_seen_by_a_dataloader_worker_is_still_one_line(tmp_path: Path) 
     """PyTorch re-raises a worker's error with the worker's traceback; the CLI prints the original line."""
     from torch.utils.data import DataLoader
 
-    from csekit.errors import message_line
+    from csekit.core.errors import message_line
 
     path = write_bytes(tmp_path, b"".join(b"line %d\n" % i for i in range(64)))
     loader = DataLoader(Corpus(path), batch_size=4, num_workers=1)

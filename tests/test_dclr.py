@@ -11,17 +11,19 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from test_training import make_corpus, tiny_recipe
 
-from csekit.config import build_part, load_recipe
-from csekit.dclr import ComplementaryWeighting, NoiseNegatives, improve_noise, non_uniformity_loss
-from csekit.encoder import SentenceEncoder
-from csekit.errors import CsekitError
-from csekit.heads import HEADS, MLPHead
-from csekit.model import NEGATIVES, ContrastiveModel
-from csekit.objectives import InfoNCE, cosine_matrix
-from csekit.objectives.dclr_code import DclrCodeLoss, bce_of_softmax
-from csekit.state import StepState
-from csekit.training import train
-from csekit.views import DropoutViews
+from csekit.core.errors import CsekitError
+from csekit.core.registry import HEADS, NEGATIVES
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.parts.heads.mlp import MLPHead
+from csekit.parts.negatives.noise import NoiseNegatives, improve_noise, non_uniformity_loss
+from csekit.parts.objectives import InfoNCE, cosine_matrix
+from csekit.parts.objectives.weighted_logits import WeightedLogitsLoss, bce_of_softmax
+from csekit.parts.step_state import StepState
+from csekit.parts.views.dropout import DropoutViews
+from csekit.parts.weighting.complementary import ComplementaryWeighting
+from csekit.training.model import ContrastiveModel
+from csekit.training.recipe import build_part, load_recipe
+from csekit.training.trainer import train
 
 # Sentences 0/2 and 1/4 are duplicates: the only negatives a model that sees itself should weight out.
 SENTENCES = [
@@ -100,9 +102,9 @@ def test_authors_code_option_zeroes_the_false_negative_logits(tiny_model_dir: Pa
         logits[i, j] = 0.0  # the code keeps false negatives in the softmax with logit 0
     logits = torch.cat([logits, cosine_matrix(anchors, state.extra_negatives[0]) / TAU], dim=1)
     labels = torch.arange(6)
-    infonce = DclrCodeLoss(temperature=TAU, loss="infonce")(state)["dclr_code"]
+    infonce = WeightedLogitsLoss(temperature=TAU, loss="infonce")(state)["dclr_code"]
     torch.testing.assert_close(infonce, F.cross_entropy(logits, labels))
-    bce = DclrCodeLoss(temperature=TAU, loss="bce")(state)["dclr_code"]
+    bce = WeightedLogitsLoss(temperature=TAU, loss="bce")(state)["dclr_code"]
     probabilities = logits.softmax(dim=1)
     targets = F.one_hot(labels, logits.shape[1]).float()
     by_hand = -(targets * probabilities.log() + (1 - targets) * (1 - probabilities).log()).mean()
@@ -160,7 +162,7 @@ def test_code_bce_runs_under_autocast_without_the_banned_probability_bce(monkeyp
     state.extra_negatives.append(torch.randn(16, 32, generator=generator))
     state.negative_weights = torch.ones(16, 16)
     state.negative_weights[0, 3] = state.negative_weights[5, 1] = 0.0
-    loss = DclrCodeLoss(temperature=0.05, loss="bce")
+    loss = WeightedLogitsLoss(temperature=0.05, loss="bce")
     expected = loss(state)["dclr_code"]
     monkeypatch.setattr(F, "binary_cross_entropy", banned)
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -14,9 +14,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from csekit.config import Recipe, load_recipe
-from csekit.encoder import SentenceEncoder
-from csekit.model import build_model
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.training.model import build_model
+from csekit.training.recipe import Recipe, load_recipe
 
 ACCELERATE_CPU = Path(__file__).resolve().parents[1] / "configs" / "accelerate-cpu.yaml"
 
@@ -128,7 +128,8 @@ def test_dclr_weighting_drops_some_but_not_all_negatives(tiny_model_dir: Path) -
     model, views = build(tiny_model_dir, "dclr")
     state = model.make_state(views(SENTENCES), SENTENCES, {})
     model.weighting(state)
-    weights = state.extras["dclr_weights"]
+    weights = state.negative_weights
+    assert weights is not None
     assert 0 < int((weights == 0).sum()) < weights.numel() - len(SENTENCES)
 
 

@@ -1,4 +1,4 @@
-"""csekit.fast_dropout: the 16-bit masks, the dropout layer and the attention function against references."""
+"""csekit.encoding.fast_dropout: the 16-bit masks, the dropout layer and the attention function against references."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ import torch
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from csekit.config import load_recipe
-from csekit.encoder import SentenceEncoder
-from csekit.fast_dropout import (
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.fast_dropout import (
     ATTENTION,
     FastDropout,
     cpu_training_attention,
@@ -22,7 +21,8 @@ from csekit.fast_dropout import (
     keep_mask,
     rounded_drop_probability,
 )
-from csekit.model import build_model
+from csekit.training.model import build_model
+from csekit.training.recipe import load_recipe
 
 
 def test_drop_probability_is_rounded_to_sixteen_bits() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from csekit.data import Corpus
-from csekit.errors import CsekitError
+from csekit.core.errors import CsekitError
+from csekit.data.corpus import Corpus
 from csekit.evaluation.sts import load_sts_task
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

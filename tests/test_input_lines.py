@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from test_bad_input import run_main
 
-from csekit.encoder import SentenceEncoder
+from csekit.encoding.encoder import SentenceEncoder
 
 # Every character str.splitlines ends a line at, besides \n and \r\n.
 OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -21,7 +21,7 @@ LINES = ["a man plays" + OTHER_BREAKS + "the guitar", "", "the dog\u2028runs", "
 
 
 def test_split_lines_ends_lines_at_newline_only() -> None:
-    from csekit.lines import split_lines
+    from csekit.core.lines import split_lines
 
     assert split_lines("\n".join(LINES) + "\n") == LINES
     assert split_lines("\r\n".join(LINES)) == LINES  # \r\n too, and no final newline
@@ -49,7 +49,7 @@ class NoParse:
 
 
 def test_augment_reads_one_sentence_per_newline(tmp_path: Path) -> None:
-    from csekit.augment import augment_corpus
+    from csekit.prep.augment import augment_corpus
 
     corpus = tmp_path / "c.txt"
     corpus.write_text("\n".join(LINES) + "\r\n", encoding="utf-8", newline="")
@@ -61,7 +61,7 @@ def test_augment_reads_one_sentence_per_newline(tmp_path: Path) -> None:
 
 
 def test_paraphrase_file_keeps_a_line_with_a_line_separator_whole(tmp_path: Path) -> None:
-    from csekit.augment import FileEngine
+    from csekit.prep.paraphrase import FileEngine
 
     path = tmp_path / "para.tsv"
     path.write_text("one sentence\u2028still the same\tits paraphrase\n", encoding="utf-8")

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from csekit.encoder import SentenceEncoder
-from csekit.mteb import CsekitMtebEncoder
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.evaluation.mteb import CsekitMtebEncoder
 
 SENTENCES = ["a man plays the guitar", "a dog runs in the park", "she eats food", "a man plays the guitar", "it is red"]
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from csekit.objectives import InfoNCE
-from csekit.state import StepState
+from csekit.parts.objectives import InfoNCE
+from csekit.parts.step_state import StepState
 
 
 def make_state(anchors: torch.Tensor, positives: torch.Tensor) -> StepState:

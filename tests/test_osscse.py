@@ -12,7 +12,9 @@ import pytest
 import torch
 from conftest import WORDS, make_tiny_encoder
 
-from csekit.errors import CsekitError
+from csekit.core.errors import CsekitError
+from csekit.core.registry import OBJECTIVES, POOLERS
+from csekit.encoding.pooling import MaskPooler
 from csekit.evaluation.probes import (
     PAPER_TABLE2,
     TRANSFORMATIONS,
@@ -26,9 +28,8 @@ from csekit.evaluation.probes import (
     transformation_probe,
 )
 from csekit.evaluation.sts import StsSubset
-from csekit.objectives import OBJECTIVES, RecallLoss, TwoWayMargin, two_way_margin
-from csekit.pooling import POOLERS, MaskPooler
-from csekit.state import StepState
+from csekit.parts.objectives import RecallLoss, TwoWayMargin, two_way_margin
+from csekit.parts.step_state import StepState
 
 # --- MER and splits --------------------------------------------------------------------------------
 
@@ -146,7 +147,7 @@ def test_bad_probe_file_names_the_line(tmp_path: Path) -> None:
 def test_prompt_truncates_the_sentence_never_the_template(tmp_path: Path) -> None:
     """PromptBERT cuts the sentence to max_length (as a plain tokenisation with [CLS]/[SEP] would), then wraps it."""
     encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask")
-    assert isinstance(encoder.pooler, MaskPooler) and POOLERS["mask"] is MaskPooler
+    assert isinstance(encoder.pooler, MaskPooler) and POOLERS.get("mask") is MaskPooler
     tokenizer = encoder.tokenizer
     long_sentence = " ".join(["the man plays guitar"] * 20)
     for view, word in ((0, None), (1, "of")):
@@ -192,7 +193,7 @@ def test_mask_pooler_reads_the_mask_position_and_reloads(tmp_path: Path) -> None
     encoder.save(tmp_path / "model")
     meta = json.loads((tmp_path / "model" / "csekit.json").read_text())
     assert meta["pooler"] == "mask" and len(meta["templates"]) == 2
-    from csekit.encoder import SentenceEncoder
+    from csekit.encoding.encoder import SentenceEncoder
 
     reloaded = SentenceEncoder.load(tmp_path / "model")
     assert reloaded.pooler.name == "mask"
@@ -295,7 +296,7 @@ def test_margin_objective_encodes_fields_skips_missing_rows_and_trains_the_encod
 def test_recall_loss_is_zero_at_start_and_its_gradient_is_gamma_times_the_drift(tmp_path: Path) -> None:
     encoder = make_tiny_encoder(tmp_path / "tok")
     recall = RecallLoss(encoder, gamma=2e-3)
-    assert OBJECTIVES["recall"] is RecallLoss
+    assert OBJECTIVES.get("recall") is RecallLoss
     state = _state(encoder, ["the man"], {})
     assert recall(state)["recall"].item() == 0.0
     theta0 = {name: p.detach().clone() for name, p in encoder.backbone.named_parameters()}
@@ -317,9 +318,9 @@ def test_recall_loss_is_zero_at_start_and_its_gradient_is_gamma_times_the_drift(
 
 
 def test_osscse_parts_train_end_to_end(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from csekit.config import load_recipe
-    from csekit.encoder import SentenceEncoder
-    from csekit.training import train
+    from csekit.encoding.encoder import SentenceEncoder
+    from csekit.training.recipe import load_recipe
+    from csekit.training.trainer import train
 
     rng = random.Random(0)
     words = [w for w in WORDS if w.isalpha()]
@@ -378,7 +379,7 @@ NEGATIONS = {
 
 @pytest.fixture(scope="module")
 def nlp():  # type: ignore[no-untyped-def]
-    from csekit.augment import load_spacy
+    from csekit.prep.augment import load_spacy
 
     try:
         return load_spacy()
@@ -388,7 +389,7 @@ def nlp():  # type: ignore[no-untyped-def]
 
 @pytest.mark.spacy
 def test_negation_rules(nlp) -> None:  # type: ignore[no-untyped-def]
-    from csekit.augment import negate
+    from csekit.prep.augment import negate
 
     sentences = list(NEGATIONS)
     assert negate(sentences, nlp) == [NEGATIONS[s] for s in sentences]
@@ -398,7 +399,7 @@ def test_negation_rules(nlp) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_choose_paraphrase_keeps_only_mer_in_range() -> None:
-    from csekit.augment import choose_paraphrase
+    from csekit.prep.augment import choose_paraphrase
 
     sentence = "the man is playing a guitar in the park"
     assert choose_paraphrase(sentence, []) == (None, "no_candidate")
@@ -411,7 +412,8 @@ def test_choose_paraphrase_keeps_only_mer_in_range() -> None:
 
 @pytest.mark.spacy
 def test_augment_streams_and_resumes_after_interruption(tmp_path: Path, nlp) -> None:  # type: ignore[no-untyped-def]
-    from csekit.augment import FileEngine, augment_corpus
+    from csekit.prep.augment import augment_corpus
+    from csekit.prep.paraphrase import FileEngine
 
     sentences = list(NEGATIONS)[:7]
     corpus = tmp_path / "corpus.txt"
@@ -465,7 +467,7 @@ def test_cli_augment_with_a_paraphrase_file(tmp_path: Path, nlp) -> None:  # typ
 def test_apertium_round_trip() -> None:
     if shutil.which("apertium") is None:
         pytest.skip("apertium is not installed (apt-get install apertium-eng-spa)")
-    from csekit.augment import ApertiumEngine
+    from csekit.prep.paraphrase import ApertiumEngine
 
     back = ApertiumEngine()(["The man likes eating sausages.", "A woman is slicing an onion."])
     assert len(back) == 2 and all(len(candidates) == 1 for candidates in back)

@@ -10,12 +10,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from csekit import precision as precision_module
 from csekit.cli import app
-from csekit.config import load_recipe
-from csekit.errors import CsekitError
-from csekit.precision import choose_precision, resolve_precision
-from csekit.training import train
+from csekit.core import precision as precision_module
+from csekit.core.errors import CsekitError
+from csekit.core.precision import choose_precision, resolve_precision
+from csekit.training.recipe import load_recipe
+from csekit.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,8 +14,8 @@ from parts_for_tests import write_entry_points
 from safetensors.torch import load_file
 from test_training import make_corpus, read_metrics, tiny_recipe
 
-from csekit.errors import CsekitError
-from csekit.training import train
+from csekit.core.errors import CsekitError
+from csekit.training.trainer import train
 
 TESTS = Path(__file__).resolve().parent
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from csekit.encoder import SentenceEncoder
+from csekit.encoding.encoder import SentenceEncoder
 from csekit.evaluation.sts import evaluate_sts
 
 SENTEVAL_MINILM_CLS = {

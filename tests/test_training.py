@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from conftest import WORDS
 
-from csekit.config import load_recipe
-from csekit.encoder import SentenceEncoder
-from csekit.errors import CsekitError
-from csekit.training import train
+from csekit.core.errors import CsekitError
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.training.recipe import load_recipe
+from csekit.training.trainer import train
 
 
 def make_corpus(path: Path, lines: int = 256, seed: int = 0) -> Path:
@@ -140,7 +140,7 @@ def test_cli_encode_writes_one_row_per_line(tmp_path: Path, tiny_model_dir: Path
 
 
 def test_nan_dev_scores_never_win_the_selection() -> None:
-    from csekit.training import _improves
+    from csekit.training.trainer import _improves
 
     assert _improves(float("nan"), None)
     assert not _improves(float("nan"), 0.2)
@@ -193,7 +193,7 @@ def test_cli_unknown_task_and_missing_data_dir(tmp_path: Path, tiny_model_dir: P
 
 FAULTS_PER_REALLOCATION = """
 import resource, sys, torch
-from csekit.training import keep_freed_memory
+from csekit.training.trainer import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 for _ in range(2):  # blocks of the vocabulary gradient's size; the heap grows to hold them

@@ -12,7 +12,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import StratifiedKFold
 
-from csekit.errors import CsekitError
+from csekit.core.errors import CsekitError
 from csekit.evaluation.transfer import (
     TRANSFER_TASKS,
     evaluate_transfer,

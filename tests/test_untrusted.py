@@ -28,12 +28,12 @@ from test_bad_input import assert_one_line_error, run_main
 from test_training import make_corpus, read_metrics, tiny_recipe
 
 import csekit
-from csekit import data_dir as data_dir_module
-from csekit.config import build_part, load_recipe, recipe_changes
-from csekit.errors import CsekitError
-from csekit.objectives import OBJECTIVES, InfoNCE
-from csekit.parts import available_parts
-from csekit.training import train
+from csekit.core.errors import CsekitError
+from csekit.core.registry import HEADS, OBJECTIVES
+from csekit.data import data_dir as data_dir_module
+from csekit.parts.objectives import InfoNCE
+from csekit.training.recipe import build_part, load_recipe, recipe_changes
+from csekit.training.trainer import train
 
 CaptureErr = pytest.CaptureFixture[str]
 
@@ -188,7 +188,7 @@ class ZeroLoss(InfoNCE):
 def zero_loss() -> Iterator[None]:
     csekit.register_part("objective", "zero_loss", ZeroLoss)
     yield
-    OBJECTIVES.pop("zero_loss")
+    OBJECTIVES.unregister("zero_loss")
 
 
 def test_a_registered_part_trains(tmp_path: Path, tiny_model_dir: Path, zero_loss: None) -> None:
@@ -207,18 +207,16 @@ def test_register_part_refuses_to_change_a_part(zero_loss: None) -> None:
         csekit.register_part("objectives", "other", ZeroLoss)
     with pytest.raises(CsekitError, match="letters, digits"):
         csekit.register_part("objective", "mypkg:Loss", ZeroLoss)
-    assert OBJECTIVES["infonce"] is InfoNCE
+    assert OBJECTIVES.get("infonce") is InfoNCE
 
 
 def test_an_installed_plugin_part_is_loaded_when_a_recipe_names_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.syspath_prepend(str(write_entry_points(tmp_path / "site")))
-    table = available_parts("objective")
-    assert "kill_once" in table and "kill_once" not in OBJECTIVES  # not imported until named
-    part = build_part(table, {"name": "kill_once", "at_call": 3, "marker": str(tmp_path / "m")}, "objectives[1]")
+    assert "kill_once" in OBJECTIVES and "kill_once" not in HEADS
+    part = build_part(OBJECTIVES, {"name": "kill_once", "at_call": 3, "marker": str(tmp_path / "m")}, "objectives[1]")
     assert isinstance(part, KillOnce) and part.at_call == 3
-    assert "kill_once" not in available_parts("head")
 
 
 # --- 4. --resume continues the run in the folder, with its saved recipe ---------------------------

@@ -11,14 +11,15 @@ import pytest
 import torch
 from test_training import make_corpus, read_metrics, tiny_recipe
 
-from csekit.config import build_part, load_recipe
-from csekit.encoder import SentenceEncoder
-from csekit.errors import CsekitError
-from csekit.heads import HEADS, MLPHead
-from csekit.objectives import InfoNCE, MultiPositiveInfoNCE
-from csekit.state import StepState
-from csekit.training import train
-from csekit.whitening import GroupWhitening, SingularWhiteningWarning, WhiteningHead, whitening_matrices
+from csekit.core.errors import CsekitError
+from csekit.core.registry import HEADS
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.parts.heads.mlp import MLPHead
+from csekit.parts.heads.whitening import GroupWhitening, SingularWhiteningWarning, WhiteningHead, whitening_matrices
+from csekit.parts.objectives import InfoNCE, MultiPositiveInfoNCE
+from csekit.parts.step_state import StepState
+from csekit.training.recipe import build_part, load_recipe
+from csekit.training.trainer import train
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 BACKBONE_DIMS = {"bert-base-uncased": 768, "roberta-base": 768, "minilm-l6": 384}

@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from csekit.atomic import atomic_write_text
-from csekit.config import MAX_SEED
-from csekit.errors import CsekitError, at
+from csekit.core.atomic import atomic_write_text
+from csekit.core.errors import CsekitError, at
+from csekit.training.recipe import MAX_SEED
 
 RESULTS_FILE = "results.json"
 COSINES_FILE = "cosines.npy"
@@ -170,13 +170,13 @@ def _run_one(
     show_progress: bool,
 ) -> dict[str, Any]:
     """Train (or resume) one run, evaluate its best model, sample corpus cosines, write results.json last."""
-    from csekit.config import load_recipe
-    from csekit.data import open_corpus
-    from csekit.data_dir import resolve_data_dir
-    from csekit.encoder import SentenceEncoder
+    from csekit.data.corpus import open_corpus
+    from csekit.data.data_dir import resolve_data_dir
+    from csekit.encoding.encoder import SentenceEncoder
     from csekit.evaluation.alignment import pairwise_cosines, sample_sentences
     from csekit.evaluation.suite import parse_tasks, run_evaluation
-    from csekit.training import train
+    from csekit.training.recipe import load_recipe
+    from csekit.training.trainer import train
 
     config = load_recipe(recipe.path, [*recipe.overrides, *overrides, f"train.seed={seed}"])
     started = any((folder / name).exists() for name in ("metrics.jsonl", "checkpoint"))

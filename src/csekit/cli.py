@@ -10,12 +10,12 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import numpy as np
 import typer
 
-from csekit.errors import CsekitError, message_line
+from csekit.core.errors import CsekitError, message_line
 
 app = typer.Typer(
     add_completion=False,
@@ -72,9 +72,9 @@ def train(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train a model from a recipe; writes best/, last/, checkpoint/, metrics.jsonl and recipe.yaml."""
-    from csekit.config import load_recipe
-    from csekit.training import SAVED_RECIPE
-    from csekit.training import train as run_training
+    from csekit.training.recipe import load_recipe
+    from csekit.training.trainer import SAVED_RECIPE
+    from csekit.training.trainer import train as run_training
 
     if recipe is None:
         if not resume:
@@ -115,9 +115,9 @@ def evaluate(
     ] = -1,
 ) -> None:
     """Evaluate a model SentEval's way: STS (Spearman x 100), transfer tasks (accuracy x 100), alignment/uniformity."""
-    from csekit.atomic import atomic_write_text
-    from csekit.data_dir import resolve_data_dir
-    from csekit.encoder import SentenceEncoder
+    from csekit.core.atomic import atomic_write_text
+    from csekit.data.data_dir import resolve_data_dir
+    from csekit.encoding.encoder import SentenceEncoder
     from csekit.evaluation.sts import format_sts_table
     from csekit.evaluation.suite import parse_tasks, run_evaluation
     from csekit.evaluation.transfer import format_transfer_table
@@ -206,8 +206,8 @@ def encode(
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
 ) -> None:
     """Write one embedding row per input line (float32 .npy)."""
-    from csekit.encoder import SentenceEncoder
-    from csekit.lines import read_lines
+    from csekit.core.lines import read_lines
+    from csekit.encoding.encoder import SentenceEncoder
 
     _require_at_least("--batch-size", batch_size)
     try:
@@ -248,8 +248,8 @@ def probe(
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
 ) -> None:
     """OssCSE's bias probes: Spearman on Cont./Oppn. STS splits (by MER) and a sentence-transformation probe."""
-    from csekit.atomic import atomic_write_text
-    from csekit.encoder import SentenceEncoder
+    from csekit.core.atomic import atomic_write_text
+    from csekit.encoding.encoder import SentenceEncoder
     from csekit.evaluation.probes import (
         bias_probe,
         format_bias_table,
@@ -286,6 +286,23 @@ def probe(
         atomic_write_text(output, json.dumps(report, indent=2) + "\n")
 
 
+def _paraphrase_engine(engine: str, paraphrases: Path | None, pivots: str) -> Any:
+    """The engine named by --engine (csekit.core.registry.ENGINES), built with the options it reads."""
+    from csekit.core.registry import ENGINES
+
+    factory = ENGINES.get(engine, "--engine (or none)")
+    if engine == "file":
+        if paraphrases is None:
+            raise CsekitError("--engine file needs --paraphrases FILE")
+        return factory(paraphrases)
+    if engine == "marian":
+        languages = [p.strip() for p in pivots.split(",") if p.strip()]
+        if not languages:
+            raise CsekitError(f'--pivots "{pivots}": name at least one pivot language, e.g. de,ru')
+        return factory(pivots=languages)
+    return factory()
+
+
 @app.command()
 def augment(
     corpus: Annotated[Path, typer.Option("--corpus", help="Text corpus, one sentence per line.")],
@@ -304,7 +321,7 @@ def augment(
     can: Annotated[str, typer.Option(help='Negation of "can": cannot or "can not".')] = "cannot",
 ) -> None:
     """Write a negation and a back-translated paraphrase of every sentence (OssCSE's training corpus)."""
-    from csekit.augment import ApertiumEngine, FileEngine, MarianEngine, augment_corpus, load_spacy
+    from csekit.prep.augment import augment_corpus, load_spacy
 
     if output.suffix != ".jsonl":
         raise CsekitError(f"--output {output}: must end in .jsonl (a recipe reads the fields from it)")
@@ -319,24 +336,7 @@ def augment(
         raise CsekitError(f'--can "{can}": choose cannot or "can not"')
     if not corpus.is_file():
         raise CsekitError(f"corpus {corpus} does not exist")
-    if engine == "file":
-        if paraphrases is None:
-            raise CsekitError("--engine file needs --paraphrases FILE")
-        chosen = FileEngine(paraphrases)
-    elif engine == "apertium":
-        chosen = ApertiumEngine()
-    elif engine == "marian":
-        languages = [p.strip() for p in pivots.split(",") if p.strip()]
-        if not languages:
-            raise CsekitError(f'--pivots "{pivots}": name at least one pivot language, e.g. de,ru')
-        chosen = MarianEngine(pivots=languages)
-    elif engine == "none":
-        chosen = None
-    else:
-        from csekit.errors import did_you_mean
-
-        choices = ["apertium", "marian", "file", "none"]
-        raise CsekitError(f'--engine: unknown engine "{engine}"{did_you_mean(engine, choices)}; choose from {choices}')
+    chosen = None if engine == "none" else _paraphrase_engine(engine, paraphrases, pivots)
 
     def progress(report: object) -> None:
         typer.echo(f"  {report.resumed + report.written:,} sentences written", err=True)  # type: ignore[attr-defined]
@@ -358,9 +358,9 @@ def freq(
     """Count token frequencies over a corpus with a model's tokenizer (SLT-FAI's frequency labels)."""
     from transformers import AutoTokenizer
 
-    from csekit.atomic import atomic_write_text
-    from csekit.encoder import resolve_model_path
-    from csekit.frequency import count_tokens, counts_by_token
+    from csekit.core.atomic import atomic_write_text
+    from csekit.encoding.encoder import resolve_model_path
+    from csekit.prep.frequency import count_tokens, counts_by_token
 
     _require_at_least("--chunk-lines", chunk_lines)
     location = resolve_model_path(tokenizer)
@@ -379,7 +379,7 @@ def download_data(
     dest: Annotated[Path, typer.Argument(help="Folder to create (then set CSEKIT_DATA to it).")],
 ) -> None:
     """Download SentEval's STS, STS-B and SICK data (needs a network)."""
-    from csekit.data_dir import download_senteval_data
+    from csekit.data.data_dir import download_senteval_data
 
     path = download_senteval_data(dest)
     typer.echo(f"data in {path}; export CSEKIT_DATA={path}")
@@ -390,7 +390,7 @@ def _choose_precision(requested: str, encoder: object) -> tuple[str, str]:
 
     An explicit bf16 on a CPU without native bf16 is warned about at once, before the slow work.
     """
-    from csekit.precision import resolve_precision, slow_bf16_warning
+    from csekit.core.precision import resolve_precision, slow_bf16_warning
 
     device = encoder.device  # type: ignore[attr-defined]
     chosen, reason = resolve_precision(requested, device)

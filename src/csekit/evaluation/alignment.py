@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from scipy.special import logsumexp
 
-from csekit.evaluation.sts import StsSubset, load_sts_task
+from csekit.evaluation.sts_data import StsSubset, load_sts_task
 
 Encoder = Callable[[list[str]], np.ndarray]
 

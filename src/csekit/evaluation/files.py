@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from csekit.errors import CsekitError, at
+from csekit.core.errors import CsekitError, at
 
 
 def read_text(path: Path, encoding: str = "utf-8") -> str:

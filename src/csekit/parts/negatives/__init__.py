@@ -1,0 +1,15 @@
+"""Negative sources: extra negatives every anchor contrasts, beside the in-batch ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from torch import nn
+
+from csekit.parts.negatives.noise import NoiseNegatives
+
+BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
+    {"dclr_noise": NoiseNegatives}  # DCLR: Gaussian noise moved by gradient ascent on L_U
+)
+"""`negatives` names; see `csekit.core.registry.NEGATIVES`."""

@@ -1,0 +1,44 @@
+"""Loss terms. Each is a small `nn.Module` taking the `StepState` and returning named loss parts.
+
+A recipe lists objectives with weights; the model sums weight * part over all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+
+from torch import nn
+
+from csekit.parts.objectives.infonce import InfoNCE, cosine_matrix
+from csekit.parts.objectives.multi_positive import MultiPositiveInfoNCE
+from csekit.parts.objectives.recall import RecallLoss
+from csekit.parts.objectives.slt_fai import AdversarialTuning, IncompleteSentenceFiltering
+from csekit.parts.objectives.two_way_margin import TwoWayMargin, two_way_margin
+from csekit.parts.objectives.weighted_logits import WeightedLogitsLoss
+
+BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
+    {
+        "infonce": InfoNCE,  # SimCSE (and DCLR's Eq. 6 with weights, any extra negatives)
+        "dclr_code": WeightedLogitsLoss,  # DCLR as the authors' code computes it (weights x logits, BCE)
+        "multi_positive": MultiPositiveInfoNCE,  # WhitenedCSE, Eq. 7 (or 8)
+        "slt_fai_at": AdversarialTuning,  # SLT-FAI's frequency adversary through gradient reversal
+        "slt_fai_isf": IncompleteSentenceFiltering,  # SLT-FAI's incomplete-sentence filtering
+        "margin": TwoWayMargin,  # OssCSE's two-way max-margin
+        "recall": RecallLoss,  # OssCSE's recall of the pre-trained weights
+    }
+)
+"""`objectives` names; see `csekit.core.registry.OBJECTIVES`."""
+
+__all__ = [
+    "BUILTIN",
+    "AdversarialTuning",
+    "IncompleteSentenceFiltering",
+    "InfoNCE",
+    "MultiPositiveInfoNCE",
+    "RecallLoss",
+    "TwoWayMargin",
+    "WeightedLogitsLoss",
+    "cosine_matrix",
+    "two_way_margin",
+]

@@ -1,0 +1,48 @@
+"""InfoNCE with in-batch negatives: SimCSE's loss."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from csekit.parts.step_state import StepState
+
+
+def cosine_matrix(a: Tensor, b: Tensor) -> Tensor:
+    """Cosine similarity of every row of `a` with every row of `b`, in float32."""
+    return F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T
+
+
+class InfoNCE(nn.Module):
+    """-log softmax of each anchor's positive among all candidates, similarities scaled by 1/tau.
+
+    Anchors are view `anchor_view` of the local batch; candidates are view `positive_view` of the
+    global batch (all processes), then any extra negatives in the state. A weighting part may give
+    each in-batch candidate a weight alpha: the candidate's term in the denominator becomes
+    alpha * exp(s / tau), i.e. log(alpha) is added to its logit (weight 0 removes it).
+    """
+
+    def __init__(self, temperature: float = 0.05, anchor_view: int = 0, positive_view: int = 1) -> None:
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError("temperature must be positive")
+        self.temperature = temperature
+        self.anchor_view = anchor_view
+        self.positive_view = positive_view
+
+    def logits(self, state: StepState) -> Tensor:
+        """Scaled similarities [n, N_global + k] of anchors to candidates, weights applied."""
+        anchors = state.embeddings[self.anchor_view]
+        logits = cosine_matrix(anchors, state.global_view(self.positive_view)) / self.temperature
+        if state.negative_weights is not None:
+            logits = self.apply_weights(logits, state.negative_weights.to(logits.dtype))
+        extra = [cosine_matrix(anchors, negatives) / self.temperature for negatives in state.extra_negatives]
+        return torch.cat([logits, *extra], dim=1) if extra else logits
+
+    def apply_weights(self, logits: Tensor, weights: Tensor) -> Tensor:
+        """Paper Eq. 6: weight alpha scales a candidate's exp term, i.e. adds log(alpha) to its logit."""
+        return logits + torch.log(weights)
+
+    def forward(self, state: StepState) -> dict[str, Tensor]:
+        return {"infonce": F.cross_entropy(self.logits(state), state.positive_index())}

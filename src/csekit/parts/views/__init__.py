@@ -1,0 +1,18 @@
+"""Views: how the two (or more) inputs of each sentence are made for the contrastive loss."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from csekit.parts.views.consert import ConsertViews
+from csekit.parts.views.dropout import DropoutViews
+
+BUILTIN: Mapping[str, Callable[..., Any]] = MappingProxyType(
+    {
+        "dropout": DropoutViews,  # SimCSE: the same ids twice, dropout makes the views differ
+        "consert": ConsertViews,  # ConSERT's embedding-level augmentations (SLT-FAI's ConSERT variant)
+    }
+)
+"""`data.views` names; see `csekit.core.registry.VIEWS`."""

@@ -1,0 +1,153 @@
+"""Paraphrase engines for OssCSE's back-translation augmentation: where candidate paraphrases come from.
+
+An engine is any callable from sentences to candidate paraphrases (one list per sentence). Offline
+here: Debian's apertium (rule-based EN-ES-EN) or a file of the user's own paraphrases; with a network,
+MarianMT round trips as in the paper.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from csekit.core.errors import CsekitError, at
+from csekit.core.lines import read_lines
+
+
+class ParaphraseEngine(Protocol):
+    """Gives candidate paraphrases per sentence (one list each, possibly empty)."""
+
+    name: str
+
+    def __call__(self, sentences: list[str]) -> list[list[str]]: ...
+
+
+class ApertiumEngine:
+    """English -> Spanish -> English through Debian's apertium (offline, rule-based; `apertium-eng-spa`)."""
+
+    name = "apertium"
+
+    def __init__(self, pivot: str = "spa", binary: str = "apertium") -> None:
+        self.binary = shutil.which(binary)
+        if self.binary is None:
+            raise CsekitError("the apertium engine needs apertium: apt-get install apertium-eng-spa")
+        self.pivot = pivot
+
+    def _translate(self, lines: list[str], pair: str) -> list[str]:
+        text = "\n".join(line.replace("\n", " ") for line in lines) + "\n"
+        try:
+            done = subprocess.run(
+                [self.binary, "-u", pair], input=text, capture_output=True, text=True, check=True, timeout=600
+            )
+        except subprocess.CalledProcessError as error:
+            raise CsekitError(f"apertium {pair} failed: {error.stderr.strip().splitlines()[-1:]}") from None
+        out = done.stdout.rstrip("\n").split("\n")
+        if len(out) != len(lines):  # apertium keeps line breaks; if not, translate one line at a time
+            return [self._translate([line], pair)[0] for line in lines] if len(lines) > 1 else [" ".join(out)]
+        return out
+
+    def __call__(self, sentences: list[str]) -> list[list[str]]:
+        pivot = self._translate(sentences, f"eng-{self.pivot}")
+        back = self._translate(pivot, f"{self.pivot}-eng")
+        return [[" ".join(line.split())] if line.strip() else [] for line in back]
+
+
+class MarianEngine:
+    """Back-translation through MarianMT (Helsinki-NLP opus-mt) round trips; EN-DE-EN and EN-RU-EN by default.
+
+    Needs the models from the hub (a network, the first time) and is slow on CPU; a GPU is advised.
+    Every pivot gives one candidate; the augmenter keeps the first within the MER range.
+    """
+
+    name = "marian"
+
+    def __init__(self, pivots: Sequence[str] = ("de", "ru"), device: str | None = None, batch_size: int = 32) -> None:
+        import torch
+
+        self.pivots = tuple(pivots)
+        self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        self.batch_size = batch_size
+        self._models: dict[str, tuple[Any, Any]] = {}
+
+    def _model(self, source: str, target: str) -> tuple[Any, Any]:
+        name = f"Helsinki-NLP/opus-mt-{source}-{target}"
+        if name not in self._models:
+            from transformers import MarianMTModel, MarianTokenizer
+
+            try:
+                tokenizer = MarianTokenizer.from_pretrained(name)
+                model = MarianMTModel.from_pretrained(name).to(self.device).eval()
+            except OSError as error:
+                raise CsekitError(f'cannot load "{name}": {str(error).splitlines()[0]} (needs a network)') from None
+            self._models[name] = (tokenizer, model)
+        return self._models[name]
+
+    def _translate(self, sentences: list[str], source: str, target: str) -> list[str]:
+        import torch
+
+        tokenizer, model = self._model(source, target)
+        out: list[str] = []
+        for start in range(0, len(sentences), self.batch_size):
+            batch = tokenizer(sentences[start : start + self.batch_size], return_tensors="pt", padding=True)
+            batch = {key: value.to(self.device) for key, value in batch.items()}
+            with torch.inference_mode():
+                generated = model.generate(**batch, num_beams=4, max_new_tokens=128)
+            out += tokenizer.batch_decode(generated, skip_special_tokens=True)
+        return out
+
+    def __call__(self, sentences: list[str]) -> list[list[str]]:
+        candidates: list[list[str]] = [[] for _ in sentences]
+        for pivot in self.pivots:
+            back = self._translate(self._translate(sentences, "en", pivot), pivot, "en")
+            for row, text in zip(candidates, back, strict=True):
+                if text.strip():
+                    row.append(text.strip())
+        return candidates
+
+
+class FileEngine:
+    """A user's own paraphrases: `.jsonl` with "text" and "paraphrase", or `sentence<TAB>paraphrase` lines."""
+
+    name = "file"
+
+    def __init__(self, path: str | Path) -> None:
+        self.table: dict[str, list[str]] = {}
+        path = Path(path)
+        try:
+            lines = read_lines(path)
+        except (OSError, UnicodeDecodeError) as error:
+            raise CsekitError(f"paraphrase file {path}: cannot read it ({error})") from None
+        jsonl = path.suffix == ".jsonl"
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            if jsonl:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise CsekitError(f"{at(path, number)}: not valid JSON ({error.msg})") from None
+                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+                    raise CsekitError(f'{at(path, number)}: needs string fields "text" and "paraphrase"')
+                source, paraphrase = row["text"], row.get("paraphrase")
+            else:
+                parts = line.split("\t")
+                if len(parts) != 2:
+                    found = f"found {len(parts)} fields"
+                    raise CsekitError(f"{at(path, number)}: expected sentence<TAB>paraphrase, {found}")
+                source, paraphrase = parts
+            if isinstance(paraphrase, str) and paraphrase.strip():
+                self.table.setdefault(source.strip(), []).append(paraphrase.strip())
+
+    def __call__(self, sentences: list[str]) -> list[list[str]]:
+        return [list(self.table.get(sentence.strip(), [])) for sentence in sentences]
+
+
+BUILTIN: Mapping[str, Callable[..., ParaphraseEngine]] = MappingProxyType(
+    {"apertium": ApertiumEngine, "marian": MarianEngine, "file": FileEngine}
+)
+"""`csekit augment --engine` names; see `csekit.core.registry.ENGINES`."""

@@ -1,0 +1,151 @@
+"""The resumable training state, in formats that load without running code.
+
+A run folder may come from someone else, so `checkpoint/` holds no pickled objects: the weights of
+every part are safetensors, the optimizer, scheduler, gradient scaler and random-generator states
+are tensors and plain values that `torch.load(weights_only=True)` reads (its unpickler rebuilds
+only tensors, numbers, strings and containers), and the trainer's position is JSON. Every process
+writes its own generator states (`rng_state_<rank>.pt`), since each process draws its own dropout.
+
+Any file that is missing, damaged or holds something other than what csekit wrote gives one
+`CsekitError` naming the file, before the first training step.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_model, save_model
+
+from csekit.core.errors import CsekitError
+
+MODEL_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+SCHEDULER_FILE = "scheduler.pt"
+SCALER_FILE = "scaler.pt"
+LEGACY_FILES = ("custom_checkpoint_0.pkl", "random_states_0.pkl", "optimizer.bin", "scheduler.bin")
+"""What accelerate's save_state wrote (csekit before this format): pickles, never loaded."""
+
+
+def rng_file(process: int) -> str:
+    return f"rng_state_{process}.pt"
+
+
+def save_shared_state(
+    folder: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: Any | None = None,
+) -> None:
+    """What every process has in common (written by the main process): weights, optimizer, scheduler."""
+    # save_model drops the second name of a tensor shared by two modules (a head kept at test time).
+    save_model(model, str(folder / MODEL_FILE), metadata={"format": "pt"}, force_contiguous=True)
+    torch.save(optimizer.state_dict(), folder / OPTIMIZER_FILE)
+    torch.save(scheduler.state_dict(), folder / SCHEDULER_FILE)
+    if scaler is not None:
+        torch.save(scaler.state_dict(), folder / SCALER_FILE)
+
+
+def save_rng_state(folder: Path, process: int) -> None:
+    """This process's Python, NumPy, torch and CUDA generator states, as tensors and plain values."""
+    version, mt_state, gauss = random.getstate()
+    name, keys, position, has_gauss, cached = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [version, list(mt_state), gauss],
+        "numpy": [name, torch.from_numpy(keys.astype(np.int64)), position, has_gauss, cached],
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(state, folder / rng_file(process))
+
+
+def _load_tensors(path: Path, device: torch.device | str = "cpu") -> Any:
+    """A file of tensors and plain values; anything else (a pickled object, damage) is a CsekitError."""
+    if not path.is_file():
+        raise CsekitError(f"checkpoint file {path} is missing; the checkpoint is incomplete")
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except pickle.UnpicklingError:
+        reason = "it holds objects other than tensors and plain values"
+    except Exception as error:  # any failure to read the file means it is unusable
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    else:
+        return state
+    raise CsekitError(f"checkpoint file {path} is damaged or not written by csekit ({reason[:200]}); it was not loaded")
+
+
+def check_format(folder: Path) -> None:
+    """Refuse a checkpoint in accelerate's pickle format before touching any of its files."""
+    if not (folder / OPTIMIZER_FILE).exists() and any((folder / name).exists() for name in LEGACY_FILES):
+        raise CsekitError(
+            f"checkpoint {folder} is in an older format that stores pickles (accelerate's save_state), "
+            "which csekit no longer loads because unpickling can run code; start a new run"
+        )
+
+
+def load_shared_state(
+    folder: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: Any | None,
+    device: torch.device,
+) -> None:
+    """Load what `save_shared_state` wrote into the freshly built model, optimizer and scheduler."""
+    check_format(folder)
+    model_path = folder / MODEL_FILE
+    if not model_path.is_file():
+        raise CsekitError(f"checkpoint file {model_path} is missing; the checkpoint is incomplete")
+    try:
+        load_model(model, str(model_path), strict=True, device=str(device))
+    except Exception as error:  # safetensors raises its own error type for a bad header
+        reason = str(error).strip().splitlines()[0][:200]
+        raise CsekitError(
+            f"checkpoint file {model_path} is damaged or does not fit this recipe's model ({reason})"
+        ) from None
+    for path, target in ((folder / OPTIMIZER_FILE, optimizer), (folder / SCHEDULER_FILE, scheduler)):
+        _load_state_dict(path, target, device)
+    if scaler is not None:
+        _load_state_dict(folder / SCALER_FILE, scaler, device)
+
+
+def _load_state_dict(path: Path, target: Any, device: torch.device) -> None:
+    state = _load_tensors(path, device)
+    if not isinstance(state, Mapping):
+        raise CsekitError(f"checkpoint file {path} does not hold a state (found {type(state).__name__})")
+    try:
+        target.load_state_dict(state)
+    except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as error:
+        raise CsekitError(f"checkpoint file {path} does not fit this run ({str(error)[:200]})") from None
+
+
+def load_rng_state(folder: Path, process: int) -> None:
+    """Restore this process's generators; a missing or wrong file stops the run (the resume would not be exact)."""
+    path = folder / rng_file(process)
+    if not path.is_file():
+        raise CsekitError(
+            f"checkpoint file {path} is missing: the run was saved by fewer processes, or the checkpoint "
+            "is incomplete; resume with as many processes as the run had"
+        )
+    state = _load_tensors(path)
+    try:
+        version, mt_state, gauss = state["python"]
+        name, keys, position, has_gauss, cached = state["numpy"]
+        python_state = (int(version), tuple(int(value) for value in mt_state), gauss)
+        numpy_state = (str(name), keys.numpy().astype(np.uint32), int(position), int(has_gauss), float(cached))
+        torch_state = state["torch"]
+        cuda_states = state.get("cuda") if torch.cuda.is_available() else None
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
+        torch.set_rng_state(torch_state)
+        if cuda_states is not None:
+            torch.cuda.set_rng_state_all(cuda_states)
+    except (KeyError, ValueError, TypeError, RuntimeError, AttributeError, IndexError) as error:
+        raise CsekitError(f"checkpoint file {path} does not hold generator states ({str(error)[:200]})") from None

@@ -1,0 +1,129 @@
+"""A recipe's parts assembled into one module whose forward pass computes one step's losses.
+
+    sentences -> views (token ids for every view, stacked) -> encoder (one forward pass) -> pooler
+      -> head -> StepState -> negative sources -> weighting -> objectives -> named loss parts
+
+The training loop only calls `model(batch)` and back-propagates the total; it knows nothing of any
+method. A method is a recipe naming parts from the tables below, or a user's own registered ones
+(`csekit.register_part` or a `csekit.parts` entry point; see `csekit.core.registry`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch import Tensor, nn
+
+from csekit.core.registry import HEADS, NEGATIVES, OBJECTIVES, VIEWS, WEIGHTINGS
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.fast_dropout import enable_fast_dropout
+from csekit.parts.hooks import MakesViews, reads_token_states
+from csekit.parts.step_state import StepState
+from csekit.training.recipe import Recipe, build_part
+
+
+class ContrastiveModel(nn.Module):
+    """The encoder, the training head and the recipe's parts; `forward` returns one step's losses."""
+
+    def __init__(
+        self,
+        encoder: SentenceEncoder,
+        head: nn.Module,
+        num_views: int,
+        objectives: list[tuple[nn.Module, float]],
+        negatives: list[nn.Module] | None = None,
+        weighting: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        if not objectives:
+            raise ValueError("a recipe needs at least one objective")
+        self.encoder = encoder
+        self.head = head
+        self.num_views = num_views
+        self.negatives = nn.ModuleList(negatives or [])
+        self.weighting = weighting
+        self.objectives = nn.ModuleList([objective for objective, _ in objectives])
+        self.objective_weights = [float(weight) for _, weight in objectives]
+        parts = [head, weighting, *self.negatives, *self.objectives]
+        #: Whether some part reads the last layer's token states; if none does, the encoder computes the
+        #: last layer only where the pooler reads it (see `SentenceEncoder.forward`).
+        self.reads_token_states = any(reads_token_states(part) for part in parts)
+
+    def make_state(
+        self,
+        inputs: dict[str, Tensor],
+        sentences: list[str],
+        fields: dict[str, Any],
+        step: int = 0,
+        steps_per_epoch: int | None = None,
+    ) -> StepState:
+        """Encode all views in one forward pass and apply the head."""
+        output = self.encoder(inputs, token_states=self.reads_token_states)
+        features = list(output.pooled.chunk(self.num_views))
+        if isinstance(self.head, MakesViews):
+            embeddings = self.head.forward_views(features)
+        else:
+            embeddings = list(self.head(output.pooled).chunk(self.num_views))
+        return StepState(
+            sentences,
+            features,
+            embeddings,
+            output,
+            self.encoder,
+            fields=fields,
+            step=step,
+            steps_per_epoch=steps_per_epoch,
+        )
+
+    def forward(
+        self,
+        inputs: dict[str, Tensor],
+        sentences: list[str],
+        fields: dict[str, Any] | None = None,
+        step: int = 0,
+        steps_per_epoch: int | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The weighted total loss and each named loss part (unweighted).
+
+        `step` and `steps_per_epoch` (from the trainer) go into the `StepState` so that parts can
+        schedule themselves, e.g. switch on after a warm-up; the loop itself knows no schedule.
+        """
+        state = self.make_state(inputs, sentences, fields or {}, step, steps_per_epoch)
+        for source in self.negatives:
+            source(state)
+        if self.weighting is not None:
+            self.weighting(state)
+        total: Tensor | None = None
+        parts: dict[str, Tensor] = {}
+        for objective, weight in zip(self.objectives, self.objective_weights, strict=True):
+            for name, value in objective(state).items():
+                parts[name] = value
+                total = weight * value if total is None else total + weight * value
+        assert total is not None
+        return total, parts
+
+
+def build_model(recipe: Recipe, encoder: SentenceEncoder) -> tuple[ContrastiveModel, Callable[[list[str]], Any]]:
+    """The model and the views function (run in the DataLoader) that a recipe describes."""
+    context: Mapping[str, Any] = {
+        "dim": encoder.dim,
+        "tokenizer": encoder.tokenizer,
+        "pooler": encoder.pooler,
+        "max_length": recipe.model.max_length,
+        "encoder": encoder,
+        "recipe": recipe,
+    }
+    views = build_part(VIEWS, recipe.data.views, "data.views", **context)
+    head = build_part(HEADS, recipe.model.head, "model.head", **context)
+    negatives = [build_part(NEGATIVES, spec, f"negatives[{i}]", **context) for i, spec in enumerate(recipe.negatives)]
+    weighting = build_part(WEIGHTINGS, recipe.weighting, "weighting", **context) if recipe.weighting else None
+    objectives = [
+        (build_part(OBJECTIVES, spec, f"objectives[{i}]", **context), spec.get("weight", 1.0))
+        for i, spec in enumerate(recipe.objectives)
+    ]
+    encoder.length_group_size = recipe.model.length_group_size  # every training pass, objectives' own too
+    if recipe.model.fast_dropout:
+        enable_fast_dropout(encoder.backbone)
+    model = ContrastiveModel(encoder, head, views.num_views, objectives, negatives, weighting)
+    return model, views

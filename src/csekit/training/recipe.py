@@ -1,0 +1,442 @@
+"""Recipes: YAML files that compose a training run from named parts.
+
+A recipe has five sections: `model` (backbone, pooler, head), `data` (corpus, views), `train`
+(optimisation and selection), `negatives` and `weighting` (extra negative sources and how in-batch
+negatives are weighted), and `objectives` (loss terms with weights). The schema is a set of
+dataclasses checked by OmegaConf; a wrong key or type is reported with the file, the line and the
+closest valid key. Part options (everything beside `name` and `weight` in a part) are checked
+against the part's constructor when the part is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from csekit.core.errors import CsekitError, did_you_mean
+from csekit.core.precision import PRECISIONS
+from csekit.core.registry import Registry
+from csekit.evaluation.tasks import TRAINING_DEV_TASKS, dev_scores
+
+
+@dataclass
+class ModelConfig:
+    backbone: str = "bert-base-uncased"
+    pooler: str = "cls"
+    max_length: int = 32
+    dropout: float | None = None  # None keeps the backbone's own dropout (0.1 for BERT)
+    head: dict[str, Any] = field(default_factory=lambda: {"name": "mlp"})
+    head_at_test: bool = False
+    # Training runs the encoder on groups of this many sequences of similar token length, each padded
+    # only to its own longest, instead of the whole batch padded to its longest (0: one pass). The loss
+    # and gradients are the same up to float rounding; see SentenceEncoder.forward.
+    length_group_size: int = 32
+    # On CPU, dropout masks from 16 random bits an element and attention in plain ops (see
+    # csekit.encoding.fast_dropout): about 4x cheaper masks; the drop probability is rounded to 1/65536.
+    fast_dropout: bool = True
+
+
+@dataclass
+class DataConfig:
+    corpus: str = "corpus/wiki1m_for_simcse.txt"
+    views: dict[str, Any] = field(default_factory=lambda: {"name": "dropout"})
+    max_chars: int = 10_000  # longer lines are input errors (or skipped with bad_lines: skip)
+    bad_lines: str = "error"  # error | skip
+    text_column: str = "text"  # for hub datasets and .jsonl corpora
+    num_workers: int = 0
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 64
+    lr: float = 3e-5
+    epochs: int = 1
+    max_steps: int | None = None  # when set, the run's length in steps (replaces epochs), as in transformers
+    eval_every: int = 125
+    log_every: int = 10
+    precision: str = "auto"  # auto (bf16 where the hardware runs it natively, else fp32) | fp32 | bf16 | fp16
+    seed: int = 42
+    warmup_ratio: float = 0.0
+    weight_decay: float = 0.0
+    max_grad_norm: float | None = 1.0  # the reference code trains with the HF Trainer's default clipping
+    max_bad_steps: int = 20  # this many non-finite steps in a row stop the run
+    # Dev splits evaluated every eval_every steps: sts (STS-B dev and SICK-R dev, and their mean avg_sts, as
+    # SimCSE's and DCLR's code log them), stsb-dev, sick-dev, or none.
+    dev_task: str = "sts"
+    select_metric: str = "stsb-dev"  # the dev score that picks the best checkpoint: stsb-dev, sick-dev or avg_sts
+    eval_batch_size: int = 128
+    # On CPU (Linux), glibc keeps freed memory for reuse instead of page-faulting large blocks back
+    # in every step (see csekit.training.trainer.keep_freed_memory).
+    keep_freed_memory: bool = True
+
+
+@dataclass
+class Recipe:
+    name: str = "unnamed"
+    description: str = ""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    negatives: list[dict[str, Any]] = field(default_factory=list)
+    weighting: dict[str, Any] | None = None
+    objectives: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "infonce", "temperature": 0.05}])
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(dataclasses.asdict(self), sort_keys=False)
+
+
+MAX_SEED = 2**32 - 1
+"""The largest seed every generator accepts (numpy's legacy seeding takes [0, 2**32 - 1])."""
+
+
+def _key_lines(node: yaml.Node, prefix: str = "") -> dict[str, int]:
+    """Map each dotted key of a YAML document to its 1-based line number."""
+    lines: dict[str, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = f"{prefix}{key_node.value}"
+            lines[key] = key_node.start_mark.line + 1
+            lines.update(_key_lines(value_node, key + "."))
+    elif isinstance(node, yaml.SequenceNode):
+        for index, item in enumerate(node.value):
+            key = f"{prefix.rstrip('.')}[{index}]"
+            lines[key] = item.start_mark.line + 1
+            lines.update(_key_lines(item, key + "."))
+    return lines
+
+
+def _check_keys(values: Mapping[str, Any], schema: type, prefix: str, where: Any) -> None:
+    """Reject keys the schema does not have, naming the closest valid key."""
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    for key, value in values.items():
+        dotted = f"{prefix}{key}"
+        if key not in fields:
+            raise CsekitError(f'{where(dotted)}: unknown recipe key "{dotted}"{did_you_mean(key, fields, prefix)}')
+        nested = fields[key].default_factory if fields[key].default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(nested) and isinstance(value, Mapping):
+            _check_keys(value, nested, dotted + ".", where)
+
+
+def _apply_override(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set dotted `key` in the resolved recipe `tree`; a number picks a list item (`objectives.0.weight`).
+
+    Setting a part's `name` to another part replaces the whole part spec, since the old part's options
+    would not fit the new one (`--set model.head.name=none`).
+    """
+    parts = key.split(".")
+    node: Any = tree
+    for depth, part in enumerate(parts):
+        last = depth == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise CsekitError(f"--set {key}: {'.'.join(parts[:depth])} has {len(node)} items; no item {part}")
+            if last:
+                node[int(part)] = value
+            else:
+                node = node[int(part)]
+        elif isinstance(node, dict):
+            if last:
+                if part == "name" and node is not tree and node.get("name") != value:
+                    node.clear()
+                node[part] = value
+            else:
+                if node.get(part) is None:
+                    node[part] = {}
+                elif not isinstance(node[part], dict | list):
+                    raise CsekitError(f"--set {key}: {'.'.join(parts[: depth + 1])} is a value, not a section")
+                node = node[part]
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    """`"train.batch_size=32"` -> ("train.batch_size", 32); the value is parsed as YAML."""
+    if "=" not in item:
+        raise CsekitError(f'--set "{item}": expected dotted.key=value')
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """Turn `["train.batch_size=32", ...]` into a nested dict (for checking keys against the schema)."""
+    result: dict[str, Any] = {}
+    for item in overrides:
+        key, value = _parse_override(item)
+        target = result
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = target.get(part)
+            if not isinstance(child, dict):  # only keys matter here: a list or value above is not walked
+                child = target[part] = {}
+            target = child
+        target[parts[-1]] = value
+    return result
+
+
+def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recipe:
+    """Read a recipe file (or the defaults when `path` is None) and apply `--set` overrides."""
+    raw: dict[str, Any] = {}
+    lines: dict[str, int] = {}
+    label = "recipe"
+    if path is not None:
+        path = Path(path)
+        label = str(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise CsekitError(f"recipe {path} does not exist") from None
+        except (OSError, UnicodeDecodeError) as error:
+            raise CsekitError(f"recipe {path}: cannot read it ({error})") from None
+        try:
+            node = yaml.compose(text)
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            line = f":{mark.line + 1}" if mark is not None else ""
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            raise CsekitError(f"{path}{line}: invalid YAML ({problem})") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise CsekitError(f"{path}: a recipe must be a mapping of sections (model, data, train, ...)")
+        raw, lines = loaded, _key_lines(node) if node is not None else {}
+
+    update = parse_overrides(overrides)
+    overridden = {item.split("=", 1)[0].strip() for item in overrides}
+
+    def where_in_file(key: str) -> str:
+        if any(key == o or key.startswith(o + ".") for o in overridden):
+            return f"--set {key}"
+        line = lines.get(key)
+        return f"{label}:{line}" if line else label
+
+    _check_keys(raw, Recipe, "", where_in_file)
+    _check_keys(update, Recipe, "", lambda key: f"--set {key}")
+    try:
+        resolved = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(Recipe), raw))
+        assert isinstance(resolved, dict)
+        for item in overrides:
+            _apply_override(resolved, *_parse_override(item))
+        recipe: Recipe = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Recipe), resolved))  # type: ignore[assignment]
+    except OmegaConfBaseException as error:
+        key = getattr(error, "full_key", "") or ""
+        message = str(error).splitlines()[0]
+        raise CsekitError(f"{where_in_file(key)}: recipe key {key}: {message}") from None
+    validate_recipe(recipe, where_in_file)
+    return recipe
+
+
+def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
+    """Checks the schema cannot express: value ranges and choices."""
+    train = recipe.train
+    seed_range = f"must be in [0, {MAX_SEED}] (numpy's seed range)"
+    checks = [
+        ("train.batch_size", train.batch_size >= 2, "must be at least 2 (contrastive learning needs negatives)"),
+        ("train.lr", math.isfinite(train.lr) and train.lr > 0, "must be a positive number"),
+        ("train.epochs", train.epochs >= 1, "must be at least 1"),
+        ("train.max_steps", train.max_steps is None or train.max_steps >= 1, "must be at least 1"),
+        ("train.eval_every", train.eval_every >= 0, "must be >= 0 (0 evaluates only at the end)"),
+        ("train.log_every", train.log_every >= 1, "must be at least 1"),
+        ("train.max_bad_steps", train.max_bad_steps >= 1, "must be at least 1"),
+        ("train.precision", train.precision in PRECISIONS, "must be auto, fp32, bf16 or fp16"),
+        ("train.warmup_ratio", 0 <= train.warmup_ratio < 1, "must be in [0, 1)"),
+        ("train.weight_decay", math.isfinite(train.weight_decay) and train.weight_decay >= 0, "must be >= 0"),
+        (
+            "train.max_grad_norm",
+            train.max_grad_norm is None or train.max_grad_norm > 0,
+            "must be positive (the gradient norm is clipped to it), or null for no clipping",
+        ),
+        ("train.eval_batch_size", train.eval_batch_size >= 1, "must be at least 1"),
+        ("train.seed", 0 <= train.seed <= MAX_SEED, seed_range),
+        ("model.max_length", recipe.model.max_length >= 4, "must be at least 4"),
+        (
+            "model.dropout",
+            recipe.model.dropout is None or 0 <= recipe.model.dropout < 1,
+            "must be in [0, 1), or null for the backbone's own",
+        ),
+        ("model.length_group_size", recipe.model.length_group_size >= 0, "must be 0 (off) or a positive size"),
+        ("data.bad_lines", recipe.data.bad_lines in ("error", "skip"), "must be error or skip"),
+        ("data.max_chars", recipe.data.max_chars >= 1, "must be at least 1"),
+        ("data.num_workers", recipe.data.num_workers >= 0, "must be >= 0 (0 loads batches in the main process)"),
+        ("objectives", len(recipe.objectives) >= 1, "must list at least one objective (e.g. - name: infonce)"),
+    ]
+    for key, ok, message in checks:
+        if not ok:
+            raise CsekitError(f"{where(key)}: recipe key {key} {message}")
+    _check_dev_selection(train, where)
+    for index, spec in enumerate(recipe.objectives):
+        weight = spec.get("weight", 1.0) if isinstance(spec, Mapping) else 1.0
+        number = isinstance(weight, int | float) and not isinstance(weight, bool)
+        if not (number and math.isfinite(weight) and weight >= 0):
+            key = f"objectives[{index}].weight"
+            raise CsekitError(f"{where(key)}: recipe key {key} must be a number >= 0, got {weight!r}")
+    for key, spec in _part_specs(recipe):
+        if not isinstance(spec, Mapping) or "name" not in spec:
+            raise CsekitError(f'{where(key)}: recipe key {key} must be a mapping with a "name"')
+
+
+def _check_dev_selection(train: TrainConfig, where: Any) -> None:
+    """`dev_task` must be known and `select_metric` one of the scores it gives."""
+    choices = [*TRAINING_DEV_TASKS, "none"]
+    if train.dev_task not in choices:
+        raise CsekitError(
+            f'{where("train.dev_task")}: recipe key train.dev_task: unknown dev task "{train.dev_task}"'
+            f"{did_you_mean(train.dev_task, choices)}; choose {', '.join(choices)}"
+        )
+    scores = dev_scores(train.dev_task)
+    if scores and train.select_metric not in scores:
+        raise CsekitError(
+            f'{where("train.select_metric")}: recipe key train.select_metric: "{train.select_metric}" is not a '
+            f"score of dev_task {train.dev_task}; choose {', '.join(scores)}"
+        )
+
+
+def _part_specs(recipe: Recipe) -> list[tuple[str, Any]]:
+    specs: list[tuple[str, Any]] = [("model.head", recipe.model.head), ("data.views", recipe.data.views)]
+    specs += [(f"negatives[{i}]", spec) for i, spec in enumerate(recipe.negatives)]
+    if recipe.weighting is not None:
+        specs.append(("weighting", recipe.weighting))
+    specs += [(f"objectives[{i}]", spec) for i, spec in enumerate(recipe.objectives)]
+    return specs
+
+
+def build_part(registry: Registry[Any], spec: Mapping[str, Any], key: str, **context: Any) -> Any:
+    """Instantiate the part named by `spec["name"]` from `registry` with the spec's options.
+
+    Only registered parts are built: csekit's own, those registered with `csekit.register_part` and
+    those installed packages declare (entry points, loaded here when named). A recipe is data from
+    anyone, so a name is never imported or called as a Python path. `context` holds values the
+    caller supplies (e.g. `dim`), passed only when the constructor accepts them. A wrong name or
+    option gives one line naming the recipe key and the closest valid choice.
+    """
+    options = {k: v for k, v in spec.items() if k not in ("name", "weight")}
+    name = str(spec["name"])
+    factory = registry.get(name, f"recipe key {key}.name")
+    parameters = inspect.signature(factory).parameters
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+    for option in options:
+        if option not in parameters and not accepts_any:
+            valid = [p for p in parameters if p not in context]
+            raise CsekitError(
+                f'recipe key {key}.{option}: "{name}" has no option "{option}"{did_you_mean(option, valid)}'
+                f"; its options: {', '.join(valid) or 'none'}"
+            )
+    _check_option_types(factory, options, key)
+    supplied = {k: v for k, v in context.items() if k in parameters or accepts_any}
+    try:
+        return factory(**supplied, **options)
+    except (TypeError, ValueError) as error:
+        raise CsekitError(f"recipe key {key}: {error}") from None
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted keys of a resolved recipe (`objectives[0].temperature`) and their values."""
+    if isinstance(value, Mapping):
+        flat: dict[str, Any] = {}
+        for key, item in value.items():
+            flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
+        return flat or {prefix: {}}
+    if isinstance(value, list) and value:
+        flat = {}
+        for index, item in enumerate(value):
+            flat.update(_flatten(item, f"{prefix}[{index}]"))
+        return flat
+    return {prefix: value}
+
+
+def recipe_changes(old: Recipe, new: Recipe) -> dict[str, tuple[Any, Any]]:
+    """Every dotted key whose value differs between two resolved recipes: {key: (old, new)} (None: absent)."""
+    before, after = _flatten(dataclasses.asdict(old)), _flatten(dataclasses.asdict(new))
+    return {
+        key: (before.get(key), after.get(key))
+        for key in [*before, *(k for k in after if k not in before)]
+        if before.get(key) != after.get(key) or (key in before) != (key in after)
+    }
+
+
+def _option_hints(factory: Any) -> dict[str, Any]:
+    """The constructor's resolved type hints, or none when they cannot be resolved (then nothing is checked)."""
+    target = factory.__init__ if inspect.isclass(factory) else factory
+    try:
+        return typing.get_type_hints(target)
+    except Exception:  # an unresolvable forward reference in a user's part: leave its options unchecked
+        return {}
+
+
+def _fits(value: Any, hint: Any) -> bool | None:
+    """Whether a YAML value fits a type hint: True, False, or None when the hint is not a plain type.
+
+    YAML gives int, float, bool, str, None, lists and mappings. A bool is not a number here (YAML's
+    `true` for a temperature is a mistake), an int is a float, and a float option must be finite.
+    """
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return None
+    if hint is type(None):
+        return value is None
+    if origin in (typing.Union, types.UnionType):
+        verdicts = [_fits(value, option) for option in typing.get_args(hint)]
+        if any(verdicts):
+            return True
+        return None if None in verdicts else False
+    if origin in (list, tuple, Sequence):
+        if isinstance(value, str):
+            return origin is Sequence  # a string is a Sequence (of characters), never a list
+        if not isinstance(value, list | tuple):
+            return False
+        arguments = typing.get_args(hint)
+        if len(arguments) != 1:
+            return None
+        verdicts = {_fits(item, arguments[0]) for item in value}
+        return False if False in verdicts else (None if None in verdicts else True)
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if hint is str:
+        return isinstance(value, str)
+    return None
+
+
+def _check_option_types(factory: Any, options: Mapping[str, Any], key: str) -> None:
+    """Refuse a part option whose value does not fit the constructor's annotation (`temperature: abc`).
+
+    Without this a wrong type fails deep inside a training step with a traceback, or, for a bool
+    given as a number, silently runs with 1 or 0.
+    """
+    hints = _option_hints(factory)
+    for option, value in options.items():
+        hint = hints.get(option)
+        if hint is not None and _fits(value, hint) is False:
+            expected = _describe(hint)
+            raise CsekitError(f"recipe key {key}.{option}: expected {expected}, got {value!r}")
+
+
+def _describe(hint: Any) -> str:
+    """`float | None` -> "a finite number or null", for error messages."""
+    names = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string", type(None): "null"}
+    if hint in names:
+        return names[hint]
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(option) for option in typing.get_args(hint))
+    if origin in (list, tuple, Sequence):
+        items = {int: "integers", float: "numbers", str: "strings", bool: "true/false values"}
+        arguments = typing.get_args(hint)
+        return f"a list of {items[arguments[0]]}" if len(arguments) == 1 and arguments[0] in items else "a list"
+    return getattr(hint, "__name__", str(hint))

@@ -1,0 +1,150 @@
+"""The layout's rules, checked on the source: layers without upward imports, no import cycles, short functions.
+
+Layers, bottom to top (a module may import from its own layer and those below):
+
+    0  csekit.core (errors, files, locks, precision, processes, the registry), the package root
+    1  csekit.encoding (encoder, poolers), csekit.data (corpora, the data folder)
+    2  csekit.prep (frequency counts, augmentation, the match error rate)
+    3  csekit.parts (views, heads, negatives, weighting, objectives), csekit.evaluation
+    4  csekit.training (recipe, model, trainer)
+    5  csekit.bench, csekit.cli
+
+Imports under `if TYPE_CHECKING:` are annotations only (never run), so they are left out.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from csekit.core.errors import CsekitError
+from csekit.core.registry import REGISTRIES, Registry
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+LAYERS = {
+    "csekit": 0,
+    "csekit.core": 0,
+    "csekit.encoding": 1,
+    "csekit.data": 1,
+    "csekit.prep": 2,
+    "csekit.parts": 3,
+    "csekit.evaluation": 3,
+    "csekit.training": 4,
+    "csekit.bench": 5,
+    "csekit.cli": 5,
+}
+MAX_FUNCTION_LINES = 80
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> int:
+    for depth in range(module.count(".") + 1, 0, -1):
+        prefix = ".".join(module.split(".")[:depth])
+        if prefix in LAYERS:
+            return LAYERS[prefix]
+    raise AssertionError(f"{module} is in no layer: add its package to LAYERS (and to docs/architecture.md)")
+
+
+def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node except those under `if TYPE_CHECKING:`."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
+            continue
+        yield node
+        yield from _runtime_nodes(node)
+
+
+def imports(path: Path) -> set[str]:
+    """The csekit modules `path` imports at run time, at any depth (function-level imports included)."""
+    found: set[str] = set()
+    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("csekit")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("csekit"):
+            for alias in node.names:  # `from csekit.parts import views` imports the module csekit.parts.views
+                candidate = f"{node.module}.{alias.name}"
+                found.add(candidate if _is_module(candidate) else node.module)
+    return found
+
+
+def _is_module(name: str) -> bool:
+    path = SRC / Path(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def source_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted((SRC / "csekit").rglob("*.py"))}
+
+
+def test_no_module_imports_from_a_layer_above_its_own() -> None:
+    upward = [
+        f"{module} (layer {layer(module)}) imports {target} (layer {layer(target)})"
+        for module, path in source_modules().items()
+        for target in sorted(imports(path))
+        if layer(target) > layer(module)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_there_are_no_import_cycles() -> None:
+    modules = source_modules()
+    graph = {module: {t for t in imports(path) if t in modules and t != module} for module, path in modules.items()}
+    # A package's __init__ importing its own submodules is how packages work, not a cycle.
+    graph = {
+        m: {t for t in targets if not (t.startswith(m + ".") and modules[m].name == "__init__.py")}
+        for m, targets in graph.items()
+    }
+    state: dict[str, int] = {}
+    cycles: list[list[str]] = []
+
+    def visit(module: str, stack: list[str]) -> None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                cycles.append([*stack[stack.index(target) :], target])
+            elif target not in state:
+                visit(target, [*stack, target])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert not cycles, "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_the_checks_above_can_fail(tmp_path: Path) -> None:
+    """The import reader sees function-level imports and skips TYPE_CHECKING ones."""
+    path = tmp_path / "m.py"
+    path.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from csekit.cli import app\n"
+        "def f():\n    from csekit.training.trainer import train\n",
+        encoding="utf-8",
+    )
+    assert imports(path) == {"csekit.training.trainer"}
+    assert layer("csekit.training.trainer") > layer("csekit.core.errors")
+
+
+def test_every_registry_resolves_its_built_in_table() -> None:
+    """The built-in tables are named by strings (the registry sits below them): each must exist and be well formed."""
+    for kind, registry in REGISTRIES.items():
+        assert isinstance(registry, Registry) and registry.kind == kind
+        names = registry.names()
+        assert names and len(names) == len(set(names)), kind
+        for name in names:
+            entry = registry.get(name)
+            assert callable(entry) or kind == "task", (kind, name)
+
+
+def test_an_unknown_name_names_the_key_and_the_choices() -> None:
+    from csekit.core.registry import HEADS
+
+    with pytest.raises(CsekitError, match=r'^model.head: unknown head "mpl" \(did you mean "mlp"\?\)'):
+        HEADS.get("mpl", "model.head")
