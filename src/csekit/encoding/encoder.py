@@ -488,90 +488,20 @@ class SentenceEncoder(nn.Module):
         pooler_layer = self._exportable_pooler_layer()
         self.backbone.save_pretrained(out)
         self.tokenizer.save_pretrained(out)
-        modules: list[dict[str, Any]] = []
-
-        def add_module(kind: str, folder: str) -> Path:
-            modules.append(
-                {
-                    "idx": len(modules),
-                    "name": str(len(modules)),
-                    "path": folder,
-                    "type": f"sentence_transformers.models.{kind}",
-                }
-            )
-            (out / folder).mkdir(exist_ok=True)
-            return out / folder
-
-        def add_dense(folder_name: str, linear: nn.Linear) -> None:
-            """A sentence-transformers Dense module: `linear`, then tanh."""
-            folder = add_module("Dense", folder_name)
-            _write_json(
-                folder / "config.json",
-                {
-                    "in_features": self.dim,
-                    "out_features": self.dim,
-                    "bias": True,
-                    "activation_function": "torch.nn.modules.activation.Tanh",
-                },
-            )
-            save_file(
-                {f"linear.{k}": v.detach().cpu().contiguous() for k, v in linear.state_dict().items()},
-                str(folder / "model.safetensors"),
-            )
-
-        add_module("Transformer", "")
-        name = self.pooler.name
-        if name == "first_last_avg":
-            # sentence-transformers averages layers 1 and L with WeightedLayerPooling, then mean-pools.
-            hf_config = json.loads((out / "config.json").read_text(encoding="utf-8"))
-            _write_json(out / "config.json", {**hf_config, "output_hidden_states": True})
-            layers = int(self.backbone.config.num_hidden_layers)
-            weights = torch.zeros(layers)
-            weights[0] = weights[-1] = 1.0
-            folder = add_module("WeightedLayerPooling", "1_WeightedLayerPooling")
-            _write_json(
-                folder / "config.json",
-                {"word_embedding_dimension": self.dim, "layer_start": 1, "num_hidden_layers": layers},
-            )
-            save_file({"layer_weights": weights}, str(folder / "model.safetensors"))
-        elif name == "mask":
-            # sentence-transformers cannot wrap a sentence in a template before tokenising, so a prompt
-            # model is not a sentence-transformers model. A module that refuses to load keeps
-            # SentenceTransformer(path) from silently mean-pooling it; csekit reloads it from csekit.json.
-            modules.append(
-                {
-                    "idx": len(modules),
-                    "name": str(len(modules)),
-                    "path": "",
-                    "type": "csekit.encoding.pooling.PromptNotExported",
-                }
-            )
-        elif name not in ("cls", "mean", PoolerOutputPooler.name):
-            raise CsekitError(f'pooler "{name}" cannot be exported to sentence-transformers yet')
-        if name != "mask":
-            pooling_mode = "cls" if name in ("cls", PoolerOutputPooler.name) else "mean"
-            folder = add_module("Pooling", f"{len(modules)}_Pooling")
-            _write_json(
-                folder / "config.json",
-                {
-                    "word_embedding_dimension": self.dim,
-                    "pooling_mode_cls_token": pooling_mode == "cls",
-                    "pooling_mode_mean_tokens": pooling_mode == "mean",
-                    "pooling_mode_max_tokens": False,
-                    "pooling_mode_mean_sqrt_len_tokens": False,
-                },
-            )
+        modules = _ModuleList(out, self.dim)
+        modules.add("Transformer", "")
+        self._write_pooling(modules)
         if pooler_layer is not None:  # pooler_output: [CLS] then the backbone's pooler layer, as a Dense
-            add_dense(f"{len(modules)}_Dense", pooler_layer)
-        meta: dict[str, Any] = {"csekit_version": __version__, "pooler": name}
+            modules.add_dense(f"{len(modules.entries)}_Dense", pooler_layer)
+        meta: dict[str, Any] = {"csekit_version": __version__, "pooler": self.pooler.name}
         templates = getattr(self.pooler, "templates", None)
         if templates is not None:
             meta["templates"] = list(templates)
         if head is not None:
-            dense = f"{len(modules)}_Dense"
-            add_dense(dense, head.linear)
+            dense = f"{len(modules.entries)}_Dense"
+            modules.add_dense(dense, head.linear)
             meta["head"] = {"dim": self.dim, "path": dense}
-        _write_json(out / "modules.json", modules)
+        _write_json(out / "modules.json", modules.entries)
         _write_json(
             out / "sentence_bert_config.json",
             {"max_seq_length": self.max_seq_length, "do_lower_case": False},
@@ -586,6 +516,88 @@ class SentenceEncoder(nn.Module):
             },
         )
         _write_json(out / CSEKIT_CONFIG, meta)
+
+    def _write_pooling(self, modules: _ModuleList) -> None:
+        """The sentence-transformers modules that reproduce the pooler (none can for the prompt pooler)."""
+        out, name = modules.out, self.pooler.name
+        if name == "first_last_avg":
+            # sentence-transformers averages layers 1 and L with WeightedLayerPooling, then mean-pools.
+            hf_config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+            _write_json(out / "config.json", {**hf_config, "output_hidden_states": True})
+            layers = int(self.backbone.config.num_hidden_layers)
+            weights = torch.zeros(layers)
+            weights[0] = weights[-1] = 1.0
+            folder = modules.add("WeightedLayerPooling", "1_WeightedLayerPooling")
+            _write_json(
+                folder / "config.json",
+                {"word_embedding_dimension": self.dim, "layer_start": 1, "num_hidden_layers": layers},
+            )
+            save_file({"layer_weights": weights}, str(folder / "model.safetensors"))
+        elif name == "mask":
+            # sentence-transformers cannot wrap a sentence in a template before tokenising, so a prompt
+            # model is not a sentence-transformers model. A module that refuses to load keeps
+            # SentenceTransformer(path) from silently mean-pooling it; csekit reloads it from csekit.json.
+            modules.entries.append(
+                {
+                    "idx": len(modules.entries),
+                    "name": str(len(modules.entries)),
+                    "path": "",
+                    "type": "csekit.encoding.pooling.PromptNotExported",
+                }
+            )
+            return
+        elif name not in ("cls", "mean", PoolerOutputPooler.name):
+            raise CsekitError(f'pooler "{name}" cannot be exported to sentence-transformers yet')
+        pooling_mode = "cls" if name in ("cls", PoolerOutputPooler.name) else "mean"
+        folder = modules.add("Pooling", f"{len(modules.entries)}_Pooling")
+        _write_json(
+            folder / "config.json",
+            {
+                "word_embedding_dimension": self.dim,
+                "pooling_mode_cls_token": pooling_mode == "cls",
+                "pooling_mode_mean_tokens": pooling_mode == "mean",
+                "pooling_mode_max_tokens": False,
+                "pooling_mode_mean_sqrt_len_tokens": False,
+            },
+        )
+
+
+class _ModuleList:
+    """The `modules.json` of a sentence-transformers folder being written, and the modules' own folders."""
+
+    def __init__(self, out: Path, dim: int) -> None:
+        self.out = out
+        self.dim = dim
+        self.entries: list[dict[str, Any]] = []
+
+    def add(self, kind: str, folder: str) -> Path:
+        self.entries.append(
+            {
+                "idx": len(self.entries),
+                "name": str(len(self.entries)),
+                "path": folder,
+                "type": f"sentence_transformers.models.{kind}",
+            }
+        )
+        (self.out / folder).mkdir(exist_ok=True)
+        return self.out / folder
+
+    def add_dense(self, folder_name: str, linear: nn.Linear) -> None:
+        """A sentence-transformers Dense module: `linear`, then tanh."""
+        folder = self.add("Dense", folder_name)
+        _write_json(
+            folder / "config.json",
+            {
+                "in_features": self.dim,
+                "out_features": self.dim,
+                "bias": True,
+                "activation_function": "torch.nn.modules.activation.Tanh",
+            },
+        )
+        save_file(
+            {f"linear.{k}": v.detach().cpu().contiguous() for k, v in linear.state_dict().items()},
+            str(folder / "model.safetensors"),
+        )
 
 
 def _write_json(path: Path, value: Any) -> None:
