@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_corpus, tiny_recipe
 from safetensors.torch import load_file
-from test_training import make_corpus, tiny_recipe
 
 from csekit.config import build_part, load_recipe
 from csekit.dclr import ComplementaryWeighting, NoiseNegatives, improve_noise, non_uniformity_loss
