@@ -1,16 +1,24 @@
-"""Shared fixtures: a tiny randomly initialised BERT with its own WordPiece vocabulary (no downloads)."""
+"""Shared fixtures and helpers: a tiny randomly initialised BERT with its own WordPiece vocabulary (no
+downloads), made-up corpora and data folders, tiny recipes, and the ways tests run the CLI and read a run."""
 
 from __future__ import annotations
 
+import json
 import os
+import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from transformers import AutoConfig, BertTokenizerFast
 
+from csekit import cli
 from csekit.encoding.encoder import SentenceEncoder
+from csekit.training.recipe import Recipe, load_recipe
 
 WORDS = """
 a the man woman dog cat is are was plays playing runs running sits on in with guitar ball park
@@ -100,3 +108,135 @@ def test_parts() -> Iterator[None]:
     yield
     for name in TEST_PARTS:
         OBJECTIVES.unregister(name)
+
+
+def make_corpus(path: Path, lines: int = 256, seed: int = 0) -> Path:
+    """A made-up training corpus of `lines` sentences (3 to 9 words of the tiny vocabulary each)."""
+    rng = random.Random(seed)
+    words = [w for w in WORDS if w.isalpha()]
+    path.write_text("\n".join(" ".join(rng.choices(words, k=rng.randint(3, 9))) for _ in range(lines)) + "\n")
+    return path
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """The default made-up corpus (256 sentences) at tmp_path/corpus.txt."""
+    return make_corpus(tmp_path / "corpus.txt")
+
+
+def make_data_dir(root: Path, pairs: int = 40, seed: int = 1) -> Path:
+    """A made-up data folder with an STS-B dev split (SentEval's 7 tab-separated fields)."""
+    rng = random.Random(seed)
+    words = [w for w in WORDS if w.isalpha()]
+    folder = root / "sts" / "STSBenchmark"
+    folder.mkdir(parents=True)
+    rows = []
+    for i in range(pairs):
+        a = " ".join(rng.choices(words, k=6))
+        b = " ".join(rng.choices(words, k=6))
+        rows.append(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{rng.uniform(0, 5):.3f}\t{a}\t{b}")
+    (folder / "sts-dev.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return root
+
+
+def add_sick_trial(root: Path, pairs: int = 30, seed: int = 2) -> Path:
+    """A made-up SICK trial split (SentEval's SICK_trial.txt: header, then id, A, B, score, label)."""
+    rng = random.Random(seed)
+    words = [w for w in WORDS if w.isalpha()]
+    rows = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"]
+    for i in range(pairs):
+        a, b = " ".join(rng.choices(words, k=5)), " ".join(rng.choices(words, k=5))
+        rows.append(f"{i}\t{a}\t{b}\t{rng.uniform(1, 5):.2f}\tNEUTRAL")
+    folder = root / "sts" / "SICK"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "SICK_trial.txt").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return root
+
+
+def tiny_recipe(model_dir: Path, corpus: Path, *extra: str) -> Recipe:
+    """The default recipe on a tiny model and corpus: short sentences, batches of 16, a log record every step."""
+    return load_recipe(
+        None,
+        [
+            f"model.backbone={model_dir}",
+            "model.max_length=16",
+            f"data.corpus={corpus}",
+            "train.batch_size=16",
+            "train.lr=5e-4",
+            "train.log_every=1",
+            "train.dev_task=none",
+            *extra,
+        ],
+    )
+
+
+def read_metrics(folder: Path) -> list[dict[str, Any]]:
+    """A run folder's metrics.jsonl, one dict a record."""
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`csekit ARGS` in a fresh interpreter (exit status and stderr as a user sees them)."""
+    return subprocess.run([sys.executable, "-m", "csekit.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """`csekit ARGS` in this process: (exit status, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["csekit", *args])
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    return int(exit_info.value.code or 0), capsys.readouterr().err
+
+
+def write_recipe(tmp_path: Path, model: Path, corpus: Path | str, extra: str = "") -> Path:
+    """A recipe file for the CLI: the model, the corpus, no dev task, batches of 8, then `extra` train keys."""
+    path = tmp_path / "recipe.yaml"
+    text = f'model:\n  backbone: "{model}"\ndata:\n  corpus: "{corpus}"\n'
+    path.write_text(text + f"train:\n  dev_task: none\n  batch_size: 8\n{extra}", encoding="utf-8")
+    return path
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    """Exit status 2 and one `csekit: error:` line that contains every needle."""
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("csekit: error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+@pytest.fixture
+def tiny_combined_recipe(tmp_path: Path, tiny_model_dir: Path) -> Recipe:
+    """combined-minilm.yaml on the tiny model, with a made-up corpus and counts; every term active from step 1."""
+    corpus = tmp_path / "corpus.jsonl"
+    plain = make_corpus(tmp_path / "plain.txt", lines=64).read_text(encoding="utf-8").splitlines()
+    with open(corpus, "w", encoding="utf-8") as handle:
+        for line in plain:
+            row = {"text": line, "paraphrase": " ".join(reversed(line.split())), "negation": f"not {line}"}
+            handle.write(json.dumps(row) + "\n")
+    counts = tmp_path / "counts.json"
+    vocabulary = SentenceEncoder.load(tiny_model_dir).tokenizer.get_vocab()
+    common = set(WORDS[::2])  # every other word is frequent, the rest (and the word pieces) rare
+    counts.write_text(json.dumps({t: 1000 if t in common else 1 + i % 7 for t, i in vocabulary.items()}), "utf-8")
+    recipe = load_recipe(REPO / "recipes" / "combined-minilm.yaml")
+    overrides = [
+        f"model.backbone={tiny_model_dir}",
+        "model.max_length=16",
+        "model.head.num_groups=4",  # groups of 8 of the tiny model's 32 channels
+        f"data.corpus={corpus}",
+        "train.batch_size=16",
+        "train.max_steps=3",
+        "train.eval_every=0",
+        "train.log_every=1",
+        "train.dev_task=none",
+        "train.precision=fp32",
+        "weighting={name: dclr, model: self, phi: 0.9}",
+    ]
+    objectives = [dict(spec) for spec in recipe.objectives]
+    for spec in objectives:
+        if "counts" in spec:
+            spec.update(counts=str(counts), start_after_epochs=0.0)
+        if spec["name"] == "slt_fai_isf":
+            spec["min_masked_words"] = 1  # the tiny corpus is short: mask a word in every sentence that has one
+    overrides.append(f"objectives={json.dumps(objectives)}")
+    return load_recipe(REPO / "recipes" / "combined-minilm.yaml", overrides)

@@ -133,7 +133,7 @@ def test_cache_encodes_once() -> None:
 
 
 def test_training_logs_align_uniform(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from test_training import make_corpus, make_data_dir, tiny_recipe
+    from conftest import make_corpus, make_data_dir, tiny_recipe
 
     from csekit.training.trainer import train
 

@@ -4,36 +4,10 @@ and leaves no output behind."""
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-from test_training import make_corpus, make_data_dir
-
-from csekit import cli
-
-
-def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    monkeypatch.setattr(sys, "argv", ["csekit", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main()
-    return int(exit_info.value.code or 0), capsys.readouterr().err
-
-
-def write_recipe(tmp_path: Path, model: Path, corpus: Path | str, extra: str = "") -> Path:
-    path = tmp_path / "recipe.yaml"
-    text = f'model:\n  backbone: "{model}"\ndata:\n  corpus: "{corpus}"\n'
-    path.write_text(text + f"train:\n  dev_task: none\n  batch_size: 8\n{extra}", encoding="utf-8")
-    return path
-
-
-def assert_one_line_error(code: int, err: str, *needles: str) -> None:
-    assert code == 2
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("csekit: error: "), err
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-
+from conftest import assert_one_line_error, make_corpus, make_data_dir, run_main, write_recipe
 
 TRAIN_CASES = {
     "missing corpus": (None, "does not exist"),

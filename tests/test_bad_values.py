@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import assert_one_line_error, make_corpus, make_data_dir, run_main, write_recipe
 from safetensors.torch import load_file, save_file
-from test_bad_input import assert_one_line_error, run_main, write_recipe
-from test_training import make_corpus, make_data_dir
 
 from csekit.encoding.encoder import SentenceEncoder
 

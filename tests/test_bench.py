@@ -15,7 +15,7 @@ SMOKE = REPO / "benchmarks" / "suites" / "smoke.yaml"
 
 
 def test_smoke_suite_runs_resumes_and_plots(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from test_training import make_corpus, make_data_dir
+    from conftest import make_corpus, make_data_dir
 
     data = make_data_dir(tmp_path / "data")
     corpus = make_corpus(tmp_path / "corpus.txt", lines=48)
@@ -74,7 +74,7 @@ def test_bad_suites_name_file_and_line(tmp_path: Path, text: str, needle: str) -
 
 def test_csekit_bench_command_runs_a_suite(tmp_path: Path, tiny_model_dir: Path) -> None:
     """`csekit bench SUITE --output DIR --set ...` is the README's command (it once answered "No such command")."""
-    from test_training import make_corpus, make_data_dir
+    from conftest import make_corpus, make_data_dir
     from typer.testing import CliRunner
 
     from csekit.cli import app

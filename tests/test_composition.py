@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from test_training import make_corpus, read_metrics, tiny_recipe
+from conftest import make_corpus, read_metrics, tiny_recipe
 
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.training.recipe import Recipe, load_recipe
@@ -75,50 +75,9 @@ def test_a_kept_head_survives_checkpoint_and_resume(tmp_path: Path, tiny_model_d
         assert (actual[key] == tensor).all(), key
 
 
-def tiny_combined_recipe(tmp_path: Path, tiny_model_dir: Path) -> Recipe:
-    """combined-minilm.yaml on the tiny model, with a made-up corpus and counts; every term active from step 1."""
-    import json
-
-    from conftest import WORDS
-
-    corpus = tmp_path / "corpus.jsonl"
-    plain = make_corpus(tmp_path / "plain.txt", lines=64).read_text(encoding="utf-8").splitlines()
-    with open(corpus, "w", encoding="utf-8") as handle:
-        for line in plain:
-            row = {"text": line, "paraphrase": " ".join(reversed(line.split())), "negation": f"not {line}"}
-            handle.write(json.dumps(row) + "\n")
-    counts = tmp_path / "counts.json"
-    vocabulary = SentenceEncoder.load(tiny_model_dir).tokenizer.get_vocab()
-    common = set(WORDS[::2])  # every other word is frequent, the rest (and the word pieces) rare
-    counts.write_text(json.dumps({t: 1000 if t in common else 1 + i % 7 for t, i in vocabulary.items()}), "utf-8")
-    recipe = load_recipe(REPO / "recipes" / "combined-minilm.yaml")
-    overrides = [
-        f"model.backbone={tiny_model_dir}",
-        "model.max_length=16",
-        "model.head.num_groups=4",  # groups of 8 of the tiny model's 32 channels
-        f"data.corpus={corpus}",
-        "train.batch_size=16",
-        "train.max_steps=3",
-        "train.eval_every=0",
-        "train.log_every=1",
-        "train.dev_task=none",
-        "train.precision=fp32",
-        "weighting={name: dclr, model: self, phi: 0.9}",
-    ]
-    objectives = [dict(spec) for spec in recipe.objectives]
-    for spec in objectives:
-        if "counts" in spec:
-            spec.update(counts=str(counts), start_after_epochs=0.0)
-        if spec["name"] == "slt_fai_isf":
-            spec["min_masked_words"] = 1  # the tiny corpus is short: mask a word in every sentence that has one
-    overrides.append(f"objectives={json.dumps(objectives)}")
-    return load_recipe(REPO / "recipes" / "combined-minilm.yaml", overrides)
-
-
-def test_all_four_papers_compose_and_train(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_all_four_papers_compose_and_train(tmp_path: Path, tiny_combined_recipe: Recipe) -> None:
     """combined-*.yaml's parts on a tiny model: whitening + DCLR + SLT-FAI + OssCSE terms, every one active."""
-    recipe = tiny_combined_recipe(tmp_path, tiny_model_dir)
-    train(recipe, tmp_path / "run", show_progress=False)
+    train(tiny_combined_recipe, tmp_path / "run", show_progress=False)
     records = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
     assert len(records) == 3
     for name in ("multi_positive", "slt_fai_at", "slt_fai_isf", "margin", "recall"):

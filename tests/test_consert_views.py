@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_training import make_corpus, tiny_recipe
+from conftest import make_corpus, tiny_recipe
 
 from csekit.core.errors import CsekitError
 from csekit.core.registry import VIEWS

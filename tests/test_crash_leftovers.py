@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_bad_input import assert_one_line_error, run_main, write_recipe
-from test_training import make_corpus
+from conftest import assert_one_line_error, make_corpus, run_main, write_recipe
 
 from csekit.core.errors import CsekitError
 from csekit.training.trainer import MetricsLog

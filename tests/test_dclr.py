@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import make_corpus, tiny_recipe
 from safetensors.torch import load_file
-from test_training import make_corpus, tiny_recipe
 
 from csekit.core.errors import CsekitError
 from csekit.core.registry import HEADS, NEGATIVES

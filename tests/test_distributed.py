@@ -149,7 +149,7 @@ def logged_steps(out: Path) -> tuple[int, list[int]]:
 
 def test_torchrun_trains_on_two_cpu_processes(tmp_path: Path, tiny_model_dir: Path) -> None:
     """`torchrun` (what accelerate's multi-process launcher runs) on a machine without a GPU: gloo, 2 processes."""
-    from test_training import make_corpus, tiny_recipe
+    from conftest import make_corpus, tiny_recipe
 
     recipe = tiny_recipe(tiny_model_dir, make_corpus(tmp_path / "corpus.txt", lines=64), "train.max_steps=3")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
@@ -163,11 +163,11 @@ def test_torchrun_trains_on_two_cpu_processes(tmp_path: Path, tiny_model_dir: Pa
     assert not (tmp_path / "out" / ".lock").exists()
 
 
-def test_accelerate_launch_trains_all_four_papers_on_two_cpu_processes(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_accelerate_launch_trains_all_four_papers_on_two_cpu_processes(
+    tmp_path: Path, tiny_combined_recipe: Recipe
+) -> None:
     """The documented command with the shipped config: every part of every paper at once (combined recipe)."""
-    from test_composition import tiny_combined_recipe
-
-    recipe = tiny_combined_recipe(tmp_path, tiny_model_dir)
+    recipe = tiny_combined_recipe
     accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CPU)]
     result = launch([*accelerate, "--num_processes", "2"], recipe, tmp_path / "out")
     assert result.returncode == 0, result.stderr[-2000:]
@@ -179,7 +179,7 @@ def test_accelerate_launch_without_the_config_says_it_started_one_process(tmp_pa
     """accelerate's own default on a machine without a GPU is one process; csekit says so instead of hiding it."""
     if torch.cuda.is_available():
         pytest.skip("with GPUs accelerate starts one process a GPU")
-    from test_training import make_corpus, tiny_recipe
+    from conftest import make_corpus, tiny_recipe
 
     recipe = tiny_recipe(tiny_model_dir, make_corpus(tmp_path / "corpus.txt", lines=64), "train.max_steps=1")
     command = [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", "2"]

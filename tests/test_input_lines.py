@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_bad_input import run_main
+from conftest import run_main
 
 from csekit.encoding.encoder import SentenceEncoder
 

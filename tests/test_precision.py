@@ -80,7 +80,7 @@ def test_quickstart_trains_in_fp32_on_a_cpu_without_native_bf16(
     tmp_path: Path, tiny_model_dir: Path, native_bf16, capsys: pytest.CaptureFixture[str]
 ) -> None:  # type: ignore[no-untyped-def]
     """The shipped quickstart recipe, on an AVX2-only CPU, runs exactly as with train.precision=fp32."""
-    from test_training import make_corpus
+    from conftest import make_corpus
 
     native_bf16(False)
     corpus = make_corpus(tmp_path / "corpus.txt")
@@ -99,7 +99,7 @@ def test_quickstart_trains_in_fp32_on_a_cpu_without_native_bf16(
 
 
 def test_evaluate_reports_the_precision_it_used(tmp_path: Path, tiny_model_dir: Path, native_bf16) -> None:  # type: ignore[no-untyped-def]
-    from test_training import make_data_dir
+    from conftest import make_data_dir
 
     native_bf16(False)
     data = make_data_dir(tmp_path / "data")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
-from test_training import add_sick_trial, make_corpus, make_data_dir
+from conftest import add_sick_trial, make_corpus, make_data_dir
 from typer.testing import CliRunner
 
 from csekit.cli import app

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import make_corpus, read_metrics, tiny_recipe
 from parts_for_tests import write_entry_points
 from safetensors.torch import load_file
-from test_training import make_corpus, read_metrics, tiny_recipe
 
 from csekit.core.errors import CsekitError
 from csekit.training.trainer import train

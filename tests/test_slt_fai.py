@@ -10,9 +10,17 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import REPO, WORDS, make_tiny_encoder, make_tokenizer, shared_data_dir
+from conftest import (
+    REPO,
+    WORDS,
+    make_corpus,
+    make_tiny_encoder,
+    make_tokenizer,
+    read_metrics,
+    shared_data_dir,
+    tiny_recipe,
+)
 from safetensors.torch import load_file
-from test_training import make_corpus, read_metrics, tiny_recipe
 from transformers import AutoTokenizer, BertTokenizerFast
 
 from csekit.core.errors import CsekitError

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import WORDS
+from conftest import WORDS, add_sick_trial, make_corpus, make_data_dir, read_metrics, run_cli, tiny_recipe
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
@@ -18,50 +17,7 @@ from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
 
-def make_corpus(path: Path, lines: int = 256, seed: int = 0) -> Path:
-    rng = random.Random(seed)
-    words = [w for w in WORDS if w.isalpha()]
-    path.write_text("\n".join(" ".join(rng.choices(words, k=rng.randint(3, 9))) for _ in range(lines)) + "\n")
-    return path
-
-
-def make_data_dir(root: Path, pairs: int = 40, seed: int = 1) -> Path:
-    """A made-up data folder with an STS-B dev split (SentEval's 7 tab-separated fields)."""
-    rng = random.Random(seed)
-    words = [w for w in WORDS if w.isalpha()]
-    folder = root / "sts" / "STSBenchmark"
-    folder.mkdir(parents=True)
-    rows = []
-    for i in range(pairs):
-        a = " ".join(rng.choices(words, k=6))
-        b = " ".join(rng.choices(words, k=6))
-        rows.append(f"main-captions\tMSRvid\t2012test\t{i:04d}\t{rng.uniform(0, 5):.3f}\t{a}\t{b}")
-    (folder / "sts-dev.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return root
-
-
-def tiny_recipe(model_dir: Path, corpus: Path, *extra: str):  # type: ignore[no-untyped-def]
-    return load_recipe(
-        None,
-        [
-            f"model.backbone={model_dir}",
-            "model.max_length=16",
-            f"data.corpus={corpus}",
-            "train.batch_size=16",
-            "train.lr=5e-4",
-            "train.log_every=1",
-            "train.dev_task=none",
-            *extra,
-        ],
-    )
-
-
-def read_metrics(folder: Path) -> list[dict]:
-    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-
-
-def test_tiny_model_trains_with_falling_loss(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt")
+def test_tiny_model_trains_with_falling_loss(tmp_path: Path, tiny_model_dir: Path, corpus: Path) -> None:
     # Mean pooling: a random model's [CLS] state carries too little to learn from in 30 steps.
     recipe = tiny_recipe(
         tiny_model_dir, corpus, "train.max_steps=30", "train.eval_every=0", "train.lr=1e-3", "model.pooler=mean"
@@ -79,8 +35,7 @@ def test_tiny_model_trains_with_falling_loss(tmp_path: Path, tiny_model_dir: Pat
     assert reloaded.encode(["a man plays"]).shape == (1, 32)
 
 
-def test_dev_evaluation_selects_the_best_checkpoint(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt")
+def test_dev_evaluation_selects_the_best_checkpoint(tmp_path: Path, tiny_model_dir: Path, corpus: Path) -> None:
     data = make_data_dir(tmp_path / "data")
     recipe = tiny_recipe(
         tiny_model_dir,
@@ -103,8 +58,7 @@ def test_dev_evaluation_selects_the_best_checkpoint(tmp_path: Path, tiny_model_d
     assert evaluate_dev(model.encode, data, "stsb-dev")["stsb-dev"] == pytest.approx(best["stsb-dev"], abs=1e-6)
 
 
-def test_refuses_to_overwrite_a_finished_run(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt")
+def test_refuses_to_overwrite_a_finished_run(tmp_path: Path, tiny_model_dir: Path, corpus: Path) -> None:
     recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=2")
     train(recipe, tmp_path / "run", show_progress=False)
     with pytest.raises(CsekitError, match="already holds a run"):
@@ -112,13 +66,9 @@ def test_refuses_to_overwrite_a_finished_run(tmp_path: Path, tiny_model_dir: Pat
 
 
 def test_corpus_smaller_than_a_batch_is_an_error(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=5)
+    short_corpus = make_corpus(tmp_path / "corpus.txt", lines=5)
     with pytest.raises(CsekitError, match=r"fewer than train\.batch_size"):
-        train(tiny_recipe(tiny_model_dir, corpus), tmp_path / "run", show_progress=False)
-
-
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "csekit.cli", *args], capture_output=True, text=True, cwd=cwd)
+        train(tiny_recipe(tiny_model_dir, short_corpus), tmp_path / "run", show_progress=False)
 
 
 def test_cli_bad_corpus_is_one_line_with_exit_status_2(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -240,11 +190,10 @@ LONG_SENTENCES = [
     ids=["simcse", "whitenedcse-head"],
 )
 def test_a_trained_model_encodes_untruncated_and_sentence_transformers_agrees(
-    tmp_path: Path, tiny_model_dir: Path, parts: list[str]
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path, parts: list[str]
 ) -> None:
     """model.max_length bounds training only: evaluation, encode and the export see whole sentences."""
     st = pytest.importorskip("sentence_transformers")
-    corpus = make_corpus(tmp_path / "corpus.txt")
     recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=3", "model.max_length=8", *parts)
     train(recipe, tmp_path / "run", show_progress=False)
     best = tmp_path / "run" / "best"
@@ -264,26 +213,11 @@ def test_a_trained_model_encodes_untruncated_and_sentence_transformers_agrees(
     assert cosine.min() >= 0.9999
 
 
-def add_sick_trial(root: Path, pairs: int = 30, seed: int = 2) -> Path:
-    """A made-up SICK trial split (SentEval's SICK_trial.txt: header, then id, A, B, score, label)."""
-    rng = random.Random(seed)
-    words = [w for w in WORDS if w.isalpha()]
-    rows = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"]
-    for i in range(pairs):
-        a, b = " ".join(rng.choices(words, k=5)), " ".join(rng.choices(words, k=5))
-        rows.append(f"{i}\t{a}\t{b}\t{rng.uniform(1, 5):.2f}\tNEUTRAL")
-    folder = root / "sts" / "SICK"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "SICK_trial.txt").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    return root
-
-
-def test_selection_on_avg_sts_evaluates_both_dev_sets(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_selection_on_avg_sts_evaluates_both_dev_sets(tmp_path: Path, tiny_model_dir: Path, corpus: Path) -> None:
     """SimCSE's and DCLR's eval_avg_sts: the mean of STS-B dev and SICK-R dev picks the best model."""
     from csekit.evaluation.sts import evaluate_dev
 
     data = add_sick_trial(make_data_dir(tmp_path / "data"))
-    corpus = make_corpus(tmp_path / "corpus.txt")
     recipe = tiny_recipe(
         tiny_model_dir,
         corpus,

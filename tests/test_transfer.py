@@ -256,7 +256,7 @@ def test_counts_on_real_data(data_dir: Path) -> None:
 
 
 def test_cli_transfer_and_align(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from test_training import make_data_dir, run_cli
+    from conftest import make_data_dir, run_cli
 
     data = make_transfer_dir(make_data_dir(tmp_path / "data"), n=12)
     args = ["--tasks", "SST2,MRPC,align", "--data-dir", str(data), "--output", "r.json", "--n-jobs", "1"]

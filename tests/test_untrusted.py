@@ -22,10 +22,8 @@ from typing import ClassVar
 
 import pytest
 import torch
-from conftest import make_tiny_encoder
+from conftest import assert_one_line_error, make_corpus, make_tiny_encoder, read_metrics, run_main, tiny_recipe
 from parts_for_tests import KillOnce, write_entry_points
-from test_bad_input import assert_one_line_error, run_main
-from test_training import make_corpus, read_metrics, tiny_recipe
 
 import csekit
 from csekit.core.errors import CsekitError

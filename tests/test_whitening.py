@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from test_training import make_corpus, read_metrics, tiny_recipe
+from conftest import make_corpus, read_metrics, tiny_recipe
 
 from csekit.core.errors import CsekitError
 from csekit.core.registry import HEADS
