@@ -11,5 +11,5 @@ test: setup lint
 	.venv/bin/python -m pytest -q
 
 lint: setup
-	.venv/bin/ruff check src tests benchmarks
-	.venv/bin/ruff format --check src tests benchmarks
+	.venv/bin/ruff check src tests benchmarks examples
+	.venv/bin/ruff format --check src tests benchmarks examples

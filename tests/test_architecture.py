@@ -2,12 +2,12 @@
 
 Layers, bottom to top (a module may import from its own layer and those below):
 
-    0  csekit.core (errors, files, locks, precision, processes, the registry), the package root
+    0  csekit.core (errors, files, locks, precision, processes, the registry, the version)
     1  csekit.encoding (encoder, poolers), csekit.data (corpora, the data folder)
     2  csekit.prep (frequency counts, augmentation, the match error rate)
     3  csekit.parts (views, heads, negatives, weighting, objectives), csekit.evaluation
     4  csekit.training (recipe, model, trainer)
-    5  csekit.bench, csekit.cli
+    5  csekit.bench, csekit.cli, and the package root `csekit` (the public API, loaded on first use)
 
 Imports under `if TYPE_CHECKING:` are annotations only (never run), so they are left out.
 """
@@ -25,7 +25,7 @@ from csekit.core.registry import REGISTRIES, Registry
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS = {
-    "csekit": 0,
+    "csekit": 5,
     "csekit.core": 0,
     "csekit.encoding": 1,
     "csekit.data": 1,
@@ -45,9 +45,9 @@ def module_name(path: Path) -> str:
 
 
 def layer(module: str) -> int:
-    for depth in range(module.count(".") + 1, 0, -1):
+    for depth in range(module.count(".") + 1, 0, -1):  # the longest listed prefix decides
         prefix = ".".join(module.split(".")[:depth])
-        if prefix in LAYERS:
+        if prefix in LAYERS and (prefix != "csekit" or module == "csekit"):
             return LAYERS[prefix]
     raise AssertionError(f"{module} is in no layer: add its package to LAYERS (and to docs/architecture.md)")
 
@@ -148,3 +148,33 @@ def test_an_unknown_name_names_the_key_and_the_choices() -> None:
 
     with pytest.raises(CsekitError, match=r'^model.head: unknown head "mpl" \(did you mean "mlp"\?\)'):
         HEADS.get("mpl", "model.head")
+
+
+def test_the_worked_example_adds_a_negative_source_with_one_file_and_one_recipe_line(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path
+) -> None:
+    """docs/architecture.md's example: examples/queue_negatives.py plus `negatives: [{name: queue}]` trains.
+
+    Same seed: the first step (empty queue) equals plain SimCSE's, the second contrasts the queue and differs.
+    """
+    import importlib.util
+
+    from conftest import read_metrics, tiny_recipe
+
+    from csekit import train
+    from csekit.core.registry import NEGATIVES
+
+    path = Path(__file__).resolve().parents[1] / "examples" / "queue_negatives.py"
+    spec = importlib.util.spec_from_file_location("queue_negatives", path)
+    assert spec is not None and spec.loader is not None
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+    try:
+        losses = {}
+        for name, extra in (("plain", []), ("queue", ["negatives=[{name: queue, size: 24}]"])):
+            recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=2", *extra)
+            train(recipe, tmp_path / name, show_progress=False)
+            losses[name] = [r["loss"] for r in read_metrics(tmp_path / name) if "loss" in r]
+    finally:
+        NEGATIVES.unregister("queue")
+    assert losses["queue"][0] == pytest.approx(losses["plain"][0], rel=1e-6)
+    assert losses["queue"][1] > losses["plain"][1] + 1e-3  # 24 more negatives in the denominator

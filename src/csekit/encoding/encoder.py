@@ -24,10 +24,10 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
-from csekit import __version__
 from csekit.core.atomic import atomic_directory
 from csekit.core.errors import CsekitError
 from csekit.core.precision import DTYPES, resolve_precision
+from csekit.core.version import __version__
 from csekit.encoding.kept_head import DenseTanh
 from csekit.encoding.pooling import Pooler, PoolerOutputPooler, make_pooler, pad_ids
 

@@ -330,7 +330,7 @@ class PromptNotExported:
 
     MESSAGE = (
         "this csekit model uses the prompt (mask) pooler, which sentence-transformers cannot reproduce; "
-        "load it with csekit.encoding.encoder.SentenceEncoder.load(path) and call .encode(sentences)"
+        "load it with csekit.SentenceEncoder.load(path) and call .encode(sentences)"
     )
 
     def __init__(self, *args: object, **kwargs: object) -> None:
