@@ -246,3 +246,50 @@ def test_select_metric_must_be_a_score_of_the_dev_task() -> None:
     with pytest.raises(CsekitError, match='unknown dev task "stsb"'):
         load_recipe(None, ["train.dev_task=stsb"])
     assert load_recipe(None, ["train.dev_task=none", "train.select_metric=anything"]).train.dev_task == "none"
+
+
+def test_a_run_interrupted_and_resumed_writes_the_records_of_a_straight_run(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path, test_parts: None
+) -> None:
+    """metrics.jsonl of a run that crashed at step 5 and was resumed from step 4: the straight run's records.
+
+    Locks the loop's records (which, in which order, with which keys) and its bit-exact resume, dev evaluation
+    included: the same losses, lr and dev scores at every step.
+    """
+    data = make_data_dir(tmp_path / "data")
+    marker = tmp_path / "raised"
+
+    def run(output: Path, resume: bool = False) -> None:
+        recipe = tiny_recipe(
+            tiny_model_dir,
+            corpus,
+            "train.max_steps=6",
+            "train.eval_every=2",
+            "train.log_every=2",
+            "train.dev_task=stsb-dev",
+            "model.pooler=mean",
+            f"objectives=[{{name: infonce}}, {{name: raise_once, weight: 0.0, at_call: 5, marker: '{marker}'}}]",
+        )
+        train(recipe, output, data_dir=data, resume=resume, show_progress=False)
+
+    marker.write_text("not this run", encoding="utf-8")
+    run(tmp_path / "straight")
+    marker.unlink()
+    with pytest.raises(RuntimeError, match="crash for the test"):
+        run(tmp_path / "resumed")
+    run(tmp_path / "resumed", resume=True)
+
+    straight, resumed = read_metrics(tmp_path / "straight"), read_metrics(tmp_path / "resumed")
+    loss_keys = {"step", "loss", "infonce", "raise_once", "lr", "sentences_per_second"}
+    dev_keys = {"step", "stsb-dev", "align", "uniform"}
+    assert [(r["step"], set(r)) for r in straight] == [
+        (0, {"event", "step", "corpus", "total_steps", "processes", "precision"}),
+        (2, loss_keys),
+        (2, dev_keys),
+        (4, loss_keys),
+        (4, dev_keys),
+        (6, loss_keys),
+        (6, dev_keys),
+    ]
+    without_timing = [{k: v for k, v in r.items() if k != "sentences_per_second"} for r in straight]
+    assert [{k: v for k, v in r.items() if k != "sentences_per_second"} for r in resumed] == without_timing

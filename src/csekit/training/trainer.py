@@ -19,6 +19,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -327,242 +328,321 @@ def train(
     (then the changed keys are recorded in metrics.jsonl). The folder is locked for the run.
     """
     with contextlib.ExitStack() as held_until_the_end:
-        return _train(recipe, Path(output_dir), data_dir, resume, show_progress, allow_changes, held_until_the_end)
+        trainer = Trainer(recipe, Path(output_dir), data_dir, resume, show_progress, allow_changes, held_until_the_end)
+        return trainer.run()
 
 
-def _train(
-    recipe: Recipe,
-    output: Path,
-    data_dir: str | Path | None,
-    resume: bool,
-    show_progress: bool,
-    allow_changes: bool,
-    held_until_the_end: contextlib.ExitStack,
-) -> TrainResult:
-    train_config = recipe.train
-    _hint_if_accelerate_started_one_process()
-    precision, precision_note = training_precision(train_config.precision)
-    accelerator = Accelerator(
-        cpu=_several_cpu_processes(),
-        mixed_precision=MIXED_PRECISION[precision],
-        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-    )
-    if accelerator.device.type == "cpu" and train_config.keep_freed_memory:
-        keep_freed_memory()
-    main = accelerator.is_main_process
-    _check_output(output, resume)
-    changes = _recipe_changes_on_resume(output, recipe, allow_changes) if resume else {}
-    set_seed(train_config.seed)
+class Trainer:
+    """One training run, in the order of the algorithm: set up, then step, evaluate and checkpoint until done.
 
-    dev_tasks = TRAINING_DEV_TASKS.get(train_config.dev_task, ())  # checked with the recipe
-    data_path = resolve_data_dir(data_dir) if dev_tasks else _optional_data_dir(data_dir)
-    corpus = open_corpus(
-        recipe.data.corpus, data_path, recipe.data.max_chars, recipe.data.bad_lines, recipe.data.text_column
-    )
-    encoder = SentenceEncoder.load(recipe.model.backbone, recipe.model.pooler, dropout=recipe.model.dropout)
-    if recipe.model.max_length > encoder.max_seq_length:
-        raise CsekitError(
-            f"recipe key model.max_length: {recipe.model.max_length} is more tokens than {recipe.model.backbone} "
-            f"accepts ({encoder.max_seq_length})"
+    Setting up checks every input (output folder, recipe changes, corpus, model, batch sizes) before it
+    writes anything; then it takes the run folder's lock, builds the optimizer and schedule, and on
+    resume reads the checkpoint. `run()` is the loop.
+    """
+
+    def __init__(
+        self,
+        recipe: Recipe,
+        output: Path,
+        data_dir: str | Path | None,
+        resume: bool,
+        show_progress: bool,
+        allow_changes: bool,
+        held_until_the_end: contextlib.ExitStack,
+    ) -> None:
+        self.recipe = recipe
+        self.config = recipe.train
+        self.output = output
+        self.checkpoint_dir = output / "checkpoint"
+        self.resume = resume
+        self.show_progress = show_progress
+        self._start_accelerator()
+        self._check_output_and_recipe(allow_changes)
+        set_seed(self.config.seed)
+        self._load_data(data_dir)
+        self._build_model()
+        self._make_loader()
+        self._open_output(held_until_the_end)  # every input is valid: only now is anything written
+        self._set_up_optimization()
+        self.state = TrainerState()
+        self.metrics = MetricsLog(output / "metrics.jsonl", self.main)
+        self.unwrapped: ContrastiveModel = self.accelerator.unwrap_model(self.model)
+        if resume:
+            self._resume_from_checkpoint()
+        self._announce_start()
+
+    # -- setting up ------------------------------------------------------------------------------
+
+    def _start_accelerator(self) -> None:
+        """The precision for this machine, then the Accelerator (one process or several)."""
+        _hint_if_accelerate_started_one_process()
+        self.precision, self.precision_note = training_precision(self.config.precision)
+        self.accelerator = Accelerator(
+            cpu=_several_cpu_processes(),
+            mixed_precision=MIXED_PRECISION[self.precision],
+            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
         )
-    model, views = build_model(recipe, encoder)
-    if recipe.model.head_at_test:
-        encoder.head = model.head
+        if self.accelerator.device.type == "cpu" and self.config.keep_freed_memory:
+            keep_freed_memory()
+        self.main = self.accelerator.is_main_process
 
-    processes = accelerator.num_processes
-    if train_config.batch_size % processes:
-        raise CsekitError(
-            f"recipe key train.batch_size: {train_config.batch_size} is not divisible by the {processes} processes"
-        )
-    local_batch = train_config.batch_size // processes
-    if len(corpus) < train_config.batch_size:
-        raise CsekitError(
-            f"corpus {recipe.data.corpus} has {len(corpus)} sentences, fewer than train.batch_size "
-            f"({train_config.batch_size})"
-        )
-    loader = DataLoader(
-        corpus,
-        batch_size=local_batch,
-        shuffle=True,
-        drop_last=True,
-        collate_fn=TrainCollator(views, recipe.data.text_column),
-        num_workers=recipe.data.num_workers,
-        generator=torch.Generator().manual_seed(train_config.seed),
-    )
-    _create_output(output, accelerator.process_index)  # every input is valid: only now is anything written
-    if main:
-        held_until_the_end.enter_context(hold_run_lock(output))
-        # Staging folders and files of a run killed mid-write (never resumed from); removed under the lock.
-        for name in remove_staging_leftovers(output):
-            print(f"csekit: removed {output / name}, left by an interrupted run", file=sys.stderr)
-    optimizer = make_optimizer(model, recipe)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    steps_per_epoch = len(loader)
-    if steps_per_epoch == 0:
-        raise CsekitError(f"corpus {recipe.data.corpus} gives no full batch of {train_config.batch_size}")
-    # As in the transformers Trainer, max_steps (when set) replaces epochs as the length of the run.
-    total_steps = train_config.max_steps or steps_per_epoch * train_config.epochs
-    scheduler = get_linear_schedule_with_warmup(
-        optimizer, math.ceil(train_config.warmup_ratio * total_steps), total_steps
-    )
+    def _check_output_and_recipe(self, allow_changes: bool) -> None:
+        _check_output(self.output, self.resume)
+        self.changes = _recipe_changes_on_resume(self.output, self.recipe, allow_changes) if self.resume else {}
 
-    state = TrainerState()
-    metrics = MetricsLog(output / "metrics.jsonl", main)
-    checkpoint_dir = output / "checkpoint"
-    unwrapped: ContrastiveModel = accelerator.unwrap_model(model)
-    if resume:
-        for folder in (checkpoint_dir, output / "best", output / "last"):
+    def _load_data(self, data_dir: str | Path | None) -> None:
+        """The data folder (required by a dev task) and the corpus, checked line by line."""
+        self.dev_tasks = TRAINING_DEV_TASKS.get(self.config.dev_task, ())  # checked with the recipe
+        self.data_path = resolve_data_dir(data_dir) if self.dev_tasks else _optional_data_dir(data_dir)
+        data = self.recipe.data
+        self.corpus = open_corpus(data.corpus, self.data_path, data.max_chars, data.bad_lines, data.text_column)
+
+    def _build_model(self) -> None:
+        """The encoder from the backbone, wrapped in the recipe's parts (views, heads, objectives)."""
+        model_config = self.recipe.model
+        encoder = SentenceEncoder.load(model_config.backbone, model_config.pooler, dropout=model_config.dropout)
+        if model_config.max_length > encoder.max_seq_length:
+            raise CsekitError(
+                f"recipe key model.max_length: {model_config.max_length} is more tokens than "
+                f"{model_config.backbone} accepts ({encoder.max_seq_length})"
+            )
+        self.model, self.views = build_model(self.recipe, encoder)
+        if model_config.head_at_test:
+            encoder.head = self.model.head
+
+    def _make_loader(self) -> None:
+        """Shuffled batches of `batch_size` sentences in all, split evenly over the processes."""
+        batch_size, processes = self.config.batch_size, self.accelerator.num_processes
+        if batch_size % processes:
+            raise CsekitError(
+                f"recipe key train.batch_size: {batch_size} is not divisible by the {processes} processes"
+            )
+        if len(self.corpus) < batch_size:
+            raise CsekitError(
+                f"corpus {self.recipe.data.corpus} has {len(self.corpus)} sentences, fewer than train.batch_size "
+                f"({batch_size})"
+            )
+        self.loader = DataLoader(
+            self.corpus,
+            batch_size=batch_size // processes,
+            shuffle=True,
+            drop_last=True,
+            collate_fn=TrainCollator(self.views, self.recipe.data.text_column),
+            num_workers=self.recipe.data.num_workers,
+            generator=torch.Generator().manual_seed(self.config.seed),
+        )
+
+    def _open_output(self, held_until_the_end: contextlib.ExitStack) -> None:
+        """Create the folder and lock it for the run (the lock is released when `held_until_the_end` closes)."""
+        _create_output(self.output, self.accelerator.process_index)
+        if self.main:
+            held_until_the_end.enter_context(hold_run_lock(self.output))
+            # Staging folders and files of a run killed mid-write (never resumed from); removed under the lock.
+            for name in remove_staging_leftovers(self.output):
+                print(f"csekit: removed {self.output / name}, left by an interrupted run", file=sys.stderr)
+
+    def _set_up_optimization(self) -> None:
+        """AdamW and the linear schedule over the run's length; model, optimizer and loader prepared."""
+        optimizer = make_optimizer(self.model, self.recipe)
+        self.model, self.optimizer, self.loader = self.accelerator.prepare(self.model, optimizer, self.loader)
+        self.steps_per_epoch = len(self.loader)
+        if self.steps_per_epoch == 0:
+            raise CsekitError(f"corpus {self.recipe.data.corpus} gives no full batch of {self.config.batch_size}")
+        # As in the transformers Trainer, max_steps (when set) replaces epochs as the length of the run.
+        self.total_steps = self.config.max_steps or self.steps_per_epoch * self.config.epochs
+        warmup_steps = math.ceil(self.config.warmup_ratio * self.total_steps)
+        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, warmup_steps, self.total_steps)
+
+    def _resume_from_checkpoint(self) -> None:
+        """Weights, optimizer, schedule, RNG states and position from checkpoint/; the log cut back to it."""
+        for folder in (self.checkpoint_dir, self.output / "best", self.output / "last"):
             recover_directory(folder)
-        if (checkpoint_dir / STATE_FILE).exists():
-            state = _read_trainer_state(checkpoint_dir / STATE_FILE)
-            load_shared_state(checkpoint_dir, unwrapped, optimizer, scheduler, accelerator.scaler, accelerator.device)
-            load_rng_state(checkpoint_dir, accelerator.process_index)
-            metrics.truncate_after(state.step)
+        if (self.checkpoint_dir / STATE_FILE).exists():
+            self.state = _read_trainer_state(self.checkpoint_dir / STATE_FILE)
+            load_shared_state(
+                self.checkpoint_dir,
+                self.unwrapped,
+                self.optimizer,
+                self.scheduler,
+                self.accelerator.scaler,
+                self.accelerator.device,
+            )
+            load_rng_state(self.checkpoint_dir, self.accelerator.process_index)
+            self.metrics.truncate_after(self.state.step)
         else:  # stopped before its first checkpoint: start over, without the old run's records
-            metrics.truncate_after(-1)
-        if changes:
-            metrics.write({"event": "recipe_changed", "step": state.step, "changes": changes})
-    if main:
-        for line in precision_note:  # every input, the checkpoint included, has been read: the run begins
+            self.metrics.truncate_after(-1)
+        if self.changes:
+            self.metrics.write({"event": "recipe_changed", "step": self.state.step, "changes": self.changes})
+
+    def _announce_start(self) -> None:
+        """Every input, the checkpoint included, has been read: say the precision, save the recipe, log the start."""
+        if not self.main:
+            return
+        for line in self.precision_note:
             print(line, file=sys.stderr)
-        atomic_write_text(output / SAVED_RECIPE, recipe.to_yaml())
-        if not resume or state.step == 0:
-            metrics.write(
+        atomic_write_text(self.output / SAVED_RECIPE, self.recipe.to_yaml())
+        if not self.resume or self.state.step == 0:
+            self.metrics.write(
                 {
                     "event": "start",
                     "step": 0,
-                    "corpus": corpus.report.summary(),
-                    "total_steps": total_steps,
-                    "processes": processes,
-                    "precision": precision,
+                    "corpus": self.corpus.report.summary(),
+                    "total_steps": self.total_steps,
+                    "processes": self.accelerator.num_processes,
+                    "precision": self.precision,
                 }
             )
 
-    def evaluate() -> dict[str, float]:
-        if not dev_tasks:
+    # -- the loop --------------------------------------------------------------------------------
+
+    def run(self) -> TrainResult:
+        """Step through the batches until `total_steps`, logging, evaluating and checkpointing on the way."""
+        self.bar = tqdm(
+            total=self.total_steps,
+            initial=self.state.step,
+            desc="training",
+            unit="step",
+            disable=not (self.show_progress and self.main),
+            dynamic_ncols=True,
+        )
+        self.last_loss: float | None = None
+        self.last_score: float | None = None  # the latest dev score, shown in the progress bar
+        self.window: dict[str, float] = {}  # loss sums since the last log record
+        self.window_steps, self.window_start, self.bad_in_a_row = 0, time.perf_counter(), 0
+        self.model.train()
+        for batch in self._batches():
+            if not self.step(batch):
+                continue
+            if self.state.step % self.config.log_every == 0 or self.state.step == self.total_steps:
+                self._log_window()
+            eval_due = self.config.eval_every > 0 and self.state.step % self.config.eval_every == 0
+            if eval_due or self.state.step == self.total_steps:
+                self.evaluate()
+                self.window_start = time.perf_counter()
+            if self.state.step >= self.total_steps:
+                break
+        return self.finish()
+
+    def _batches(self) -> Iterator[dict[str, Any]]:
+        """The batches from the data position on, epoch after epoch (each epoch shuffled by its seed)."""
+        for epoch in itertools.count(self.state.batches // self.steps_per_epoch):
+            if self.state.step >= self.total_steps:
+                return
+            self.loader.set_epoch(epoch)
+            skip = self.state.batches - epoch * self.steps_per_epoch
+            yield from (self.accelerator.skip_first_batches(self.loader, skip) if skip > 0 else self.loader)
+
+    def step(self, batch: dict[str, Any]) -> bool:
+        """One optimizer step on `batch`; False when it was skipped for a non-finite loss or gradient."""
+        self.state.batches += 1
+        # Always back-propagate (every process must join DDP's gradient all-reduce), then decide
+        # together: a step is skipped everywhere when any process's loss or the gradient is not finite.
+        loss, parts, grad_norm = forward_backward(
+            self.accelerator, self.model, batch, self.config.max_grad_norm, self.state.step, self.steps_per_epoch
+        )
+        # One all-reduce gives the mean loss and parts over processes (for the log) and, since a NaN
+        # anywhere makes the mean NaN, whether every process's loss is finite.
+        names = ["loss", *parts]
+        values = self.accelerator.reduce(torch.stack([loss.detach(), *parts.values()]).float(), "mean").tolist()
+        loss_finite = math.isfinite(values[0])
+        if not (loss_finite and bool(torch.isfinite(torch.as_tensor(grad_norm)))):
+            self._skip_step("loss" if not loss_finite else "gradient")
+            return False
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.bad_in_a_row = 0
+        self.state.step += 1
+        self.bar.update(1)
+        self.last_loss = values[0]
+        for name, value in zip(names, values, strict=True):
+            self.window[name] = self.window.get(name, 0.0) + value
+        self.window_steps += 1
+        return True
+
+    def _skip_step(self, reason: str) -> None:
+        """Drop the step's gradients and record it; too many in a row stop the run."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.state.skipped_steps += 1
+        self.bad_in_a_row += 1
+        self.metrics.write(
+            {
+                "step": self.state.step,
+                "event": "non_finite_step",
+                "reason": reason,
+                "skipped_steps": self.state.skipped_steps,
+            }
+        )
+        if self.bad_in_a_row >= self.config.max_bad_steps:
+            raise CsekitError(
+                f"{self.bad_in_a_row} steps in a row had a non-finite {reason} (after step {self.state.step}); "
+                f"stopped. The best model in {self.output / 'best'} is intact; try a lower train.lr"
+            )
+
+    def _log_window(self) -> None:
+        """A metrics record with the mean loss and parts since the last one, the lr and the throughput."""
+        elapsed = time.perf_counter() - self.window_start
+        record = {
+            "step": self.state.step,
+            **{name: total / self.window_steps for name, total in self.window.items()},
+            "lr": self.scheduler.get_last_lr()[0],
+            "sentences_per_second": self.window_steps * self.config.batch_size / max(elapsed, 1e-9),
+        }
+        self.metrics.write(record)
+        self.bar.set_postfix_str(_postfix(self.last_loss, self.last_score))
+        self.window, self.window_steps = {}, 0
+        self.window_start = time.perf_counter()
+
+    def dev_scores(self) -> dict[str, float]:
+        """The dev task's scores of the model as it is now (none without a dev task)."""
+        if not self.dev_tasks:
             return {}
         return evaluate_dev(
-            lambda sentences: unwrapped.encoder.encode(
-                sentences, batch_size=train_config.eval_batch_size, precision=precision, show_progress_bar=False
+            lambda sentences: self.unwrapped.encoder.encode(
+                sentences, batch_size=self.config.eval_batch_size, precision=self.precision, show_progress_bar=False
             ),
-            data_path,
-            dev_tasks,
+            self.data_path,
+            self.dev_tasks,
             align_uniform=True,
         )
 
-    def save_checkpoint() -> None:
+    def evaluate(self) -> None:
+        """Score on the dev task, keep the best model by the selection metric, save last/, then checkpoint."""
+        scores = self.dev_scores() if self.main else {}
+        if self.main:
+            self.metrics.write({"step": self.state.step, **scores})
+            score = scores.get(self.config.select_metric)
+            if _improves(score, self.state.best_score):
+                self.state.best_score, self.state.best_step = score, self.state.step
+                self.unwrapped.encoder.save(self.output / "best")
+            self.unwrapped.encoder.save(self.output / "last")
+            self.last_score = score
+            self.bar.set_postfix_str(_postfix(self.last_loss, self.last_score))
+        self.save_checkpoint()
+
+    def save_checkpoint(self) -> None:
         """The resumable state: weights, optimizer, scheduler, RNG states (every process's) and the step."""
-        staging = output / ".checkpoint.tmp"
-        if main:
+        staging = self.output / ".checkpoint.tmp"
+        if self.main:
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
-        accelerator.wait_for_everyone()
-        if main:
-            save_shared_state(staging, unwrapped, optimizer, scheduler, accelerator.scaler)
-        save_rng_state(staging, accelerator.process_index)
-        accelerator.wait_for_everyone()
-        if main:
-            atomic_write_text(staging / STATE_FILE, json.dumps(state.__dict__))
-            swap_in(staging, checkpoint_dir)
-        accelerator.wait_for_everyone()
+        self.accelerator.wait_for_everyone()
+        if self.main:
+            save_shared_state(staging, self.unwrapped, self.optimizer, self.scheduler, self.accelerator.scaler)
+        save_rng_state(staging, self.accelerator.process_index)
+        self.accelerator.wait_for_everyone()
+        if self.main:
+            atomic_write_text(staging / STATE_FILE, json.dumps(self.state.__dict__))
+            swap_in(staging, self.checkpoint_dir)
+        self.accelerator.wait_for_everyone()
 
-    def on_evaluation() -> None:
-        nonlocal last_score
-        scores = evaluate() if main else {}
-        if main:
-            metrics.write({"step": state.step, **scores})
-            score = scores.get(train_config.select_metric)
-            improved = _improves(score, state.best_score)
-            if improved:
-                state.best_score, state.best_step = score, state.step
-                unwrapped.encoder.save(output / "best")
-            unwrapped.encoder.save(output / "last")
-            last_score = score
-            bar.set_postfix_str(_postfix(last_loss, last_score))
-        save_checkpoint()
-
-    bar = tqdm(
-        total=total_steps,
-        initial=state.step,
-        desc="training",
-        unit="step",
-        disable=not (show_progress and main),
-        dynamic_ncols=True,
-    )
-    last_loss: float | None = None
-    last_score: float | None = None  # the latest dev score, shown in the progress bar
-    window: dict[str, float] = {}
-    window_steps, window_start, bad_in_a_row = 0, time.perf_counter(), 0
-    model.train()
-    for epoch in itertools.count(state.batches // steps_per_epoch):
-        if state.step >= total_steps:
-            break
-        loader.set_epoch(epoch)
-        skip = state.batches - epoch * steps_per_epoch
-        batches = accelerator.skip_first_batches(loader, skip) if skip > 0 else loader
-        for batch in batches:
-            state.batches += 1
-            # Always back-propagate (every process must join DDP's gradient all-reduce), then decide
-            # together: a step is skipped everywhere when any process's loss or the gradient is not finite.
-            loss, parts, grad_norm = forward_backward(
-                accelerator, model, batch, train_config.max_grad_norm, state.step, steps_per_epoch
-            )
-            # One all-reduce gives the mean loss and parts over processes (for the log) and, since a NaN
-            # anywhere makes the mean NaN, whether every process's loss is finite.
-            names = ["loss", *parts]
-            values = accelerator.reduce(torch.stack([loss.detach(), *parts.values()]).float(), "mean").tolist()
-            loss_finite = math.isfinite(values[0])
-            if not (loss_finite and bool(torch.isfinite(torch.as_tensor(grad_norm)))):
-                optimizer.zero_grad(set_to_none=True)
-                state.skipped_steps += 1
-                bad_in_a_row += 1
-                reason = "loss" if not loss_finite else "gradient"
-                metrics.write(
-                    {
-                        "step": state.step,
-                        "event": "non_finite_step",
-                        "reason": reason,
-                        "skipped_steps": state.skipped_steps,
-                    }
-                )
-                if bad_in_a_row >= train_config.max_bad_steps:
-                    raise CsekitError(
-                        f"{bad_in_a_row} steps in a row had a non-finite {reason} (after step {state.step}); "
-                        f"stopped. The best model in {output / 'best'} is intact; try a lower train.lr"
-                    )
-                continue
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            bad_in_a_row = 0
-            state.step += 1
-            bar.update(1)
-            last_loss = values[0]
-            for name, value in zip(names, values, strict=True):
-                window[name] = window.get(name, 0.0) + value
-            window_steps += 1
-            if state.step % train_config.log_every == 0 or state.step == total_steps:
-                elapsed = time.perf_counter() - window_start
-                record = {
-                    "step": state.step,
-                    **{k: v / window_steps for k, v in window.items()},
-                    "lr": scheduler.get_last_lr()[0],
-                    "sentences_per_second": window_steps * train_config.batch_size / max(elapsed, 1e-9),
-                }
-                metrics.write(record)
-                bar.set_postfix_str(_postfix(last_loss, last_score))
-                window, window_steps = {}, 0
-                window_start = time.perf_counter()
-            eval_due = train_config.eval_every > 0 and state.step % train_config.eval_every == 0
-            if eval_due or state.step == total_steps:
-                on_evaluation()
-                window_start = time.perf_counter()
-            if state.step >= total_steps:
-                break
-    bar.close()
-    accelerator.wait_for_everyone()
-    accelerator.end_training()
-    return TrainResult(output, state.step, state.best_score, state.best_step, state.skipped_steps)
+    def finish(self) -> TrainResult:
+        """Close the bar, wait for every process and end accelerate's run."""
+        self.bar.close()
+        self.accelerator.wait_for_everyone()
+        self.accelerator.end_training()
+        state = self.state
+        return TrainResult(self.output, state.step, state.best_score, state.best_step, state.skipped_steps)
 
 
 def _improves(score: float | None, best: float | None) -> bool:
