@@ -178,3 +178,15 @@ def test_the_worked_example_adds_a_negative_source_with_one_file_and_one_recipe_
         NEGATIVES.unregister("queue")
     assert losses["queue"][0] == pytest.approx(losses["plain"][0], rel=1e-6)
     assert losses["queue"][1] > losses["plain"][1] + 1e-3  # 24 more negatives in the denominator
+
+
+def test_no_function_in_src_is_longer_than_80_lines() -> None:
+    long = [
+        f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted((SRC / "csekit").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, "\n".join(long)
