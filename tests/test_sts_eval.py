@@ -361,3 +361,26 @@ def test_real_suite_encodes_once() -> None:
     headline = [res[t]["all"] for t in STS_TASKS[:5]] + [res["STSBenchmark"]["test"], res["SICKRelatedness"]["test"]]
     assert res["avg"] == pytest.approx(np.mean(headline))
     assert all(0.0 < x < 1.0 for x in headline)  # surface overlap correlates positively with STS gold
+
+
+def test_a_registered_sts_task_is_evaluated_like_the_built_in_ones(tmp_path: Path) -> None:
+    """The task registry is open: an EvalTask of group sts with its own reader is scored, and named by --tasks."""
+    import csekit
+    from csekit.core.registry import EVAL_TASKS
+    from csekit.evaluation.sts_data import StsSubset
+    from csekit.evaluation.suite import parse_tasks
+    from csekit.evaluation.tasks import EvalTask
+
+    pairs = StsSubset("test", ["a b", "c d", "e f"], ["a b", "c x", "y z"], [5.0, 2.5, 0.0])
+    task = EvalTask("my-sts", "sts", "mine", load=lambda root: [pairs])
+    with pytest.raises(CsekitError, match="group sts or dev"):
+        csekit.register_part("task", "my-sts", EvalTask("my-sts", "transfer", "mine"))
+    csekit.register_part("task", "my-sts", task)
+    try:
+        assert parse_tasks("my-sts")["sts"] == ["my-sts"]
+        vectors = {"a b": [1.0, 0.0], "c d": [1.0, 1.0], "c x": [1.0, 0.2], "e f": [0.0, 1.0], "y z": [1.0, 0.0]}
+        result = evaluate_sts(lambda sentences: np.array([vectors[s] for s in sentences]), tmp_path, ["my-sts"])
+        assert result["my-sts"]["test"] == pytest.approx(1.0)  # cosines 1, 0.83, 0 follow the gold order
+        assert "avg" not in result  # only the seven headline tasks make the papers' average
+    finally:
+        EVAL_TASKS.unregister("my-sts")
