@@ -230,3 +230,27 @@ def test_a_log_written_to_a_file_is_short_and_plain(tmp_path: Path, tiny_model_d
     assert [line.split()[1] for line in progress] == ["2/6", "4/6", "6/6"]
     assert all(" loss " in line and line.endswith(" sent/s") for line in progress), progress
     assert log.splitlines() == progress, log
+
+
+def test_bench_encodes_without_progress_bars(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every encode call of a bench run (dev scores in training, evaluation, corpus cosines) shows no bar."""
+    from csekit.bench import run_suite
+    from csekit.encoder import SentenceEncoder
+
+    suite = tmp_path / "suite.yaml"
+    smoke_recipe = TESTS.parent / "benchmarks" / "suites" / "smoke-recipe.yaml"
+    suite.write_text(f"seeds: [1]\ntasks: stsb-dev,align\nrecipes:\n  - recipe: {smoke_recipe}\n", encoding="utf-8")
+    asked: list[bool | None] = []
+    encode = SentenceEncoder.encode
+
+    def spy(self: SentenceEncoder, sentences: list[str], *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        asked.append(kwargs.get("show_progress_bar"))  # type: ignore[arg-type]
+        return encode(self, sentences, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SentenceEncoder, "encode", spy)
+    overrides = [f"model.backbone={tiny_model_dir}", f"data.corpus={corpus}", "train.max_steps=1"]
+    data = make_data_dir(tmp_path / "data")
+    run_suite(suite, tmp_path / "bench", data_dir=data, overrides=overrides, show_progress=False, log=lambda _: None)
+    assert len(asked) >= 2 and set(asked) == {False}, asked
