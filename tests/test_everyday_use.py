@@ -254,3 +254,27 @@ def test_bench_encodes_without_progress_bars(
     data = make_data_dir(tmp_path / "data")
     run_suite(suite, tmp_path / "bench", data_dir=data, overrides=overrides, show_progress=False, log=lambda _: None)
     assert len(asked) >= 2 and set(asked) == {False}, asked
+
+
+def test_ctrl_c_in_python_raises_training_interrupted_after_the_step(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path, test_parts: None
+) -> None:
+    """SIGINT during an evaluation step (4 of 6, eval_every 2): a checkpoint of step 4; the old handler is back."""
+    import signal
+
+    from csekit.training import TrainingInterrupted
+
+    marker = tmp_path / "interrupted"
+    part = f"{{name: interrupt_once, weight: 0.0, at_call: 4, marker: '{marker}'}}"
+    recipe = tiny_recipe(
+        tiny_model_dir, corpus, "train.max_steps=6", "train.eval_every=2", f"objectives=[{{name: infonce}}, {part}]"
+    )
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(TrainingInterrupted) as stop:
+        train(recipe, tmp_path / "run", show_progress=False)
+    assert isinstance(stop.value, KeyboardInterrupt) and stop.value.step == 4
+    assert stop.value.resume_command() == f"csekit train --output {tmp_path / 'run'} --resume"
+    assert signal.getsignal(signal.SIGINT) is handler
+    state = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] == 4
+    assert train(recipe, tmp_path / "run", resume=True, show_progress=False).steps == 6

@@ -553,6 +553,7 @@ class Trainer:
         )
         self.last_loss: float | None = None
         self.last_score: float | None = None  # the latest dev score, shown in the progress bar
+        self.checkpointed_batches: int | None = None  # the data position of the latest checkpoint this run wrote
         self.window: dict[str, float] = {}  # loss sums since the last log record
         self.window_steps, self.window_start, self.bad_in_a_row = 0, time.perf_counter(), 0
 
@@ -689,6 +690,7 @@ class Trainer:
             atomic_write_text(staging / STATE_FILE, json.dumps(self.state.__dict__))
             swap_in(staging, self.checkpoint_dir)
         self.accelerator.wait_for_everyone()
+        self.checkpointed_batches = self.state.batches
 
     def _patience_ran_out(self) -> bool:
         patience = self.config.patience
@@ -740,16 +742,17 @@ class Trainer:
         return bool(total.item() > 0)
 
     def _stop_at_interrupt(self) -> None:
-        """Checkpoint the step just taken, end the trackers, and raise TrainingInterrupted."""
-        self.save_checkpoint()
+        """Checkpoint the step just taken (unless its evaluation did), end the trackers, raise TrainingInterrupted."""
+        if self.checkpointed_batches != self.state.batches:
+            self.save_checkpoint()
         self.bar.close()
         self.accelerator.end_training()
         raise TrainingInterrupted(self.state.step, self.output)
 
     def _report(self, section: str, record: dict[str, Any]) -> None:
         """Send a record's numbers to the recipe's trackers (train.report_to), as section/name at its step."""
-        if self.trackers:
-            values = {f"{section}/{name}": value for name, value in record.items() if name != "step"}
+        values = {f"{section}/{name}": value for name, value in record.items() if name != "step"}
+        if self.trackers and values:
             self.accelerator.log(values, step=record["step"])
 
     def finish(self) -> TrainResult:
