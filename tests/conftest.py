@@ -97,7 +97,7 @@ def data_dir() -> Path:
 
 @pytest.fixture
 def test_parts() -> Iterator[None]:
-    """The objectives of parts_for_tests, registered for this test (kill_once, raise_once, nan_after)."""
+    """The objectives of parts_for_tests, registered for this test (kill_once, raise_once, interrupt_once, ...)."""
     from parts_for_tests import TEST_PARTS
 
     import csekit

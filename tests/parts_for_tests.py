@@ -42,6 +42,17 @@ class RaiseOnce(KillOnce):
         return {"raise_once": torch.zeros((), device=state.embeddings[0].device)}
 
 
+class InterruptOnce(KillOnce):
+    """Like `KillOnce`, but sends SIGINT (what Ctrl-C sends) to its own process: training goes on to the step's end."""
+
+    def forward(self, state: StepState) -> dict[str, Tensor]:
+        self.calls += 1
+        if self.calls == self.at_call and not self.marker.exists():
+            self.marker.write_text("interrupted", encoding="utf-8")
+            os.kill(os.getpid(), signal.SIGINT)
+        return {"interrupt_once": torch.zeros((), device=state.embeddings[0].device)}
+
+
 class NanAfter(nn.Module):
     """A loss that becomes NaN from its `after`-th call on (to exercise the non-finite guard)."""
 
@@ -61,7 +72,12 @@ class NanAfter(nn.Module):
         return {"nan_after": anchors.sum() * float("nan")}
 
 
-TEST_PARTS = {"kill_once": KillOnce, "raise_once": RaiseOnce, "nan_after": NanAfter}
+TEST_PARTS = {
+    "kill_once": KillOnce,
+    "raise_once": RaiseOnce,
+    "interrupt_once": InterruptOnce,
+    "nan_after": NanAfter,
+}
 
 
 def write_entry_points(folder: Path) -> Path:

@@ -184,7 +184,9 @@ def _run_one(
     encoder = SentenceEncoder.load(folder / "best")
 
     def encode(sentences: list[str]) -> np.ndarray:
-        return encoder.encode(sentences, batch_size=config.train.eval_batch_size, precision="fp32")
+        return encoder.encode(
+            sentences, batch_size=config.train.eval_batch_size, precision="fp32", show_progress_bar=False
+        )
 
     root = resolve_data_dir(data_dir)
     scores = run_evaluation(encode, root, parse_tasks(suite.tasks), n_jobs=-1)

@@ -73,7 +73,7 @@ def train(
 ) -> None:
     """Train a model from a recipe; writes best/, last/, checkpoint/, metrics.jsonl and recipe.yaml."""
     from csekit.training.recipe import load_recipe
-    from csekit.training.trainer import SAVED_RECIPE
+    from csekit.training.trainer import SAVED_RECIPE, TrainingInterrupted
     from csekit.training.trainer import train as run_training
 
     if recipe is None:
@@ -85,9 +85,13 @@ def train(
     if allow_changes and not resume:
         raise CsekitError("--allow-changes goes with --resume")
     config = load_recipe(recipe, overrides or [])
-    result = run_training(
-        config, output, data_dir=data_dir, resume=resume, show_progress=progress, allow_changes=allow_changes
-    )
+    try:
+        result = run_training(
+            config, output, data_dir=data_dir, resume=resume, show_progress=progress, allow_changes=allow_changes
+        )
+    except TrainingInterrupted as stop:  # Ctrl-C: the step is checkpointed; say how to go on (exit status 130)
+        typer.echo(f"csekit: interrupted at step {stop.step}; resume with: {stop.resume_command(data_dir)}", err=True)
+        raise typer.Exit(130) from None
     best = "n/a" if result.best_score is None else f"{100 * result.best_score:.2f} at step {result.best_step}"
     typer.echo(f"trained {result.steps} steps; best {config.train.select_metric}: {best}; model in {output / 'best'}")
 

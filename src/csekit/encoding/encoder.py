@@ -7,10 +7,11 @@ saves in the sentence-transformers layout so `SentenceTransformer(path)` loads a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,6 +101,26 @@ def _position_wise_tail(backbone: nn.Module) -> nn.Module | None:
 
 UNREAD_WEIGHTS_PREFIX = "pooler."
 """The backbone's own pooler layer (NSP head): only the `pooler_output` pooler reads it; RoBERTa checkpoints lack it."""
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """transformers' own progress bars ("Loading weights", "Writing model shards") and log notes off for the block.
+
+    csekit checks what it loads itself and shows one bar for training; the libraries' bars would nest in it
+    and fill logs written to files. Their settings are restored afterwards (the process's choice, not ours).
+    """
+    from transformers.utils import logging as hf_logging
+
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
 
 
 def _load_backbone(location: str, config: Any, local: bool) -> tuple[PreTrainedModel, set[str]]:
@@ -218,10 +239,11 @@ class SentenceEncoder(nn.Module):
         if dropout is not None:
             overrides = {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
         try:
-            config = AutoConfig.from_pretrained(transformer_dir, **overrides)
-            config.output_hidden_states = False
-            backbone, missing = _load_backbone(transformer_dir, config, local)
-            tokenizer = AutoTokenizer.from_pretrained(transformer_dir)
+            with _quiet_transformers():
+                config = AutoConfig.from_pretrained(transformer_dir, **overrides)
+                config.output_hidden_states = False
+                backbone, missing = _load_backbone(transformer_dir, config, local)
+                tokenizer = AutoTokenizer.from_pretrained(transformer_dir)
         except (OSError, ValueError, EOFError, SafetensorError, pickle.UnpicklingError) as error:
             # A damaged file: truncated weights (SafetensorError, EOFError, UnpicklingError), a broken
             # tokenizer.json (a ValueError); OSError is also what transformers raises for a missing one.
@@ -456,7 +478,7 @@ class SentenceEncoder(nn.Module):
     # ----------------------------------------------------------------- saving
     def save(self, path: str | Path) -> None:
         """Write a sentence-transformers model directory (atomically) that csekit also reloads."""
-        with atomic_directory(path) as tmp:
+        with atomic_directory(path) as tmp, _quiet_transformers():
             self._write(tmp)
 
     def _exportable_head(self) -> DenseTanh:

@@ -76,6 +76,11 @@ class TrainConfig:
     dev_task: str = "sts"
     select_metric: str = "stsb-dev"  # the dev score that picks the best checkpoint: stsb-dev, sick-dev or avg_sts
     eval_batch_size: int = 128
+    # Stop after this many evaluations in a row without a better select_metric (null: never stop early).
+    patience: int | None = None
+    # Experiment trackers, through accelerate: none, or a comma list of tensorboard, wandb, mlflow, ...
+    # (accelerate's LoggerType names). TensorBoard writes its event files under the run's logs/ folder.
+    report_to: str = "none"
     # On CPU (Linux), glibc keeps freed memory for reuse instead of page-faulting large blocks back
     # in every step (see csekit.training.trainer.keep_freed_memory).
     keep_freed_memory: bool = True
@@ -260,6 +265,11 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
             "must be positive (the gradient norm is clipped to it), or null for no clipping",
         ),
         ("train.eval_batch_size", train.eval_batch_size >= 1, "must be at least 1"),
+        (
+            "train.patience",
+            train.patience is None or train.patience >= 1,
+            "must be at least 1 (evaluations without improvement), or null for no early stopping",
+        ),
         ("train.seed", 0 <= train.seed <= MAX_SEED, seed_range),
         ("model.max_length", recipe.model.max_length >= 4, "must be at least 4"),
         (
@@ -277,6 +287,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         if not ok:
             raise CsekitError(f"{where(key)}: recipe key {key} {message}")
     _check_dev_selection(train, where)
+    _check_report_to(train.report_to, where)
     for index, spec in enumerate(recipe.objectives):
         weight = spec.get("weight", 1.0) if isinstance(spec, Mapping) else 1.0
         number = isinstance(weight, int | float) and not isinstance(weight, bool)
@@ -302,6 +313,33 @@ def _check_dev_selection(train: TrainConfig, where: Any) -> None:
             f'{where("train.select_metric")}: recipe key train.select_metric: "{train.select_metric}" is not a '
             f"score of dev_task {train.dev_task}; choose {', '.join(scores)}"
         )
+    if train.patience is not None and not scores:
+        raise CsekitError(
+            f"{where('train.patience')}: recipe key train.patience needs a dev task to count evaluations without "
+            f"improvement (train.dev_task is {train.dev_task}); set train.dev_task or remove train.patience"
+        )
+
+
+def tracker_names(report_to: str) -> list[str]:
+    """The trackers `train.report_to` names (none: an empty list)."""
+    names = [name.strip() for name in report_to.split(",") if name.strip()]
+    return [] if names == ["none"] else names
+
+
+def _check_report_to(report_to: str, where: Any) -> None:
+    """`report_to` is none or a comma list of accelerate's tracker names ("all" is refused: say which)."""
+    from accelerate.utils import LoggerType
+
+    choices = [tracker.value for tracker in LoggerType if tracker != LoggerType.ALL]
+    names = tracker_names(report_to)
+    if not names and report_to.strip() != "none":
+        raise CsekitError(f"{where('train.report_to')}: recipe key train.report_to is empty; use none or a tracker")
+    for name in names:
+        if name not in choices:
+            raise CsekitError(
+                f'{where("train.report_to")}: recipe key train.report_to: unknown tracker "{name}"'
+                f"{did_you_mean(name, choices)}; choose none or {', '.join(choices)}"
+            )
 
 
 def _part_specs(recipe: Recipe) -> list[tuple[str, Any]]:

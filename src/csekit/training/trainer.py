@@ -16,17 +16,20 @@ import itertools
 import json
 import math
 import os
+import shlex
 import shutil
+import signal
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, set_seed
+from accelerate.tracking import get_available_trackers
+from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
@@ -44,11 +47,13 @@ from csekit.evaluation.tasks import TRAINING_DEV_TASKS
 from csekit.parts.hooks import own_learning_rate
 from csekit.training.checkpoint import load_rng_state, load_shared_state, save_rng_state, save_shared_state
 from csekit.training.model import ContrastiveModel, build_model
-from csekit.training.recipe import Recipe, load_recipe, recipe_changes
+from csekit.training.recipe import Recipe, load_recipe, recipe_changes, tracker_names
 
 MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 STATE_FILE = "trainer_state.json"
 SAVED_RECIPE = "recipe.yaml"
+TRACKER_LOGS = "logs"
+"""The run folder's subfolder where file-based trackers (TensorBoard) write, one folder per recipe name."""
 
 
 @dataclass
@@ -61,6 +66,26 @@ class TrainerState:
     best_step: int | None = None
     skipped_steps: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
+    evaluations_without_improvement: int = 0  # counted against train.patience
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped the run after a step; the checkpoint holds that step, so `--resume` continues from it.
+
+    A KeyboardInterrupt, so that code which catches `Exception` does not swallow the user's Ctrl-C.
+    """
+
+    def __init__(self, step: int, output_dir: Path) -> None:
+        super().__init__(f"interrupted at step {step}; the checkpoint in {output_dir} holds it")
+        self.step = step
+        self.output_dir = output_dir
+
+    def resume_command(self, data_dir: str | Path | None = None) -> str:
+        """The command that continues the run (from its saved recipe)."""
+        command = ["csekit", "train", "--output", str(self.output_dir), "--resume"]
+        if data_dir is not None:
+            command += ["--data-dir", str(data_dir)]
+        return shlex.join(command)
 
 
 @dataclass
@@ -127,9 +152,12 @@ def _read_trainer_state(path: Path) -> TrainerState:
         state = TrainerState(**values)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as error:
         raise CsekitError(f"checkpoint file {path} is damaged ({str(error)[:200]})") from None
-    counts = (state.step, state.batches, state.skipped_steps)
+    counts = (state.step, state.batches, state.skipped_steps, state.evaluations_without_improvement)
     if not all(isinstance(n, int) and n >= 0 for n in counts) or not isinstance(state.history, list):
-        raise CsekitError(f"checkpoint file {path} is damaged (step, batches or skipped_steps is not a count)")
+        raise CsekitError(
+            f"checkpoint file {path} is damaged (step, batches, skipped_steps or evaluations_without_improvement "
+            "is not a count)"
+        )
     return state
 
 
@@ -377,10 +405,14 @@ class Trainer:
         """The precision for this machine, then the Accelerator (one process or several)."""
         _hint_if_accelerate_started_one_process()
         self.precision, self.precision_note = training_precision(self.config.precision)
+        self.trackers = _available_trackers(self.config.report_to)
+        logs = ProjectConfiguration(project_dir=str(self.output), logging_dir=str(self.output / TRACKER_LOGS))
         self.accelerator = Accelerator(
             cpu=_several_cpu_processes(),
             mixed_precision=MIXED_PRECISION[self.precision],
             dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+            log_with=self.trackers or None,
+            project_config=logs if self.trackers else None,
         )
         if self.accelerator.device.type == "cpu" and self.config.keep_freed_memory:
             keep_freed_memory()
@@ -492,41 +524,60 @@ class Trainer:
                     "precision": self.precision,
                 }
             )
+        if self.trackers:
+            self.accelerator.init_trackers(self.recipe.name, config=_flat_hyperparameters(self.recipe))
 
     # -- the loop --------------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
-        """Step through the batches until `total_steps`, logging, evaluating and checkpointing on the way."""
+        """Step through the batches until `total_steps` (or patience runs out), logging, evaluating and
+        checkpointing on the way; Ctrl-C stops after the current step with a checkpoint of it."""
+        self._start_progress()
+        self.model.train()
+        with self._ctrl_c_stops_after_the_step():
+            for batch in self._batches():
+                if self.step(batch) and self._after_step():
+                    break
+                if self._any_process(self.interrupt_requested):
+                    self._stop_at_interrupt()
+        return self.finish()
+
+    def _start_progress(self) -> None:
+        """On a terminal one progress bar; when stderr is a file, plain lines at each log record instead."""
+        visible = self.show_progress and self.main
+        self.plain_lines = visible and not sys.stderr.isatty()
         self.bar = tqdm(
             total=self.total_steps,
             initial=self.state.step,
             desc="training",
             unit="step",
-            disable=not (self.show_progress and self.main),
+            disable=not visible or self.plain_lines,
             dynamic_ncols=True,
         )
         self.last_loss: float | None = None
         self.last_score: float | None = None  # the latest dev score, shown in the progress bar
+        self.checkpointed_batches: int | None = None  # the data position of the latest checkpoint this run wrote
         self.window: dict[str, float] = {}  # loss sums since the last log record
         self.window_steps, self.window_start, self.bad_in_a_row = 0, time.perf_counter(), 0
-        self.model.train()
-        for batch in self._batches():
-            if not self.step(batch):
-                continue
-            if self.state.step % self.config.log_every == 0 or self.state.step == self.total_steps:
-                self._log_window()
-            eval_due = self.config.eval_every > 0 and self.state.step % self.config.eval_every == 0
-            if eval_due or self.state.step == self.total_steps:
-                self.evaluate()
-                self.window_start = time.perf_counter()
-            if self.state.step >= self.total_steps:
-                break
-        return self.finish()
+
+    def _after_step(self) -> bool:
+        """Log and evaluate when due; True when the run is over (its last step, or patience ran out)."""
+        if self.state.step % self.config.log_every == 0 or self.state.step == self.total_steps:
+            self._log_window()
+        eval_due = self.config.eval_every > 0 and self.state.step % self.config.eval_every == 0
+        if eval_due or self.state.step == self.total_steps:
+            self.evaluate()
+            self.window_start = time.perf_counter()
+            patience_on = self.config.patience is not None
+            if patience_on and self._any_process(self.main and self._patience_ran_out()):
+                self._stop_early()
+                return True
+        return self.state.step >= self.total_steps
 
     def _batches(self) -> Iterator[dict[str, Any]]:
         """The batches from the data position on, epoch after epoch (each epoch shuffled by its seed)."""
         for epoch in itertools.count(self.state.batches // self.steps_per_epoch):
-            if self.state.step >= self.total_steps:
+            if self.state.step >= self.total_steps or self._patience_ran_out():  # done, or stopped early before
                 return
             self.loader.set_epoch(epoch)
             skip = self.state.batches - epoch * self.steps_per_epoch
@@ -589,7 +640,10 @@ class Trainer:
             "sentences_per_second": self.window_steps * self.config.batch_size / max(elapsed, 1e-9),
         }
         self.metrics.write(record)
+        self._report("train", record)
         self.bar.set_postfix_str(_postfix(self.last_loss, self.last_score))
+        if self.plain_lines:
+            print(_progress_line(record, self.total_steps, self.last_score), file=sys.stderr, flush=True)
         self.window, self.window_steps = {}, 0
         self.window_start = time.perf_counter()
 
@@ -611,10 +665,14 @@ class Trainer:
         scores = self.dev_scores() if self.main else {}
         if self.main:
             self.metrics.write({"step": self.state.step, **scores})
+            self._report("dev", {"step": self.state.step, **scores})
             score = scores.get(self.config.select_metric)
             if _improves(score, self.state.best_score):
                 self.state.best_score, self.state.best_step = score, self.state.step
+                self.state.evaluations_without_improvement = 0
                 self.unwrapped.encoder.save(self.output / "best")
+            else:
+                self.state.evaluations_without_improvement += 1
             self.unwrapped.encoder.save(self.output / "last")
             self.last_score = score
             self.bar.set_postfix_str(_postfix(self.last_loss, self.last_score))
@@ -635,6 +693,70 @@ class Trainer:
             atomic_write_text(staging / STATE_FILE, json.dumps(self.state.__dict__))
             swap_in(staging, self.checkpoint_dir)
         self.accelerator.wait_for_everyone()
+        self.checkpointed_batches = self.state.batches
+
+    def _patience_ran_out(self) -> bool:
+        patience = self.config.patience
+        return patience is not None and self.state.evaluations_without_improvement >= patience
+
+    def _stop_early(self) -> None:
+        """Patience ran out: say so (one line) and record it; best/ holds the model of the best step."""
+        if not self.main:
+            return
+        state, patience = self.state, self.config.patience
+        best = "n/a" if state.best_score is None else f"{100 * state.best_score:.2f}"
+        record = {"event": "early_stop", "step": state.step, "best_step": state.best_step}
+        self.metrics.write({**record, "best_score": state.best_score, "patience": patience})
+        self.bar.close()
+        print(
+            f"csekit: early stop at step {state.step}: {self.config.select_metric} did not improve in {patience} "
+            f"evaluations; best {best} at step {state.best_step}, kept in {self.output / 'best'}",
+            file=sys.stderr,
+        )
+
+    @contextlib.contextmanager
+    def _ctrl_c_stops_after_the_step(self) -> Iterator[None]:
+        """While the loop runs, Ctrl-C (SIGINT) asks it to stop after the current step; a second one stops at once.
+
+        Stopping between steps keeps the checkpoint consistent (weights, optimizer, RNG and data position of
+        one step). Signal handlers can only be set in the main thread; elsewhere Ctrl-C acts as before.
+        """
+        self.interrupt_requested = False
+
+        def request_stop(signum: int, frame: Any) -> None:
+            self.interrupt_requested = True
+            signal.signal(signal.SIGINT, previous)
+
+        try:
+            previous = signal.signal(signal.SIGINT, request_stop)
+        except ValueError:  # not the main thread
+            yield
+            return
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _any_process(self, flag: bool) -> bool:
+        """Whether `flag` holds on any process: every process then takes the same branch (one all-reduce)."""
+        if self.accelerator.num_processes == 1:
+            return flag
+        total = self.accelerator.reduce(torch.tensor(float(flag), device=self.accelerator.device), "sum")
+        return bool(total.item() > 0)
+
+    def _stop_at_interrupt(self) -> None:
+        """Checkpoint the step just taken (unless its evaluation did), end the trackers, raise TrainingInterrupted."""
+        if self.checkpointed_batches != self.state.batches:
+            self.save_checkpoint()
+        self.bar.close()
+        self.accelerator.end_training()
+        raise TrainingInterrupted(self.state.step, self.output)
+
+    def _report(self, section: str, record: dict[str, Any]) -> None:
+        """Send a record's numbers to the recipe's trackers (train.report_to), as section/name at its step."""
+        values = {f"{section}/{name}": value for name, value in record.items() if name != "step"}
+        if self.trackers and values:
+            self.accelerator.log(values, step=record["step"])
 
     def finish(self) -> TrainResult:
         """Close the bar, wait for every process and end accelerate's run."""
@@ -643,6 +765,43 @@ class Trainer:
         self.accelerator.end_training()
         state = self.state
         return TrainResult(self.output, state.step, state.best_score, state.best_step, state.skipped_steps)
+
+
+def _available_trackers(report_to: str) -> list[str]:
+    """The trackers train.report_to names, each checked to be installed (accelerate would silently drop it)."""
+    available = {str(getattr(tracker, "value", tracker)) for tracker in get_available_trackers()}
+    names = tracker_names(report_to)
+    for name in names:
+        if name not in available:
+            extra = " (pip install 'csekit[tensorboard]')" if name == "tensorboard" else ""
+            raise CsekitError(f"recipe key train.report_to: {name} is not installed{extra}")
+    return names
+
+
+def _flat_hyperparameters(recipe: Recipe) -> dict[str, str | int | float | bool]:
+    """The recipe as dotted keys with scalar values (what trackers take as a run's configuration)."""
+    flat: dict[str, str | int | float | bool] = {}
+
+    def add(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                add(f"{prefix}.{key}" if prefix else str(key), inner)
+        elif isinstance(value, str | int | float | bool):
+            flat[prefix] = value
+        else:  # lists (objectives, negatives) and None
+            flat[prefix] = json.dumps(value)
+
+    add("", asdict(recipe))
+    return flat
+
+
+def _progress_line(record: dict[str, Any], total_steps: int, score: float | None) -> str:
+    """A plain progress line for logs written to a file: step, loss, last dev score, throughput."""
+    dev = f" dev {100 * score:.2f}" if score is not None else ""
+    return (
+        f"step {record['step']}/{total_steps} loss {record['loss']:.4f}{dev} "
+        f"{record['sentences_per_second']:.1f} sent/s"
+    )
 
 
 def _improves(score: float | None, best: float | None) -> bool:

@@ -1,0 +1,280 @@
+"""Everyday use of `csekit train` (issue #22): early stopping, Ctrl-C, plain logs in files, trackers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_data_dir, read_metrics, tiny_recipe
+from parts_for_tests import write_entry_points
+from safetensors.torch import load_file
+
+from csekit.core.errors import CsekitError
+from csekit.training.recipe import load_recipe
+from csekit.training.trainer import train
+
+TESTS = Path(__file__).resolve().parent
+
+FROZEN = "train.lr=1e-12"
+"""A learning rate too small to change any fp32 weight: every dev score equals the first (no improvement)."""
+
+
+def patience_recipe(model_dir: Path, corpus: Path, *extra: str):  # type: ignore[no-untyped-def]
+    return tiny_recipe(
+        model_dir,
+        corpus,
+        FROZEN,
+        "train.max_steps=10",
+        "train.eval_every=1",
+        "train.dev_task=stsb-dev",
+        "model.pooler=mean",
+        *extra,
+    )
+
+
+def test_patience_stops_the_run_and_keeps_the_best_model(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = make_data_dir(tmp_path / "data")
+    recipe = patience_recipe(tiny_model_dir, corpus, "train.patience=2")
+    result = train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
+    assert (result.steps, result.best_step) == (3, 1)  # step 1 is the best; steps 2 and 3 do not beat it
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records if "stsb-dev" in r] == [1, 2, 3]
+    stop = records[-1]
+    assert stop == {
+        "event": "early_stop",
+        "step": 3,
+        "best_step": 1,
+        "best_score": pytest.approx(result.best_score),
+        "patience": 2,
+    }
+    lines = [line for line in capsys.readouterr().err.splitlines() if "early stop" in line]
+    assert len(lines) == 1
+    assert (
+        f"early stop at step 3: stsb-dev did not improve in 2 evaluations; best {100 * result.best_score:.2f} at step 1"
+        in lines[0]
+    )
+    assert (tmp_path / "run" / "best" / "model.safetensors").exists()
+    state = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())
+    assert (state["step"], state["evaluations_without_improvement"]) == (3, 2)
+
+    # Resuming a run that stopped early does not train on.
+    again = train(recipe, tmp_path / "run", data_dir=data, resume=True, show_progress=False)
+    assert again.steps == 3
+
+
+def test_patience_counts_on_across_a_resume(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path, test_parts: None
+) -> None:
+    """Crash at step 3 (checkpoint of step 2: one evaluation without improvement), resume: it stops at step 4."""
+    data = make_data_dir(tmp_path / "data")
+    marker = tmp_path / "raised"
+    recipe = patience_recipe(
+        tiny_model_dir,
+        corpus,
+        "train.patience=3",
+        f"objectives=[{{name: infonce}}, {{name: raise_once, weight: 0.0, at_call: 3, marker: '{marker}'}}]",
+    )
+    with pytest.raises(RuntimeError, match="crash for the test"):
+        train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
+    state = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())
+    assert (state["step"], state["evaluations_without_improvement"]) == (2, 1)
+    result = train(recipe, tmp_path / "run", data_dir=data, resume=True, show_progress=False)
+    assert (result.steps, result.best_step) == (4, 1)
+    assert read_metrics(tmp_path / "run")[-1]["event"] == "early_stop"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["train.dev_task=none", "train.patience=2"], "recipe key train.patience needs a dev task"),
+        (["train.patience=0"], "recipe key train.patience must be at least 1"),
+        (["train.report_to=tensorbord"], 'recipe key train.report_to: unknown tracker "tensorbord" (did you mean'),
+        (["train.report_to=all"], 'unknown tracker "all"'),
+    ],
+)
+def test_bad_new_train_keys_are_one_line_errors(overrides: list[str], needle: str) -> None:
+    with pytest.raises(CsekitError) as error:
+        load_recipe(None, overrides)
+    assert needle in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_written(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path
+) -> None:
+    from accelerate.tracking import get_available_trackers
+    from accelerate.utils import LoggerType
+
+    available = {str(getattr(t, "value", t)) for t in get_available_trackers()}
+    missing = [t.value for t in LoggerType if t != LoggerType.ALL and t.value not in available]
+    if not missing:
+        pytest.skip("every tracker accelerate knows is installed")
+    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=1", f"train.report_to={missing[0]}")
+    with pytest.raises(CsekitError, match=f"recipe key train.report_to: {missing[0]} is not installed"):
+        train(recipe, tmp_path / "run", show_progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_tensorboard_event_files_are_written_in_the_run_folder(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path
+) -> None:
+    event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    data = make_data_dir(tmp_path / "data")
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        corpus,
+        "train.max_steps=4",
+        "train.eval_every=2",
+        "train.dev_task=stsb-dev",
+        "train.report_to=tensorboard",
+    )
+    train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
+    run_logs = tmp_path / "run" / "logs" / recipe.name  # accelerate's TensorBoard tracker: logging_dir/project
+    assert list(run_logs.glob("events.out.tfevents.*"))
+    scalars = event_accumulator.EventAccumulator(str(run_logs))
+    scalars.Reload()
+    tags = set(scalars.Tags()["scalars"])
+    assert {"train/loss", "train/infonce", "train/lr", "train/sentences_per_second", "dev/stsb-dev"} <= tags
+    assert [event.step for event in scalars.Scalars("train/loss")] == [1, 2, 3, 4]
+    logged = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "run") if "loss" in r}
+    assert [event.value for event in scalars.Scalars("train/loss")] == pytest.approx([logged[s] for s in (1, 2, 3, 4)])
+    assert [event.step for event in scalars.Scalars("dev/stsb-dev")] == [2, 4]
+
+
+def test_loading_and_saving_models_prints_no_library_progress_bars(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from transformers.utils import logging as hf_logging
+
+    bars_before, verbosity_before = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    capfd.readouterr()
+    train(tiny_recipe(tiny_model_dir, corpus, "train.max_steps=2"), tmp_path / "run", show_progress=False)
+    err = capfd.readouterr().err
+    assert "Loading weights" not in err and "Writing model shards" not in err, err
+    # the libraries' settings are as they were (csekit quiets them only while it loads or saves)
+    assert (hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()) == (bars_before, verbosity_before)
+
+
+def write_recipe_file(path: Path, model_dir: Path, corpus: Path, train_keys: str, objectives: str = "") -> Path:
+    path.write_text(
+        f"""
+model: {{backbone: "{model_dir}", pooler: mean, max_length: 16}}
+data: {{corpus: "{corpus}"}}
+train: {{batch_size: 16, lr: 1.0e-3, dev_task: none, seed: 7, precision: fp32, {train_keys}}}
+objectives:
+  - {{name: infonce, temperature: 0.05}}
+{objectives}""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def run_csekit(*args: str, cwd: Path, stderr: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`csekit ARGS` in a subprocess that sees the test parts as an installed plugin's entry points."""
+    plugin = write_entry_points(cwd / "plugin")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(plugin), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "csekit.cli", *args]
+    if stderr is None:
+        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd)
+    with open(stderr, "w", encoding="utf-8") as handle:
+        return subprocess.run(command, stdout=subprocess.PIPE, stderr=handle, text=True, env=env, cwd=cwd)
+
+
+def test_ctrl_c_checkpoints_the_step_and_the_run_resumes_exactly(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path
+) -> None:
+    """SIGINT during step 3: checkpoint of step 3, one line, exit status 130; `--resume` ends as a straight run."""
+    marker = tmp_path / "interrupted"
+    keys = "max_steps: 6, eval_every: 4, log_every: 1"
+    part = f'  - {{name: interrupt_once, weight: 0.0, at_call: 3, marker: "{marker}"}}\n'
+    recipe = write_recipe_file(tmp_path / "recipe.yaml", tiny_model_dir, corpus, keys, part)
+    marker.write_text("not this run", encoding="utf-8")
+    straight = run_csekit("train", str(recipe), "--output", "straight", "--no-progress", cwd=tmp_path)
+    assert straight.returncode == 0, straight.stderr
+    marker.unlink()
+
+    interrupted = run_csekit("train", str(recipe), "--output", "run", "--no-progress", cwd=tmp_path)
+    assert interrupted.returncode == 130, interrupted.stderr
+    assert interrupted.stderr.splitlines() == [
+        "csekit: interrupted at step 3; resume with: csekit train --output run --resume"
+    ]
+    state = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] == 3 and not (tmp_path / "run" / ".lock").exists()
+
+    resumed = run_csekit("train", "--output", "run", "--resume", "--no-progress", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    expected = load_file(tmp_path / "straight" / "checkpoint" / "model.safetensors")
+    actual = load_file(tmp_path / "run" / "checkpoint" / "model.safetensors")
+    assert set(actual) == set(expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(actual[name], tensor, rtol=0, atol=0, msg=name)
+    losses = [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "run") if "loss" in r]
+    assert losses == [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "straight") if "loss" in r]
+
+
+def test_a_log_written_to_a_file_is_short_and_plain(tmp_path: Path, tiny_model_dir: Path, corpus: Path) -> None:
+    """stderr to a file: no carriage-return redraws, no library bars; a plain line at each log record."""
+    recipe = write_recipe_file(tmp_path / "recipe.yaml", tiny_model_dir, corpus, "max_steps: 6, log_every: 2")
+    result = run_csekit("train", str(recipe), "--output", "run", cwd=tmp_path, stderr=tmp_path / "log.txt")
+    raw = (tmp_path / "log.txt").read_bytes()  # bytes: reading text would turn each \r into \n
+    log = raw.decode("utf-8")
+    assert result.returncode == 0, log
+    assert b"\r" not in raw and "Loading weights" not in log and "Writing model shards" not in log, log
+    progress = [line for line in log.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in progress] == ["2/6", "4/6", "6/6"]
+    assert all(" loss " in line and line.endswith(" sent/s") for line in progress), progress
+    assert log.splitlines() == progress, log
+
+
+def test_bench_encodes_without_progress_bars(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every encode call of a bench run (dev scores in training, evaluation, corpus cosines) shows no bar."""
+    from csekit.bench import run_suite
+    from csekit.encoding.encoder import SentenceEncoder
+
+    suite = tmp_path / "suite.yaml"
+    smoke_recipe = TESTS.parent / "benchmarks" / "suites" / "smoke-recipe.yaml"
+    suite.write_text(f"seeds: [1]\ntasks: stsb-dev,align\nrecipes:\n  - recipe: {smoke_recipe}\n", encoding="utf-8")
+    asked: list[bool | None] = []
+    encode = SentenceEncoder.encode
+
+    def spy(self: SentenceEncoder, sentences: list[str], *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
+        asked.append(kwargs.get("show_progress_bar"))  # type: ignore[arg-type]
+        return encode(self, sentences, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SentenceEncoder, "encode", spy)
+    overrides = [f"model.backbone={tiny_model_dir}", f"data.corpus={corpus}", "train.max_steps=1"]
+    data = make_data_dir(tmp_path / "data")
+    run_suite(suite, tmp_path / "bench", data_dir=data, overrides=overrides, show_progress=False, log=lambda _: None)
+    assert len(asked) >= 2 and set(asked) == {False}, asked
+
+
+def test_ctrl_c_in_python_raises_training_interrupted_after_the_step(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path, test_parts: None
+) -> None:
+    """SIGINT during an evaluation step (4 of 6, eval_every 2): a checkpoint of step 4; the old handler is back."""
+    import signal
+
+    from csekit.training.trainer import TrainingInterrupted
+
+    marker = tmp_path / "interrupted"
+    part = f"{{name: interrupt_once, weight: 0.0, at_call: 4, marker: '{marker}'}}"
+    recipe = tiny_recipe(
+        tiny_model_dir, corpus, "train.max_steps=6", "train.eval_every=2", f"objectives=[{{name: infonce}}, {part}]"
+    )
+    handler = signal.getsignal(signal.SIGINT)
+    with pytest.raises(TrainingInterrupted) as stop:
+        train(recipe, tmp_path / "run", show_progress=False)
+    assert isinstance(stop.value, KeyboardInterrupt) and stop.value.step == 4
+    assert stop.value.resume_command() == f"csekit train --output {tmp_path / 'run'} --resume"
+    assert signal.getsignal(signal.SIGINT) is handler
+    state = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())
+    assert state["step"] == 4
+    assert train(recipe, tmp_path / "run", resume=True, show_progress=False).steps == 6
