@@ -99,6 +99,7 @@ def test_saved_model_loads_in_sentence_transformers_with_the_same_embeddings(
     ours = encoder.encode(SENTENCES)
     encoder.save(tmp_path / "model")
 
+    assert (tmp_path / "model" / "README.md").exists()  # the model card does not get in the way of loading
     theirs = st.SentenceTransformer(str(tmp_path / "model"), device="cpu").encode(SENTENCES)
     cosine = (ours * theirs).sum(1) / np.linalg.norm(ours, axis=1) / np.linalg.norm(theirs, axis=1)
     assert cosine.min() >= 0.9999

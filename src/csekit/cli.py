@@ -59,14 +59,21 @@ def train(
         typer.Argument(help="Recipe YAML file (see recipes/); with --resume, default: the run's saved recipe."),
     ] = None,
     overrides: Annotated[
-        list[str] | None, typer.Option("--set", help="Override a recipe key: dotted.key=value (repeatable).")
+        list[str] | None,
+        typer.Option(
+            "--set", help="Override a recipe key: dotted.key=value; repeatable (default: the recipe as written)."
+        ),
     ] = None,
     data_dir: DataDirOption = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run saved in --output.")] = False,
+    resume: Annotated[
+        bool,
+        typer.Option("--resume", help="Continue the run in --output from its checkpoint (default: start a new run)."),
+    ] = False,
     allow_changes: Annotated[
         bool,
         typer.Option(
-            "--allow-changes", help="With --resume: accept a recipe that differs from the saved one (logged)."
+            "--allow-changes",
+            help="With --resume: accept a recipe that differs from the saved one, logged (default: refuse it).",
         ),
     ] = False,
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
@@ -105,17 +112,22 @@ def evaluate(
     tasks: Annotated[str, typer.Option(help=TASK_GROUPS_HELP)] = "sts",
     pooler: PoolerOption = None,
     data_dir: DataDirOption = None,
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write results as JSON here.")] = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the results as JSON here (default: print them only).")
+    ] = None,
     precision: PrecisionOption = "auto",
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
     whiten: Annotated[
-        bool, typer.Option("--whiten", help="BERT-whitening of the embeddings (kernel from each task's sentences).")
+        bool,
+        typer.Option("--whiten", help="BERT-whiten the embeddings, kernel from each task's sentences (default: off)."),
     ] = False,
     whiten_dim: Annotated[
-        int | None, typer.Option("--whiten-dim", help="Keep the first K whitened dimensions (implies --whiten).")
+        int | None,
+        typer.Option("--whiten-dim", help="Keep the first K whitened dimensions; implies --whiten (default: all)."),
     ] = None,
     n_jobs: Annotated[
-        int, typer.Option("--n-jobs", help="Parallel classifier fits for transfer tasks (-1: all cores).")
+        int,
+        typer.Option("--n-jobs", help="Classifier fits run at once for transfer tasks, in processes (-1: all cores)."),
     ] = -1,
 ) -> None:
     """Evaluate a model SentEval's way: STS (Spearman x 100), transfer tasks (accuracy x 100), alignment/uniformity."""
@@ -177,7 +189,10 @@ def bench(
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the runs, tables and plots.")],
     overrides: Annotated[
         list[str] | None,
-        typer.Option("--set", help="Override a key in every recipe: dotted.key=value (repeatable)."),
+        typer.Option(
+            "--set",
+            help="Override a key in every recipe: dotted.key=value; repeatable (default: the recipes as written).",
+        ),
     ] = None,
     data_dir: DataDirOption = None,
     progress: Annotated[bool, typer.Option(help="Show training progress bars.")] = True,
@@ -239,7 +254,10 @@ def encode(
 @app.command()
 def probe(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
-    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the probe results as JSON here.")] = None,
+    output: Annotated[
+        Path | None,
+        typer.Option("--output", "-o", help="Write the probe results as JSON here (default: print them only)."),
+    ] = None,
     pooler: PoolerOption = None,
     data_dir: DataDirOption = None,
     datasets: Annotated[
@@ -315,13 +333,20 @@ def augment(
         "apertium"
     ),
     paraphrases: Annotated[
-        Path | None, typer.Option(help="With --engine file: .jsonl (text, paraphrase) or sentence<TAB>paraphrase.")
+        Path | None,
+        typer.Option(help="With --engine file: .jsonl (text, paraphrase) or sentence<TAB>paraphrase (default: none)."),
     ] = None,
     pivots: Annotated[str, typer.Option(help="With --engine marian: pivot languages, comma separated.")] = "de,ru",
     chunk_size: Annotated[int, typer.Option(help="Sentences per chunk (each chunk is written at once).")] = 1000,
-    limit: Annotated[int | None, typer.Option(help="Stop after this many sentences in all.")] = None,
-    min_mer: Annotated[float, typer.Option(help="Keep a paraphrase whose MER to its sentence is >= this.")] = 0.15,
-    max_mer: Annotated[float, typer.Option(help="... and at most this.")] = 0.6,
+    limit: Annotated[
+        int | None, typer.Option(help="Stop after this many sentences in all (default: the whole corpus).")
+    ] = None,
+    min_mer: Annotated[
+        float, typer.Option(help="Keep a paraphrase whose match error rate (0-1) to its sentence is at least this.")
+    ] = 0.15,
+    max_mer: Annotated[
+        float, typer.Option(help="Keep a paraphrase whose match error rate (0-1) to its sentence is at most this.")
+    ] = 0.6,
     can: Annotated[str, typer.Option(help='Negation of "can": cannot or "can not".')] = "cannot",
 ) -> None:
     """Write a negation and a back-translated paraphrase of every sentence (OssCSE's training corpus)."""

@@ -30,6 +30,7 @@ from csekit.core.errors import CsekitError
 from csekit.core.precision import DTYPES, resolve_precision
 from csekit.core.version import __version__
 from csekit.encoding.kept_head import DenseTanh
+from csekit.encoding.model_card import CARD_FILE, render_model_card
 from csekit.encoding.pooling import Pooler, PoolerOutputPooler, make_pooler, pad_ids
 
 CSEKIT_CONFIG = "csekit.json"
@@ -196,6 +197,8 @@ class SentenceEncoder(nn.Module):
         self.pooler = pooler
         self.head = head
         self.length_group_size = 0  # rows per backbone pass in training (see `forward`); set by build_model
+        #: What the trainer knows about this model (recipe, corpus, step, dev scores) for the model card.
+        self.card_facts: dict[str, Any] | None = None
         pooler.bind(tokenizer)
         pooler.bind_backbone(backbone)
 
@@ -538,6 +541,11 @@ class SentenceEncoder(nn.Module):
             },
         )
         _write_json(out / CSEKIT_CONFIG, meta)
+        base_model = getattr(self.backbone.config, "_name_or_path", None) or None
+        card = render_model_card(
+            base_model=base_model, pooler=self.pooler.name, csekit_version=__version__, facts=self.card_facts
+        )
+        (out / CARD_FILE).write_text(card, encoding="utf-8")
 
     def _write_pooling(self, modules: _ModuleList) -> None:
         """The sentence-transformers modules that reproduce the pooler (none can for the prompt pooler)."""

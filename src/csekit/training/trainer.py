@@ -45,6 +45,7 @@ from csekit.encoding.encoder import SentenceEncoder
 from csekit.evaluation.sts import evaluate_dev
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS
 from csekit.parts.hooks import own_learning_rate
+from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import load_rng_state, load_shared_state, save_rng_state, save_shared_state
 from csekit.training.model import ContrastiveModel, build_model
 from csekit.training.recipe import Recipe, load_recipe, recipe_changes, tracker_names
@@ -667,6 +668,14 @@ class Trainer:
             self.metrics.write({"step": self.state.step, **scores})
             self._report("dev", {"step": self.state.step, **scores})
             score = scores.get(self.config.select_metric)
+            self.unwrapped.encoder.card_facts = training_card_facts(
+                self.recipe,
+                corpus_sentences=len(self.corpus),
+                step=self.state.step,
+                total_steps=self.total_steps,
+                precision=self.precision,
+                scores=scores,
+            )
             if _improves(score, self.state.best_score):
                 self.state.best_score, self.state.best_step = score, self.state.step
                 self.state.evaluations_without_improvement = 0

@@ -1,0 +1,223 @@
+"""The model card (`README.md`) of a saved model folder, rendered from plain data.
+
+sentence-transformers writes a README.md into every model it saves; so does csekit, so a folder says
+where it came from: the base model, the recipe, the corpus, the step and dev score it was kept for,
+how to load it, and which papers to cite. The card is rendered from plain values (no torch, no
+recipe objects), so it can be tested on its own and written by the encoder without knowing the trainer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+CARD_FILE = "README.md"
+
+BIBTEX: Mapping[str, str] = {
+    "simcse": """@inproceedings{gao2021simcse,
+  title = {{SimCSE}: Simple Contrastive Learning of Sentence Embeddings},
+  author = {Gao, Tianyu and Yao, Xingcheng and Chen, Danqi},
+  booktitle = {Proceedings of the 2021 Conference on Empirical Methods in Natural Language Processing (EMNLP)},
+  pages = {6894--6910},
+  year = {2021},
+  eprint = {2104.08821},
+  archivePrefix = {arXiv}
+}""",
+    "dclr": """@inproceedings{zhou2022dclr,
+  title = {Debiased Contrastive Learning of Unsupervised Sentence Representations},
+  author = {Zhou, Kun and Zhang, Beichen and Zhao, Wayne Xin and Wen, Ji-Rong},
+  booktitle = {Proceedings of the 60th Annual Meeting of the Association for Computational Linguistics (ACL)},
+  pages = {6120--6130},
+  year = {2022},
+  eprint = {2205.00656},
+  archivePrefix = {arXiv}
+}""",
+    "whitenedcse": """@inproceedings{zhuo2023whitenedcse,
+  title = {{WhitenedCSE}: Whitening-based Contrastive Learning of Sentence Embeddings},
+  author = {Zhuo, Wenjie and Sun, Yifan and Wang, Xiaohan and Zhu, Linchao and Yang, Yi},
+  booktitle = {Proceedings of the 61st Annual Meeting of the Association for Computational Linguistics (ACL)},
+  year = {2023},
+  eprint = {2305.17746},
+  archivePrefix = {arXiv}
+}""",
+    "slt_fai": """@article{wang2023sltfai,
+  title = {Unsupervised Sentence Representation Learning with Frequency-induced Adversarial Tuning and
+           Incomplete Sentence Filtering},
+  author = {Wang, Bing and Li, Ximing and Yang, Zhiyao and Guan, Yuanyuan and Li, Jiayin and Wang, Shengsheng},
+  journal = {arXiv preprint arXiv:2305.08655},
+  year = {2023}
+}""",
+    "osscse": """@inproceedings{shi2023osscse,
+  title = {{OssCSE}: Overcoming Surface Structure Bias in Contrastive Learning for Unsupervised Sentence Embedding},
+  author = {Shi, Zhan and Wang, Guoyin and Bai, Ke and Li, Jiwei and Li, Xiang and Cui, Qingjun and Zeng, Belinda
+            and Chilimbi, Trishul and Zhu, Xiaodan},
+  booktitle = {Proceedings of the 2023 Conference on Empirical Methods in Natural Language Processing (EMNLP)},
+  year = {2023},
+  url = {https://aclanthology.org/2023.emnlp-main.448}
+}""",
+    "consert": """@inproceedings{yan2021consert,
+  title = {{ConSERT}: A Contrastive Framework for Self-Supervised Sentence Representation Transfer},
+  author = {Yan, Yuanmeng and Li, Rumei and Wang, Sirui and Zhang, Fuzheng and Wu, Wei and Xu, Weiran},
+  booktitle = {Proceedings of the 59th Annual Meeting of the Association for Computational Linguistics and the
+               11th International Joint Conference on Natural Language Processing (ACL-IJCNLP)},
+  pages = {5065--5075},
+  year = {2021},
+  eprint = {2105.11741},
+  archivePrefix = {arXiv}
+}""",
+}
+"""BibTeX by method: venues, pages and arXiv ids as the papers in docs cite them (pages only where confirmed)."""
+
+
+def _part_names(recipe: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The part names a recipe (as `dataclasses.asdict` gives it) uses, by kind."""
+    model, data = recipe.get("model", {}), recipe.get("data", {})
+    weighting = recipe.get("weighting")
+    return {
+        "pooler": [str(model.get("pooler", ""))],
+        "head": [str((model.get("head") or {}).get("name", ""))],
+        "views": [str((data.get("views") or {}).get("name", ""))],
+        "negatives": [str(part.get("name", "")) for part in recipe.get("negatives") or ()],
+        "weighting": [str(weighting.get("name", ""))] if weighting else [],
+        "objectives": [str(part.get("name", "")) for part in recipe.get("objectives") or ()],
+    }
+
+
+def methods_used(recipe: Mapping[str, Any] | None, pooler: str) -> list[str]:
+    """The methods (BIBTEX keys) whose parts a model was made with; SimCSE always.
+
+    Without a recipe (a model saved outside training) only the pooler is known.
+    """
+    parts = _part_names(recipe) if recipe else {"pooler": [pooler]}
+    names = {name for kind in parts.values() for name in kind}
+    objectives = set(parts.get("objectives", ()))
+    chosen = ["simcse"]
+    if names & {"dclr_noise", "dclr_code"} or "dclr" in parts.get("weighting", ()):
+        chosen.append("dclr")
+    if "whitening" in parts.get("head", ()) or "multi_positive" in objectives:
+        chosen.append("whitenedcse")
+    if any(name.startswith("slt_fai") for name in objectives):
+        chosen.append("slt_fai")
+    if objectives & {"margin", "recall"} or "mask" in parts.get("pooler", ()):
+        chosen.append("osscse")
+    if "consert" in parts.get("views", ()):
+        chosen.append("consert")
+    return chosen
+
+
+def _options(spec: Mapping[str, Any]) -> str:
+    """`name (key=value, ...)` for one part spec."""
+    options = ", ".join(f"{key}={value}" for key, value in spec.items() if key != "name")
+    return f"{spec.get('name')} ({options})" if options else str(spec.get("name"))
+
+
+def _recipe_section(recipe: Mapping[str, Any], facts: Mapping[str, Any]) -> list[str]:
+    model, data, train = recipe.get("model", {}), recipe.get("data", {}), recipe.get("train", {})
+    weighting = recipe.get("weighting")
+    objectives = recipe.get("objectives") or []
+    rows: list[tuple[str, Any]] = [
+        ("recipe", recipe.get("name")),
+        ("pooler", model.get("pooler")),
+        (
+            "head",
+            _options(model.get("head") or {})
+            + (" (kept at test time)" if model.get("head_at_test") else " (training only)"),
+        ),
+        ("views", _options(data.get("views") or {})),
+        ("negatives", "; ".join(_options(part) for part in recipe.get("negatives") or ()) or "in-batch only"),
+        ("weighting", _options(weighting) if weighting else "none"),
+        ("objectives", "; ".join(f"{_options(part)}, weight {part.get('weight', 1.0)}" for part in objectives)),
+        ("batch size (sentences)", train.get("batch_size")),
+        ("learning rate", train.get("lr")),
+        ("steps", f"{facts.get('step')} of {facts.get('total_steps')}"),
+        ("max_length (tokens)", model.get("max_length")),
+        ("precision", facts.get("precision", train.get("precision"))),
+        ("seed", train.get("seed")),
+    ]
+    lines = ["## Training", "", "| setting | value |", "| --- | --- |"]
+    lines += [f"| {key} | {str(value).replace('|', '/')} |" for key, value in rows]
+    return lines
+
+
+UNSCALED_SCORES = frozenset({"align", "uniform"})
+"""Scores that are distances, not correlations: printed as they are, not x100."""
+
+
+def _score(task: str, value: float) -> str:
+    return f"{value:.4f}" if task in UNSCALED_SCORES else f"{value * 100:.2f}"
+
+
+def _training_sections(facts: Mapping[str, Any]) -> list[str]:
+    """The recipe, corpus, step, dev score and evaluation table of a model saved by the trainer."""
+    recipe = facts.get("recipe") or {}
+    corpus = recipe.get("data", {}).get("corpus")
+    lines = [*_recipe_section(recipe, facts), ""]
+    lines.append(f"Corpus: `{corpus}`, {facts.get('corpus_sentences', 0):,} sentences.")
+    metric, scores = facts.get("select_metric"), facts.get("scores") or {}
+    if metric in scores:
+        lines += [
+            "",
+            f"Dev score (selection metric): {metric} = {scores[metric] * 100:.2f} at step {facts.get('step')}.",
+        ]
+    if scores:
+        lines += ["", "## Evaluation", "", f"Dev scores at step {facts.get('step')}.", "", "| task | score |"]
+        lines += ["| --- | --- |", *(f"| {task} | {_score(task, value)} |" for task, value in scores.items())]
+    return lines
+
+
+def _usage(pooler: str) -> list[str]:
+    st_usage = (
+        [
+            "```python",
+            "from sentence_transformers import SentenceTransformer",
+            "",
+            'model = SentenceTransformer("path/to/this/folder")',
+            'embeddings = model.encode(["A sentence.", "Another one."])',
+            "```",
+            "",
+        ]
+        if pooler != "mask"
+        else ["The prompt (mask) pooler has no sentence-transformers module: load this model with csekit.", ""]
+    )
+    return [
+        "## Usage",
+        "",
+        *st_usage,
+        "```python",
+        "from csekit import SentenceEncoder",
+        "",
+        'encoder = SentenceEncoder.load("path/to/this/folder")',
+        'embeddings = encoder.encode(["A sentence.", "Another one."])',
+        "```",
+    ]
+
+
+def render_model_card(
+    *, base_model: str | None, pooler: str, csekit_version: str, facts: Mapping[str, Any] | None
+) -> str:
+    """The README.md of a saved model; `facts` (from training) is None for a model saved outside training.
+
+    `facts` keys: recipe (the recipe as plain dicts), corpus_sentences, step, total_steps, precision,
+    select_metric, scores (the dev scores at `step`, as fractions).
+    """
+    recipe = (facts or {}).get("recipe")
+    base = (recipe or {}).get("model", {}).get("backbone") or base_model or "unknown"
+    methods: Sequence[str] = methods_used(recipe, pooler)
+    lines = [
+        "---",
+        "library_name: sentence-transformers",
+        "pipeline_tag: sentence-similarity",
+        "tags: [sentence-transformers, sentence-similarity, feature-extraction, csekit]",
+        "---",
+        "",
+        f"# {(recipe or {}).get('name') or 'csekit sentence encoder'}",
+        "",
+        f"A sentence encoder saved by csekit {csekit_version}. Base model: `{base}`; pooler: `{pooler}`.",
+        "",
+    ]
+    if facts:
+        lines += [*_training_sections(facts), ""]
+    lines += [*_usage(pooler), "", "## Citation", "", "```bibtex"]
+    lines += "\n\n".join(BIBTEX[method] for method in methods).splitlines()
+    lines += ["```", ""]
+    return "\n".join(lines)

@@ -1,0 +1,24 @@
+"""What a training run tells the model card of each model it saves (see csekit.encoding.model_card)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from csekit.training.recipe import Recipe
+
+
+def training_card_facts(
+    recipe: Recipe, *, corpus_sentences: int, step: int, total_steps: int, precision: str, scores: Mapping[str, float]
+) -> dict[str, Any]:
+    """Plain data for the card: the recipe as dicts, so the encoder layer never needs the Recipe type."""
+    return {
+        "recipe": dataclasses.asdict(recipe),
+        "corpus_sentences": corpus_sentences,
+        "step": step,
+        "total_steps": total_steps,
+        "precision": precision,
+        "select_metric": recipe.train.select_metric,
+        "scores": dict(scores),
+    }
