@@ -44,8 +44,8 @@ def build(recipe_path: Path, batch_size: int, max_length: int):  # type: ignore[
     from csekit.data.data_dir import resolve_data_dir
     from csekit.encoding.encoder import SentenceEncoder
     from csekit.training.model import build_model
+    from csekit.training.optimization import make_optimizer
     from csekit.training.recipe import load_recipe
-    from csekit.training.trainer import make_optimizer
 
     recipe = load_recipe(recipe_path, [f"train.batch_size={batch_size}", f"model.max_length={max_length}"])
     data = recipe.data
@@ -65,7 +65,8 @@ def csekit_step(recipe_path: Path, precision: str, batch_size: int, max_length: 
     from accelerate import Accelerator
 
     from csekit.data.corpus import TrainCollator
-    from csekit.training.trainer import MIXED_PRECISION, forward_backward, keep_freed_memory
+    from csekit.training.optimization import forward_backward
+    from csekit.training.processes import MIXED_PRECISION, keep_freed_memory
 
     keep_freed_memory()  # as `train` does on CPU (process-wide, so the plain loop gets it too)
     model, views, optimizer, sentences, recipe = build(recipe_path, batch_size, max_length)

@@ -178,8 +178,9 @@ def alternate_recipes(recipes: list[str], batch: int, max_length: int, turns: in
     from csekit.data.data_dir import resolve_data_dir
     from csekit.encoding.encoder import SentenceEncoder
     from csekit.training.model import build_model
+    from csekit.training.optimization import forward_backward, make_optimizer
+    from csekit.training.processes import keep_freed_memory
     from csekit.training.recipe import load_recipe
-    from csekit.training.trainer import forward_backward, keep_freed_memory, make_optimizer
 
     keep_freed_memory()
     accelerator = Accelerator(mixed_precision="bf16")

@@ -9,7 +9,7 @@ import pytest
 from conftest import assert_one_line_error, make_corpus, run_main, write_recipe
 
 from csekit.core.errors import CsekitError
-from csekit.training.trainer import MetricsLog
+from csekit.training.run_folder import MetricsLog
 
 LEFTOVERS = (".best.1a2b3c4d.tmp", ".last.5e6f7a8b.tmp", ".checkpoint.tmp")
 

@@ -143,7 +143,8 @@ def test_cli_unknown_task_and_missing_data_dir(tmp_path: Path, tiny_model_dir: P
 
 FAULTS_PER_REALLOCATION = """
 import resource, sys, torch
-from csekit.training.trainer import keep_freed_memory
+import csekit.training.trainer  # what a training process has imported (the heap's state depends on it)
+from csekit.training.processes import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory()
 for _ in range(2):  # blocks of the vocabulary gradient's size; the heap grows to hold them

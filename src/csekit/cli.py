@@ -80,7 +80,8 @@ def train(
 ) -> None:
     """Train a model from a recipe; writes best/, last/, checkpoint/, metrics.jsonl and recipe.yaml."""
     from csekit.training.recipe import load_recipe
-    from csekit.training.trainer import SAVED_RECIPE, TrainingInterrupted
+    from csekit.training.run_folder import SAVED_RECIPE
+    from csekit.training.trainer import TrainingInterrupted
     from csekit.training.trainer import train as run_training
 
     if recipe is None:

@@ -82,7 +82,7 @@ class TrainConfig:
     # (accelerate's LoggerType names). TensorBoard writes its event files under the run's logs/ folder.
     report_to: str = "none"
     # On CPU (Linux), glibc keeps freed memory for reuse instead of page-faulting large blocks back
-    # in every step (see csekit.training.trainer.keep_freed_memory).
+    # in every step (see csekit.training.processes.keep_freed_memory).
     keep_freed_memory: bool = True
 
 

@@ -10,19 +10,16 @@ checkpoint and `--resume` continues from the last saved state.
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import itertools
 import json
 import math
-import os
 import shlex
 import shutil
 import signal
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,38 +33,37 @@ from transformers import get_linear_schedule_with_warmup
 
 from csekit.core.atomic import atomic_write_text, recover_directory, remove_staging_leftovers, swap_in
 from csekit.core.errors import CsekitError
-from csekit.core.lines import split_lines
-from csekit.core.precision import choose_precision
-from csekit.core.run_lock import check_not_locked, hold_run_lock
+from csekit.core.run_lock import hold_run_lock
 from csekit.data.corpus import TrainCollator, open_corpus
 from csekit.data.data_dir import resolve_data_dir
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.evaluation.sts import evaluate_dev
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS
-from csekit.parts.hooks import own_learning_rate
 from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import load_rng_state, load_shared_state, save_rng_state, save_shared_state
 from csekit.training.model import ContrastiveModel, build_model
-from csekit.training.recipe import Recipe, load_recipe, recipe_changes, tracker_names
+from csekit.training.optimization import forward_backward, make_optimizer
+from csekit.training.processes import (
+    MIXED_PRECISION,
+    hint_if_accelerate_started_one_process,
+    keep_freed_memory,
+    several_cpu_processes,
+    training_precision,
+)
+from csekit.training.recipe import Recipe, tracker_names
+from csekit.training.run_folder import (
+    SAVED_RECIPE,
+    STATE_FILE,
+    MetricsLog,
+    TrainerState,
+    check_output,
+    create_output,
+    read_trainer_state,
+    recipe_changes_on_resume,
+)
 
-MIXED_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
-STATE_FILE = "trainer_state.json"
-SAVED_RECIPE = "recipe.yaml"
 TRACKER_LOGS = "logs"
 """The run folder's subfolder where file-based trackers (TensorBoard) write, one folder per recipe name."""
-
-
-@dataclass
-class TrainerState:
-    """What a resumed run needs beside the weights: where it was and what it had seen."""
-
-    step: int = 0  # optimizer steps taken
-    batches: int = 0  # batches consumed (the data position; differs from `step` when steps were skipped)
-    best_score: float | None = None
-    best_step: int | None = None
-    skipped_steps: int = 0
-    history: list[dict[str, Any]] = field(default_factory=list)
-    evaluations_without_improvement: int = 0  # counted against train.patience
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -98,164 +94,6 @@ class TrainResult:
     skipped_steps: int
 
 
-class MetricsLog:
-    """`metrics.jsonl`: one JSON object per logging step or evaluation, flushed as it is written."""
-
-    def __init__(self, path: Path, enabled: bool) -> None:
-        self.path = path
-        self.enabled = enabled
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self.enabled:
-            with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
-
-    def truncate_after(self, step: int) -> None:
-        """On resume, drop records written after the saved state (they will be written again).
-
-        A run killed in the middle of a write leaves a last line cut off before its newline: it is
-        dropped, with a note. Any other line that is not a JSON record (a complete line, or one before
-        the last) means the file was edited or is not this run's log: an error naming the line.
-        """
-        if not (self.enabled and self.path.exists()):
-            return
-        try:
-            text = self.path.read_bytes().decode("utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise CsekitError(f"{self.path}: cannot read it ({error})") from None
-        lines = split_lines(text)
-        cut_off = not text.endswith("\n")
-        kept = []
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                record = None
-            if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
-                if number == len(lines) and cut_off:
-                    print(
-                        f"csekit: {self.path}:{number}: dropped a cut-off last line (a crash mid-write)",
-                        file=sys.stderr,
-                    )
-                    continue
-                raise CsekitError(f"{self.path}:{number}: not a metrics record (a JSON object with a step)")
-            if record.get("step", 0) <= step:
-                kept.append(line)
-        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
-
-
-def _read_trainer_state(path: Path) -> TrainerState:
-    """The checkpoint's position (JSON); anything but what csekit wrote is a CsekitError naming the file."""
-    try:
-        values = json.loads(path.read_text(encoding="utf-8"))
-        state = TrainerState(**values)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as error:
-        raise CsekitError(f"checkpoint file {path} is damaged ({str(error)[:200]})") from None
-    counts = (state.step, state.batches, state.skipped_steps, state.evaluations_without_improvement)
-    if not all(isinstance(n, int) and n >= 0 for n in counts) or not isinstance(state.history, list):
-        raise CsekitError(
-            f"checkpoint file {path} is damaged (step, batches, skipped_steps or evaluations_without_improvement "
-            "is not a count)"
-        )
-    return state
-
-
-def _check_output(output_dir: Path, resume: bool) -> None:
-    """Refuse to overwrite a run (read-only: nothing is created before all inputs are checked)."""
-    if output_dir.exists() and not output_dir.is_dir():
-        raise CsekitError(f"output folder {output_dir} is a file")
-    check_not_locked(output_dir)
-    has_run = any((output_dir / name).exists() for name in ("metrics.jsonl", "checkpoint", "best", "last"))
-    if has_run and not resume:
-        raise CsekitError(
-            f"output folder {output_dir} already holds a run; pass --resume to continue it or choose a new folder"
-        )
-    if resume and not (has_run or (output_dir / SAVED_RECIPE).exists()):
-        raise CsekitError(f"nothing to resume in {output_dir}: it holds no run; start one without --resume")
-
-
-def _recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bool) -> dict[str, list[Any]]:
-    """Keys whose value differs from the run's saved recipe; refused unless `allow_changes`.
-
-    A resumed run must continue the run that is in the folder: the same length, batch, precision
-    and parts. The saved recipe is read like any recipe (yaml.safe_load, then validated).
-    """
-    saved_path = output_dir / SAVED_RECIPE
-    if not saved_path.exists():
-        return {}
-    changes = recipe_changes(load_recipe(saved_path), recipe)
-    if changes and not allow_changes:
-        key, (old, new) = next(iter(changes.items()))
-        others = f" (and {', '.join(list(changes)[1:])})" if len(changes) > 1 else ""
-        raise CsekitError(
-            f"recipe key {key} is {new!r} but the run in {output_dir} was saved with {old!r}{others}; resume "
-            f"without a recipe and --set to continue it as saved ({saved_path}), or pass --allow-changes"
-        )
-    return {key: [old, new] for key, (old, new) in changes.items()}
-
-
-def _create_output(output_dir: Path, process: int) -> None:
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / f".csekit-write-test-{process}"
-        probe.write_text("", encoding="utf-8")
-        probe.unlink()
-    except OSError as error:
-        raise CsekitError(f"output folder {output_dir} is not writable ({error.strerror})") from None
-
-
-def _several_cpu_processes() -> bool:
-    """Launched as several processes (torchrun, accelerate launch --multi_gpu) on a machine without a GPU.
-
-    accelerate then needs `cpu=True` to use its multi-CPU (gloo) mode instead of running each process alone.
-    """
-    return not _has_gpu() and int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def _has_gpu() -> bool:
-    return torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
-
-
-def _hint_if_accelerate_started_one_process() -> None:
-    """`accelerate launch --num_processes N` with no config starts ONE process when there is no GPU: say so.
-
-    Its simple launcher (the one used then) sets ACCELERATE_USE_CPU and no WORLD_SIZE; its torchrun
-    launcher sets WORLD_SIZE. The requested N is not passed on, so this is a hint, not an error.
-    """
-    if "ACCELERATE_USE_CPU" in os.environ and "WORLD_SIZE" not in os.environ and not _has_gpu():
-        print(
-            "csekit: accelerate started a single process. For several processes on CPUs, launch with "
-            "--config_file configs/accelerate-cpu.yaml (or --multi_gpu); see docs/performance.md",
-            file=sys.stderr,
-        )
-
-
-GLIBC_M_TRIM_THRESHOLD, GLIBC_M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)
-
-
-def keep_freed_memory(limit: int = 1 << 30) -> bool:
-    """Ask glibc's malloc to keep freed blocks (up to `limit` bytes) for reuse, not return them to the OS.
-
-    A training step allocates and frees the same large blocks every step (BERT's vocabulary gradient
-    alone is 47 MB). glibc serves blocks above its mmap threshold (32 MB at most) with fresh mappings
-    and unmaps them on free, so every step page-faults them in again: about 48,000 faults and 0.11
-    CPU-seconds of kernel time a MiniLM bf16 step on this project's machine. PyTorch's CPU tuning guide
-    gets the same by preloading jemalloc or tcmalloc. Process-wide; Linux with glibc only (False elsewhere).
-    """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return False
-    mallopt = getattr(libc, "mallopt", None)
-    if mallopt is None:
-        return False
-    return bool(mallopt(GLIBC_M_MMAP_THRESHOLD, limit)) and bool(mallopt(GLIBC_M_TRIM_THRESHOLD, limit))
-
-
 def _optional_data_dir(data_dir: str | Path | None) -> Path | None:
     """The data folder if one is given (it may hold the corpus); without a dev task none is required."""
     try:
@@ -264,83 +102,6 @@ def _optional_data_dir(data_dir: str | Path | None) -> Path | None:
         if data_dir is not None:
             raise
         return None
-
-
-def _training_device_type() -> str:
-    """The kind of device accelerate will train on; needed before the Accelerator, whose precision depends on it."""
-    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes") or _several_cpu_processes():
-        return "cpu"
-    if torch.cuda.is_available():
-        return "cuda"
-    return "xpu" if _has_gpu() else "cpu"
-
-
-def training_precision(requested: str) -> tuple[str, list[str]]:
-    """The recipe's precision for this machine (auto: bf16 where native, else fp32) and the line that says so.
-
-    The line is printed once every input has been checked, so that an input error stays one line.
-    """
-    device = _training_device_type()
-    if requested == "fp16" and device == "cpu":
-        raise CsekitError("recipe key train.precision: fp16 needs a GPU; use auto, bf16 or fp32 on the CPU")
-    said: list[str] = []
-    return choose_precision(requested, device, "train.precision", say=said.append), said
-
-
-def _param_groups(model: ContrastiveModel, recipe: Recipe) -> list[dict[str, Any]]:
-    """AdamW groups: parts may set their own `learning_rate`; biases and norms get no weight decay."""
-    groups: dict[tuple[float, float], list[torch.nn.Parameter]] = {}
-    seen: set[int] = set()
-    for module_name, module in model.named_modules():
-        owner_lr = _inherited_lr(model, module_name, recipe.train.lr)
-        for name, param in module.named_parameters(recurse=False):
-            if not param.requires_grad or id(param) in seen:
-                continue
-            seen.add(id(param))
-            decay = 0.0 if (name.endswith("bias") or "norm" in module_name.lower()) else recipe.train.weight_decay
-            groups.setdefault((owner_lr, decay), []).append(param)
-    return [{"params": params, "lr": lr, "weight_decay": decay} for (lr, decay), params in groups.items()]
-
-
-def make_optimizer(model: ContrastiveModel, recipe: Recipe) -> torch.optim.AdamW:
-    """AdamW over the recipe's parameter groups, with PyTorch's fused kernel (CPU and GPU).
-
-    The default (for-loop) AdamW took 73 ms a step for MiniLM's 22.7M parameters on the 2-core
-    development machine, the fused one 15 ms; the transformers Trainer uses the fused one too.
-    """
-    return torch.optim.AdamW(_param_groups(model, recipe), lr=recipe.train.lr, fused=True)
-
-
-def forward_backward(
-    accelerator: Accelerator,
-    model: torch.nn.Module,
-    batch: dict[str, Any],
-    max_grad_norm: float | None,
-    step: int = 0,
-    steps_per_epoch: int | None = None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-    """A step's loss and parts, back-propagated, and the gradient norm before clipping.
-
-    `batch` is what `TrainCollator` makes. The loop decides what to do with the results (skip a
-    non-finite step, or step AdamW); the benchmarks call this too, so they time the loop's own step.
-    """
-    loss, parts = model(
-        batch["inputs"], batch["sentences"], batch["fields"], step=step, steps_per_epoch=steps_per_epoch
-    )
-    accelerator.backward(loss)
-    grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
-    return loss, parts, grad_norm
-
-
-def _inherited_lr(model: torch.nn.Module, module_name: str, default: float) -> float:
-    """The `learning_rate` of the module or its nearest enclosing module that sets one, else the recipe's lr."""
-    parts = module_name.split(".") if module_name else []
-    for depth in range(len(parts), 0, -1):
-        owner = model.get_submodule(".".join(parts[:depth]))
-        own = own_learning_rate(owner)
-        if own is not None:
-            return own
-    return default
 
 
 def train(
@@ -404,12 +165,12 @@ class Trainer:
 
     def _start_accelerator(self) -> None:
         """The precision for this machine, then the Accelerator (one process or several)."""
-        _hint_if_accelerate_started_one_process()
+        hint_if_accelerate_started_one_process()
         self.precision, self.precision_note = training_precision(self.config.precision)
         self.trackers = _available_trackers(self.config.report_to)
         logs = ProjectConfiguration(project_dir=str(self.output), logging_dir=str(self.output / TRACKER_LOGS))
         self.accelerator = Accelerator(
-            cpu=_several_cpu_processes(),
+            cpu=several_cpu_processes(),
             mixed_precision=MIXED_PRECISION[self.precision],
             dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
             log_with=self.trackers or None,
@@ -420,8 +181,8 @@ class Trainer:
         self.main = self.accelerator.is_main_process
 
     def _check_output_and_recipe(self, allow_changes: bool) -> None:
-        _check_output(self.output, self.resume)
-        self.changes = _recipe_changes_on_resume(self.output, self.recipe, allow_changes) if self.resume else {}
+        check_output(self.output, self.resume)
+        self.changes = recipe_changes_on_resume(self.output, self.recipe, allow_changes) if self.resume else {}
 
     def _load_data(self, data_dir: str | Path | None) -> None:
         """The data folder (required by a dev task) and the corpus, checked line by line."""
@@ -467,7 +228,7 @@ class Trainer:
 
     def _open_output(self, held_until_the_end: contextlib.ExitStack) -> None:
         """Create the folder and lock it for the run (the lock is released when `held_until_the_end` closes)."""
-        _create_output(self.output, self.accelerator.process_index)
+        create_output(self.output, self.accelerator.process_index)
         if self.main:
             held_until_the_end.enter_context(hold_run_lock(self.output))
             # Staging folders and files of a run killed mid-write (never resumed from); removed under the lock.
@@ -491,7 +252,7 @@ class Trainer:
         for folder in (self.checkpoint_dir, self.output / "best", self.output / "last"):
             recover_directory(folder)
         if (self.checkpoint_dir / STATE_FILE).exists():
-            self.state = _read_trainer_state(self.checkpoint_dir / STATE_FILE)
+            self.state = read_trainer_state(self.checkpoint_dir / STATE_FILE)
             load_shared_state(
                 self.checkpoint_dir,
                 self.unwrapped,
