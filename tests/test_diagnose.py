@@ -178,6 +178,8 @@ def test_diagnose_encodes_once_per_model_and_once_more_for_a_distinct_complement
     calls: list[int] = []
     own = diagnose(counting(hashed_encoder(), calls), data, tokenize, labels, settings)
     assert len(calls) == 1 and calls[0] == len(data.sentences) and own["encode_calls"] == 1
+    assert own["in_batch_pairs"] == (300 // 64) * (64 * 63 // 2)
+    assert own["false_negative_rate"] == own["false_negative_pairs"] / own["in_batch_pairs"]
     assert set(METRICS) <= set(own)
 
     model_calls: list[int] = []
@@ -207,7 +209,9 @@ def test_the_table_puts_models_side_by_side() -> None:
     cont = next(row for row in rows if row.startswith("Cont. Spearman"))
     assert cont.split()[-2:] == ["-", "-"]
     gap = next(row for row in rows if row.startswith("Cont.-Oppn. gap"))
-    assert gap.split()[-2:] == ["25.0000", "25.0000"]  # Spearman rows are x100
+    assert gap.split()[-2:] == ["25.00", "25.00"]  # Spearman rows are x100
+    tiny = format_diagnose_table({"m": report | {"false_negative_rate": 9.54e-6}})
+    assert next(row for row in tiny.splitlines() if row.startswith("false negatives")).split()[-1] == "0.000954"
 
 
 # --- the command ----------------------------------------------------------------------------------

@@ -75,10 +75,9 @@ def random_batches(count: int, batch_size: int = DCLR_BATCH_SIZE, seed: int = 0)
     return [order[start : start + batch_size] for start in range(0, count - batch_size + 1, batch_size)]
 
 
-def false_negative_rate(complementary: np.ndarray, batches: Sequence[np.ndarray], phi: float = 0.9) -> float:
-    """Share of in-batch pairs (i < j in a batch) whose cosine under the complementary model is >= `phi`.
+def false_negative_pairs(complementary: np.ndarray, batches: Sequence[np.ndarray], phi: float = 0.9) -> tuple[int, int]:
+    """(in-batch pairs i < j whose cosine under the complementary model is >= `phi`, all in-batch pairs).
 
-    DCLR (Zhou et al. 2022, section 4.2) gives such negatives weight 0 as likely false negatives;
     `complementary` holds the complementary model's embeddings of the rows the batches index.
     """
     unit = _unit_rows(complementary)
@@ -88,6 +87,15 @@ def false_negative_rate(complementary: np.ndarray, batches: Sequence[np.ndarray]
         upper = sims[np.triu_indices(len(batch), k=1)]
         above += int(np.sum(upper >= phi))
         total += len(upper)
+    return above, total
+
+
+def false_negative_rate(complementary: np.ndarray, batches: Sequence[np.ndarray], phi: float = 0.9) -> float:
+    """Share of in-batch pairs whose cosine under the complementary model is >= `phi`.
+
+    DCLR (Zhou et al. 2022, section 4.2) gives such negatives weight 0 as likely false negatives.
+    """
+    above, total = false_negative_pairs(complementary, batches, phi)
     if total == 0:
         raise CsekitError(f"the false-negative rate needs at least one batch of {DCLR_BATCH_SIZE} sentences")
     return above / total
@@ -202,6 +210,9 @@ def diagnose(
     surface = surface_bias(bias_probe(cache, data.probe_datasets))
     judge = cache if complementary is None else complementary
     batches = random_batches(len(sample), DCLR_BATCH_SIZE, settings.seed)
+    above, in_batch = false_negative_pairs(judge(sample), batches, settings.phi)
+    if in_batch == 0:
+        raise CsekitError(f"the false-negative rate needs at least one batch of {DCLR_BATCH_SIZE} sentences")
     return {
         "anisotropy": anisotropy(embeddings, random_pairs(len(sentences), settings.sentences, settings.seed)),
         "alignment": align["align"],
@@ -211,23 +222,25 @@ def diagnose(
         "cont": surface["cont"],
         "oppn": surface["oppn"],
         "cont_oppn_gap": surface["gap"],
-        "false_negative_rate": false_negative_rate(judge(sample), batches, settings.phi),
+        "false_negative_rate": above / in_batch,
+        "false_negative_pairs": above,
+        "in_batch_pairs": in_batch,
         "encode_calls": cache.calls,
     }
 
 
 # --- the printed table -----------------------------------------------------------------------------
 
-TABLE_ROWS: tuple[tuple[str, str, float], ...] = (
-    ("anisotropy", "anisotropy (mean cos)", 1.0),
-    ("alignment", "alignment (STS-B dev)", 1.0),
-    ("uniformity", "uniformity (STS-B dev)", 1.0),
-    ("frequency_probe_accuracy", "frequency probe acc.", 1.0),
-    ("frequency_probe_baseline", "  majority-class acc.", 1.0),
-    ("cont", "Cont. Spearman x100", 100.0),
-    ("oppn", "Oppn. Spearman x100", 100.0),
-    ("cont_oppn_gap", "Cont.-Oppn. gap x100", 100.0),
-    ("false_negative_rate", "false negatives", 1.0),
+TABLE_ROWS: tuple[tuple[str, str, float, str], ...] = (
+    ("anisotropy", "anisotropy (mean cos)", 1.0, ".4f"),
+    ("alignment", "alignment (STS-B dev)", 1.0, ".4f"),
+    ("uniformity", "uniformity (STS-B dev)", 1.0, ".4f"),
+    ("frequency_probe_accuracy", "frequency probe acc.", 1.0, ".4f"),
+    ("frequency_probe_baseline", "  majority-class acc.", 1.0, ".4f"),
+    ("cont", "Cont. Spearman x100", 100.0, ".2f"),
+    ("oppn", "Oppn. Spearman x100", 100.0, ".2f"),
+    ("cont_oppn_gap", "Cont.-Oppn. gap x100", 100.0, ".2f"),
+    ("false_negative_rate", "false negatives (%)", 100.0, ".3g"),  # often tiny: significant digits, not places
 )
 
 
@@ -236,10 +249,10 @@ def format_diagnose_table(models: dict[str, dict[str, Any]]) -> str:
     widths = {name: max(10, len(name)) for name in models}
     head = f"{'metric':24s}" + "".join(f" {name:>{widths[name]}s}" for name in models)
     lines = [head, "-" * len(head)]
-    for key, label, scale in TABLE_ROWS:
+    for key, label, scale, spec in TABLE_ROWS:
         cells = []
         for name, report in models.items():
             value = report.get(key)
-            cells.append(f" {'-' if value is None else f'{scale * value:.4f}':>{widths[name]}s}")
+            cells.append(f" {'-' if value is None else format(scale * value, spec):>{widths[name]}s}")
         lines.append(f"{label:24s}" + "".join(cells))
     return "\n".join(lines)
