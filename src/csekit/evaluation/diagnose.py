@@ -115,7 +115,7 @@ def frequency_classes(shares: np.ndarray) -> np.ndarray:
 def frequency_probe_accuracy(embeddings: np.ndarray, classes: np.ndarray, seed: int = 0) -> float:
     """5-fold stratified CV accuracy of a logistic regression predicting `classes` from L2-normalised rows.
 
-    csekit's proxy for SLT-FAI's frequency bias (Wang et al. 2022 show it in plots only, with no number):
+    csekit's proxy for SLT-FAI's frequency bias (Wang et al. show it in plots only, with no number):
     how much a linear read-out finds a sentence's share of low-frequency tokens in its embedding. 0.5 on
     balanced classes means the embedding says nothing about frequency; 1 means it encodes it fully.
     """
