@@ -256,3 +256,5 @@ def test_cli_refuses_a_bad_model_path_in_one_line(
     assert_one_line_error(code, err, "--phi")
     code, err = run_main(monkeypatch, capsys, "diagnose", str(missing), *common, "--sentences", "10")
     assert_one_line_error(code, err, "--sentences", "64")
+    code, err = run_main(monkeypatch, capsys, "diagnose", str(missing), "--data-dir", str(data_dir))
+    assert_one_line_error(code, err, "freq/bookcorpus_bert-base-uncased/labels.json", "not found", "csekit freq")
