@@ -52,7 +52,7 @@ COMMANDS = readme_commands()
 
 def test_the_readme_shows_every_command() -> None:
     shown = {command[0] for command in COMMANDS}
-    assert shown == {"train", "evaluate", "bench", "encode", "probe", "augment", "freq", "download-data"}
+    assert shown == {"train", "evaluate", "bench", "encode", "probe", "diagnose", "augment", "freq", "download-data"}
 
 
 @pytest.mark.parametrize("args", COMMANDS, ids=[" ".join(c)[:60] for c in COMMANDS])

@@ -1,4 +1,4 @@
-"""The `csekit` command line: train, evaluate, bench, encode, probe, augment, freq, download-data.
+"""The `csekit` command line: train, evaluate, bench, encode, probe, diagnose, augment, freq, download-data.
 
 Every input mistake is a `CsekitError`: printed as one line on stderr, exit status 2, no traceback.
 """
@@ -10,12 +10,15 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
 
 from csekit.core.errors import CsekitError, message_line
+
+if TYPE_CHECKING:
+    from csekit.evaluation.diagnose import DiagnoseData, DiagnoseSettings
 
 app = typer.Typer(
     add_completion=False,
@@ -305,6 +308,131 @@ def probe(
     typer.echo("")
     typer.echo(format_transformation_table(report["transformations"]))
     typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision_label}, {time.perf_counter() - started:.1f} s)")
+    if output is not None:
+        atomic_write_text(output, json.dumps(report, indent=2) + "\n")
+
+
+DEFAULT_COUNTS = "freq/bookcorpus_bert-base-uncased/labels.json"
+
+
+def _encoding_function(encoder: Any, precision: str, batch_size: int) -> tuple[Any, str, str]:
+    """(encode callable, chosen precision, how the output names it) for one loaded encoder."""
+    chosen, label = _choose_precision(precision, encoder)
+
+    def encode(sentences: list[str]) -> np.ndarray:
+        return encoder.encode(sentences, batch_size=batch_size, precision=chosen, show_progress_bar=True)
+
+    return encode, chosen, label
+
+
+def _diagnose_models(
+    models: list[str],
+    data: DiagnoseData,
+    settings: DiagnoseSettings,
+    counts: dict[str, int],
+    counts_source: str,
+    complementary: str | None,
+    precision: str,
+    batch_size: int,
+) -> dict[str, dict[str, Any]]:
+    """`csekit diagnose`'s work: every model (and frequency labels) loaded first, so a bad one fails before
+    any encoding; then one pass per model, and one of a distinct complementary model shared by them all."""
+    from csekit.encoding.encoder import SentenceEncoder
+    from csekit.evaluation.cache import EmbeddingCache
+    from csekit.evaluation.diagnose import diagnose as diagnose_model
+    from csekit.prep.frequency import frequency_labels
+
+    encoders = {name: SentenceEncoder.load(name) for name in models}
+    labels = {
+        name: frequency_labels(counts, encoder.tokenizer, source=f"--counts {counts_source}")
+        for name, encoder in encoders.items()
+    }
+    judge = None
+    if complementary is not None and complementary not in encoders:
+        judge = EmbeddingCache(_encoding_function(SentenceEncoder.load(complementary), precision, batch_size)[0])
+    reports: dict[str, dict[str, Any]] = {}
+    for name, encoder in encoders.items():
+        encode, chosen, label = _encoding_function(encoder, precision, batch_size)
+        started = time.perf_counter()
+        metrics = diagnose_model(
+            encode,
+            data,
+            lambda batch, tokenizer=encoder.tokenizer: tokenizer(batch, add_special_tokens=False)["input_ids"],
+            labels[name],
+            settings,
+            complementary=None if complementary in (None, name) else judge,
+        )
+        seconds = time.perf_counter() - started
+        reports[name] = {"pooler": encoder.pooler.name, "precision": chosen, "seconds": round(seconds, 2), **metrics}
+        typer.echo(f"({name}, pooler {encoder.pooler.name}, {label}, {seconds:.1f} s)", err=True)
+    return reports
+
+
+@app.command()
+def diagnose(
+    models: Annotated[list[str], typer.Argument(help="Model folders, hub names or aliases (minilm-l6), side by side.")],
+    data_dir: DataDirOption = None,
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="Write the report as JSON here (default: print it only).")
+    ] = None,
+    complementary: Annotated[
+        str | None,
+        typer.Option(help="DCLR's complementary model, which judges false negatives (default: each model itself)."),
+    ] = None,
+    phi: Annotated[
+        float, typer.Option(help="Cosine (-1 to 1) at or above which an in-batch pair is a false negative.")
+    ] = 0.9,
+    counts: Annotated[
+        str,
+        typer.Option(help="Token counts for SLT-FAI's frequency labels (a path, or one under the data folder)."),
+    ] = DEFAULT_COUNTS,
+    sentences: Annotated[
+        int,
+        typer.Option(
+            help="Random pairs for anisotropy; sentences sampled for the frequency probe and false negatives."
+        ),
+    ] = 10_000,
+    precision: PrecisionOption = "auto",
+    batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
+    seed: Annotated[int, typer.Option(help="Seed of the random pairs, samples, batches and probe folds.")] = 0,
+) -> None:
+    """The biases the papers study, one encoding pass per model: anisotropy, alignment/uniformity, frequency
+    probe (SLT-FAI), Cont./Oppn. gap (OssCSE), false-negative rate (DCLR). See docs/diagnose.md."""
+    from csekit.core.atomic import atomic_write_text
+    from csekit.data.data_dir import resolve_data_dir
+    from csekit.evaluation.diagnose import DCLR_BATCH_SIZE, DiagnoseSettings, format_diagnose_table, load_diagnose_data
+    from csekit.prep.frequency import read_counts, resolve_counts_path
+
+    _require_at_least("--batch-size", batch_size)
+    _require_at_least("--sentences", sentences, DCLR_BATCH_SIZE)
+    if not -1.0 <= phi <= 1.0:
+        raise CsekitError(f"--phi is a cosine, between -1 and 1, got {phi}")
+    root = resolve_data_dir(data_dir)
+    counts_path = resolve_counts_path(counts, root)
+    data = load_diagnose_data(root)
+    settings = DiagnoseSettings(sentences=sentences, phi=phi, seed=seed)
+    reports = _diagnose_models(
+        list(dict.fromkeys(models)),
+        data,
+        settings,
+        read_counts(counts_path),
+        str(counts_path),
+        complementary,
+        precision,
+        batch_size,
+    )
+    typer.echo(format_diagnose_table(reports))
+    report = {
+        "data_dir": str(root),
+        "sts_sentences": len(data.sentences),
+        "counts": str(counts_path),
+        "complementary": complementary,
+        "phi": phi,
+        "sentences": sentences,
+        "seed": seed,
+        "batch_for_false_negatives": DCLR_BATCH_SIZE,
+        "models": reports,
+    }
     if output is not None:
         atomic_write_text(output, json.dumps(report, indent=2) + "\n")
 
