@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from csekit.errors import CsekitError, at
 
 RESULTS_FILE = "results.json"
 COSINES_FILE = "cosines.npy"
-SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences"}
+SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline"}
 RECIPE_KEYS = {"recipe", "name", "set"}
 
 # (column label, path into results.json "tasks"/top level) in the papers' order
@@ -79,6 +80,7 @@ class Suite:
     tasks: str
     recipes: list[SuiteRecipe]
     sample_sentences: int = 1000
+    baseline: str | None = None  # a recipe name: the summary compares every other one with it, seed by seed
 
 
 def _line_of(text: str, key: str) -> int | None:
@@ -153,7 +155,15 @@ def load_suite(path: str | Path) -> Suite:
     sample = raw.get("sample_sentences", 1000)
     if not isinstance(sample, int) or sample < 2:
         raise CsekitError(f"{at(path, _line_of(text, 'sample_sentences'))}: sample_sentences must be an integer >= 2")
-    return Suite(str(raw.get("name") or path.stem), seeds, str(tasks), recipes, sample)
+    baseline = raw.get("baseline")
+    if baseline is not None and str(baseline) not in [r.name for r in recipes]:
+        raise CsekitError(
+            f"{at(path, _line_of(text, 'baseline'))}: baseline {baseline!r} is not a recipe name of this suite; "
+            f"expected one of {[r.name for r in recipes]}"
+        )
+    return Suite(
+        str(raw.get("name") or path.stem), seeds, str(tasks), recipes, sample, None if baseline is None else str(baseline)
+    )
 
 
 def run_dir(output: Path, recipe: SuiteRecipe, seed: int) -> Path:
@@ -180,7 +190,10 @@ def _run_one(
 
     config = load_recipe(recipe.path, [*recipe.overrides, *overrides, f"train.seed={seed}"])
     started = any((folder / name).exists() for name in ("metrics.jsonl", "checkpoint"))
+    train_start = time.perf_counter()
     result = train(config, folder, data_dir=data_dir, resume=started, show_progress=show_progress)
+    train_seconds = time.perf_counter() - train_start
+    evaluate_start = time.perf_counter()
     encoder = SentenceEncoder.load(folder / "best")
 
     def encode(sentences: list[str]) -> np.ndarray:
@@ -193,6 +206,12 @@ def _run_one(
     sample = sample_sentences(texts, suite.sample_sentences, seed=seed)
     np.save(folder / COSINES_FILE, pairwise_cosines(encode(sample)).astype(np.float32))
     report: dict[str, Any] = {"recipe": recipe.name, "seed": seed, "steps": result.steps, "best_step": result.best_step}
+    # Wall time of this call (training includes its dev evaluations); a resumed run counts only its last part.
+    report["wall_seconds"] = {
+        "train": round(train_seconds, 1),
+        "evaluate": round(time.perf_counter() - evaluate_start, 1),
+        "resumed": started,
+    }
     report["tasks"] = {k: v for k, v in scores.items() if k not in ("avg", "transfer_avg")}
     for key in ("avg", "transfer_avg"):
         if key in scores:
