@@ -6,6 +6,7 @@ import csv
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -115,10 +116,14 @@ def test_controlled_suite_differs_only_in_the_methods_parts() -> None:
     assert corpora.pop("osscse-minilm").endswith("osscse.jsonl") and len(set(corpora.values())) == 1
 
 
-def _write_results(output: Path, method: str, seed: int, sts12: float, average: float) -> None:
+def _write_results(
+    output: Path, method: str, seed: int, sts12: float, average: float, wall: dict[str, Any] | None = None
+) -> None:
     folder = output / f"{method}-seed{seed}"
     folder.mkdir(parents=True)
     report = {"recipe": method, "seed": seed, "tasks": {"STS12": {"all": sts12}}, "avg": average}
+    if wall is not None:
+        report["wall_seconds"] = wall
     (folder / "results.json").write_text(json.dumps(report), encoding="utf-8")
 
 
@@ -151,7 +156,8 @@ def test_paired_comparison_against_the_baseline_matches_a_hand_computed_t_test(t
     }
     for method, values in averages.items():
         for seed, value in enumerate(values, start=1):
-            _write_results(out, method, seed, sts12=0.5 + value / 10, average=value)
+            wall = {"train": 90.0 + 10 * seed, "evaluate": 50.0, "resumed": seed == 3} if method == "better" else None
+            _write_results(out, method, seed, sts12=0.5 + value / 10, average=value, wall=wall)
 
     summarise(out, suite)
     differences = paired_differences(collect(out, suite), "simcse")
@@ -172,6 +178,7 @@ def test_paired_comparison_against_the_baseline_matches_a_hand_computed_t_test(t
     assert f"| much-better | 1, 2, 3 | +0.50 (p = {_two_sided_t_p([5, 5.5, 4.5]):.3f}) * |" in markdown
     assert f"{expected_much_better} | 3/3 |" in markdown
     assert "| partial | 1, 2 |" in markdown and "-2.00 (p = 0.295) | 0/2 |" in markdown
+    assert markdown.endswith("|---|---|---|---|---|\n| better | 3 | 110 (100-120) | 50 (50-50) | 1 |\n")
     rows = {row["method"]: row for row in csv.DictReader((out / "results.csv").open(encoding="utf-8"))}
     assert rows["simcse"]["STS Avg. diff"] == "" and rows["simcse"]["STS Avg. mean"] == "71.0000"
     assert float(rows["better"]["STS Avg. diff"]) == pytest.approx(2.0)

@@ -411,6 +411,25 @@ def format_paired_markdown(baseline: str, differences: dict[str, dict[str, Paire
     return "\n".join(lines) + "\n"
 
 
+def format_wall_markdown(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """Wall seconds per run (training with its dev evaluations, then the final evaluation): mean, range."""
+    lines = [
+        "| Method | Runs timed | Train s (min-max) | Evaluate s (min-max) | Resumed runs |",
+        "|---|---|---|---|---|",
+    ]
+    for method, reports in runs.items():
+        walls = [r["wall_seconds"] for r in reports if isinstance(r.get("wall_seconds"), dict)]
+        if not walls:
+            continue
+        cells = [method, str(len(walls))]
+        for key in ("train", "evaluate"):
+            values = [float(w[key]) for w in walls]
+            cells.append(f"{np.mean(values):.0f} ({min(values):.0f}-{max(values):.0f})")
+        cells.append(str(sum(bool(w.get("resumed")) for w in walls)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
+
+
 def _dev_curves(output: Path, suite: Suite) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """Per method and metric (dev score, align, uniform): (step, mean over seeds) from metrics.jsonl."""
     curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
@@ -530,6 +549,9 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
             "with fewer than 6 seeds.\n\n"
         )
         markdown += format_paired_markdown(suite.baseline, differences)
+    wall = format_wall_markdown(runs)
+    if wall:
+        markdown += "\n## Wall time per run\n\nSeconds; a resumed run counts only its last part.\n\n" + wall
     atomic_write_text(output / "results.md", markdown)
     atomic_write_text(output / "results.csv", format_csv(labels, rows, differences))
     plots = write_plots(output, suite, runs)
