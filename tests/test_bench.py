@@ -154,6 +154,11 @@ def test_paired_comparison_against_the_baseline_matches_a_hand_computed_t_test(t
         "much-better": [0.75, 0.775, 0.755],  # +5, +5.5, +4.5
         "partial": [0.69, 0.69],  # -1, -3; seed 3 never finished
     }
+    _write_results(out, "simcse", 1, sts12=0.5, average=0.5)  # the baseline alone: nothing to pair yet
+    summarise(out, suite)
+    assert "No other configuration has finished a seed that the baseline finished." in (out / "results.md").read_text()
+    (out / "simcse-seed1" / "results.json").unlink()
+    (out / "simcse-seed1").rmdir()
     for method, values in averages.items():
         for seed, value in enumerate(values, start=1):
             wall = {"train": 90.0 + 10 * seed, "evaluate": 50.0, "resumed": seed == 3} if method == "better" else None

@@ -548,7 +548,10 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
             "seeds the test has 2 degrees of freedom, and a sign test (the last column) cannot reach p < 0.05 "
             "with fewer than 6 seeds.\n\n"
         )
-        markdown += format_paired_markdown(suite.baseline, differences)
+        if differences:
+            markdown += format_paired_markdown(suite.baseline, differences)
+        else:
+            markdown += "No other configuration has finished a seed that the baseline finished.\n"
     wall = format_wall_markdown(runs)
     if wall:
         markdown += "\n## Wall time per run\n\nSeconds; a resumed run counts only its last part.\n\n" + wall
