@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import csv
+import json
+import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from csekit.bench import load_suite, run_suite
+from csekit.bench import collect, load_suite, paired_differences, run_suite, summarise
 from csekit.core.errors import CsekitError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +30,8 @@ def test_smoke_suite_runs_resumes_and_plots(tmp_path: Path, tiny_model_dir: Path
     assert first["ran"] == names and first["skipped"] == []
     for name in names:
         assert (out / name / "results.json").exists() and (out / name / "best").is_dir()
+        wall = json.loads((out / name / "results.json").read_text(encoding="utf-8"))["wall_seconds"]
+        assert wall["train"] > 0 and wall["evaluate"] > 0 and wall["resumed"] is False
     for plot in ("training_curves.png", "align_uniform.png", "negative_cosines.png"):
         assert (out / plot).stat().st_size > 1000
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -63,6 +68,7 @@ def test_default_suite_is_valid() -> None:
         ("tasks: ','\nrecipes: [a.yaml]\n", 'suite.yaml:1: --tasks ",": no task given'),
         ("tasks: STS21\nrecipes: [a.yaml]\n", 'suite.yaml:1: --tasks: unknown task "STS21"'),
         ("recipes:\n  - recipe: missing.yaml\n", "suite.yaml:2: recipe"),
+        ("recipes: [a.yaml]\nbaseline: simcse\n", "suite.yaml:2: baseline 'simcse' is not a recipe name of this suite"),
     ],
 )
 def test_bad_suites_name_file_and_line(tmp_path: Path, text: str, needle: str) -> None:
@@ -89,3 +95,105 @@ def test_csekit_bench_command_runs_a_suite(tmp_path: Path, tiny_model_dir: Path)
     assert result.exit_code == 0, result.output
     assert (tmp_path / "out" / "smoke-recipe-seed1" / "results.json").exists()
     assert "| Method |" in result.output and "ran 1, skipped 0 finished" in result.output
+
+
+def test_controlled_suite_differs_only_in_the_methods_parts() -> None:
+    """Every shared training setting resolves to the same value; the prompt pooler only for OssCSE and its control."""
+    from csekit.training.recipe import load_recipe
+
+    suite = load_suite(REPO / "benchmarks" / "suites" / "controlled.yaml")
+    assert suite.baseline == "simcse-minilm" and suite.seeds == [42, 43, 44] and suite.tasks == "sts,align"
+    recipes = {r.name: load_recipe(r.path, r.overrides) for r in suite.recipes}
+    assert len({json.dumps(vars(recipe.train), sort_keys=True) for recipe in recipes.values()}) == 1
+    shared = recipes["simcse-minilm"].train
+    assert (shared.batch_size, shared.lr, shared.warmup_ratio, shared.precision) == (64, 3e-5, 0.0, "auto")
+    assert (shared.dev_task, shared.select_metric, shared.eval_every) == ("sts", "stsb-dev", 25)
+    assert {(r.model.backbone, r.model.max_length) for r in recipes.values()} == {("minilm-l6", 32)}
+    prompt = {"simcse-prompt-minilm", "osscse-minilm"}
+    assert all(r.model.pooler == ("mask" if name in prompt else "cls") for name, r in recipes.items())
+    assert all(r.model.head["name"] == "mlp" for name, r in recipes.items() if name != "whitenedcse-minilm")
+    corpora = {name: r.data.corpus for name, r in recipes.items()}
+    assert corpora.pop("osscse-minilm").endswith("osscse.jsonl") and len(set(corpora.values())) == 1
+
+
+def _write_results(
+    output: Path, method: str, seed: int, sts12: float, average: float, wall: dict[str, Any] | None = None
+) -> None:
+    folder = output / f"{method}-seed{seed}"
+    folder.mkdir(parents=True)
+    report = {"recipe": method, "seed": seed, "tasks": {"STS12": {"all": sts12}}, "avg": average}
+    if wall is not None:
+        report["wall_seconds"] = wall
+    (folder / "results.json").write_text(json.dumps(report), encoding="utf-8")
+
+
+def _two_sided_t_p(deltas: list[float]) -> float:
+    """The paired t-test by hand: t = mean / (sd / sqrt(n)), and the t distribution's closed-form tails for
+    1 degree of freedom (Cauchy: 1 - 2 atan(|t|) / pi) and 2 (1 - |t| / sqrt(2 + t^2))."""
+    n = len(deltas)
+    mean = sum(deltas) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in deltas) / (n - 1))
+    t = abs(mean / (sd / math.sqrt(n)))
+    return {2: 1 - 2 * math.atan(t) / math.pi, 3: 1 - t / math.sqrt(2 + t * t)}[n]
+
+
+def test_paired_comparison_against_the_baseline_matches_a_hand_computed_t_test(tmp_path: Path) -> None:
+    (tmp_path / "a.yaml").write_text("name: a\n", encoding="utf-8")
+    names = ["simcse", "better", "much-better", "partial"]
+    suite_file = tmp_path / "suite.yaml"
+    suite_file.write_text(
+        "seeds: [1, 2, 3]\nbaseline: simcse\nrecipes:\n"
+        + "".join(f"  - {{recipe: a.yaml, name: {n}}}\n" for n in names),
+        encoding="utf-8",
+    )
+    suite = load_suite(suite_file)
+    out = tmp_path / "bench"
+    averages = {
+        "simcse": [0.70, 0.72, 0.71],
+        "better": [0.72, 0.75, 0.72],  # +2, +3, +1
+        "much-better": [0.75, 0.775, 0.755],  # +5, +5.5, +4.5
+        "partial": [0.69, 0.69],  # -1, -3; seed 3 never finished
+    }
+    _write_results(out, "simcse", 1, sts12=0.5, average=0.5)  # the baseline alone: nothing to pair yet
+    summarise(out, suite)
+    assert "No other configuration has finished a seed that the baseline finished." in (out / "results.md").read_text()
+    (out / "simcse-seed1" / "results.json").unlink()
+    (out / "simcse-seed1").rmdir()
+    for method, values in averages.items():
+        for seed, value in enumerate(values, start=1):
+            wall = {"train": 90.0 + 10 * seed, "evaluate": 50.0, "resumed": seed == 3} if method == "better" else None
+            _write_results(out, method, seed, sts12=0.5 + value / 10, average=value, wall=wall)
+
+    summarise(out, suite)
+    differences = paired_differences(collect(out, suite), "simcse")
+    assert list(differences) == ["better", "much-better", "partial"]
+    for method, deltas in (("better", [2, 3, 1]), ("much-better", [5, 5.5, 4.5]), ("partial", [-1, -3])):
+        average = differences[method]["STS Avg."]
+        assert average.seeds == list(range(1, len(deltas) + 1))
+        assert average.mean == pytest.approx(sum(deltas) / len(deltas), abs=1e-9)
+        assert average.p_value == pytest.approx(_two_sided_t_p(deltas), rel=1e-6)
+        assert average.higher == sum(d > 0 for d in deltas)
+        sts12 = differences[method]["STS12"]  # the same differences, a tenth as large: the same t
+        assert sts12.mean == pytest.approx(average.mean / 10) and sts12.p_value == pytest.approx(average.p_value)
+    assert [differences[m]["STS Avg."].significant for m in differences] == [False, True, False]
+
+    markdown = (out / "results.md").read_text(encoding="utf-8")
+    assert "## Paired difference against simcse" in markdown
+    expected_much_better = f"+5.00 (p = {_two_sided_t_p([5, 5.5, 4.5]):.3f}) *"
+    assert f"| much-better | 1, 2, 3 | +0.50 (p = {_two_sided_t_p([5, 5.5, 4.5]):.3f}) * |" in markdown
+    assert f"{expected_much_better} | 3/3 |" in markdown
+    assert "| partial | 1, 2 |" in markdown and "-2.00 (p = 0.295) | 0/2 |" in markdown
+    assert markdown.endswith("|---|---|---|---|---|\n| better | 3 | 110 (100-120) | 50 (50-50) | 1 |\n")
+    rows = {row["method"]: row for row in csv.DictReader((out / "results.csv").open(encoding="utf-8"))}
+    assert rows["simcse"]["STS Avg. diff"] == "" and rows["simcse"]["STS Avg. mean"] == "71.0000"
+    assert float(rows["better"]["STS Avg. diff"]) == pytest.approx(2.0)
+    assert float(rows["better"]["STS Avg. p"]) == pytest.approx(_two_sided_t_p([2, 3, 1]), rel=1e-3)
+    assert rows["partial"]["STS Avg. paired seeds"] == "2" and rows["better"]["STS Avg. seeds above"] == "3"
+    assert rows["better"]["STS-B diff"] == ""  # a column no run has
+
+    # only seeds both finished are paired: without the baseline's seed 3, `better` is compared on seeds 1 and 2
+    (out / "simcse-seed3" / "results.json").unlink()
+    summarise(out, suite)
+    rows = {row["method"]: row for row in csv.DictReader((out / "results.csv").open(encoding="utf-8"))}
+    assert rows["better"]["STS Avg. paired seeds"] == "2"
+    assert float(rows["better"]["STS Avg. p"]) == pytest.approx(_two_sided_t_p([2, 3]), rel=1e-3)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +37,7 @@ from csekit.training.recipe import MAX_SEED
 
 RESULTS_FILE = "results.json"
 COSINES_FILE = "cosines.npy"
-SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences"}
+SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline"}
 RECIPE_KEYS = {"recipe", "name", "set"}
 
 # (column label, path into results.json "tasks"/top level) in the papers' order
@@ -79,6 +80,7 @@ class Suite:
     tasks: str
     recipes: list[SuiteRecipe]
     sample_sentences: int = 1000
+    baseline: str | None = None  # a recipe name: the summary compares every other one with it, seed by seed
 
 
 def _line_of(text: str, key: str) -> int | None:
@@ -153,7 +155,20 @@ def load_suite(path: str | Path) -> Suite:
     sample = raw.get("sample_sentences", 1000)
     if not isinstance(sample, int) or sample < 2:
         raise CsekitError(f"{at(path, _line_of(text, 'sample_sentences'))}: sample_sentences must be an integer >= 2")
-    return Suite(str(raw.get("name") or path.stem), seeds, str(tasks), recipes, sample)
+    baseline = raw.get("baseline")
+    if baseline is not None and str(baseline) not in [r.name for r in recipes]:
+        raise CsekitError(
+            f"{at(path, _line_of(text, 'baseline'))}: baseline {baseline!r} is not a recipe name of this suite; "
+            f"expected one of {[r.name for r in recipes]}"
+        )
+    return Suite(
+        str(raw.get("name") or path.stem),
+        seeds,
+        str(tasks),
+        recipes,
+        sample,
+        None if baseline is None else str(baseline),
+    )
 
 
 def run_dir(output: Path, recipe: SuiteRecipe, seed: int) -> Path:
@@ -180,7 +195,10 @@ def _run_one(
 
     config = load_recipe(recipe.path, [*recipe.overrides, *overrides, f"train.seed={seed}"])
     started = any((folder / name).exists() for name in ("metrics.jsonl", "checkpoint"))
+    train_start = time.perf_counter()
     result = train(config, folder, data_dir=data_dir, resume=started, show_progress=show_progress)
+    train_seconds = time.perf_counter() - train_start
+    evaluate_start = time.perf_counter()
     encoder = SentenceEncoder.load(folder / "best")
 
     def encode(sentences: list[str]) -> np.ndarray:
@@ -195,6 +213,12 @@ def _run_one(
     sample = sample_sentences(texts, suite.sample_sentences, seed=seed)
     np.save(folder / COSINES_FILE, pairwise_cosines(encode(sample)).astype(np.float32))
     report: dict[str, Any] = {"recipe": recipe.name, "seed": seed, "steps": result.steps, "best_step": result.best_step}
+    # Wall time of this call (training includes its dev evaluations); a resumed run counts only its last part.
+    report["wall_seconds"] = {
+        "train": round(train_seconds, 1),
+        "evaluate": round(time.perf_counter() - evaluate_start, 1),
+        "resumed": started,
+    }
     report["tasks"] = {k: v for k, v in scores.items() if k not in ("avg", "transfer_avg")}
     for key in ("avg", "transfer_avg"):
         if key in scores:
@@ -285,16 +309,127 @@ def format_markdown(labels: list[str], rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def format_csv(labels: list[str], rows: list[dict[str, Any]]) -> str:
+def format_csv(
+    labels: list[str],
+    rows: list[dict[str, Any]],
+    differences: dict[str, dict[str, PairedDifference]] | None = None,
+) -> str:
+    """One row per method; with `differences`, also each STS column's paired difference, p and seeds above."""
+    paired_labels = [label for label, _ in STS_COLUMNS] if differences is not None else []
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(["method", "seeds", *[f"{label} {stat}" for label in labels for stat in ("mean", "std")]])
+    writer.writerow(
+        [
+            "method",
+            "seeds",
+            *[f"{label} {stat}" for label in labels for stat in ("mean", "std")],
+            *[f"{label} {stat}" for label in paired_labels for stat in ("diff", "p", "seeds above", "paired seeds")],
+        ]
+    )
     for row in rows:
         cells: list[Any] = [row["method"], row["seeds"]]
         for label in labels:
             cells += ["", ""] if row[label] is None else [f"{row[label][0]:.4f}", f"{row[label][1]:.4f}"]
+        for label in paired_labels:
+            diff = (differences or {}).get(row["method"], {}).get(label)
+            if diff is None:
+                cells += ["", "", "", ""]
+            else:
+                p_text = "" if diff.p_value is None else f"{diff.p_value:.4g}"
+                cells += [f"{diff.mean:.4f}", p_text, diff.higher, len(diff.seeds)]
         writer.writerow(cells)
     return buffer.getvalue()
+
+
+@dataclass
+class PairedDifference:
+    """One method against the baseline on one column, over the seeds both finished."""
+
+    seeds: list[int]
+    mean: float  # method minus baseline, x 100, mean over the paired seeds
+    p_value: float | None  # paired t-test; None with fewer than two pairs or differences without variance
+    higher: int  # seeds on which the method scored above the baseline
+
+    @property
+    def significant(self) -> bool:
+        return self.p_value is not None and self.p_value < SIGNIFICANCE
+
+
+SIGNIFICANCE = 0.05
+"""p-value below which a paired difference is marked as beyond seed noise."""
+
+
+def paired_differences(runs: dict[str, list[dict[str, Any]]], baseline: str) -> dict[str, dict[str, PairedDifference]]:
+    """Per method (not the baseline) and STS column: the difference to the baseline, seed by seed.
+
+    Seeds share the training data order and initialisation noise of the same seed, so pairing them
+    removes that part of the seed-to-seed spread; only seeds present in both are compared.
+    """
+    from scipy.stats import ttest_rel
+
+    base_by_seed = {int(report["seed"]): report for report in runs.get(baseline, [])}
+    differences: dict[str, dict[str, PairedDifference]] = {}
+    for method, reports in runs.items():
+        if method == baseline:
+            continue
+        for label, path in STS_COLUMNS:
+            pairs = []
+            for report in reports:
+                base = base_by_seed.get(int(report["seed"]))
+                value, base_value = _get(report, path), None if base is None else _get(base, path)
+                if value is not None and base_value is not None:
+                    pairs.append((int(report["seed"]), 100.0 * value, 100.0 * base_value))
+            if not pairs:
+                continue
+            seeds, values, base_values = (list(column) for column in zip(*pairs, strict=True))
+            deltas = np.subtract(values, base_values)
+            p_value = None
+            if len(pairs) >= 2 and float(np.std(deltas)) > 0:
+                p_value = float(ttest_rel(values, base_values).pvalue)
+            differences.setdefault(method, {})[label] = PairedDifference(
+                seeds, float(np.mean(deltas)), p_value, int(np.sum(deltas > 0))
+            )
+    return differences
+
+
+def format_paired_markdown(baseline: str, differences: dict[str, dict[str, PairedDifference]]) -> str:
+    """Each method minus the baseline (x 100) with its p-value; `*` marks p < 0.05."""
+    labels = [label for label, _ in STS_COLUMNS]
+    heads = ["Method", "Paired seeds", *labels, f"Seeds above {baseline} (STS Avg.)"]
+    lines = ["| " + " | ".join(heads) + " |", "|" + "|".join("---" for _ in heads) + "|"]
+    for method, columns in differences.items():
+        first = next(iter(columns.values()))
+        cells = [method, ", ".join(str(seed) for seed in first.seeds)]
+        for label in labels:
+            diff = columns.get(label)
+            if diff is None:
+                cells.append("-")
+                continue
+            p_text = "p = -" if diff.p_value is None else f"p = {diff.p_value:.3f}"
+            cells.append(f"{diff.mean:+.2f} ({p_text}){' *' if diff.significant else ''}")
+        average = columns.get("STS Avg.")
+        cells.append("-" if average is None else f"{average.higher}/{len(average.seeds)}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def format_wall_markdown(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """Wall seconds per run (training with its dev evaluations, then the final evaluation): mean, range."""
+    lines = [
+        "| Method | Runs timed | Train s (min-max) | Evaluate s (min-max) | Resumed runs |",
+        "|---|---|---|---|---|",
+    ]
+    for method, reports in runs.items():
+        walls = [r["wall_seconds"] for r in reports if isinstance(r.get("wall_seconds"), dict)]
+        if not walls:
+            continue
+        cells = [method, str(len(walls))]
+        for key in ("train", "evaluate"):
+            values = [float(w[key]) for w in walls]
+            cells.append(f"{np.mean(values):.0f} ({min(values):.0f}-{max(values):.0f})")
+        cells.append(str(sum(bool(w.get("resumed")) for w in walls)))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
 def _dev_curves(output: Path, suite: Suite) -> dict[str, dict[str, list[tuple[int, float]]]]:
@@ -405,7 +540,24 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
     labels, rows = table_rows(runs)
     markdown = f"# {suite.name}\n\nMean ± standard deviation over seeds; x 100 except alignment and uniformity.\n\n"
     markdown += format_markdown(labels, rows)
+    differences = None
+    if suite.baseline is not None:
+        differences = paired_differences(runs, suite.baseline)
+        markdown += (
+            f"\n## Paired difference against {suite.baseline}\n\n"
+            "Method minus baseline on the same seeds (x 100), mean over the seeds both finished; p from a paired "
+            "t-test over seeds (scipy.stats.ttest_rel); * marks p < 0.05, a difference beyond seed noise. With 3 "
+            "seeds the test has 2 degrees of freedom, and a sign test (the last column) cannot reach p < 0.05 "
+            "with fewer than 6 seeds.\n\n"
+        )
+        if differences:
+            markdown += format_paired_markdown(suite.baseline, differences)
+        else:
+            markdown += "No other configuration has finished a seed that the baseline finished.\n"
+    wall = format_wall_markdown(runs)
+    if wall:
+        markdown += "\n## Wall time per run\n\nSeconds; a resumed run counts only its last part.\n\n" + wall
     atomic_write_text(output / "results.md", markdown)
-    atomic_write_text(output / "results.csv", format_csv(labels, rows))
+    atomic_write_text(output / "results.csv", format_csv(labels, rows, differences))
     plots = write_plots(output, suite, runs)
     return {"table": markdown, "plots": [str(p) for p in plots]}
