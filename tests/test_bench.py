@@ -31,7 +31,9 @@ def test_smoke_suite_runs_resumes_and_plots(tmp_path: Path, tiny_model_dir: Path
     for name in names:
         assert (out / name / "results.json").exists() and (out / name / "best").is_dir()
         wall = json.loads((out / name / "results.json").read_text(encoding="utf-8"))["wall_seconds"]
-        assert wall["train"] > 0 and wall["evaluate"] > 0 and wall["resumed"] is False
+        assert (
+            wall["train"] > 0 and wall["evaluate"] >= 0 and wall["resumed"] is False
+        )  # a tiny model: evaluation may take < 1 ms
     for plot in ("training_curves.png", "align_uniform.png", "negative_cosines.png"):
         assert (out / plot).stat().st_size > 1000
         assert (out / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -215,8 +215,8 @@ def _run_one(
     report: dict[str, Any] = {"recipe": recipe.name, "seed": seed, "steps": result.steps, "best_step": result.best_step}
     # Wall time of this call (training includes its dev evaluations); a resumed run counts only its last part.
     report["wall_seconds"] = {
-        "train": round(train_seconds, 1),
-        "evaluate": round(time.perf_counter() - evaluate_start, 1),
+        "train": round(train_seconds, 3),
+        "evaluate": round(time.perf_counter() - evaluate_start, 3),
         "resumed": started,
     }
     report["tasks"] = {k: v for k, v in scores.items() if k not in ("avg", "transfer_avg")}
