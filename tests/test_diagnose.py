@@ -241,6 +241,15 @@ def test_cli_diagnoses_two_models_side_by_side(
         assert set(METRICS) <= set(model) and model["encode_calls"] == 1 and model["precision"] == "fp32"
         assert -1 <= model["anisotropy"] <= 1 and 0 <= model["false_negative_rate"] <= 1
     assert report["models"][str(first)]["anisotropy"] != report["models"][str(second)]["anisotropy"]
+    assert {model["pooler"] for model in report["models"].values()} == {"cls"}  # the tiny models' own
+
+    # --pooler reads every model another way (the base model's [CLS] before training, say).
+    monkeypatch.setattr(sys, "argv", ["csekit", *args, "--sentences", "256", "--pooler", "mean", "-o", str(output)])
+    with pytest.raises(SystemExit):
+        cli.main()
+    by_mean = json.loads(output.read_text(encoding="utf-8"))["models"]
+    assert {model["pooler"] for model in by_mean.values()} == {"mean"}
+    assert by_mean[str(first)]["anisotropy"] != report["models"][str(first)]["anisotropy"]
 
 
 def test_cli_refuses_a_bad_model_path_in_one_line(

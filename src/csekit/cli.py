@@ -326,7 +326,7 @@ def _encoding_function(encoder: Any, precision: str, batch_size: int) -> tuple[A
 
 
 def _diagnose_models(
-    models: list[str],
+    models: dict[str, str | None],
     data: DiagnoseData,
     settings: DiagnoseSettings,
     counts: dict[str, int],
@@ -336,13 +336,14 @@ def _diagnose_models(
     batch_size: int,
 ) -> dict[str, dict[str, Any]]:
     """`csekit diagnose`'s work: every model (and frequency labels) loaded first, so a bad one fails before
-    any encoding; then one pass per model, and one of a distinct complementary model shared by them all."""
+    any encoding; then one pass per model, and one of a distinct complementary model shared by them all.
+    `models` maps each model to the pooler to read it with (None: its own)."""
     from csekit.encoding.encoder import SentenceEncoder
     from csekit.evaluation.cache import EmbeddingCache
     from csekit.evaluation.diagnose import diagnose as diagnose_model
     from csekit.prep.frequency import frequency_labels
 
-    encoders = {name: SentenceEncoder.load(name) for name in models}
+    encoders = {name: SentenceEncoder.load(name, pooler) for name, pooler in models.items()}
     labels = {
         name: frequency_labels(counts, encoder.tokenizer, source=f"--counts {counts_source}")
         for name, encoder in encoders.items()
@@ -372,6 +373,7 @@ def _diagnose_models(
 def diagnose(
     models: Annotated[list[str], typer.Argument(help="Model folders, hub names or aliases (minilm-l6), side by side.")],
     data_dir: DataDirOption = None,
+    pooler: PoolerOption = None,
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write the report as JSON here (default: print it only).")
     ] = None,
@@ -412,7 +414,7 @@ def diagnose(
     data = load_diagnose_data(root)
     settings = DiagnoseSettings(sentences=sentences, phi=phi, seed=seed)
     reports = _diagnose_models(
-        list(dict.fromkeys(models)),
+        {name: pooler for name in models},
         data,
         settings,
         read_counts(counts_path),
