@@ -33,6 +33,7 @@ import yaml
 
 from csekit.core.atomic import atomic_write_text
 from csekit.core.errors import CsekitError, at
+from csekit.evaluation.tasks import table_columns
 from csekit.training.recipe import MAX_SEED
 
 RESULTS_FILE = "results.json"
@@ -42,19 +43,11 @@ RECIPE_KEYS = {"recipe", "name", "set"}
 
 # (column label, path into results.json "tasks"/top level) in the papers' order
 STS_COLUMNS = (
-    ("STS12", ("tasks", "STS12", "all")),
-    ("STS13", ("tasks", "STS13", "all")),
-    ("STS14", ("tasks", "STS14", "all")),
-    ("STS15", ("tasks", "STS15", "all")),
-    ("STS16", ("tasks", "STS16", "all")),
-    ("STS-B", ("tasks", "STSBenchmark", "test")),
-    ("SICK-R", ("tasks", "SICKRelatedness", "test")),
+    *((label, ("tasks", task, key)) for label, task, key in table_columns("sts")),
     ("STS Avg.", ("avg",)),
 )
 TRANSFER_COLUMNS = (
-    *((name, ("tasks", task, "acc")) for name, task in (("MR", "MR"), ("CR", "CR"), ("SUBJ", "SUBJ"))),
-    *((name, ("tasks", task, "acc")) for name, task in (("MPQA", "MPQA"), ("SST", "SST2"), ("TREC", "TREC"))),
-    ("MRPC", ("tasks", "MRPC", "acc")),
+    *((label, ("tasks", task, key)) for label, task, key in table_columns("transfer")),
     ("Transfer Avg.", ("transfer_avg",)),
 )
 OTHER_COLUMNS = (

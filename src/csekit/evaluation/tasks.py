@@ -43,7 +43,9 @@ _TASKS = (
     EvalTask("SICKRelatedness", "sts", "SICK", "test", label="SICK-R"),
     EvalTask("stsb-dev", "dev", "STSBenchmark", "dev"),
     EvalTask("sick-dev", "dev", "SICK", "dev"),
-    *(EvalTask(name, "transfer", name) for name in ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")),
+    *(EvalTask(name, "transfer", name) for name in ("MR", "CR", "SUBJ", "MPQA")),
+    EvalTask("SST2", "transfer", "SST2", label="SST"),
+    *(EvalTask(name, "transfer", name) for name in ("TREC", "MRPC")),
 )
 BUILTIN: Mapping[str, EvalTask] = MappingProxyType({task.name: task for task in _TASKS})
 """The papers' tasks, in their tables' order; see `csekit.core.registry.EVAL_TASKS`."""
@@ -53,6 +55,16 @@ HEADLINE_STS = tuple(task.name for task in _TASKS if task.group == "sts")
 DEV_SPLITS = tuple(task.name for task in _TASKS if task.group == "dev")
 TRANSFER_TASKS = tuple(task.name for task in _TASKS if task.group == "transfer")
 """SentEval's seven transfer tasks (their average is the papers' transfer average)."""
+
+
+def table_columns(group: str) -> tuple[tuple[str, str, str], ...]:
+    """The papers' table of a built-in group: (column label, task, result key) in their order.
+
+    STS12-16 report SentEval's `all`, STS-B and SICK-R their `test` split, transfer tasks `acc`.
+    """
+    key = {"sts": lambda task: "all" if task.split is None else "test", "transfer": lambda task: "acc"}[group]
+    return tuple((task.label or task.name, task.name, key(task)) for task in _TASKS if task.group == group)
+
 
 AVG_STS = "avg_sts"
 """The mean of STS-B dev and SICK-R dev: SimCSE's and DCLR's `eval_avg_sts`, a model-selection metric."""

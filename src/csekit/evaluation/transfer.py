@@ -31,7 +31,7 @@ from csekit.core.errors import CsekitError, at, did_you_mean
 from csekit.data.data_dir import find_task_dir, resolve_data_dir
 from csekit.evaluation.files import read_text, universal_lines
 from csekit.evaluation.table import score_table
-from csekit.evaluation.tasks import TRANSFER_TASKS
+from csekit.evaluation.tasks import TRANSFER_TASKS, table_columns
 
 Encoder = Callable[[list[str]], np.ndarray]
 
@@ -40,8 +40,7 @@ KFOLD = 10
 # Regularisation grids of SentEval's scikit-learn mode.
 C_INNER = tuple(2.0**t for t in range(-2, 4))  # MR, CR, SUBJ, MPQA (inner CV) and SST-2 (dev)
 C_KFOLD = tuple(2.0**t for t in range(-1, 6))  # TREC, MRPC
-_TABLE_COLUMNS = (("MR", "MR"), ("CR", "CR"), ("SUBJ", "SUBJ"), ("MPQA", "MPQA"), ("SST", "SST2"), ("TREC", "TREC"))
-_TABLE_COLUMNS = (*_TABLE_COLUMNS, ("MRPC", "MRPC"))
+_TABLE_COLUMNS = table_columns("transfer")
 
 # Binary tasks: (file with label 1, file with label 0), as SentEval's constructors pass them.
 _BINARY_FILES = {
@@ -353,6 +352,6 @@ def transfer_average(results: dict) -> float | None:
 
 def format_transfer_table(results: dict) -> str:
     """The papers' transfer table: accuracy x 100 with two decimals; '-' where a task was not run."""
-    heads = [label for label, _ in _TABLE_COLUMNS] + ["Avg."]
-    values = [results.get(task, {}).get("acc") for _, task in _TABLE_COLUMNS] + [results.get("transfer_avg")]
+    heads = [label for label, _, _ in _TABLE_COLUMNS] + ["Avg."]
+    values = [results.get(task, {}).get(key) for _, task, key in _TABLE_COLUMNS] + [results.get("transfer_avg")]
     return score_table(heads, values)
