@@ -29,7 +29,7 @@ from csekit.core.atomic import atomic_directory
 from csekit.core.errors import CsekitError
 from csekit.core.precision import DTYPES, resolve_precision
 from csekit.core.version import __version__
-from csekit.encoding.kept_head import DenseTanh
+from csekit.encoding.kept_head import DenseTanh, ExportsAsDenseTanh
 from csekit.encoding.model_card import CARD_FILE, render_model_card
 from csekit.encoding.pooling import Pooler, PoolerOutputPooler, make_pooler, pad_ids
 
@@ -488,13 +488,12 @@ class SentenceEncoder(nn.Module):
         """The kept head as Linear + tanh; other heads export through `to_dense_tanh` (a fixed affine map)."""
         if isinstance(self.head, DenseTanh):
             return self.head
-        fold = getattr(self.head, "to_dense_tanh", None)  # the ExportsAsDenseTanh hook (csekit.parts.hooks)
-        if fold is None:
+        if not isinstance(self.head, ExportsAsDenseTanh):
             raise CsekitError(
                 f"recipe key model.head_at_test: a {type(self.head).__name__} head cannot be exported to "
                 "sentence-transformers; train with head_at_test: false"
             )
-        return fold()
+        return self.head.to_dense_tanh()
 
     def _exportable_pooler_layer(self) -> nn.Linear | None:
         """For the pooler_output pooler, the backbone's pooler Linear (its activation must be tanh); else None."""

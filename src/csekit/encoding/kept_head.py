@@ -6,6 +6,8 @@ training heads (`csekit.parts.heads`) derive from it or fold into it.
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 from torch import Tensor, nn
 
 
@@ -19,3 +21,10 @@ class DenseTanh(nn.Module):
 
     def forward(self, features: Tensor) -> Tensor:
         return self.activation(self.linear(features))
+
+
+@runtime_checkable
+class ExportsAsDenseTanh(Protocol):
+    """A head kept at test time that folds into one Linear + tanh for sentence-transformers (whitening does)."""
+
+    def to_dense_tanh(self) -> DenseTanh: ...

@@ -3,13 +3,16 @@
 A part is a plain `nn.Module` (or, for views, a callable); these are the extra things the model,
 the trainer and the exporter look for. Each check is `isinstance(part, Protocol)` (runtime-checkable),
 so a user's part opts in by defining the attribute or method, without inheriting anything.
+`ExportsAsDenseTanh` lives with the kept head it folds into (the encoder, a layer below, checks it).
 """
 
 from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
-from torch import Tensor, nn
+from torch import Tensor
+
+from csekit.encoding.kept_head import ExportsAsDenseTanh
 
 
 @runtime_checkable
@@ -37,13 +40,6 @@ class OwnLearningRate(Protocol):
     learning_rate: float | None
 
 
-@runtime_checkable
-class ExportsAsDenseTanh(Protocol):
-    """A head kept at test time that folds into one Linear + tanh for sentence-transformers (whitening does)."""
-
-    def to_dense_tanh(self) -> nn.Module: ...
-
-
 def reads_token_states(part: object) -> bool:
     return isinstance(part, ReadsTokenStates) and bool(part.reads_token_states)
 
@@ -54,3 +50,13 @@ def own_learning_rate(module: object) -> float | None:
         if isinstance(module, OwnLearningRate) and module.learning_rate is not None
         else None
     )
+
+
+__all__ = [
+    "ExportsAsDenseTanh",
+    "MakesViews",
+    "OwnLearningRate",
+    "ReadsTokenStates",
+    "own_learning_rate",
+    "reads_token_states",
+]
