@@ -347,3 +347,13 @@ def test_pooler_output_refuses_a_checkpoint_whose_pooler_layer_is_random(tmp_pat
     ):
         SentenceEncoder.load(tmp_path / "no-pooler", pooler="pooler_output")
     assert SentenceEncoder.load(tmp_path / "no-pooler", pooler="cls").pooler.name == "cls"
+
+
+def test_a_kept_head_that_cannot_fold_into_a_dense_layer_is_refused_before_anything_is_written(
+    tmp_path: Path, tiny_encoder: SentenceEncoder
+) -> None:
+    """Only a DenseTanh or a head with `to_dense_tanh` (the ExportsAsDenseTanh hook) can be exported."""
+    tiny_encoder.head = torch.nn.Identity()
+    with pytest.raises(CsekitError, match="Identity head cannot be exported to sentence-transformers"):
+        tiny_encoder.save(tmp_path / "model")
+    assert not (tmp_path / "model").exists()
