@@ -326,7 +326,8 @@ def _encoding_function(encoder: Any, precision: str, batch_size: int) -> tuple[A
 
 
 def _diagnose_models(
-    models: dict[str, str | None],
+    models: list[str],
+    pooler: str | None,
     data: DiagnoseData,
     settings: DiagnoseSettings,
     counts: dict[str, int],
@@ -337,13 +338,13 @@ def _diagnose_models(
 ) -> dict[str, dict[str, Any]]:
     """`csekit diagnose`'s work: every model (and frequency labels) loaded first, so a bad one fails before
     any encoding; then one pass per model, and one of a distinct complementary model shared by them all.
-    `models` maps each model to the pooler to read it with (None: its own)."""
+    Every model is read with `pooler` (None: each its own)."""
     from csekit.encoding.encoder import SentenceEncoder
     from csekit.evaluation.cache import EmbeddingCache
     from csekit.evaluation.diagnose import diagnose as diagnose_model
     from csekit.prep.frequency import frequency_labels
 
-    encoders = {name: SentenceEncoder.load(name, pooler) for name, pooler in models.items()}
+    encoders = {name: SentenceEncoder.load(name, pooler) for name in models}
     labels = {
         name: frequency_labels(counts, encoder.tokenizer, source=f"--counts {counts_source}")
         for name, encoder in encoders.items()
@@ -414,7 +415,8 @@ def diagnose(
     data = load_diagnose_data(root)
     settings = DiagnoseSettings(sentences=sentences, phi=phi, seed=seed)
     reports = _diagnose_models(
-        {name: pooler for name in models},
+        list(dict.fromkeys(models)),
+        pooler,
         data,
         settings,
         read_counts(counts_path),
