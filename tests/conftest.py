@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoConfig, BertTokenizerFast
 
 from csekit import cli
@@ -178,6 +179,34 @@ def read_metrics(folder: Path) -> list[dict[str, Any]]:
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """`csekit ARGS` in a fresh interpreter (exit status and stderr as a user sees them)."""
     return subprocess.run([sys.executable, "-m", "csekit.cli", *args], capture_output=True, text=True, cwd=cwd)
+
+
+def run_cli_with_test_parts(
+    *args: str, plugin_dir: Path, cwd: Path | None = None, stderr: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`csekit ARGS` in a fresh interpreter that sees parts_for_tests' parts as an installed plugin (in `plugin_dir`).
+
+    With `stderr`, the error stream goes to that file (as a user redirecting it), not to a pipe.
+    """
+    from parts_for_tests import write_entry_points
+
+    tests = Path(__file__).resolve().parent
+    path = [str(tests), str(write_entry_points(plugin_dir)), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    command = [sys.executable, "-m", "csekit.cli", *args]
+    if stderr is None:
+        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd)
+    with open(stderr, "w", encoding="utf-8") as handle:
+        return subprocess.run(command, stdout=subprocess.PIPE, stderr=handle, text=True, env=env, cwd=cwd)
+
+
+def assert_same_checkpoint_weights(expected_run: Path, actual_run: Path) -> None:
+    """The two runs' checkpoints hold the same tensors, bit for bit (an exact resume)."""
+    expected = load_file(expected_run / "checkpoint" / "model.safetensors")
+    actual = load_file(actual_run / "checkpoint" / "model.safetensors")
+    assert set(actual) == set(expected)
+    for name, tensor in expected.items():
+        torch.testing.assert_close(actual[name], tensor, rtol=0, atol=0, msg=name)
 
 
 def run_main(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:

@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import make_data_dir, read_metrics, tiny_recipe
-from parts_for_tests import write_entry_points
-from safetensors.torch import load_file
+from conftest import assert_same_checkpoint_weights, make_data_dir, read_metrics, run_cli_with_test_parts, tiny_recipe
 
 from csekit.core.errors import CsekitError
 from csekit.training.recipe import load_recipe
@@ -176,14 +171,7 @@ objectives:
 
 
 def run_csekit(*args: str, cwd: Path, stderr: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """`csekit ARGS` in a subprocess that sees the test parts as an installed plugin's entry points."""
-    plugin = write_entry_points(cwd / "plugin")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(plugin), os.environ.get("PYTHONPATH", "")])}
-    command = [sys.executable, "-m", "csekit.cli", *args]
-    if stderr is None:
-        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd)
-    with open(stderr, "w", encoding="utf-8") as handle:
-        return subprocess.run(command, stdout=subprocess.PIPE, stderr=handle, text=True, env=env, cwd=cwd)
+    return run_cli_with_test_parts(*args, plugin_dir=cwd / "plugin", cwd=cwd, stderr=stderr)
 
 
 def test_ctrl_c_checkpoints_the_step_and_the_run_resumes_exactly(
@@ -209,11 +197,7 @@ def test_ctrl_c_checkpoints_the_step_and_the_run_resumes_exactly(
 
     resumed = run_csekit("train", "--output", "run", "--resume", "--no-progress", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    expected = load_file(tmp_path / "straight" / "checkpoint" / "model.safetensors")
-    actual = load_file(tmp_path / "run" / "checkpoint" / "model.safetensors")
-    assert set(actual) == set(expected)
-    for name, tensor in expected.items():
-        torch.testing.assert_close(actual[name], tensor, rtol=0, atol=0, msg=name)
+    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "run")
     losses = [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "run") if "loss" in r]
     assert losses == [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "straight") if "loss" in r]
 

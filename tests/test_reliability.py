@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_corpus, read_metrics, tiny_recipe
-from parts_for_tests import write_entry_points
+from conftest import assert_same_checkpoint_weights, make_corpus, read_metrics, run_cli_with_test_parts, tiny_recipe
 from safetensors.torch import load_file
 
 from csekit.core.errors import CsekitError
 from csekit.training.trainer import train
-
-TESTS = Path(__file__).resolve().parent
 
 
 def recipe_file(path: Path, model_dir: Path, corpus: Path, marker: Path) -> Path:
@@ -36,12 +31,8 @@ objectives:
 
 
 def run_train(recipe: Path, output: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    """`csekit train` in a subprocess that sees the test parts as an installed plugin's entry points."""
-    plugin = write_entry_points(output.parent / "plugin")
-    path = [str(TESTS), str(plugin), os.environ.get("PYTHONPATH", "")]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-    command = [sys.executable, "-m", "csekit.cli", "train", str(recipe), "--output", str(output), "--no-progress"]
-    return subprocess.run([*command, *extra], capture_output=True, text=True, env=env)
+    args = ("train", str(recipe), "--output", str(output), "--no-progress", *extra)
+    return run_cli_with_test_parts(*args, plugin_dir=output.parent / "plugin")
 
 
 def test_resume_after_sigkill_gives_the_weights_of_an_uninterrupted_run(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -60,11 +51,7 @@ def test_resume_after_sigkill_gives_the_weights_of_an_uninterrupted_run(tmp_path
     resumed = run_train(recipe, tmp_path / "resumed", "--resume")
     assert resumed.returncode == 0, resumed.stderr
 
-    expected = load_file(tmp_path / "straight" / "checkpoint" / "model.safetensors")
-    actual = load_file(tmp_path / "resumed" / "checkpoint" / "model.safetensors")
-    assert set(actual) == set(expected)
-    for name, tensor in expected.items():
-        torch.testing.assert_close(actual[name], tensor, rtol=0, atol=0, msg=name)
+    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "resumed")
     # metrics.jsonl holds each step once, with the same losses as the uninterrupted run
     losses = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "straight") if "loss" in r}
     again = [r for r in read_metrics(tmp_path / "resumed") if "loss" in r]
