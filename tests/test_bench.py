@@ -199,3 +199,37 @@ def test_paired_comparison_against_the_baseline_matches_a_hand_computed_t_test(t
     rows = {row["method"]: row for row in csv.DictReader((out / "results.csv").open(encoding="utf-8"))}
     assert rows["better"]["STS Avg. paired seeds"] == "2"
     assert float(rows["better"]["STS Avg. p"]) == pytest.approx(_two_sided_t_p([2, 3]), rel=1e-3)
+
+
+def test_summary_only_tabulates_finished_runs_without_training(tmp_path: Path) -> None:
+    """`csekit bench --summary-only` writes the tables of a suite stopped part way; a difference that rounds to
+    zero prints 0.00 (it printed -0.00)."""
+    from typer.testing import CliRunner
+
+    from csekit.cli import app
+
+    (tmp_path / "a.yaml").write_text("name: a\n", encoding="utf-8")
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        "seeds: [1, 2, 3]\nbaseline: simcse\nrecipes:\n  - {recipe: a.yaml, name: simcse}\n"
+        "  - {recipe: a.yaml, name: same}\n  - {recipe: a.yaml, name: unstarted}\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "bench"
+    for seed, (base, same) in enumerate([(0.70, 0.69999), (0.72, 0.71997)], start=1):  # -0.001, -0.003 x 100
+        _write_results(out, "simcse", seed, sts12=base, average=base)
+        _write_results(out, "same", seed, sts12=same, average=same)
+    result = CliRunner().invoke(app, ["bench", str(suite), "--output", str(out), "--summary-only"])
+    assert result.exit_code == 0, result.output
+    assert "4 finished runs summarised" in result.output
+    markdown = (out / "results.md").read_text(encoding="utf-8")
+    assert "| same | 1, 2 | 0.00 (p = " in markdown and "-0.00" not in markdown
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
+        "same-seed1",
+        "same-seed2",
+        "simcse-seed1",
+        "simcse-seed2",
+    ]
+
+    missing = CliRunner().invoke(app, ["bench", str(suite), "--output", str(tmp_path / "none"), "--summary-only"])
+    assert isinstance(missing.exception, CsekitError) and "none: no such folder" in str(missing.exception)

@@ -399,11 +399,17 @@ def format_paired_markdown(baseline: str, differences: dict[str, dict[str, Paire
                 cells.append("-")
                 continue
             p_text = "p = -" if diff.p_value is None else f"p = {diff.p_value:.3f}"
-            cells.append(f"{diff.mean:+.2f} ({p_text}){' *' if diff.significant else ''}")
+            cells.append(f"{_signed(diff.mean)} ({p_text}){' *' if diff.significant else ''}")
         average = columns.get("STS Avg.")
         cells.append("-" if average is None else f"{average.higher}/{len(average.seeds)}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _signed(value: float) -> str:
+    """A difference with its sign and 2 decimals; one that rounds to zero prints 0.00, not -0.00 or +0.00."""
+    text = f"{value:+.2f}"
+    return "0.00" if text in ("+0.00", "-0.00") else text
 
 
 def format_wall_markdown(runs: dict[str, list[dict[str, Any]]]) -> str:
@@ -553,4 +559,4 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
     atomic_write_text(output / "results.md", markdown)
     atomic_write_text(output / "results.csv", format_csv(labels, rows, differences))
     plots = write_plots(output, suite, runs)
-    return {"table": markdown, "plots": [str(p) for p in plots]}
+    return {"table": markdown, "plots": [str(p) for p in plots], "finished": sum(len(r) for r in runs.values())}

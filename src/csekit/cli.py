@@ -200,13 +200,27 @@ def bench(
     ] = None,
     data_dir: DataDirOption = None,
     progress: Annotated[bool, typer.Option(help="Show training progress bars.")] = True,
+    summary_only: Annotated[
+        bool,
+        typer.Option(
+            "--summary-only",
+            help="Train nothing: write results.md, results.csv and plots from the runs finished so far (default: off).",
+        ),
+    ] = False,
 ) -> None:
     """Train and evaluate every recipe of a suite with every seed; write results.md, results.csv and plots.
 
     Finished runs are skipped and interrupted ones resume, so a suite can be stopped and started again.
     """
-    from csekit.bench import run_suite
+    from csekit.bench import load_suite, run_suite, summarise
 
+    if summary_only:
+        if not output.is_dir():
+            raise CsekitError(f"{output}: no such folder; run the suite into it first (without --summary-only)")
+        summary = summarise(output, load_suite(suite))
+        typer.echo(summary["table"])
+        typer.echo(f"{summary['finished']} finished runs summarised; results in {output}")
+        return
     summary = run_suite(
         suite,
         output,
