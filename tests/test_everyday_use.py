@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 from pathlib import Path
@@ -10,6 +11,8 @@ import pytest
 from conftest import assert_same_checkpoint_weights, make_data_dir, read_metrics, run_cli_with_test_parts, tiny_recipe
 
 from csekit.core.errors import CsekitError
+from csekit.core.progress import progress
+from csekit.encoding.encoder import SentenceEncoder
 from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
@@ -262,3 +265,30 @@ def test_ctrl_c_in_python_raises_training_interrupted_after_the_step(
     state = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())
     assert state["step"] == 4
     assert train(recipe, tmp_path / "run", resume=True, show_progress=False).steps == 6
+
+
+def test_encoding_progress_is_plain_lines_off_a_terminal(
+    tiny_encoder: SentenceEncoder, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Evaluate, diagnose and probe encode through `SentenceEncoder.encode`: with stderr in a file its bar was
+    hundreds of carriage-return redraws; now one line at each tenth of the batches."""
+    capsys.readouterr()
+    tiny_encoder.encode([f"sentence number {i}" for i in range(25)], batch_size=1, show_progress_bar=True)
+    err = capsys.readouterr().err
+    assert "\r" not in err, err
+    lines = err.splitlines()
+    assert [line.split()[1] for line in lines] == [f"{n}/25" for n in (3, 5, 8, 10, 13, 15, 18, 20, 23, 25)], lines
+    assert all(line.startswith("encoding: ") and " batches (" in line for line in lines), lines
+
+
+def test_progress_is_a_bar_on_a_terminal_and_silent_when_off() -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal, log = Terminal(), io.StringIO()
+    assert list(progress(range(4), "work", "items", stream=terminal)) == [0, 1, 2, 3]
+    assert "\r" in terminal.getvalue() and "work" in terminal.getvalue()  # tqdm's redraws
+    assert list(progress(range(4), "work", "items", enabled=False, stream=log)) == [0, 1, 2, 3]
+    assert log.getvalue() == ""
+    assert list(progress([], "work", "items", stream=log)) == [] and log.getvalue() == ""

@@ -21,13 +21,13 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from csekit.core.atomic import atomic_directory
 from csekit.core.errors import CsekitError
 from csekit.core.precision import DTYPES, resolve_precision
+from csekit.core.progress import progress
 from csekit.core.version import __version__
 from csekit.encoding.kept_head import DenseTanh, ExportsAsDenseTanh
 from csekit.encoding.model_card import CARD_FILE, render_model_card
@@ -459,13 +459,7 @@ class SentenceEncoder(nn.Module):
         autocast = torch.autocast(device.type, dtype=DTYPES[precision], enabled=precision != "fp32")
         try:
             with torch.inference_mode(), autocast:
-                for start in tqdm(
-                    range(0, len(order), batch_size),
-                    desc="encoding",
-                    unit="batch",
-                    disable=not show_progress_bar,
-                    leave=False,
-                ):
+                for start in progress(range(0, len(order), batch_size), "encoding", "batches", show_progress_bar):
                     index = order[start : start + batch_size]
                     batch = pad_ids({key: [values[i] for i in index] for key, values in ids.items()}, pad_id)
                     inputs = {key: value.to(device) for key, value in batch.items()}
