@@ -8,7 +8,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import assert_same_checkpoint_weights, make_data_dir, read_metrics, run_cli_with_test_parts, tiny_recipe
+from conftest import (
+    add_sick_trial,
+    assert_same_checkpoint_weights,
+    make_data_dir,
+    read_metrics,
+    run_cli_with_test_parts,
+    tiny_recipe,
+)
 
 from csekit.core.errors import CsekitError
 from csekit.core.progress import progress
@@ -292,3 +299,20 @@ def test_progress_is_a_bar_on_a_terminal_and_silent_when_off() -> None:
     assert list(progress(range(4), "work", "items", enabled=False, stream=log)) == [0, 1, 2, 3]
     assert log.getvalue() == ""
     assert list(progress([], "work", "items", stream=log)) == [] and log.getvalue() == ""
+
+
+def test_evaluate_dev_prints_and_writes_the_dev_average(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """`--tasks dev` gave stsb-dev and sick-dev but not their mean, the `avg_sts` DCLR's recipes select on."""
+    from typer.testing import CliRunner
+
+    from csekit.cli import app
+
+    data = add_sick_trial(make_data_dir(tmp_path / "data"))
+    out = tmp_path / "dev.json"
+    args = ["evaluate", str(tiny_model_dir), "--tasks", "dev", "--data-dir", str(data), "--output", str(out)]
+    result = CliRunner().invoke(app, [*args, "--precision", "fp32"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text(encoding="utf-8"))
+    expected = (report["tasks"]["stsb-dev"] + report["tasks"]["sick-dev"]) / 2
+    assert report["avg_sts"] == pytest.approx(expected) and "avg_sts" not in report["tasks"]
+    assert f"avg_sts: {100 * expected:.2f} (the mean of stsb-dev and sick-dev)" in result.output

@@ -140,6 +140,7 @@ def evaluate(
     from csekit.encoding.encoder import SentenceEncoder
     from csekit.evaluation.sts import format_sts_table
     from csekit.evaluation.suite import parse_tasks, run_evaluation
+    from csekit.evaluation.tasks import AVG_STS
     from csekit.evaluation.transfer import format_transfer_table
 
     groups = parse_tasks(tasks)
@@ -162,6 +163,7 @@ def evaluate(
     elapsed = time.perf_counter() - started
     average = results.pop("avg", None)
     transfer_avg = results.pop("transfer_avg", None)
+    dev_average = results.pop(AVG_STS, None)
     report: dict = {"model": model, "pooler": encoder.pooler.name, "precision": precision}
     if whiten:
         report["whiten"] = {"dim": whiten_dim}
@@ -170,10 +172,14 @@ def evaluate(
         report["avg"] = average
     if transfer_avg is not None:
         report["transfer_avg"] = transfer_avg
+    if dev_average is not None:
+        report[AVG_STS] = dev_average
     if groups["sts"]:
         typer.echo(format_sts_table({**results, "avg": average}))
     for task in groups["dev"]:
         typer.echo(f"{task}: {100 * results[task]:.2f}")
+    if dev_average is not None:
+        typer.echo(f"{AVG_STS}: {100 * dev_average:.2f} (the mean of stsb-dev and sick-dev)")
     if groups["transfer"]:
         typer.echo(format_transfer_table({**results, "transfer_avg": transfer_avg}))
     if groups["align"]:

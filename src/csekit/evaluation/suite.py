@@ -17,6 +17,7 @@ from csekit.evaluation.cache import EmbeddingCache
 from csekit.evaluation.post_whitening import whitened
 from csekit.evaluation.sts import DEV_TASKS, STS_TASKS, evaluate_dev, evaluate_sts, sts_average
 from csekit.evaluation.sts_data import load_sts_task
+from csekit.evaluation.tasks import AVG_STS
 from csekit.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, load_transfer_task, transfer_average
 
 
@@ -58,7 +59,7 @@ def run_evaluation(
 
     Each task is scored in its own call, so that with whitening every task's kernel comes from that
     task's own sentences (Su et al.); the cache keeps the model pass shared. Returns the `tasks`
-    results plus `avg` and `transfer_avg` when complete.
+    results plus `avg`, `avg_sts` (the two dev splits' mean) and `transfer_avg` when complete.
     """
     cache = EmbeddingCache(encode_raw)
     sentences: list[str] = []
@@ -81,7 +82,9 @@ def run_evaluation(
         )
     if groups["align"]:
         results["align"] = evaluate_align_uniform(encode, root, "stsb-dev")
-    for key, value in (("avg", sts_average(results)), ("transfer_avg", transfer_average(results))):
+    dev_average = np.mean([results[name] for name in DEV_TASKS]) if set(DEV_TASKS) <= set(results) else None
+    averages = (("avg", sts_average(results)), (AVG_STS, dev_average), ("transfer_avg", transfer_average(results)))
+    for key, value in averages:
         if value is not None:
             results[key] = value
     return results
