@@ -35,12 +35,14 @@ SENTENCES = [
     "they sit on a small ball",
 ]
 
-# Each method's parts whose statistics span the batch: SimCSE's in-batch negatives; DCLR's noise
+# Each method's parts whose statistics span the batch: SimCSE's in-batch negatives; ConSERT's NT-Xent (both
+# views' in-batch negatives); DCLR's noise
 # (optimised against the whole batch) and complementary-model weights (over every in-batch
 # negative); WhitenedCSE's whitening (mean and covariance of the batch, here with gradients through
 # them) and its multi-positive loss.
 METHODS = {
     "simcse": "objectives: [{name: infonce, temperature: 0.05}]\n",
+    "consert": "objectives: [{name: nt_xent, temperature: 0.1}]\n",  # both views anchors, same-view negatives
     "dclr": (
         "negatives: [{name: dclr_noise, ratio: 1.5, steps: 4, step_size: 0.1, temperature: 0.05}]\n"
         "weighting: {name: dclr, model: '{model}', model_pooler: mean, phi: 0.93}\n"

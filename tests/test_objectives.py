@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from csekit.parts.objectives import InfoNCE
+from csekit.parts.objectives import InfoNCE, NTXent
 from csekit.parts.step_state import StepState
 
 
@@ -76,3 +76,50 @@ def test_infonce_is_low_for_identical_views_and_high_for_random_ones() -> None:
 def test_infonce_rejects_non_positive_temperature() -> None:
     with pytest.raises(ValueError, match="temperature"):
         InfoNCE(temperature=0.0)
+
+
+def consert_nt_xent(hidden1: torch.Tensor, hidden2: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The reference: ConSERT's `_contrastive_loss_forward`, `nt_xent` branch (yym6472/ConSERT,
+    sentence_transformers/losses/AdvCLSoftmaxLoss.py), one process."""
+    large_num = 1e9
+    batch_size = hidden1.shape[0]
+    hidden1, hidden2 = F.normalize(hidden1, p=2, dim=-1), F.normalize(hidden2, p=2, dim=-1)
+    labels = torch.arange(0, batch_size)
+    masks = F.one_hot(torch.arange(0, batch_size), num_classes=batch_size).float()
+    logits_aa = hidden1 @ hidden1.T / temperature - masks * large_num
+    logits_bb = hidden2 @ hidden2.T / temperature - masks * large_num
+    logits_ab = hidden1 @ hidden2.T / temperature
+    logits_ba = hidden2 @ hidden1.T / temperature
+    loss_a = F.cross_entropy(torch.cat([logits_ab, logits_aa], 1), labels)
+    loss_b = F.cross_entropy(torch.cat([logits_ba, logits_bb], 1), labels)
+    return loss_a + loss_b
+
+
+def test_nt_xent_equals_consert_and_its_gradients() -> None:
+    torch.manual_seed(3)
+    a0, b0 = torch.randn(12, 16), torch.randn(12, 16)
+    b0 = a0 + 0.8 * b0
+    ours_a, ours_b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    ours = NTXent(temperature=0.1)(make_state(ours_a, ours_b))["nt_xent"]
+    ours.backward()
+    ref_a, ref_b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+    reference = consert_nt_xent(ref_a, ref_b, 0.1)
+    reference.backward()
+    assert ours.item() > 0.1 and ours.item() == pytest.approx(reference.item(), rel=1e-5)
+    torch.testing.assert_close(ours_a.grad, ref_a.grad, rtol=1e-4, atol=1e-7)
+    torch.testing.assert_close(ours_b.grad, ref_b.grad, rtol=1e-4, atol=1e-7)
+    # not SimCSE's loss: the same-view negatives and the second direction change it
+    infonce = InfoNCE(temperature=0.1)(make_state(a0, b0))["infonce"]
+    assert ours.item() != pytest.approx(infonce.item(), rel=0.05)
+    # symmetric in its two views
+    swapped = NTXent(temperature=0.1)(make_state(b0, a0))["nt_xent"]
+    assert swapped.item() == pytest.approx(ours.item(), rel=1e-6)
+
+
+def test_nt_xent_rejects_bad_settings_and_missing_views() -> None:
+    with pytest.raises(ValueError, match="temperature"):
+        NTXent(temperature=0.0)
+    with pytest.raises(ValueError, match="two different views"):
+        NTXent(views=[1, 1])
+    with pytest.raises(ValueError, match="nt_xent needs views 0 and 2"):
+        NTXent(views=[0, 2])(make_state(torch.randn(4, 8), torch.randn(4, 8)))

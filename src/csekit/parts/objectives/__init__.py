@@ -12,6 +12,7 @@ from torch import nn
 
 from csekit.parts.objectives.infonce import InfoNCE, cosine_matrix
 from csekit.parts.objectives.multi_positive import MultiPositiveInfoNCE
+from csekit.parts.objectives.nt_xent import NTXent
 from csekit.parts.objectives.recall import RecallLoss
 from csekit.parts.objectives.slt_fai import AdversarialTuning, IncompleteSentenceFiltering
 from csekit.parts.objectives.two_way_margin import TwoWayMargin, two_way_margin
@@ -20,6 +21,7 @@ from csekit.parts.objectives.weighted_logits import WeightedLogitsLoss
 BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
     {
         "infonce": InfoNCE,  # SimCSE (and DCLR's Eq. 6 with weights, any extra negatives)
+        "nt_xent": NTXent,  # ConSERT's (and SLT-FAI's code's) symmetric loss with same-view negatives
         "dclr_code": WeightedLogitsLoss,  # DCLR as the authors' code computes it (weights x logits, BCE)
         "multi_positive": MultiPositiveInfoNCE,  # WhitenedCSE, Eq. 7 (or 8)
         "slt_fai_at": AdversarialTuning,  # SLT-FAI's frequency adversary through gradient reversal
@@ -36,6 +38,7 @@ __all__ = [
     "IncompleteSentenceFiltering",
     "InfoNCE",
     "MultiPositiveInfoNCE",
+    "NTXent",
     "RecallLoss",
     "TwoWayMargin",
     "WeightedLogitsLoss",
