@@ -61,6 +61,7 @@ COMMON_OVERRIDES = (
     f"train.max_steps={STEPS}",
     f"train.batch_size={BATCH_SIZE}",
     "train.dev_task=none",
+    "train.patience=null",  # early stopping counts dev evaluations, and there are none
     "train.precision=fp32",  # the recipes' auto would pick bf16 on a CPU that has it
     "train.log_every=1",
     "train.eval_every=0",

@@ -489,6 +489,8 @@ def test_consert_recipe_trains_with_the_authors_settings() -> None:
         "weight_decay": train_config.weight_decay,
         "max_length": recipe.model.max_length,
         "dropout": recipe.model.dropout,
+        "patience": train_config.patience,
+        "loss": recipe.objectives[0]["name"],
         "temperature": recipe.objectives[0]["temperature"],
         "warm_up_epochs": {spec.get("start_after_epochs") for spec in recipe.objectives[1:]},
     }
@@ -501,6 +503,8 @@ def test_consert_recipe_trains_with_the_authors_settings() -> None:
         "weight_decay": 0.01,
         "max_length": 64,
         "dropout": 0.0,
+        "patience": 10,
+        "loss": "nt_xent",
         "temperature": 0.1,
         "warm_up_epochs": {0.5},
     }
