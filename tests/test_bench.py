@@ -233,3 +233,41 @@ def test_summary_only_tabulates_finished_runs_without_training(tmp_path: Path) -
 
     missing = CliRunner().invoke(app, ["bench", str(suite), "--output", str(tmp_path / "none"), "--summary-only"])
     assert isinstance(missing.exception, CsekitError) and "none: no such folder" in str(missing.exception)
+
+
+def test_a_recipe_is_also_compared_with_its_control(tmp_path: Path) -> None:
+    """OssCSE's prompt pooler is one of its parts: the suite compares it with SimCSE on the same pooler too."""
+    (tmp_path / "a.yaml").write_text("name: a\n", encoding="utf-8")
+    suite_file = tmp_path / "suite.yaml"
+    suite_file.write_text(
+        "seeds: [1, 2, 3]\nbaseline: simcse\nrecipes:\n  - {recipe: a.yaml, name: simcse}\n"
+        "  - {recipe: a.yaml, name: prompt}\n  - {recipe: a.yaml, name: method, control: prompt}\n",
+        encoding="utf-8",
+    )
+    suite = load_suite(suite_file)
+    assert [r.control for r in suite.recipes] == [None, None, "prompt"]
+    out = tmp_path / "bench"
+    values = {"simcse": [0.70, 0.72, 0.71], "prompt": [0.74, 0.75, 0.73], "method": [0.75, 0.77, 0.745]}
+    for method, per_seed in values.items():
+        for seed, value in enumerate(per_seed, start=1):
+            _write_results(out, method, seed, sts12=value, average=value)
+    summarise(out, suite)
+    markdown = (out / "results.md").read_text(encoding="utf-8")
+    against_control = markdown.split("## Paired difference of method against its control prompt")[1]
+    p_value = _two_sided_t_p([1, 2, 1.5])
+    assert f"| method | 1, 2, 3 | +1.50 (p = {p_value:.3f}) * |" in against_control  # STS12: +1, +2, +1.5
+    assert f"+1.50 (p = {p_value:.3f}) * | 3/3 |" in against_control  # STS Avg.: +1, +2, +1.5
+    assert "| prompt |" not in against_control  # only the recipe that names the control
+    baseline_section = markdown.split("## Paired difference against simcse")[1].split("## Paired difference of")[0]
+    assert "| method | 1, 2, 3 | +4.50" in baseline_section  # +5, +5, +3.5 against the suite baseline, as before
+
+
+@pytest.mark.parametrize("control", ["missing", "method"])
+def test_a_control_must_be_another_recipe_of_the_suite(tmp_path: Path, control: str) -> None:
+    (tmp_path / "a.yaml").write_text("name: a\n", encoding="utf-8")
+    (tmp_path / "suite.yaml").write_text(
+        f"recipes:\n  - {{recipe: a.yaml, name: simcse}}\n  - {{recipe: a.yaml, name: method, control: {control}}}\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(CsekitError, match=f"suite.yaml:3: control '{control}' of 'method' is not another recipe name"):
+        load_suite(tmp_path / "suite.yaml")

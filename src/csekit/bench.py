@@ -10,6 +10,8 @@ A suite is a YAML file::
       - recipe: ../../recipes/quickstart.yaml   # relative to the suite file
         name: simcse-minilm                    # optional; default: the recipe file's stem
         set: [train.max_steps=300]             # optional --set overrides
+        control: simcse-prompt-minilm          # optional: also compared with this recipe, seed by seed
+    baseline: simcse-minilm            # optional: every other recipe is compared with it, seed by seed
 
 Each run lives in `OUTPUT/<name>-seed<k>/` (the training run plus `results.json`, written last, which
 marks the run finished). A second call skips finished runs and resumes interrupted trainings, so a
@@ -39,7 +41,7 @@ from csekit.training.recipe import MAX_SEED
 RESULTS_FILE = "results.json"
 COSINES_FILE = "cosines.npy"
 SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline"}
-RECIPE_KEYS = {"recipe", "name", "set"}
+RECIPE_KEYS = {"recipe", "name", "set", "control"}
 
 # (column label, path into results.json "tasks"/top level) in the papers' order
 STS_COLUMNS = (
@@ -64,6 +66,7 @@ class SuiteRecipe:
     name: str
     path: Path
     overrides: list[str] = field(default_factory=list)
+    control: str | None = None  # a recipe name: the summary also compares this recipe with it, seed by seed
 
 
 @dataclass
@@ -81,6 +84,14 @@ def _line_of(text: str, key: str) -> int | None:
         if line.lstrip(" -").startswith(f"{key}:"):
             return number
     return None
+
+
+def _line_naming(text: str, key: str, value: str) -> int | None:
+    """The line that sets `key` to `value`, in block or flow style (`{..., key: value}`)."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if f"{key}: {value}" in line or f"{key}: '{value}'" in line or f'{key}: "{value}"' in line:
+            return number
+    return _line_of(text, key)
 
 
 def _is_seed(value: Any) -> bool:
@@ -144,7 +155,10 @@ def load_suite(path: str | Path) -> Suite:
         name = str(entry.get("name") or recipe_path.stem)
         if any(r.name == name for r in recipes):
             raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: two recipes are named {name!r}; give one a name")
-        recipes.append(SuiteRecipe(name, recipe_path, [str(o) for o in overrides]))
+        control = entry.get("control")
+        recipes.append(
+            SuiteRecipe(name, recipe_path, [str(o) for o in overrides], None if control is None else str(control))
+        )
     sample = raw.get("sample_sentences", 1000)
     if not isinstance(sample, int) or sample < 2:
         raise CsekitError(f"{at(path, _line_of(text, 'sample_sentences'))}: sample_sentences must be an integer >= 2")
@@ -154,6 +168,14 @@ def load_suite(path: str | Path) -> Suite:
             f"{at(path, _line_of(text, 'baseline'))}: baseline {baseline!r} is not a recipe name of this suite; "
             f"expected one of {[r.name for r in recipes]}"
         )
+    names = [r.name for r in recipes]
+    for recipe in recipes:
+        if recipe.control is not None and (recipe.control not in names or recipe.control == recipe.name):
+            raise CsekitError(
+                f"{at(path, _line_naming(text, 'control', recipe.control))}: control {recipe.control!r} of "
+                f"{recipe.name!r} is not another "
+                f"recipe name of this suite; expected one of {[n for n in names if n != recipe.name]}"
+            )
     return Suite(
         str(raw.get("name") or path.stem),
         seeds,
@@ -533,6 +555,23 @@ def write_plots(output: Path, suite: Suite, runs: dict[str, list[dict[str, Any]]
     return written
 
 
+def _controls_markdown(suite: Suite, runs: dict[str, list[dict[str, Any]]]) -> str:
+    """One paired table per recipe that names a `control` (e.g. a method against SimCSE with the same pooler)."""
+    markdown = ""
+    for recipe in suite.recipes:
+        if recipe.control is None:
+            continue
+        markdown += f"\n## Paired difference of {recipe.name} against its control {recipe.control}\n\n"
+        pair = {name: runs[name] for name in (recipe.control, recipe.name) if name in runs}
+        differences = paired_differences(pair, recipe.control)
+        if differences:
+            markdown += "As above, against the control on the same seeds.\n\n"
+            markdown += format_paired_markdown(recipe.control, differences)
+        else:
+            markdown += "The two have not finished a seed in common yet.\n"
+    return markdown
+
+
 def summarise(output: Path, suite: Suite) -> dict[str, Any]:
     """Write results.md, results.csv and the plots from every finished run."""
     runs = collect(output, suite)
@@ -553,6 +592,7 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
             markdown += format_paired_markdown(suite.baseline, differences)
         else:
             markdown += "No other configuration has finished a seed that the baseline finished.\n"
+    markdown += _controls_markdown(suite, runs)
     wall = format_wall_markdown(runs)
     if wall:
         markdown += "\n## Wall time per run\n\nSeconds; a resumed run counts only its last part.\n\n" + wall
