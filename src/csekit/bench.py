@@ -173,8 +173,8 @@ def load_suite(path: str | Path) -> Suite:
         if recipe.control is not None and (recipe.control not in names or recipe.control == recipe.name):
             raise CsekitError(
                 f"{at(path, _line_naming(text, 'control', recipe.control))}: control {recipe.control!r} of "
-                f"{recipe.name!r} is not another "
-                f"recipe name of this suite; expected one of {[n for n in names if n != recipe.name]}"
+                f"{recipe.name!r} is not another recipe name of this suite; "
+                f"expected one of {[n for n in names if n != recipe.name]}"
             )
     return Suite(
         str(raw.get("name") or path.stem),
@@ -565,7 +565,10 @@ def _controls_markdown(suite: Suite, runs: dict[str, list[dict[str, Any]]]) -> s
         pair = {name: runs[name] for name in (recipe.control, recipe.name) if name in runs}
         differences = paired_differences(pair, recipe.control)
         if differences:
-            markdown += "As above, against the control on the same seeds.\n\n"
+            markdown += (
+                "The recipe minus its control on the same seeds (x 100); p from a paired t-test over seeds; "
+                "* marks p < 0.05.\n\n"
+            )
             markdown += format_paired_markdown(recipe.control, differences)
         else:
             markdown += "The two have not finished a seed in common yet.\n"
