@@ -271,3 +271,14 @@ def test_a_control_must_be_another_recipe_of_the_suite(tmp_path: Path, control: 
     )
     with pytest.raises(CsekitError, match=f"suite.yaml:3: control '{control}' of 'method' is not another recipe name"):
         load_suite(tmp_path / "suite.yaml")
+
+
+def test_a_tiny_p_value_prints_as_below_one_thousandth() -> None:
+    """A p-value of 2e-5 printed as `p = 0.000` (seen in the controlled suite's STS12 column)."""
+    from csekit.bench import PairedDifference, format_paired_markdown
+
+    tiny = PairedDifference([1, 2, 3], -0.93, 2e-5, 0)
+    plain = PairedDifference([1, 2, 3], 0.5, 0.0421, 2)
+    markdown = format_paired_markdown("simcse", {"method": {"STS12": tiny, "STS Avg.": plain}})
+    assert "| -0.93 (p < 0.001) * |" in markdown and "| +0.50 (p = 0.042) * | 2/3 |" in markdown
+    assert "p = 0.000" not in markdown

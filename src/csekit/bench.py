@@ -420,12 +420,17 @@ def format_paired_markdown(baseline: str, differences: dict[str, dict[str, Paire
             if diff is None:
                 cells.append("-")
                 continue
-            p_text = "p = -" if diff.p_value is None else f"p = {diff.p_value:.3f}"
+            p_text = "p = -" if diff.p_value is None else _p_text(diff.p_value)
             cells.append(f"{_signed(diff.mean)} ({p_text}){' *' if diff.significant else ''}")
         average = columns.get("STS Avg.")
         cells.append("-" if average is None else f"{average.higher}/{len(average.seeds)}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _p_text(p_value: float) -> str:
+    """`p = 0.042`; below 0.0005 `p < 0.001` (three decimals would print a p-value of 0.000)."""
+    return "p < 0.001" if p_value < 0.0005 else f"p = {p_value:.3f}"
 
 
 def _signed(value: float) -> str:
