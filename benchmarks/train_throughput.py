@@ -1,6 +1,8 @@
 """Training throughput: csekit SimCSE against sentence-transformers' own unsupervised SimCSE, in one run.
 
-Both train the same backbone on the same corpus with the same batch size and maximum length:
+Both train the same backbone on the same corpus with the same batch size, maximum length and precision
+(the CPU's native one by default: bf16 where it has AVX512-BF16 or AMX, else fp32; fp32 is measured too
+when native is bf16):
 csekit through `csekit.training.trainer.train` (its real loop, data loading included), sentence-transformers
 through `SentenceTransformerTrainer` with `MultipleNegativesRankingLoss` on (sentence, sentence)
 pairs (its documented SimCSE recipe), with a [CLS] pooler to match. Each measurement runs in its own
@@ -10,7 +12,12 @@ are set to 0 so every auxiliary term runs, and SLT-FAI uses the authors' BookCor
 bert-base-uncased's vocabulary), with which incomplete-sentence filtering masks about half the sentences.
 
     python benchmarks/train_throughput.py --steps 20            # the whole comparison, 3 rounds
+    python benchmarks/train_throughput.py --steps 20 --no-methods   # csekit against sentence-transformers only
     python benchmarks/train_throughput.py --corpus-memory       # peak memory of 100k / 1M-line corpora
+
+After the rounds it prints the limit: each step's matrix-product FLOPs (forward and backward, counted by
+`torch.utils.flop_counter`) over its median time, as a fraction of the rate a large matrix product reaches
+at the same precision on this CPU (the dense-matmul bound), for csekit and for sentence-transformers.
 
 Method step-time ratios are measured twice: each recipe's real loop in its own process (its s/step and
 peak memory), and all recipes in one process taking turns, a few steps each on the same batches, for
@@ -113,20 +120,13 @@ def surrogate_augmented_corpus(folder: Path, rows: int) -> str:
 def run_sentence_transformers(precision: str, steps: int, batch: int, max_length: int) -> dict:
     """sentence-transformers' unsupervised SimCSE: MNRL on (s, s) pairs, the same backbone with [CLS] pooling."""
     from datasets import Dataset
-    from sentence_transformers import SentenceTransformer, SentenceTransformerTrainer
+    from sentence_transformers import SentenceTransformerTrainer
     from sentence_transformers.losses import MultipleNegativesRankingLoss
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
     from sentence_transformers.training_args import SentenceTransformerTrainingArguments
     from transformers import TrainerCallback
 
-    from csekit.data.data_dir import resolve_data_dir
-    from csekit.encoding.encoder import resolve_model_path
-
-    corpus = resolve_data_dir(None) / "corpus" / "sts_sick_unlabeled_sentences.txt"
-    sentences = corpus.read_text(encoding="utf-8").splitlines()[: batch * (steps + 1)]
-    transformer = Transformer(resolve_model_path("minilm-l6"), max_seq_length=max_length)
-    pooling = Pooling(transformer.auto_model.config.hidden_size, pooling_mode="cls")
-    model = SentenceTransformer(modules=[transformer, pooling], device="cpu")
+    sentences = _corpus_sentences(batch * (steps + 1))
+    model = _st_model(max_length)
     dataset = Dataset.from_dict({"anchor": sentences, "positive": sentences})
 
     class StepTimer(TrainerCallback):
@@ -163,10 +163,73 @@ def run_sentence_transformers(precision: str, steps: int, batch: int, max_length
     return {"sentences_per_second": batch / seconds, "seconds_per_step": seconds}
 
 
-def alternate_recipes(recipes: list[str], batch: int, max_length: int, turns: int, steps_per_turn: int) -> dict:
+def step_flops(precision: str, batch: int, max_length: int, samples: int = 4) -> dict:
+    """Matrix-product FLOPs of one training step (forward and backward) of csekit and of sentence-transformers,
+    averaged over the same `samples` random batches, and the dense-matmul rate this CPU reaches at `precision`.
+
+    FLOPs are counted by `torch.utils.flop_counter` (matrix products, attention included); they depend on the
+    batch's lengths, hence the average. The bound is a large square product (`profile_step.matmul_bound`).
+    """
+    import random
+
+    import torch
+    from profile_step import csekit_step, matmul_bound  # benchmarks/ is on the path of a script run from it
+    from sentence_transformers.losses import MultipleNegativesRankingLoss
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from csekit.core.precision import DTYPES
+
+    sentences = _corpus_sentences(20_000)
+    batches = [random.Random(k).sample(sentences, batch) for k in range(samples)]
+    csekit = csekit_step(REPO / "recipes" / "quickstart.yaml", precision, batch, max_length)
+    st_model = _st_model(max_length)
+    st_model.train()
+    st_loss = MultipleNegativesRankingLoss(st_model, scale=20.0)
+
+    def st_step(texts: list[str]) -> None:
+        features = [st_model.preprocess(texts), st_model.preprocess(texts)]  # (anchor, positive) = (s, s)
+        st_loss(features, None).backward()
+        st_model.zero_grad(set_to_none=True)
+
+    counts: dict[str, list[int]] = {"csekit": [], "st": []}
+    for texts in batches:
+        for name, step in (("csekit", csekit), ("st", st_step)):
+            with FlopCounterMode(display=False) as counter:
+                step(texts)
+            counts[name].append(counter.get_total_flops())
+    return {
+        "bound_gflops": matmul_bound(DTYPES[precision]),
+        "csekit_gflop": statistics.mean(counts["csekit"]) / 1e9,
+        "st_gflop": statistics.mean(counts["st"]) / 1e9,
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _corpus_sentences(limit: int) -> list[str]:
+    from csekit.data.data_dir import resolve_data_dir
+
+    corpus = resolve_data_dir(None) / "corpus" / "sts_sick_unlabeled_sentences.txt"
+    return corpus.read_text(encoding="utf-8").splitlines()[:limit]
+
+
+def _st_model(max_length: int):  # type: ignore[no-untyped-def]
+    """sentence-transformers' model of the comparison: the backbone with a [CLS] pooler, on CPU."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    from csekit.encoding.encoder import resolve_model_path
+
+    transformer = Transformer(resolve_model_path("minilm-l6"), max_seq_length=max_length)
+    pooling = Pooling(transformer.auto_model.config.hidden_size, pooling_mode="cls")
+    return SentenceTransformer(modules=[transformer, pooling], device="cpu")
+
+
+def alternate_recipes(
+    recipes: list[str], precision: str, batch: int, max_length: int, turns: int, steps_per_turn: int
+) -> dict:
     """Seconds per step of each recipe, all built in this process and stepped in turns on the same batches.
 
-    Each step is the training loop's: accelerate's bf16 autocast, the loop's `forward_backward` on the
+    Each step is the training loop's: accelerate's autocast at `precision`, the loop's `forward_backward` on the
     collated batch (fields, step numbers), AdamW. Returns each recipe's list of per-turn
     s/step and each turn's ratio to the first recipe's.
     """
@@ -179,11 +242,11 @@ def alternate_recipes(recipes: list[str], batch: int, max_length: int, turns: in
     from csekit.encoding.encoder import SentenceEncoder
     from csekit.training.model import build_model
     from csekit.training.optimization import forward_backward, make_optimizer
-    from csekit.training.processes import keep_freed_memory
+    from csekit.training.processes import MIXED_PRECISION, keep_freed_memory
     from csekit.training.recipe import load_recipe
 
     keep_freed_memory()
-    accelerator = Accelerator(mixed_precision="bf16")
+    accelerator = Accelerator(mixed_precision=MIXED_PRECISION[precision])
     with tempfile.TemporaryDirectory() as folder:  # the surrogate OssCSE corpus, if needed
         total = turns * steps_per_turn + 2
         picks = random.Random(0).sample(range(20_000), batch * total)
@@ -250,8 +313,12 @@ def one(kind: str, args: argparse.Namespace) -> None:
     torch.manual_seed(0)
     name, _, precision = kind.partition(":")
     if name == "alternate":
-        recipes = precision.split(",")
-        result = alternate_recipes(recipes, args.batch_size, args.max_length, args.turns, args.steps_per_turn)
+        precision, _, recipes = precision.partition(":")
+        result = alternate_recipes(
+            recipes.split(","), precision, args.batch_size, args.max_length, args.turns, args.steps_per_turn
+        )
+    elif name == "flops":
+        result = step_flops(precision, args.batch_size, args.max_length)
     elif name == "st":
         result = run_sentence_transformers(precision, args.steps, args.batch_size, args.max_length)
     elif name == "corpus":
@@ -272,23 +339,102 @@ def measure(kind: str, args: argparse.Namespace) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def cpu_name() -> str:
+    """The CPU model as /proc/cpuinfo names it (figures are only comparable on the same CPU)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+def print_round(results: dict) -> None:
+    for kind, r in results.items():
+        print(
+            f"  {kind:<24} {r['sentences_per_second']:7.1f} sentences/s  {r['seconds_per_step']:.3f} s/step  "
+            f"peak RSS {r['peak_rss_mib']:.0f} MiB"
+        )
+
+
+def compare_with_sentence_transformers(args: argparse.Namespace, precision: str) -> dict[str, list[float]]:
+    """`args.rounds` rounds of back-to-back runs; each run's seconds per step, by kind.
+
+    This machine's speed drifts by 20-30% over minutes (it is shared), so the runs whose ratio is
+    reported are taken back to back in each round, and the median of the rounds' ratios is reported.
+    """
+    precisions = [precision] if precision == "fp32" else [precision, "fp32"]
+    kinds = [kind for p in precisions for kind in (f"st:{p}", f"quickstart.yaml:{p}")]
+    seconds: dict[str, list[float]] = {kind: [] for kind in kinds}
+    ratios: dict[str, list[float]] = {}
+    for round_number in range(1, args.rounds + 1):
+        print(f"round {round_number} of {args.rounds}")
+        results = {kind: measure(kind, args) for kind in kinds}
+        print_round(results)
+        for p in precisions:
+            ratio = results[f"quickstart.yaml:{p}"]["sentences_per_second"] / results[f"st:{p}"]["sentences_per_second"]
+            ratios.setdefault(f"csekit {p} / sentence-transformers {p}", []).append(ratio)
+            print(f"  csekit {p} / sentence-transformers {p}: {ratio:.2f}x")
+        for kind, r in results.items():
+            seconds[kind].append(r["seconds_per_step"])
+    print(f"median over {args.rounds} round(s):")
+    for name, values in ratios.items():
+        print(f"  {name}: {statistics.median(values):.2f}x  (rounds: {', '.join(f'{v:.2f}' for v in values)})")
+    return seconds
+
+
+def print_bound(args: argparse.Namespace, precision: str, seconds: dict[str, list[float]]) -> None:
+    """The step's matrix-product FLOPs over its time, as a fraction of the measured dense-matmul rate."""
+    r = measure(f"flops:{precision}", args)
+    bound = r["bound_gflops"]
+    print(
+        f"the limit ({precision}): a 2048x2048 matrix product runs at {bound:.0f} GFLOP/s on {r['threads']} threads; "
+        "step FLOPs are the matrix products of forward and backward (torch.utils.flop_counter, mean of 4 batches)"
+    )
+    for label, kind, key in (
+        ("csekit SimCSE", f"quickstart.yaml:{precision}", "csekit_gflop"),
+        ("sentence-transformers MNRL", f"st:{precision}", "st_gflop"),
+    ):
+        step = statistics.median(seconds[kind])
+        rate = r[key] / step
+        print(
+            f"  {label:<27} {r[key]:6.1f} GFLOP a step, {step:.3f} s/step: {rate:5.0f} GFLOP/s = {rate / bound:.0%} of "
+            f"the bound (the FLOPs alone take {r[key] / bound:.3f} s at the bound)"
+        )
+    target = statistics.median(seconds[f"st:{precision}"]) / 3
+    print(
+        f"  3x sentence-transformers means {target:.3f} s a csekit step; its matrix products alone need "
+        f"{r['csekit_gflop'] / bound:.3f} s at the bound"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--max-length", type=int, default=32)
+    parser.add_argument(
+        "--precision",
+        default="native",
+        help="native: bf16 where the CPU runs it natively, else fp32 (fp32 is measured too when native is bf16)",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds of back-to-back runs (median reported)")
     parser.add_argument("--turns", type=int, default=8, help="turns of the alternating method comparison")
     parser.add_argument("--steps-per-turn", type=int, default=2, help="steps a recipe takes in each turn")
+    parser.add_argument("--no-methods", action="store_true", help="skip the method recipes")
     parser.add_argument("--corpus-memory", action="store_true", help="only the 100k / 1M-line corpus figures")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
         one(args.one, args)
         return
+    from profile_step import native_precision  # benchmarks/ is on the path of a script run from it
+
+    precision = native_precision() if args.precision == "native" else args.precision
     print(
-        f"machine: {os.cpu_count()} cores; torch threads default; batch {args.batch_size}, max length "
-        f"{args.max_length}, {args.steps} steps; backbone all-MiniLM-L6-v2 ([CLS])"
+        f"machine: {cpu_name()}, {os.cpu_count()} cores; torch threads default; batch {args.batch_size}, max length "
+        f"{args.max_length}, {args.steps} steps; backbone all-MiniLM-L6-v2 ([CLS]); precision {precision}"
     )
     if args.corpus_memory:
         for lines in (100_000, 1_000_000):
@@ -299,38 +445,23 @@ def main() -> None:
                 f"(+{grown:.0f} MiB for the corpus)"
             )
         return
-    # This machine's speed drifts by 20-30% over minutes (it is shared), so the runs whose ratio is
-    # reported are taken back to back in each round, and the median of the rounds' ratios is reported.
-    main_kinds = ("st:fp32", "quickstart.yaml:fp32", "quickstart.yaml:bf16")
+    seconds = compare_with_sentence_transformers(args, precision)
+    print_bound(args, precision, seconds)
     methods = [recipe for recipe in METHOD_RECIPES if (REPO / "recipes" / recipe).exists()]
-    ratios: dict[str, list[float]] = {}
-    for round_number in range(1, args.rounds + 1):
-        print(f"round {round_number} of {args.rounds}")
-        results = {kind: measure(kind, args) for kind in main_kinds}
-        for kind, r in results.items():
-            print(
-                f"  {kind:<24} {r['sentences_per_second']:7.1f} sentences/s  {r['seconds_per_step']:.3f} s/step  "
-                f"peak RSS {r['peak_rss_mib']:.0f} MiB"
-            )
-        st_rate = results["st:fp32"]["sentences_per_second"]
-        for kind in main_kinds[1:]:
-            ratio = results[kind]["sentences_per_second"] / st_rate
-            ratios.setdefault(f"{kind} / sentence-transformers fp32", []).append(ratio)
-            print(f"  {kind} / sentence-transformers fp32: {ratio:.2f}x")
-    print(f"median over {args.rounds} round(s):")
-    for name, values in ratios.items():
-        print(f"  {name}: {statistics.median(values):.2f}x  (rounds: {', '.join(f'{v:.2f}' for v in values)})")
-    if not methods:
-        return
-    print("method recipes, bf16, each in its own process (the real loop; peak memory):")
+    if methods and not args.no_methods:
+        compare_methods(args, precision, methods)
+
+
+def compare_methods(args: argparse.Namespace, precision: str, methods: list[str]) -> None:
+    print(f"method recipes, {precision}, each in its own process (the real loop; peak memory):")
     for recipe in methods:
-        r = measure(f"{recipe}:bf16", args)
+        r = measure(f"{recipe}:{precision}", args)
         print(f"  {recipe:<24} {r['seconds_per_step']:.3f} s/step  peak RSS {r['peak_rss_mib']:.0f} MiB")
     print(
         f"method recipes against SimCSE in one process, {args.turns} turns of {args.steps_per_turn} steps each "
-        "on the same batches (bf16):"
+        f"on the same batches ({precision}):"
     )
-    r = measure("alternate:" + ",".join(["quickstart.yaml", *methods]), args)
+    r = measure(f"alternate:{precision}:" + ",".join(["quickstart.yaml", *methods]), args)
     for recipe, values in r["ratios"].items():
         if recipe == "quickstart.yaml":
             continue
