@@ -201,6 +201,15 @@ def test_paired_comparison_against_the_baseline_matches_a_hand_computed_t_test(t
     assert float(rows["better"]["STS Avg. p"]) == pytest.approx(_two_sided_t_p([2, 3]), rel=1e-3)
 
 
+def _write_suite(folder: Path, entries: list[str]) -> Path:
+    """A suite over seeds 1-3 with baseline `simcse`: one recipe line `{recipe: a.yaml, name: ENTRY}` an entry."""
+    (folder / "a.yaml").write_text("name: a\n", encoding="utf-8")
+    lines = "".join(f"  - {{recipe: a.yaml, name: {entry}}}\n" for entry in entries)
+    suite = folder / "suite.yaml"
+    suite.write_text(f"seeds: [1, 2, 3]\nbaseline: simcse\nrecipes:\n{lines}", encoding="utf-8")
+    return suite
+
+
 def test_summary_only_tabulates_finished_runs_without_training(tmp_path: Path) -> None:
     """`csekit bench --summary-only` writes the tables of a suite stopped part way; a difference that rounds to
     zero prints 0.00 (it printed -0.00)."""
@@ -208,13 +217,7 @@ def test_summary_only_tabulates_finished_runs_without_training(tmp_path: Path) -
 
     from csekit.cli import app
 
-    (tmp_path / "a.yaml").write_text("name: a\n", encoding="utf-8")
-    suite = tmp_path / "suite.yaml"
-    suite.write_text(
-        "seeds: [1, 2, 3]\nbaseline: simcse\nrecipes:\n  - {recipe: a.yaml, name: simcse}\n"
-        "  - {recipe: a.yaml, name: same}\n  - {recipe: a.yaml, name: unstarted}\n",
-        encoding="utf-8",
-    )
+    suite = _write_suite(tmp_path, ["simcse", "same", "unstarted"])
     out = tmp_path / "bench"
     for seed, (base, same) in enumerate([(0.70, 0.69999), (0.72, 0.71997)], start=1):  # -0.001, -0.003 x 100
         _write_results(out, "simcse", seed, sts12=base, average=base)
@@ -237,14 +240,7 @@ def test_summary_only_tabulates_finished_runs_without_training(tmp_path: Path) -
 
 def test_a_recipe_is_also_compared_with_its_control(tmp_path: Path) -> None:
     """OssCSE's prompt pooler is one of its parts: the suite compares it with SimCSE on the same pooler too."""
-    (tmp_path / "a.yaml").write_text("name: a\n", encoding="utf-8")
-    suite_file = tmp_path / "suite.yaml"
-    suite_file.write_text(
-        "seeds: [1, 2, 3]\nbaseline: simcse\nrecipes:\n  - {recipe: a.yaml, name: simcse}\n"
-        "  - {recipe: a.yaml, name: prompt}\n  - {recipe: a.yaml, name: method, control: prompt}\n",
-        encoding="utf-8",
-    )
-    suite = load_suite(suite_file)
+    suite = load_suite(_write_suite(tmp_path, ["simcse", "prompt", "method, control: prompt"]))
     assert [r.control for r in suite.recipes] == [None, None, "prompt"]
     out = tmp_path / "bench"
     values = {"simcse": [0.70, 0.72, 0.71], "prompt": [0.74, 0.75, 0.73], "method": [0.75, 0.77, 0.745]}
