@@ -136,29 +136,7 @@ def load_suite(path: str | Path) -> Suite:
         raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: recipes must be a non-empty list")
     recipes: list[SuiteRecipe] = []
     for entry in entries:
-        if isinstance(entry, str):
-            entry = {"recipe": entry}
-        if not isinstance(entry, dict) or "recipe" not in entry:
-            raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: each recipe needs a `recipe:` path")
-        unknown = set(entry) - RECIPE_KEYS
-        if unknown:
-            key = sorted(unknown)[0]
-            raise CsekitError(
-                f"{at(path, _line_of(text, key))}: unknown recipe key {key!r}; expected {sorted(RECIPE_KEYS)}"
-            )
-        recipe_path = (path.parent / str(entry["recipe"])).resolve()
-        if not recipe_path.exists():
-            raise CsekitError(f"{at(path, _line_of(text, 'recipe'))}: recipe {recipe_path} does not exist")
-        overrides = entry.get("set") or []
-        if not isinstance(overrides, list):
-            raise CsekitError(f"{at(path, _line_of(text, 'set'))}: set must be a list of key=value strings")
-        name = str(entry.get("name") or recipe_path.stem)
-        if any(r.name == name for r in recipes):
-            raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: two recipes are named {name!r}; give one a name")
-        control = entry.get("control")
-        recipes.append(
-            SuiteRecipe(name, recipe_path, [str(o) for o in overrides], None if control is None else str(control))
-        )
+        recipes.append(_suite_recipe(path, text, entry, [r.name for r in recipes]))
     sample = raw.get("sample_sentences", 1000)
     if not isinstance(sample, int) or sample < 2:
         raise CsekitError(f"{at(path, _line_of(text, 'sample_sentences'))}: sample_sentences must be an integer >= 2")
@@ -168,14 +146,7 @@ def load_suite(path: str | Path) -> Suite:
             f"{at(path, _line_of(text, 'baseline'))}: baseline {baseline!r} is not a recipe name of this suite; "
             f"expected one of {[r.name for r in recipes]}"
         )
-    names = [r.name for r in recipes]
-    for recipe in recipes:
-        if recipe.control is not None and (recipe.control not in names or recipe.control == recipe.name):
-            raise CsekitError(
-                f"{at(path, _line_naming(text, 'control', recipe.control))}: control {recipe.control!r} of "
-                f"{recipe.name!r} is not another recipe name of this suite; "
-                f"expected one of {[n for n in names if n != recipe.name]}"
-            )
+    _check_controls(path, text, recipes)
     return Suite(
         str(raw.get("name") or path.stem),
         seeds,
@@ -184,6 +155,43 @@ def load_suite(path: str | Path) -> Suite:
         sample,
         None if baseline is None else str(baseline),
     )
+
+
+def _suite_recipe(path: Path, text: str, entry: Any, taken: list[str]) -> SuiteRecipe:
+    """One entry of a suite's `recipes:` list, checked (`taken`: the names of the entries before it)."""
+    if isinstance(entry, str):
+        entry = {"recipe": entry}
+    if not isinstance(entry, dict) or "recipe" not in entry:
+        raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: each recipe needs a `recipe:` path")
+    unknown = set(entry) - RECIPE_KEYS
+    if unknown:
+        key = sorted(unknown)[0]
+        raise CsekitError(
+            f"{at(path, _line_of(text, key))}: unknown recipe key {key!r}; expected {sorted(RECIPE_KEYS)}"
+        )
+    recipe_path = (path.parent / str(entry["recipe"])).resolve()
+    if not recipe_path.exists():
+        raise CsekitError(f"{at(path, _line_of(text, 'recipe'))}: recipe {recipe_path} does not exist")
+    overrides = entry.get("set") or []
+    if not isinstance(overrides, list):
+        raise CsekitError(f"{at(path, _line_of(text, 'set'))}: set must be a list of key=value strings")
+    name = str(entry.get("name") or recipe_path.stem)
+    if name in taken:
+        raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: two recipes are named {name!r}; give one a name")
+    control = entry.get("control")
+    return SuiteRecipe(name, recipe_path, [str(o) for o in overrides], None if control is None else str(control))
+
+
+def _check_controls(path: Path, text: str, recipes: list[SuiteRecipe]) -> None:
+    """Each `control:` names another recipe of the suite."""
+    names = [r.name for r in recipes]
+    for recipe in recipes:
+        if recipe.control is not None and (recipe.control not in names or recipe.control == recipe.name):
+            raise CsekitError(
+                f"{at(path, _line_naming(text, 'control', recipe.control))}: control {recipe.control!r} of "
+                f"{recipe.name!r} is not another recipe name of this suite; "
+                f"expected one of {[n for n in names if n != recipe.name]}"
+            )
 
 
 def run_dir(output: Path, recipe: SuiteRecipe, seed: int) -> Path:
