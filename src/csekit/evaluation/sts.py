@@ -103,6 +103,11 @@ def sts_average(results: dict) -> float | None:
     return float(np.mean(headline)) if all(x is not None for x in headline) else None
 
 
+def dev_average(results: dict) -> float | None:
+    """`avg_sts`: the mean of STS-B dev and SICK-R dev, or None when one is missing."""
+    return float(np.mean([results[name] for name in DEV_TASKS])) if set(DEV_TASKS) <= set(results) else None
+
+
 def evaluate_dev(
     encode: Encoder,
     data_dir: str | Path | None,
@@ -121,8 +126,9 @@ def evaluate_dev(
     devs = [load_sts_task(data_dir, name)[0] for name in tasks]
     index, emb = _encode_all(encode, devs)
     scores = {name: _spearman(_cosine(index, emb, dev), dev.scores) for name, dev in zip(tasks, devs, strict=True)}
-    if set(DEV_TASKS) <= set(scores):
-        scores[AVG_STS] = float(np.mean([scores[name] for name in DEV_TASKS]))
+    average = dev_average(scores)
+    if average is not None:
+        scores[AVG_STS] = average
     if align_uniform:
         scores.update(align_uniform_from_embeddings(index, emb, devs[0]))
     return scores

@@ -15,7 +15,7 @@ from csekit.core.registry import EVAL_TASKS
 from csekit.evaluation.alignment import evaluate_align_uniform
 from csekit.evaluation.cache import EmbeddingCache
 from csekit.evaluation.post_whitening import whitened
-from csekit.evaluation.sts import DEV_TASKS, STS_TASKS, evaluate_dev, evaluate_sts, sts_average
+from csekit.evaluation.sts import DEV_TASKS, STS_TASKS, dev_average, evaluate_dev, evaluate_sts, sts_average
 from csekit.evaluation.sts_data import load_sts_task
 from csekit.evaluation.tasks import AVG_STS
 from csekit.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, load_transfer_task, transfer_average
@@ -82,8 +82,11 @@ def run_evaluation(
         )
     if groups["align"]:
         results["align"] = evaluate_align_uniform(encode, root, "stsb-dev")
-    dev_average = np.mean([results[name] for name in DEV_TASKS]) if set(DEV_TASKS) <= set(results) else None
-    averages = (("avg", sts_average(results)), (AVG_STS, dev_average), ("transfer_avg", transfer_average(results)))
+    averages = (
+        ("avg", sts_average(results)),
+        (AVG_STS, dev_average(results)),
+        ("transfer_avg", transfer_average(results)),
+    )
     for key, value in averages:
         if value is not None:
             results[key] = value
