@@ -140,15 +140,7 @@ def _two_sided_t_p(deltas: list[float]) -> float:
 
 
 def test_paired_comparison_against_the_baseline_matches_a_hand_computed_t_test(tmp_path: Path) -> None:
-    (tmp_path / "a.yaml").write_text("name: a\n", encoding="utf-8")
-    names = ["simcse", "better", "much-better", "partial"]
-    suite_file = tmp_path / "suite.yaml"
-    suite_file.write_text(
-        "seeds: [1, 2, 3]\nbaseline: simcse\nrecipes:\n"
-        + "".join(f"  - {{recipe: a.yaml, name: {n}}}\n" for n in names),
-        encoding="utf-8",
-    )
-    suite = load_suite(suite_file)
+    suite = load_suite(_write_suite(tmp_path, ["simcse", "better", "much-better", "partial"]))
     out = tmp_path / "bench"
     averages = {
         "simcse": [0.70, 0.72, 0.71],
