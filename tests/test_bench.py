@@ -270,3 +270,74 @@ def test_a_tiny_p_value_prints_as_below_one_thousandth() -> None:
     markdown = format_paired_markdown("simcse", {"method": {"STS12": tiny, "STS Avg.": plain}})
     assert "| -0.93 (p < 0.001) * |" in markdown and "| +0.50 (p = 0.042) * | 2/3 |" in markdown
     assert "p = 0.000" not in markdown
+
+
+def test_every_recipe_of_a_suite_is_checked_before_the_first_training(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """An SLT-FAI recipe whose token counts were never made stops the suite before anything trains, with the
+    command that makes them; so does an OssCSE corpus that `csekit augment` did not write."""
+    from conftest import make_corpus, make_data_dir
+
+    data = make_data_dir(tmp_path / "data")
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=48)
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(
+        f"seeds: [1]\nrecipes:\n"
+        f"  - {{recipe: {REPO / 'recipes' / 'quickstart.yaml'}, name: simcse, set: [data.corpus={corpus}]}}\n"
+        f"  - {{recipe: {REPO / 'recipes' / 'slt-fai-minilm.yaml'}, name: slt-fai, set: [data.corpus={corpus}]}}\n"
+        f"  - {{recipe: {REPO / 'recipes' / 'osscse-minilm.yaml'}, name: osscse}}\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "bench"
+    overrides = [f"model.backbone={tiny_model_dir}", "train.max_steps=2", "train.batch_size=8"]
+    with pytest.raises(CsekitError) as error:
+        run_suite(suite, out, data_dir=data, overrides=overrides, show_progress=False, log=lambda line: None)
+    message = str(error.value)
+    assert "nothing trained, 2 recipe(s) cannot run" in message
+    assert "[slt-fai] token counts file freq/sts_sick_minilm-l6.json not found" in message
+    assert "make it with: csekit freq" in message
+    assert "[osscse] corpus corpus/sts_sick_unlabeled_osscse.jsonl not found" in message
+    assert "make it with: csekit augment" in message
+    assert not out.exists()
+
+
+def test_a_suite_says_how_long_the_rest_will_take(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from conftest import make_corpus, make_data_dir
+
+    data = make_data_dir(tmp_path / "data")
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=48)
+    messages: list[str] = []
+    overrides = [f"model.backbone={tiny_model_dir}", f"data.corpus={corpus}"]
+    run_suite(SMOKE, tmp_path / "bench", data_dir=data, overrides=overrides, show_progress=False, log=messages.append)
+    assert messages[0] == "simcse-seed1: training and evaluating (run 1 of 4)"
+    progress = [line for line in messages if "left, about" in line]
+    assert [line.split(";")[1].split(",")[0].strip() for line in progress] == [
+        "3 run(s) left",
+        "2 run(s) left",
+        "1 run(s) left",
+    ]
+    assert all(line.rstrip().endswith(" s more") for line in progress)  # tiny runs: seconds
+
+
+def test_ctrl_c_in_bench_says_how_to_continue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sys
+
+    import csekit.bench
+    from csekit import cli
+    from csekit.training.trainer import TrainingInterrupted
+
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise TrainingInterrupted(7, tmp_path / "bench" / "simcse-seed1")
+
+    monkeypatch.setattr(csekit.bench, "run_suite", interrupted)
+    args = ["csekit", "bench", str(SMOKE), "--output", str(tmp_path / "bench"), "--set", "train.max_steps=2"]
+    monkeypatch.setattr(sys, "argv", args)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main()
+    assert exit_info.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"csekit: interrupted at step 7 of {tmp_path / 'bench' / 'simcse-seed1'}; continue the suite with: "
+        f"csekit bench {SMOKE} --output {tmp_path / 'bench'} --set train.max_steps=2"
+    ]

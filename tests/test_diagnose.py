@@ -267,3 +267,25 @@ def test_cli_refuses_a_bad_model_path_in_one_line(
     assert_one_line_error(code, err, "--sentences", "64")
     code, err = run_main(monkeypatch, capsys, "diagnose", str(missing), "--data-dir", str(data_dir))
     assert_one_line_error(code, err, "freq/bookcorpus_bert-base-uncased/labels.json", "not found", "csekit freq")
+
+
+def test_cli_warns_when_the_models_are_read_with_different_poolers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A base model read with its mean pooler beside a model trained on [CLS] compares two representations."""
+    data_dir = make_probe_data_dir(tmp_path / "data")
+    base, trained = tmp_path / "base", tmp_path / "trained"
+    make_tiny_encoder(tmp_path / "tok1", pooler="mean", initializer_range=0.2).save(base)
+    make_tiny_encoder(tmp_path / "tok2", pooler="cls", initializer_range=0.2).save(trained)
+    counts = write_counts(tmp_path / "counts.json", make_tiny_encoder(tmp_path / "tok3").tokenizer.get_vocab())
+    args = ["diagnose", str(base), str(trained), "--data-dir", str(data_dir), "--counts", str(counts)]
+    args += ["--sentences", "256"]
+    for extra, warned in (([], True), (["--pooler", "cls"], False)):
+        monkeypatch.setattr(sys, "argv", ["csekit", *args, *extra])
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+        assert exit_info.value.code in (0, None)
+        err = capsys.readouterr().err
+        assert ("warning: the models are read with different poolers" in err) is warned, err
+        if warned:
+            assert f"{base} with mean, {trained} with cls" in err and "--pooler" in err

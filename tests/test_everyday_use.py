@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 from conftest import (
     add_sick_trial,
+    assert_one_line_error,
     assert_same_checkpoint_weights,
     make_data_dir,
     read_metrics,
     run_cli_with_test_parts,
+    run_main,
     tiny_recipe,
 )
 
@@ -316,3 +318,36 @@ def test_evaluate_dev_prints_and_writes_the_dev_average(tmp_path: Path, tiny_mod
     expected = (report["tasks"]["stsb-dev"] + report["tasks"]["sick-dev"]) / 2
     assert report["avg_sts"] == pytest.approx(expected) and "avg_sts" not in report["tasks"]
     assert f"avg_sts: {100 * expected:.2f} (the mean of stsb-dev and sick-dev)" in result.output
+
+
+def test_encode_writes_npy_or_tab_separated_text_by_the_name_and_refuses_another(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--output x.txt` wrote .npy bytes into a .txt file; now .txt/.tsv is text that reads back exactly."""
+    import numpy as np
+
+    (tmp_path / "in.txt").write_text("a man plays the guitar .\na dog runs .\n", encoding="utf-8")
+    args = ["encode", str(tiny_model_dir), "-i", str(tmp_path / "in.txt"), "-o"]
+    assert run_main(monkeypatch, capsys, *args, str(tmp_path / "e.npy"))[0] == 0
+    assert run_main(monkeypatch, capsys, *args, str(tmp_path / "e.txt"))[0] == 0
+    text = (tmp_path / "e.txt").read_text(encoding="utf-8")
+    assert len(text.splitlines()) == 2 and all(len(line.split("\t")) == 32 for line in text.splitlines())
+    np.testing.assert_array_equal(np.loadtxt(tmp_path / "e.txt", dtype=np.float32), np.load(tmp_path / "e.npy"))
+    code, err = run_main(monkeypatch, capsys, *args, str(tmp_path / "e.csv"))
+    assert_one_line_error(code, err, "e.csv", ".npy", ".txt/.tsv")
+    assert not (tmp_path / "e.csv").exists()
+
+
+def test_a_pooler_in_capitals_gets_the_closest_name(tmp_path: Path, tiny_model_dir: Path) -> None:
+    with pytest.raises(CsekitError, match='unknown pooler "CLS" \\(did you mean "cls"\\?\\)'):
+        SentenceEncoder.load(str(tiny_model_dir), pooler="CLS")
+
+
+def test_the_probe_table_says_what_its_columns_are() -> None:
+    from csekit.evaluation.probes import BIAS_TABLE_LEGEND, format_bias_table
+
+    row = {"dataset": "STS12", "cont": 3, "oppn": 5, "median_score": 2.5, "median_mer": 0.4}
+    table = format_bias_table({"datasets": [{**row, "spearman_cont": 0.5, "spearman_oppn": 0.25}]})
+    lines = table.splitlines()
+    assert "pairs (paper)" in lines[0] and "medians" in lines[0] and "Spearman x 100" in lines[0]
+    assert lines[-1] == BIAS_TABLE_LEGEND and lines[-1].startswith("Cont.: pairs whose gold score")

@@ -29,8 +29,13 @@ def test_split_lines_ends_lines_at_newline_only() -> None:
 
 
 def test_encode_writes_one_row_per_newline(
-    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    native_bf16: bool,
 ) -> None:
+    """One row per line, and on any CPU the rows the Python API gives (both compute in fp32 by default)."""
     (tmp_path / "in.txt").write_text("\n".join(LINES) + "\n", encoding="utf-8", newline="")
     out = tmp_path / "out.npy"
     code, err = run_main(

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO, make_corpus, make_data_dir, read_metrics, tiny_recipe
+from conftest import REPO, auto_precision, make_corpus, make_data_dir, read_metrics, tiny_recipe
 
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.model_card import BIBTEX, CARD_FILE, methods_used, render_model_card
@@ -62,7 +62,7 @@ def test_the_mask_pooler_card_does_not_offer_sentence_transformers() -> None:
 
 
 def test_a_trained_models_card_gives_recipe_corpus_and_the_dev_score_it_was_kept_for(
-    tmp_path: Path, tiny_model_dir: Path
+    tmp_path: Path, tiny_model_dir: Path, native_bf16: bool
 ) -> None:
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
     data = make_data_dir(tmp_path / "data")
@@ -87,7 +87,7 @@ def test_a_trained_models_card_gives_recipe_corpus_and_the_dev_score_it_was_kept
     ):
         assert row in card, row
     assert "| objectives | infonce (temperature=0.05), weight 1.0 |" in card
-    assert "| max_length (tokens) | 16 |" in card and "| precision | fp32 |" in card
+    assert "| max_length (tokens) | 16 |" in card and f"| precision | {auto_precision(native_bf16)} |" in card
     assert f"| steps | {result.best_step} of 4 |" in card
     assert result.best_score is not None
     assert f"Dev score (selection metric): stsb-dev = {result.best_score * 100:.2f} at step {result.best_step}." in card

@@ -1,15 +1,18 @@
 """The README cannot drift: every csekit command its code blocks show parses, and the cheap ones run.
 
 Each command line of a ```bash block is parsed by the real command-line parser (a wrong option or a
-missing argument fails here), its `--help` works, and the train, evaluate (dev), encode and freq lines
-run for real on a tiny model and tiny data, as does the Python usage snippet.
+missing argument fails here) and its `--help` works; the "Using csekit" block runs line by line as a new
+shell after `make quickstart` would, on a tiny model and tiny data, and so does the Python usage snippet.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +25,6 @@ from csekit.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
-RUN_FOR_REAL = {"train", "evaluate", "encode", "freq"}
 
 
 def code_blocks(text: str, language: str) -> list[str]:
@@ -90,32 +92,83 @@ def _localise(args: list[str], names: dict[str, str]) -> list[str]:
     return out
 
 
-def test_cheap_readme_commands_run_for_real(workspace: dict[str, str]) -> None:
-    runner = CliRunner()
-    tiny = [
-        f"model.backbone={workspace['minilm-l6']}",
-        f"data.corpus={workspace['corpus']}",
-        "train.max_steps=2",
-        "train.batch_size=8",
-        "train.eval_every=0",
-    ]
-    ran = set()
-    for args in COMMANDS:
-        if args[0] not in RUN_FOR_REAL or "--resume" in args or Path(args[1]).name == "slt-fai-minilm.yaml":
+def using_csekit_block() -> list[str]:
+    """The command lines of the README's "Using csekit" block (its first bash block), continuations joined."""
+    section = README.read_text(encoding="utf-8").split("## Using csekit", 1)[1]
+    block = code_blocks(section, "bash")[0]
+    return [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+TINY_TRAINING = ("model.max_length=16", "train.batch_size=8", "train.eval_every=0", "train.dev_task=none")
+
+
+@pytest.fixture
+def after_quickstart(tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """A checkout's folder as `make quickstart` leaves it (its trained model in runs/quickstart/run/best), with
+    a data folder holding every file the block reads, and the tiny model standing in for minilm-l6."""
+    from test_diagnose import make_probe_data_dir, write_counts
+
+    from csekit.cli import DEFAULT_COUNTS
+    from csekit.encoding.encoder import SentenceEncoder
+
+    data = add_sick_trial(make_probe_data_dir(tmp_path / "data"))
+    trial = data / "sts" / "SICK" / "SICK_trial.txt"
+    (data / "sts" / "SICK" / "SICK_test_annotated.txt").write_text(trial.read_text(encoding="utf-8"), "utf-8")
+    (data / "corpus").mkdir()
+    corpus = make_corpus(data / "corpus" / "sts_sick_unlabeled_sentences.txt", lines=64)
+    counts = data / DEFAULT_COUNTS
+    counts.parent.mkdir(parents=True)
+    write_counts(counts, SentenceEncoder.load(tiny_model_dir).tokenizer.get_vocab())
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    monkeypatch.chdir(checkout)
+    monkeypatch.setenv("CSEKIT_DATA", str(data))
+    quickstart = ["train", str(REPO / "recipes" / "quickstart.yaml"), "--output", "runs/quickstart/run"]
+    overrides = [f"model.backbone={tiny_model_dir}", f"data.corpus={corpus}", "train.max_steps=2", *TINY_TRAINING]
+    result = CliRunner().invoke(app, [*quickstart, *(word for o in overrides for word in ("--set", o))])
+    assert result.exit_code == 0, result.output
+    return {"minilm-l6": str(tiny_model_dir), "data": str(data)}
+
+
+def _run_shell_line(line: str) -> None:
+    """A line that is not a csekit command: `source` and the data folder's `export` are this test's own
+    set-up (checked, not run); anything else runs in bash with the block's environment."""
+    if line.startswith("source .venv/bin/activate"):
+        return
+    if line.startswith("export CSEKIT_DATA="):
+        assert line.split()[1] == "CSEKIT_DATA=$PWD/../shared/data", line
+        return
+    completed = subprocess.run(["bash", "-c", line], capture_output=True, text=True, check=False)
+    assert completed.returncode == 0, (line, completed.stderr)
+
+
+def test_the_using_csekit_block_runs_as_written_after_the_quickstart(
+    after_quickstart: dict[str, str], tiny_model_dir: Path
+) -> None:
+    """Every line of the block, in order, as a new shell after `make quickstart` runs it: only minilm-l6 is
+    the tiny model here, and a new training run is kept tiny (short sentences, batches of 8, no dev task)."""
+    if shutil.which("apertium") is None:
+        pytest.skip("csekit augment's default engine needs Debian's apertium-eng-spa (scripts/setup.sh installs it)")
+    ran = []
+    for line in using_csekit_block():
+        words = shlex.split(line, comments=True)
+        if words[0] != "csekit":
+            _run_shell_line(line)
             continue
-        if args[0] == "evaluate" and "dev" not in args:
-            continue  # the full suites need the real data folder (tested elsewhere)
-        if args[0] == "train" and Path(args[1]).name != "quickstart.yaml":
-            continue
-        argv = _localise(args, workspace)
-        if args[0] == "train":
-            argv += [item for override in tiny for item in ("--set", override)]
-        result = runner.invoke(app, argv)
-        assert result.exit_code == 0, (argv, result.output)
-        ran.add(args[0])
-    assert ran == RUN_FOR_REAL
-    assert np.load("embeddings.npy").shape[0] == 2
-    assert Path("freq/sts_sick_minilm-l6.json").exists()
+        argv = _localise(words[1:], after_quickstart)
+        if argv[0] == "train" and "--resume" not in argv:
+            argv += [
+                item
+                for override in (f"model.backbone={tiny_model_dir}", *TINY_TRAINING)
+                for item in ("--set", override)
+            ]
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 0, (line, result.output)
+        ran.append(argv[0])
+    assert set(ran) == {"evaluate", "encode", "probe", "diagnose", "augment", "freq", "train"}
+    assert np.load("embeddings.npy").shape == (64, 32)  # the head of a 64-line corpus
+    assert json.loads(Path("results.json").read_text(encoding="utf-8"))["tasks"]
+    assert json.loads(Path("runs/qs/metrics.jsonl").read_text(encoding="utf-8").splitlines()[-1])["step"] == 40
 
 
 def test_readme_python_usage_snippet_runs(workspace: dict[str, str]) -> None:
@@ -126,7 +179,7 @@ def test_readme_python_usage_snippet_runs(workspace: dict[str, str]) -> None:
             "train",
             str(REPO / "recipes" / "quickstart.yaml"),
             "--output",
-            "runs/qs",
+            "runs/quickstart/run",
             *("--set", f"model.backbone={workspace['minilm-l6']}", "--set", f"data.corpus={workspace['corpus']}"),
             *("--set", "train.max_steps=1", "--set", "train.batch_size=8", "--set", "train.dev_task=none"),
         ],

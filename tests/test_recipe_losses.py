@@ -78,7 +78,12 @@ def same_machine_as_the_recording() -> None:
     recorded_on = RECORDED_ON.read_text(encoding="utf-8").strip() if RECORDED_ON.exists() else "unknown"
     here = machine_signature()
     if recorded_on != here and os.environ.get("CSEKIT_TRACES_ANY_MACHINE") != "1":
-        pytest.skip(f"traces recorded on [{recorded_on}], this is [{here}]; record here with {RECORD_COMMAND}")
+        pytest.skip(
+            f"traces recorded on [{recorded_on}], this is [{here}]. To lock a change on this machine: record "
+            f"main's traces here first (`PYTHONPATH=src {RECORD_COMMAND}` on a clean checkout, which also "
+            f"rewrites {RECORDED_ON.name}), then run this test on your change (CSEKIT_EXACT_TRACES=1 for "
+            "bit-exactness); or compare with the recording within tolerance: CSEKIT_TRACES_ANY_MACHINE=1"
+        )
 
 
 @pytest.mark.parametrize("recipe_file", RECIPE_FILES)

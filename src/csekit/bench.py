@@ -250,6 +250,47 @@ def _run_one(
     return report
 
 
+def _pending_runs(out: Path, suite: Suite) -> list[tuple[SuiteRecipe, int]]:
+    """The (recipe, seed) pairs without a results.json yet, in the order they run."""
+    return [
+        (recipe, seed)
+        for recipe in suite.recipes
+        for seed in suite.seeds
+        if not (run_dir(out, recipe, seed) / RESULTS_FILE).exists()
+    ]
+
+
+def check_suite_inputs(
+    suite: Suite, pending: list[tuple[SuiteRecipe, int]], data_dir: Path | None, overrides: Sequence[str]
+) -> None:
+    """Resolve every pending run's recipe and look up its inputs before the first training.
+
+    One line lists each recipe whose recipe or inputs are wrong (with the command that makes a missing
+    input), so that a suite never stops hours in because a later recipe's corpus or counts were never made.
+    """
+    from csekit.training.inputs import check_recipe_inputs
+    from csekit.training.recipe import load_recipe
+
+    problems: dict[str, str] = {}
+    for recipe, seed in pending:
+        if recipe.name in problems:
+            continue
+        try:
+            config = load_recipe(recipe.path, [*recipe.overrides, *overrides, f"train.seed={seed}"])
+            check_recipe_inputs(config, data_dir)
+        except CsekitError as error:
+            problems[recipe.name] = str(error)
+    if problems:
+        listed = "; ".join(f"[{name}] {problem}" for name, problem in problems.items())
+        raise CsekitError(f"suite {suite.name}: nothing trained, {len(problems)} recipe(s) cannot run: {listed}")
+
+
+def _duration(seconds: float) -> str:
+    minutes, seconds = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {seconds:02d} s"
+
+
 def run_suite(
     suite_path: str | Path,
     output: str | Path,
@@ -258,21 +299,31 @@ def run_suite(
     show_progress: bool = True,
     log: Any = print,
 ) -> dict[str, Any]:
-    """Run every recipe x seed not yet finished, then write the tables and plots; returns what ran."""
+    """Run every recipe x seed not yet finished, then write the tables and plots; returns what ran.
+
+    Every pending run's inputs are checked first; after each run, the time the rest is expected to take
+    (the mean of this call's runs so far) is logged.
+    """
     suite = load_suite(suite_path)
     out = Path(output)
+    data_path = Path(data_dir) if data_dir else None
+    pending = _pending_runs(out, suite)
+    check_suite_inputs(suite, pending, data_path, overrides)
     out.mkdir(parents=True, exist_ok=True)
-    ran, skipped = [], []
-    for recipe in suite.recipes:
-        for seed in suite.seeds:
-            folder = run_dir(out, recipe, seed)
-            if (folder / RESULTS_FILE).exists():
-                skipped.append(folder.name)
-                log(f"{folder.name}: finished earlier, skipped")
-                continue
-            log(f"{folder.name}: training and evaluating")
-            _run_one(recipe, seed, suite, folder, Path(data_dir) if data_dir else None, overrides, show_progress)
-            ran.append(folder.name)
+    ran: list[str] = []
+    skipped = [run_dir(out, r, s).name for r in suite.recipes for s in suite.seeds if (r, s) not in pending]
+    for name in skipped:
+        log(f"{name}: finished earlier, skipped")
+    started = time.perf_counter()
+    for index, (recipe, seed) in enumerate(pending, start=1):
+        folder = run_dir(out, recipe, seed)
+        log(f"{folder.name}: training and evaluating (run {index} of {len(pending)})")
+        _run_one(recipe, seed, suite, folder, data_path, overrides, show_progress)
+        ran.append(folder.name)
+        elapsed = time.perf_counter() - started
+        left = len(pending) - index
+        if left:
+            log(f"{folder.name}: done; {left} run(s) left, about {_duration(elapsed / index * left)} more")
     summary = summarise(out, suite)
     return {"ran": ran, "skipped": skipped, **summary}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -42,10 +43,15 @@ PrecisionOption = Annotated[
     str,
     typer.Option(
         "--precision",
-        help="auto (bf16 where the hardware runs it natively, else fp32), fp32 (SentEval-exact) or bf16 (faster, "
-        "moves STS numbers by < 0.003; emulated and slow on CPUs without native bf16).",
+        help="fp32 (SentEval-exact, the numbers sentence-transformers gives), auto (bf16 where the hardware runs it "
+        "natively, else fp32), bf16 (faster where native, moves STS numbers by < 0.003; emulated and slow on CPUs "
+        "without native bf16) or fp16 (GPUs; slow on a CPU).",
     ),
 ]
+
+
+EMBEDDING_FORMATS = (".npy", ".txt", ".tsv")
+"""What `csekit encode --output` writes, by the file's suffix."""
 
 
 def _require_at_least(option: str, value: int, minimum: int = 1) -> None:
@@ -119,7 +125,7 @@ def evaluate(
     output: Annotated[
         Path | None, typer.Option("--output", "-o", help="Write the results as JSON here (default: print them only).")
     ] = None,
-    precision: PrecisionOption = "auto",
+    precision: PrecisionOption = "fp32",
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
     whiten: Annotated[
         bool,
@@ -219,6 +225,7 @@ def bench(
     Finished runs are skipped and interrupted ones resume, so a suite can be stopped and started again.
     """
     from csekit.bench import load_suite, run_suite, summarise
+    from csekit.training.trainer import TrainingInterrupted
 
     if summary_only:
         if not output.is_dir():
@@ -227,32 +234,53 @@ def bench(
         typer.echo(summary["table"])
         typer.echo(f"{summary['finished']} finished runs summarised; results in {output}")
         return
-    summary = run_suite(
-        suite,
-        output,
-        data_dir=data_dir,
-        overrides=overrides or [],
-        show_progress=progress,
-        log=lambda line: typer.echo(line, err=True),
-    )
+    try:
+        summary = run_suite(
+            suite,
+            output,
+            data_dir=data_dir,
+            overrides=overrides or [],
+            show_progress=progress,
+            log=lambda line: typer.echo(line, err=True),
+        )
+    except KeyboardInterrupt as stop:  # Ctrl-C: a training is checkpointed; the same command continues the suite
+        where = f" at step {stop.step} of {stop.output_dir}" if isinstance(stop, TrainingInterrupted) else ""
+        command = _bench_command(suite, output, overrides or [], data_dir)
+        typer.echo(f"csekit: interrupted{where}; continue the suite with: {command}", err=True)
+        raise typer.Exit(130) from None
     typer.echo(summary["table"])
     typer.echo(f"ran {len(summary['ran'])}, skipped {len(summary['skipped'])} finished; results in {output}")
+
+
+def _bench_command(suite: Path, output: Path, overrides: list[str], data_dir: Path | None) -> str:
+    """The `csekit bench` command line that continues a suite (finished runs are skipped, a training resumes)."""
+    words = ["csekit", "bench", str(suite), "--output", str(output)]
+    for override in overrides:
+        words += ["--set", override]
+    if data_dir is not None:
+        words += ["--data-dir", str(data_dir)]
+    return shlex.join(words)
 
 
 @app.command()
 def encode(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
     input: Annotated[Path, typer.Option("--input", "-i", help="Text file, one sentence per line.")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="Where to write the .npy matrix.")],
+    output: Annotated[
+        Path,
+        typer.Option("--output", "-o", help="Where to write: .npy (float32 matrix) or .txt/.tsv (tab-separated text)."),
+    ],
     pooler: PoolerOption = None,
-    precision: PrecisionOption = "auto",
+    precision: PrecisionOption = "fp32",
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
 ) -> None:
-    """Write one embedding row per input line (float32 .npy)."""
+    """Write one embedding row per input line (a float32 .npy matrix, or tab-separated text for .txt/.tsv)."""
     from csekit.core.lines import read_lines
     from csekit.encoding.encoder import SentenceEncoder
 
     _require_at_least("--batch-size", batch_size)
+    if output.suffix.lower() not in EMBEDDING_FORMATS:
+        raise CsekitError(f"--output {output}: write .npy (a float32 matrix) or .txt/.tsv (tab-separated text)")
     try:
         sentences = read_lines(input)
     except FileNotFoundError:
@@ -270,7 +298,10 @@ def encode(
     output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.tmp")
     with open(temporary, "wb") as handle:
-        np.save(handle, embeddings)
+        if output.suffix.lower() == ".npy":
+            np.save(handle, embeddings)
+        else:  # 9 significant digits: a float32 read back is the same float32
+            np.savetxt(handle, embeddings, fmt="%.9g", delimiter="\t")
     os.replace(temporary, output)
     typer.echo(f"wrote {embeddings.shape[0]} x {embeddings.shape[1]} embeddings to {output} ({precision_label})")
 
@@ -290,7 +321,7 @@ def probe(
     transformations: Annotated[
         Path | None, typer.Option(help="A .jsonl probe set of your own (default: the one shipped with csekit).")
     ] = None,
-    precision: PrecisionOption = "auto",
+    precision: PrecisionOption = "fp32",
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
 ) -> None:
     """OssCSE's bias probes: Spearman on Cont./Oppn. STS splits (by MER) and a sentence-transformation probe."""
@@ -365,6 +396,14 @@ def _diagnose_models(
     from csekit.prep.frequency import frequency_labels
 
     encoders = {name: SentenceEncoder.load(name, pooler) for name in models}
+    poolers = {name: encoder.pooler.name for name, encoder in encoders.items()}
+    if len(set(poolers.values())) > 1:
+        read_as = ", ".join(f"{name} with {used}" for name, used in poolers.items())
+        typer.echo(
+            f"csekit: warning: the models are read with different poolers ({read_as}), so their numbers "
+            "compare two representations, not before and after; pass --pooler to read them all the same way",
+            err=True,
+        )
     labels = {
         name: frequency_labels(counts, encoder.tokenizer, source=f"--counts {counts_source}")
         for name, encoder in encoders.items()
@@ -415,7 +454,7 @@ def diagnose(
             help="Random pairs for anisotropy; sentences sampled for the frequency probe and false negatives."
         ),
     ] = 10_000,
-    precision: PrecisionOption = "auto",
+    precision: PrecisionOption = "fp32",
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
     seed: Annotated[int, typer.Option(help="Seed of the random pairs, samples, batches and probe folds.")] = 0,
 ) -> None:

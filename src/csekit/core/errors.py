@@ -37,6 +37,10 @@ def at(path: str | Path, line: int | None = None) -> str:
 
 
 def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:
-    """Return ' (did you mean "x"?)' for the closest choice, or '' when nothing is close."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f' (did you mean "{prefix}{close[0]}"?)' if close else ""
+    """Return ' (did you mean "x"?)' for the closest choice, or '' when nothing is close.
+
+    Case is ignored when comparing (`CLS` is close to `cls`), and the choice is given as it is spelled.
+    """
+    by_lower = {choice.lower(): choice for choice in choices}
+    close = difflib.get_close_matches(word.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f' (did you mean "{prefix}{by_lower[close[0]]}"?)' if close else ""

@@ -189,7 +189,8 @@ def format_bias_table(report: dict[str, Any]) -> str:
         return "-" if value is None else f"{100 * value:.2f}"
 
     head = f"{'dataset':26s} {'Cont.':>11s} {'Oppn.':>11s} {'med.gold':>8s} {'med.MER':>7s} {'Cont.':>7s} {'Oppn.':>7s}"
-    lines = [head, "-" * len(head)]
+    groups = f"{'':26s} {'pairs (paper)':>23s} {'medians':>16s} {'Spearman x 100':>15s}"
+    lines = [groups, head, "-" * len(head)]
     for row in report["datasets"]:
         cont = f"{row['cont']}" + (f" ({row['paper_cont']})" if "paper_cont" in row else "")
         oppn = f"{row['oppn']}" + (f" ({row['paper_oppn']})" if "paper_oppn" in row else "")
@@ -206,7 +207,15 @@ def format_bias_table(report: dict[str, Any]) -> str:
             f"{'weighted average':26s} {total_cont:>11d} {total_oppn:>11d} {'':8s} {'':7s} "
             f"{pct(average['cont']):>7s} {pct(average['oppn']):>7s}"
         )
+    lines.append(BIAS_TABLE_LEGEND)
     return "\n".join(lines)
+
+
+BIAS_TABLE_LEGEND = (
+    "Cont.: pairs whose gold score and surface overlap agree (both above or both below the medians: high score "
+    "with low MER, or low score with high MER); Oppn.: the rest. MER: match error rate of the two sentences' "
+    "words. A model far better on Cont. than on Oppn. leans on surface overlap (OssCSE)."
+)
 
 
 # --- the transformation probe ----------------------------------------------------------------------

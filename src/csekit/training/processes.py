@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import os
 import sys
+from collections.abc import Iterator
 
 import torch
+from accelerate.state import AcceleratorState, GradientState
 
 from csekit.core.errors import CsekitError
 from csekit.core.precision import choose_precision
@@ -39,6 +42,26 @@ def hint_if_accelerate_started_one_process() -> None:
             "--config_file configs/accelerate-cpu.yaml (or --multi_gpu); see docs/performance.md",
             file=sys.stderr,
         )
+
+
+@contextlib.contextmanager
+def own_accelerator_state() -> Iterator[None]:
+    """A training with accelerate state of its own, and the caller's state as it was afterwards.
+
+    accelerate keeps the precision and the gradient-accumulation settings in process-wide singletons and
+    refuses a second Accelerator with another precision, so a notebook or a sweep that trained once in
+    bf16 could not train again in fp32. The process group (`PartialState`) is kept: it belongs to the
+    launcher, not to one training.
+    """
+    kept = [(state, dict(state._shared_state)) for state in (AcceleratorState, GradientState)]
+    for state, _ in kept:
+        state._shared_state.clear()
+    try:
+        yield
+    finally:
+        for state, saved in kept:
+            state._shared_state.clear()
+            state._shared_state.update(saved)
 
 
 GLIBC_M_TRIM_THRESHOLD, GLIBC_M_MMAP_THRESHOLD = -1, -3  # mallopt parameters (malloc.h)

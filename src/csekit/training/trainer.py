@@ -47,6 +47,7 @@ from csekit.training.processes import (
     MIXED_PRECISION,
     hint_if_accelerate_started_one_process,
     keep_freed_memory,
+    own_accelerator_state,
     several_cpu_processes,
     training_precision,
 )
@@ -118,6 +119,7 @@ def train(
     (then the changed keys are recorded in metrics.jsonl). The folder is locked for the run.
     """
     with contextlib.ExitStack() as held_until_the_end:
+        held_until_the_end.enter_context(own_accelerator_state())
         trainer = Trainer(recipe, Path(output_dir), data_dir, resume, show_progress, allow_changes, held_until_the_end)
         return trainer.run()
 
