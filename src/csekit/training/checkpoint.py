@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from csekit.core.errors import CsekitError
+from csekit.training.state_checks import StateMismatch, check_state
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -120,6 +121,10 @@ def _load_state_dict(path: Path, target: Any, device: torch.device) -> None:
     state = _load_tensors(path, device)
     if not isinstance(state, Mapping):
         raise CsekitError(f"checkpoint file {path} does not hold a state (found {type(state).__name__})")
+    try:
+        check_state(state, target)  # before torch sees it: a wrong shape crashes the fused AdamW kernel
+    except StateMismatch as error:
+        raise CsekitError(f"checkpoint file {path} does not fit this run: {str(error)[:200]}") from None
     try:
         target.load_state_dict(state)
     except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as error:
