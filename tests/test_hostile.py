@@ -16,6 +16,7 @@ import pytest
 import torch
 from conftest import assert_one_line_error, make_corpus, make_tiny_encoder, run_cli, run_main, write_recipe
 
+from csekit.core.errors import CsekitError
 from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
@@ -108,3 +109,86 @@ def test_an_unchanged_checkpoint_still_resumes(run: Path, monkeypatch: pytest.Mo
     """Guard: the checks accept what csekit itself wrote."""
     code, err = resume(monkeypatch, capsys, run, "--set", "train.max_steps=3", "--allow-changes")
     assert code == 0, err
+
+
+# --- YAML: bounded, no duplicate keys, not empty, numbers read as text explained --------------------
+
+ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{name}: &{name} [{', '.join([f'*{previous}'] * 10)}]\n"
+    for previous, name in zip("abcdefgh", "bcdefghi", strict=True)
+)
+"""Nine levels of ten aliases: a few hundred bytes that expand to 10^9 values (it hung csekit)."""
+
+
+def test_an_alias_bomb_in_a_recipe_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    recipe = tmp_path / "bomb.yaml"
+    recipe.write_text(ALIAS_BOMB, encoding="utf-8")
+    code, err = run_main(monkeypatch, capsys, "train", str(recipe), "--output", str(tmp_path / "run"))
+    assert_one_line_error(code, err, f"{recipe}:", "expands to more than")
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_alias_bomb_in_a_saved_recipe_is_one_line(
+    run: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    (run / "recipe.yaml").write_text(ALIAS_BOMB, encoding="utf-8")
+    code, err = resume(monkeypatch, capsys, run)
+    assert_one_line_error(code, err, str(run / "recipe.yaml"), "expands to more than")
+
+
+def test_an_alias_bomb_in_a_bench_suite_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(ALIAS_BOMB, encoding="utf-8")
+    code, err = run_main(monkeypatch, capsys, "bench", str(suite), "--output", str(tmp_path / "out"))
+    assert_one_line_error(code, err, f"{suite}:", "expands to more than")
+
+
+def test_a_recursive_alias_is_one_line(tmp_path: Path) -> None:
+    recipe = tmp_path / "loop.yaml"
+    recipe.write_text("objectives: &loop\n  - *loop\n", encoding="utf-8")
+    with pytest.raises(CsekitError, match=r"loop\.yaml:\d+: the recipe refers to itself"):
+        load_recipe(recipe)
+
+
+def test_a_key_given_twice_in_a_recipe_names_both_lines(tmp_path: Path) -> None:
+    """YAML kept the last value silently (train.lr 2e-5 trained with 3e-5)."""
+    recipe = tmp_path / "twice.yaml"
+    recipe.write_text("train:\n  lr: 2.0e-5\n  batch_size: 32\n  lr: 3.0e-5\n", encoding="utf-8")
+    with pytest.raises(CsekitError, match=r'twice\.yaml:4: key "lr" is given twice in the recipe \(lines 2 and 4\)'):
+        load_recipe(recipe)
+
+
+def test_an_empty_recipe_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr) -> None:
+    """It ran bert-base-uncased on the default corpus with every default."""
+    recipe = tmp_path / "empty.yaml"
+    recipe.write_text("# nothing yet\n", encoding="utf-8")
+    code, err = run_main(monkeypatch, capsys, "train", str(recipe), "--output", str(tmp_path / "run"))
+    assert_one_line_error(code, err, str(recipe), "is empty")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (
+            "train:\n  batch_size: 1e2\n",
+            "YAML read 1e2 as text, not a number (a YAML number with an exponent needs a dot: 1.0e2)",
+        ),
+        ("objectives:\n  - {name: infonce, temperature: 5e-2}\n", "YAML read 5e-2 as text"),
+    ],
+)
+def test_a_number_yaml_reads_as_text_is_explained(tmp_path: Path, text: str, needle: str) -> None:
+    """`1e-30` without a dot is a string in YAML 1.1; the message quoted it as if it were a number."""
+    from csekit.core.registry import OBJECTIVES
+    from csekit.training.recipe import build_part
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(text, encoding="utf-8")
+    with pytest.raises(CsekitError) as error:
+        loaded = load_recipe(recipe)
+        build_part(OBJECTIVES, loaded.objectives[0], "objectives[0]")
+    assert needle in str(error.value)
