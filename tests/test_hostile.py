@@ -8,15 +8,21 @@ silently overwritten run) before its fix.
 
 from __future__ import annotations
 
+import ast
+import io
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import assert_one_line_error, make_corpus, make_tiny_encoder, run_cli, run_main, write_recipe
+from conftest import REPO, assert_one_line_error, make_corpus, make_tiny_encoder, run_cli, run_main, write_recipe
 
 from csekit.core.errors import CsekitError
+from csekit.encoding.encoder import SentenceEncoder
 from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
@@ -192,3 +198,135 @@ def test_a_number_yaml_reads_as_text_is_explained(tmp_path: Path, text: str, nee
         loaded = load_recipe(recipe)
         build_part(OBJECTIVES, loaded.objectives[0], "objectives[0]")
     assert needle in str(error.value)
+
+
+# --- a model folder's own Python code is never run; its metadata is checked --------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("model")
+    make_tiny_encoder(root / "tokenizer").save(root / "model")
+    return root / "model"
+
+
+@pytest.fixture
+def model(tiny_model: Path, tmp_path: Path) -> Path:
+    """A private copy of a saved tiny model (csekit.json, modules.json, 1_Pooling/)."""
+    return Path(shutil.copytree(tiny_model, tmp_path / "model"))
+
+
+def ask_for_own_code(model: Path, marker: Path, file: str = "config.json") -> None:
+    """Make `model` name its own code (`auto_map`, an unknown model type or tokenizer class) that creates `marker`."""
+    (model / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\n", encoding="utf-8")
+    values = json.loads((model / file).read_text())
+    if file == "config.json":
+        values.update(model_type="evil-bert", auto_map={"AutoConfig": "evil.Config", "AutoModel": "evil.Model"})
+    else:
+        values.update(tokenizer_class="EvilTokenizer", auto_map={"AutoTokenizer": ["evil.EvilTokenizer", None]})
+    (model / file).write_text(json.dumps(values), encoding="utf-8")
+
+
+@pytest.mark.parametrize("file", ["config.json", "tokenizer_config.json"])
+def test_a_model_folder_that_asks_to_run_its_code_is_refused_in_encode(model: Path, tmp_path: Path, file: str) -> None:
+    """transformers asked "Do you wish to run the custom code? [y/N]" and ran evil.py on y."""
+    marker = tmp_path / "code-ran"
+    ask_for_own_code(model, marker, file)
+    (tmp_path / "in.txt").write_text("a dog runs\n", encoding="utf-8")
+    command = [sys.executable, "-m", "csekit.cli", "encode", str(model), "-i", "in.txt", "-o", "out.npy"]
+    result = subprocess.run(command, input="y\n" * 5, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert_one_line_error(result.returncode, result.stderr, str(model), "asks to run its own Python code")
+    assert not marker.exists() and not (tmp_path / "out.npy").exists()
+
+
+def test_a_backbone_that_asks_to_run_its_code_is_refused_in_train(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    marker = tmp_path / "code-ran"
+    ask_for_own_code(model, marker)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    recipe = write_recipe(tmp_path, model, make_corpus(tmp_path / "corpus.txt", lines=32))
+    code, err = run_main(monkeypatch, capsys, "train", str(recipe), "--output", str(tmp_path / "run"))
+    assert_one_line_error(code, err, str(model), "asks to run its own Python code", "csekit never runs")
+    assert not marker.exists() and not (tmp_path / "run").exists()
+
+
+def test_every_transformers_load_passes_trust_remote_code_false() -> None:
+    """Rule: each from_pretrained in csekit says trust_remote_code=False (None would prompt, and run on y)."""
+    calls = 0
+    for path in (REPO / "src" / "csekit").rglob("*.py"):
+        for call in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(call, ast.Call) and getattr(call.func, "attr", None) == "from_pretrained":
+                owner = getattr(call.func.value, "id", "")
+                if owner.startswith("Auto"):
+                    calls += 1
+                    keywords = {k.arg: k.value for k in call.keywords}
+                    assert "trust_remote_code" in keywords, f"{path}:{call.lineno}"
+                    assert isinstance(keywords["trust_remote_code"], ast.Constant), f"{path}:{call.lineno}"
+                    assert keywords["trust_remote_code"].value is False, f"{path}:{call.lineno}"
+    assert calls >= 4
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value), encoding="utf-8")
+
+
+def _modules(model: Path, pooling: dict[str, Any]) -> None:
+    (model / "csekit.json").unlink()
+    _write_json(model / "modules.json", [{"path": "", "type": "sentence_transformers.models.Transformer"}, pooling])
+
+
+DAMAGED_METADATA = {
+    "pooling-without-path": (
+        lambda m: _modules(m, {"type": "sentence_transformers.models.Pooling"}),
+        "modules.json",
+        'Pooling module has no "path"',
+    ),
+    "pooling-config-a-list": (
+        lambda m: (
+            _modules(m, {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}),
+            _write_json(m / "1_Pooling" / "config.json", ["cls"]),
+        ),
+        "1_Pooling/config.json",
+        "expected a JSON object, found a list",
+    ),
+    "module-path-outside": (
+        lambda m: _modules(m, {"path": "../../..", "type": "sentence_transformers.models.Pooling"}),
+        "modules.json",
+        "leads outside",
+    ),
+    "pooler-a-list": (lambda m: _write_json(m / "csekit.json", {"pooler": ["cls"]}), "csekit.json", '"pooler"'),
+    "templates-a-number": (
+        lambda m: _write_json(m / "csekit.json", {"pooler": "mask", "templates": 3}),
+        "csekit.json",
+        '"templates" must be a list of strings',
+    ),
+    "endless-device": (
+        lambda m: ((m / "csekit.json").unlink(), (m / "csekit.json").symlink_to("/dev/zero")),
+        "csekit.json",
+        "not a regular file",
+    ),
+    "head-outside": (
+        lambda m: _write_json(m / "csekit.json", {"pooler": "cls", "head": {"dim": 32, "path": "/etc"}}),
+        "csekit.json",
+        "leads outside",
+    ),
+    "head-huge": (
+        lambda m: _write_json(m / "csekit.json", {"pooler": "cls", "head": {"dim": 10**12, "path": "2_Dense"}}),
+        "csekit.json",
+        "the model's width is 32",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED_METADATA)
+def test_damaged_model_metadata_is_one_line_naming_the_file(
+    case: str, model: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """A KeyError, AttributeError or TypeError traceback, a hang reading /dev/zero, a 4 TB head allocation."""
+    damage, file, needle = DAMAGED_METADATA[case]
+    damage(model)
+    with pytest.raises(CsekitError) as error:
+        SentenceEncoder.load(model)
+    message = str(error.value)
+    assert "\n" not in message and str(model / file) in message and needle in message, message
