@@ -330,3 +330,170 @@ def test_damaged_model_metadata_is_one_line_naming_the_file(
         SentenceEncoder.load(model)
     message = str(error.value)
     assert "\n" not in message and str(model / file) in message and needle in message, message
+
+
+# --- no silent loss of work --------------------------------------------------------------------------
+
+
+def interrupt_recipe(path: Path, model: Path, corpus: Path, marker: Path, signal_name: str) -> Path:
+    path.write_text(
+        f"""
+model: {{backbone: "{model}", pooler: mean, max_length: 16}}
+data: {{corpus: "{corpus}"}}
+train: {{batch_size: 16, lr: 5.0e-4, max_steps: 6, eval_every: 4, log_every: 1, dev_task: none, precision: fp32}}
+objectives:
+  - {{name: infonce, temperature: 0.05}}
+  - {{name: interrupt_once, weight: 0.0, at_call: 3, marker: "{marker}", signal_name: {signal_name}}}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_sigterm_checkpoints_the_step_and_the_run_resumes_exactly(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """SIGTERM (schedulers, timeout, Docker, systemd) killed training with no message, losing the steps since the
+    last checkpoint; now it is Ctrl-C: the step is checkpointed, one line, exit status 143."""
+    from conftest import assert_same_checkpoint_weights, read_metrics, run_cli_with_test_parts
+
+    marker = tmp_path / "terminated"
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=128)
+    recipe = interrupt_recipe(tmp_path / "recipe.yaml", tiny_model_dir, corpus, marker, "SIGTERM")
+
+    def csekit(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_cli_with_test_parts(*args, "--no-progress", plugin_dir=tmp_path / "plugin", cwd=tmp_path)
+
+    marker.write_text("not this run", encoding="utf-8")
+    assert csekit("train", str(recipe), "--output", "straight").returncode == 0
+    marker.unlink()
+    stopped = csekit("train", str(recipe), "--output", "run")
+    assert stopped.returncode == 143, stopped.stderr
+    assert stopped.stderr.splitlines() == [
+        "csekit: interrupted by SIGTERM at step 3; resume with: csekit train --output run --resume"
+    ]
+    assert json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())["step"] == 3
+    resumed = csekit("train", "--output", "run", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "run")
+    losses = [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "run") if "loss" in r]
+    assert losses == [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "straight") if "loss" in r]
+
+
+def test_a_run_that_finished_while_this_one_started_is_not_overwritten(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two `csekit train` into one new folder a moment apart: both checked the empty folder before either held
+    the lock, and the second overwrote the first's finished run. The folder is checked again under the lock."""
+    from csekit.training import trainer
+
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    recipe = load_recipe(write_recipe(tmp_path, tiny_model_dir, corpus, "  max_steps: 2\n"))
+    output = tmp_path / "run"
+    create_output = trainer.create_output
+    raced: list[bool] = []
+
+    def the_other_run_finishes_first(folder: Path, process: int) -> None:
+        if not raced:  # between this run's checks and its lock, another run trains to its end in the folder
+            raced.append(True)
+            train(recipe, output, show_progress=False)
+        create_output(folder, process)
+
+    monkeypatch.setattr(trainer, "create_output", the_other_run_finishes_first)
+    finished = (output / "checkpoint" / "model.safetensors", output / "metrics.jsonl")
+    with pytest.raises(CsekitError, match="already holds a run"):
+        train(recipe, output, show_progress=False)
+    before = [path.read_bytes() for path in finished]
+    assert raced and [path.read_bytes() for path in finished] == before
+    assert not (output / ".lock").exists()
+
+
+@pytest.mark.parametrize("damage", ["no-state", "empty", "a-file"])
+def test_resume_refuses_an_incomplete_checkpoint(
+    damage: str, run: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """A checkpoint/ without trainer_state.json, or empty, restarted at step 0 and emptied metrics.jsonl."""
+    checkpoint = run / "checkpoint"
+    if damage == "no-state":
+        (checkpoint / "trainer_state.json").unlink()
+    else:
+        shutil.rmtree(checkpoint)
+        checkpoint.mkdir() if damage == "empty" else checkpoint.write_text("not a folder", encoding="utf-8")
+    before = (run / "metrics.jsonl").read_text()
+    code, err = resume(monkeypatch, capsys, run)
+    needle = {"no-state": "has no trainer_state.json", "empty": "is empty", "a-file": "is not a folder"}[damage]
+    assert_one_line_error(code, err, str(checkpoint), needle)
+    assert (run / "metrics.jsonl").read_text() == before
+
+
+def test_a_best_score_that_is_text_is_refused_on_resume(
+    run: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """It was found only at the first evaluation, as a TypeError traceback."""
+    path = run / "checkpoint" / "trainer_state.json"
+    path.write_text(path.read_text().replace('"best_score": null', '"best_score": "0.9"'), encoding="utf-8")
+    assert '"0.9"' in path.read_text()
+    code, err = resume(monkeypatch, capsys, run)
+    assert_one_line_error(code, err, str(path), "best_score")
+
+
+def test_a_full_disk_while_saving_is_one_line_and_keeps_the_checkpoint(
+    run: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    import errno
+
+    from csekit.training import trainer
+
+    def disk_full(*args: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(trainer, "save_shared_state", disk_full)
+    before = (run / "checkpoint" / "model.safetensors").read_bytes()
+    code, err = resume(monkeypatch, capsys, run, "--set", "train.max_steps=4", "--allow-changes")
+    last = err.strip().splitlines()[-1]  # after the precision note: the error comes once the run has started
+    assert code == 2 and last.startswith("csekit: error: cannot write checkpoint/"), err
+    assert "No space left on device" in last and "--resume" in last and "Traceback" not in err
+    assert (run / "checkpoint" / "model.safetensors").read_bytes() == before
+    assert json.loads((run / "checkpoint" / "trainer_state.json").read_text())["step"] == 2
+
+
+def test_weights_that_become_nan_stop_the_run_and_keep_the_last_good_checkpoint(
+    tmp_path: Path, tiny_model_dir: Path, test_parts: None
+) -> None:
+    """train.lr=1e308 trained to exit status 0 with 101 of 103 tensors NaN; the loss did not show it."""
+    from conftest import tiny_recipe
+    from safetensors.torch import load_file
+
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    parts = "objectives=[{name: infonce}, {name: nan_weights_after, after: 3}]"
+    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=6", "train.eval_every=2", parts)
+    with pytest.raises(CsekitError, match=r"no longer finite after step 4.*last good checkpoint"):
+        train(recipe, tmp_path / "run", show_progress=False)
+    assert json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())["step"] == 2
+    for folder in ("checkpoint", "best", "last"):
+        weights = load_file(tmp_path / "run" / folder / "model.safetensors")
+        assert all(bool(torch.isfinite(tensor).all()) for tensor in weights.values()), folder
+
+
+def test_a_model_with_nan_weights_is_refused_by_encode_and_evaluate_and_never_saved(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """encode wrote NaN rows and evaluate bare NaN into its JSON (not valid JSON)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(model / "model.safetensors")
+    name = next(iter(weights))
+    weights[name] = torch.full_like(weights[name], float("nan"))
+    save_file(weights, model / "model.safetensors", metadata={"format": "pt"})
+    (tmp_path / "in.txt").write_text("a dog runs\n", encoding="utf-8")
+    code, err = run_main(monkeypatch, capsys, "encode", str(model), "-i", str(tmp_path / "in.txt"), "-o", "o.npy")
+    assert_one_line_error(code, err, str(model), "NaN or infinity")
+    code, err = run_main(
+        monkeypatch, capsys, "evaluate", str(model), "--tasks", "align", "-o", str(tmp_path / "r.json")
+    )
+    assert_one_line_error(code, err, str(model), "NaN or infinity")
+    assert not (tmp_path / "r.json").exists()
+    encoder = make_tiny_encoder(tmp_path / "tokenizer")
+    with torch.no_grad():
+        next(encoder.parameters()).fill_(float("inf"))
+    with pytest.raises(CsekitError, match="refusing to save"):
+        encoder.save(tmp_path / "saved")
+    assert not (tmp_path / "saved").exists()

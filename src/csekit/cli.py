@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -100,9 +101,12 @@ def train(
         result = run_training(
             config, output, data_dir=data_dir, resume=resume, show_progress=progress, allow_changes=allow_changes
         )
-    except TrainingInterrupted as stop:  # Ctrl-C: the step is checkpointed; say how to go on (exit status 130)
-        typer.echo(f"csekit: interrupted at step {stop.step}; resume with: {stop.resume_command(data_dir)}", err=True)
-        raise typer.Exit(130) from None
+    except TrainingInterrupted as stop:  # Ctrl-C or SIGTERM: the step is checkpointed; say how to go on (130, 143)
+        by = " by SIGTERM" if stop.signal_number == signal.SIGTERM else ""
+        typer.echo(
+            f"csekit: interrupted{by} at step {stop.step}; resume with: {stop.resume_command(data_dir)}", err=True
+        )
+        raise typer.Exit(128 + stop.signal_number) from None
     best = "n/a" if result.best_score is None else f"{100 * result.best_score:.2f} at step {result.best_step}"
     typer.echo(f"trained {result.steps} steps; best {config.train.select_metric}: {best}; model in {output / 'best'}")
 

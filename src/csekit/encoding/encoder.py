@@ -8,6 +8,7 @@ saves in the sentence-transformers layout so `SentenceTransformer(path)` loads a
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import pickle
@@ -270,6 +271,12 @@ def _load_kept_head(folder: Path, head_config: Any, dim: int) -> DenseTanh:
     return head
 
 
+def non_finite_parameters(module: nn.Module) -> list[str]:
+    """The names of `module`'s parameters and buffers that hold NaN or infinity (a diverged model)."""
+    tensors = itertools.chain(module.named_parameters(), module.named_buffers())
+    return [name for name, tensor in tensors if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+
+
 class SentenceEncoder(nn.Module):
     """A backbone, its tokenizer and a pooler; optionally a head kept at test time."""
 
@@ -356,6 +363,12 @@ class SentenceEncoder(nn.Module):
         encoder = cls(backbone, tokenizer, make_pooler(chosen, **options))
         if head_config is not None:
             encoder.head = _load_kept_head(path, head_config, encoder.dim)
+        bad = non_finite_parameters(encoder)
+        if bad:
+            raise CsekitError(
+                f'model "{location}": {len(bad)} weight tensors hold NaN or infinity (e.g. {bad[0]}); its embeddings '
+                "would be NaN: the run that wrote it diverged"
+            )
         return encoder
 
     @classmethod
@@ -554,6 +567,11 @@ class SentenceEncoder(nn.Module):
     # ----------------------------------------------------------------- saving
     def save(self, path: str | Path) -> None:
         """Write a sentence-transformers model directory (atomically) that csekit also reloads."""
+        bad = non_finite_parameters(self)
+        if bad:
+            raise CsekitError(
+                f"refusing to save {path}: {len(bad)} weight tensors hold NaN or infinity (e.g. {bad[0]})"
+            )
         with atomic_directory(path) as tmp, _quiet_transformers():
             self._write(tmp)
 

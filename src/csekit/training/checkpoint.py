@@ -23,6 +23,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from csekit.core.errors import CsekitError
+from csekit.encoding.encoder import non_finite_parameters
 from csekit.training.state_checks import StateMismatch, check_state
 
 MODEL_FILE = "model.safetensors"
@@ -111,6 +112,9 @@ def load_shared_state(
         raise CsekitError(
             f"checkpoint file {model_path} is damaged or does not fit this recipe's model ({reason})"
         ) from None
+    bad = non_finite_parameters(model)
+    if bad:
+        raise CsekitError(f"checkpoint file {model_path} holds weights that are NaN or infinite (e.g. {bad[0]})")
     for path, target in ((folder / OPTIMIZER_FILE, optimizer), (folder / SCHEDULER_FILE, scheduler)):
         _load_state_dict(path, target, device)
     if scaler is not None:
