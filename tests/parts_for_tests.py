@@ -43,13 +43,18 @@ class RaiseOnce(KillOnce):
 
 
 class InterruptOnce(KillOnce):
-    """Like `KillOnce`, but sends SIGINT (what Ctrl-C sends) to its own process: training goes on to the step's end."""
+    """Like `KillOnce`, but sends SIGINT (what Ctrl-C sends; or `signal_name`, e.g. SIGTERM) to its own process:
+    training goes on to the step's end."""
+
+    def __init__(self, at_call: int, marker: str, signal_name: str = "SIGINT") -> None:
+        super().__init__(at_call, marker)
+        self.signal_number = signal.Signals[signal_name]
 
     def forward(self, state: StepState) -> dict[str, Tensor]:
         self.calls += 1
         if self.calls == self.at_call and not self.marker.exists():
             self.marker.write_text("interrupted", encoding="utf-8")
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), self.signal_number)
         return {"interrupt_once": torch.zeros((), device=state.embeddings[0].device)}
 
 
@@ -72,11 +77,29 @@ class NanAfter(nn.Module):
         return {"nan_after": anchors.sum() * float("nan")}
 
 
+class NanWeightsAfter(nn.Module):
+    """Contributes nothing; from its `after`-th call on its own weight is NaN (a diverged model, its loss fine)."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__()
+        self.after = after
+        self.calls = 0
+        self.weight = nn.Parameter(torch.zeros(3), requires_grad=False)
+
+    def forward(self, state: StepState) -> dict[str, Tensor]:
+        self.calls += 1
+        if self.calls >= self.after:
+            with torch.no_grad():
+                self.weight.fill_(float("nan"))
+        return {"nan_weights_after": torch.zeros((), device=state.embeddings[0].device)}
+
+
 TEST_PARTS = {
     "kill_once": KillOnce,
     "raise_once": RaiseOnce,
     "interrupt_once": InterruptOnce,
     "nan_after": NanAfter,
+    "nan_weights_after": NanWeightsAfter,
 }
 
 

@@ -224,7 +224,7 @@ def test_resume_without_a_recipe_continues_the_saved_one(
     run: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
 ) -> None:
     """Started with --set train.max_steps=2 (the file says 50): a resume without the recipe stops at 2."""
-    (run / "checkpoint" / "trainer_state.json").unlink()  # as if stopped before its first checkpoint
+    shutil.rmtree(run / "checkpoint")  # as if stopped before its first checkpoint (an incomplete one is refused)
     code, err = resume(monkeypatch, capsys, run)
     assert code == 0, err
     assert [r["step"] for r in read_metrics(run) if "loss" in r] == [1, 2]

@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from csekit.core.atomic import atomic_write_text
+from csekit.core.bounded_read import parse_yaml, read_bounded_text
 from csekit.core.errors import CsekitError, at
 from csekit.evaluation.tasks import table_columns
 from csekit.training.recipe import MAX_SEED
@@ -101,15 +101,8 @@ def _is_seed(value: Any) -> bool:
 def load_suite(path: str | Path) -> Suite:
     """Read and check a suite file; mistakes are CsekitErrors naming the file and line."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise CsekitError(f"suite file {path} does not exist") from None
-    try:
-        raw = yaml.safe_load(text) or {}
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        raise CsekitError(f"{at(path, mark.line + 1 if mark else None)}: not valid YAML") from None
+    text = read_bounded_text(path, "suite file", limit=2**20)
+    raw = parse_yaml(text, str(path), "suite")[0] or {}
     if not isinstance(raw, dict):
         raise CsekitError(f"{path}: a suite is a mapping with keys {', '.join(sorted(SUITE_KEYS))}")
     for key in raw:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -106,9 +107,12 @@ def train(
         result = run_training(
             config, output, data_dir=data_dir, resume=resume, show_progress=progress, allow_changes=allow_changes
         )
-    except TrainingInterrupted as stop:  # Ctrl-C: the step is checkpointed; say how to go on (exit status 130)
-        typer.echo(f"csekit: interrupted at step {stop.step}; resume with: {stop.resume_command(data_dir)}", err=True)
-        raise typer.Exit(130) from None
+    except TrainingInterrupted as stop:  # Ctrl-C or SIGTERM: the step is checkpointed; say how to go on (130, 143)
+        by = " by SIGTERM" if stop.signal_number == signal.SIGTERM else ""
+        typer.echo(
+            f"csekit: interrupted{by} at step {stop.step}; resume with: {stop.resume_command(data_dir)}", err=True
+        )
+        raise typer.Exit(128 + stop.signal_number) from None
     best = "n/a" if result.best_score is None else f"{100 * result.best_score:.2f} at step {result.best_step}"
     typer.echo(f"trained {result.steps} steps; best {config.train.select_metric}: {best}; model in {output / 'best'}")
 
@@ -243,11 +247,12 @@ def bench(
             show_progress=progress,
             log=lambda line: typer.echo(line, err=True),
         )
-    except KeyboardInterrupt as stop:  # Ctrl-C: a training is checkpointed; the same command continues the suite
-        where = f" at step {stop.step} of {stop.output_dir}" if isinstance(stop, TrainingInterrupted) else ""
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: a training is checkpointed; the same command continues
+        trained = isinstance(stop, TrainingInterrupted)
+        where = f" at step {stop.step} of {stop.output_dir}" if trained else ""
         command = _bench_command(suite, output, overrides or [], data_dir)
         typer.echo(f"csekit: interrupted{where}; continue the suite with: {command}", err=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(128 + stop.signal_number if trained else 130) from None
     typer.echo(summary["table"])
     typer.echo(f"ran {len(summary['ran'])}, skipped {len(summary['skipped'])} finished; results in {output}")
 
@@ -580,14 +585,18 @@ def freq(
     from transformers import AutoTokenizer
 
     from csekit.core.atomic import atomic_write_text
-    from csekit.encoding.encoder import resolve_model_path
+    from csekit.encoding.encoder import own_code_message, refuse_own_code, resolve_model_path
     from csekit.prep.frequency import count_tokens, counts_by_token
 
     _require_at_least("--chunk-lines", chunk_lines)
     location = resolve_model_path(tokenizer)
+    if Path(location).is_dir():
+        refuse_own_code(Path(location))
     try:
-        loaded = AutoTokenizer.from_pretrained(location)
+        loaded = AutoTokenizer.from_pretrained(location, trust_remote_code=False)
     except (OSError, ValueError) as error:
+        if "trust_remote_code" in str(error):
+            raise CsekitError(own_code_message(location, "custom code in its tokenizer")) from None
         raise CsekitError(f'--tokenizer: cannot load "{tokenizer}": {str(error).splitlines()[0]}') from None
     counts = count_tokens(corpus, loaded, chunk_lines=chunk_lines, show_progress=progress)
     output.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ saves in the sentence-transformers layout so `SentenceTransformer(path)` loads a
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import pickle
@@ -25,6 +26,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from csekit.core.atomic import atomic_directory
+from csekit.core.bounded_read import read_json_file
 from csekit.core.errors import CsekitError
 from csekit.core.precision import DTYPES, resolve_precision
 from csekit.core.progress import progress
@@ -132,7 +134,9 @@ def _load_backbone(location: str, config: Any, local: bool) -> tuple[PreTrainedM
     transformers initialises weights a checkpoint lacks at random and goes on; from a local folder
     that means a damaged or wrong model, so missing weights (other than that pooler) are refused.
     """
-    backbone, info = AutoModel.from_pretrained(location, config=config, output_loading_info=True)
+    backbone, info = AutoModel.from_pretrained(
+        location, config=config, output_loading_info=True, trust_remote_code=False
+    )
     if local:
         missing = sorted(key for key in info["missing_keys"] if not key.startswith(UNREAD_WEIGHTS_PREFIX))
         if missing or info.get("error_msgs"):
@@ -153,25 +157,82 @@ def _freeze_unused_pooler(backbone: PreTrainedModel) -> None:
         pooler.requires_grad_(False)
 
 
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as error:
-        raise CsekitError(f"{path}: cannot read model metadata ({error})") from None
+def _read_json(path: Path, expected: type = dict) -> Any:
+    """A model folder's JSON metadata (bounded read), which must be of the `expected` type."""
+    value = read_json_file(path, "model metadata")
+    if not isinstance(value, expected):
+        raise CsekitError(
+            f"{path}: expected a JSON {'object' if expected is dict else 'list'}, found {_json_kind(value)}"
+        )
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "true or false", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _inside(folder: Path, name: Any, file: Path) -> Path:
+    """`folder / name` for a relative path `file` names, refused unless it stays inside `folder`."""
+    if not isinstance(name, str):
+        raise CsekitError(f"{file}: a path must be a string, found {_json_kind(name)}")
+    target = (folder / name).resolve()
+    if not target.is_relative_to(folder.resolve()):
+        raise CsekitError(f'{file}: path "{name}" leads outside {folder}; csekit reads only files inside the model')
+    return folder / name
+
+
+def refuse_own_code(folder: Path) -> None:
+    """A folder whose config or tokenizer needs its own Python code (`auto_map` for a class transformers lacks).
+
+    transformers would ask whether to run that code (and run it on "y"); csekit passes
+    trust_remote_code=False everywhere and says so here, before transformers is called.
+    """
+    from transformers import CONFIG_MAPPING
+
+    for name in ("config.json", "tokenizer_config.json"):
+        path = folder / name
+        if not path.exists():
+            continue
+        values = _read_json(path)
+        if "auto_map" not in values:
+            continue
+        known_type = str(values.get("model_type", "")) in CONFIG_MAPPING
+        tokenizer_class = values.get("tokenizer_class")
+        known_tokenizer = tokenizer_class is None or _transformers_has(tokenizer_class)
+        if not (known_type if name == "config.json" else known_tokenizer):
+            raise CsekitError(own_code_message(str(folder), f"auto_map in {path}"))
+
+
+def _transformers_has(class_name: Any) -> bool:
+    import transformers
+
+    return isinstance(class_name, str) and hasattr(transformers, class_name)
+
+
+def own_code_message(location: str, source: str) -> str:
+    """One line for a model that asks to run its own Python code ({source}: what asks)."""
+    return (
+        f'model "{location}" asks to run its own Python code ({source}); csekit never runs a model\'s code '
+        "(trust_remote_code is off): use a model whose architecture transformers has built in"
+    )
 
 
 def _sentence_transformers_layout(path: Path) -> tuple[Path, str | None]:
     """For a sentence-transformers directory: the transformer's folder and its pooling mode."""
-    modules = _read_json(path / "modules.json")
-    if not isinstance(modules, list) or not all(isinstance(module, dict) for module in modules):
-        raise CsekitError(f"{path / 'modules.json'}: expected a list of modules")
+    modules_file = path / "modules.json"
+    modules = _read_json(modules_file, list)
+    if not all(isinstance(module, dict) for module in modules):
+        raise CsekitError(f"{modules_file}: expected a list of modules")
     transformer_dir, pooler = path, None
     for module in modules:
         kind = str(module.get("type", ""))
         if kind.endswith("Transformer"):
-            transformer_dir = path / module.get("path", "")
+            transformer_dir = _inside(path, module.get("path", ""), modules_file)
         elif kind.endswith("Pooling"):
-            config = _read_json(path / module["path"] / "config.json")
+            if "path" not in module:
+                raise CsekitError(f'{modules_file}: the Pooling module has no "path"')
+            config = _read_json(_inside(path, module["path"], modules_file) / "config.json")
             mode = config.get("pooling_mode")
             if mode is None:
                 mode = "cls" if config.get("pooling_mode_cls_token") else "mean"
@@ -179,6 +240,41 @@ def _sentence_transformers_layout(path: Path) -> tuple[Path, str | None]:
         elif kind.endswith("WeightedLayerPooling"):
             pooler = "first_last_avg"
     return transformer_dir, pooler
+
+
+def _csekit_metadata(path: Path) -> tuple[str | None, Any, list[str] | None]:
+    """`csekit.json`: the saved pooler (a name), the kept head (checked where it is loaded) and prompt templates."""
+    meta = _read_json(path)
+    pooler, templates = meta.get("pooler"), meta.get("templates")
+    if pooler is not None and not isinstance(pooler, str):
+        raise CsekitError(f'{path}: "pooler" must be a pooler\'s name, found {_json_kind(pooler)}')
+    if templates is not None and not (isinstance(templates, list) and all(isinstance(t, str) for t in templates)):
+        raise CsekitError(f'{path}: "templates" must be a list of strings, found {_json_kind(templates)}')
+    return pooler, meta.get("head"), templates
+
+
+def _load_kept_head(folder: Path, head_config: Any, dim: int) -> DenseTanh:
+    """The head csekit.json names: a `dim` x `dim` DenseTanh from safetensors in a folder inside the model."""
+    meta_file = folder / CSEKIT_CONFIG
+    if not isinstance(head_config, dict) or not {"dim", "path"} <= set(head_config):
+        raise CsekitError(f'{meta_file}: "head" must give the head\'s "dim" and "path"')
+    if head_config["dim"] != dim:
+        raise CsekitError(f"{meta_file}: the head's \"dim\" is {head_config['dim']!r}, the model's width is {dim}")
+    head_file = _inside(folder, head_config["path"], meta_file) / "model.safetensors"
+    try:
+        head = DenseTanh(dim)
+        weights = load_file(str(head_file))
+        head.linear.load_state_dict({k.removeprefix("linear."): v for k, v in weights.items()})
+    except (OSError, TypeError, ValueError, RuntimeError, SafetensorError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise CsekitError(f"{head_file}: cannot load the kept head ({reason})") from None
+    return head
+
+
+def non_finite_parameters(module: nn.Module) -> list[str]:
+    """The names of `module`'s parameters and buffers that hold NaN or infinity (a diverged model)."""
+    tensors = itertools.chain(module.named_parameters(), module.named_buffers())
+    return [name for name, tensor in tensors if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
 
 
 class SentenceEncoder(nn.Module):
@@ -225,17 +321,13 @@ class SentenceEncoder(nn.Module):
         local = path.is_dir()
         if local:
             if (path / CSEKIT_CONFIG).exists():
-                meta = _read_json(path / CSEKIT_CONFIG)
-                if not isinstance(meta, dict):
-                    raise CsekitError(f"{path / CSEKIT_CONFIG}: expected a JSON object")
-                saved_pooler = meta.get("pooler")
-                head_config = meta.get("head")
-                templates = meta.get("templates")
+                saved_pooler, head_config, templates = _csekit_metadata(path / CSEKIT_CONFIG)
             elif (path / "modules.json").exists():
                 st_dir, saved_pooler = _sentence_transformers_layout(path)
                 transformer_dir = str(st_dir)
             if not (Path(transformer_dir) / "config.json").exists():
                 raise CsekitError(f"{path}: not a model directory (no config.json found)")
+            refuse_own_code(Path(transformer_dir))
         elif os.sep in location or location.startswith("."):
             raise CsekitError(f"model path {location} does not exist")
         overrides: dict[str, Any] = {}
@@ -243,11 +335,14 @@ class SentenceEncoder(nn.Module):
             overrides = {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
         try:
             with _quiet_transformers():
-                config = AutoConfig.from_pretrained(transformer_dir, **overrides)
+                # Never a folder's own code, never a prompt asking whether to run it (see refuse_own_code).
+                config = AutoConfig.from_pretrained(transformer_dir, trust_remote_code=False, **overrides)
                 config.output_hidden_states = False
                 backbone, missing = _load_backbone(transformer_dir, config, local)
-                tokenizer = AutoTokenizer.from_pretrained(transformer_dir)
+                tokenizer = AutoTokenizer.from_pretrained(transformer_dir, trust_remote_code=False)
         except (OSError, ValueError, EOFError, SafetensorError, pickle.UnpicklingError) as error:
+            if "trust_remote_code" in str(error):
+                raise CsekitError(own_code_message(location, "custom code in its config or tokenizer")) from None
             # A damaged file: truncated weights (SafetensorError, EOFError, UnpicklingError), a broken
             # tokenizer.json (a ValueError); OSError is also what transformers raises for a missing one.
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -267,16 +362,13 @@ class SentenceEncoder(nn.Module):
         options = {"templates": templates} if chosen == "mask" and templates else {}
         encoder = cls(backbone, tokenizer, make_pooler(chosen, **options))
         if head_config is not None:
-            if not isinstance(head_config, dict) or not {"dim", "path"} <= set(head_config):
-                raise CsekitError(f'{path / CSEKIT_CONFIG}: "head" must give the head\'s "dim" and "path"')
-            head_file = path / str(head_config["path"]) / "model.safetensors"
-            try:
-                encoder.head = DenseTanh(int(head_config["dim"]))
-                weights = load_file(str(head_file))
-                encoder.head.linear.load_state_dict({k.removeprefix("linear."): v for k, v in weights.items()})
-            except (OSError, TypeError, ValueError, RuntimeError, SafetensorError) as error:
-                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-                raise CsekitError(f"{head_file}: cannot load the kept head ({reason})") from None
+            encoder.head = _load_kept_head(path, head_config, encoder.dim)
+        bad = non_finite_parameters(encoder)
+        if bad:
+            raise CsekitError(
+                f'model "{location}": {len(bad)} weight tensors hold NaN or infinity (e.g. {bad[0]}); its embeddings '
+                "would be NaN: the run that wrote it diverged"
+            )
         return encoder
 
     @classmethod
@@ -475,6 +567,11 @@ class SentenceEncoder(nn.Module):
     # ----------------------------------------------------------------- saving
     def save(self, path: str | Path) -> None:
         """Write a sentence-transformers model directory (atomically) that csekit also reloads."""
+        bad = non_finite_parameters(self)
+        if bad:
+            raise CsekitError(
+                f"refusing to save {path}: {len(bad)} weight tensors hold NaN or infinity (e.g. {bad[0]})"
+            )
         with atomic_directory(path) as tmp, _quiet_transformers():
             self._write(tmp)
 

@@ -23,6 +23,8 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from csekit.core.errors import CsekitError
+from csekit.encoding.encoder import non_finite_parameters
+from csekit.training.state_checks import StateMismatch, check_state
 
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -110,6 +112,9 @@ def load_shared_state(
         raise CsekitError(
             f"checkpoint file {model_path} is damaged or does not fit this recipe's model ({reason})"
         ) from None
+    bad = non_finite_parameters(model)
+    if bad:
+        raise CsekitError(f"checkpoint file {model_path} holds weights that are NaN or infinite (e.g. {bad[0]})")
     for path, target in ((folder / OPTIMIZER_FILE, optimizer), (folder / SCHEDULER_FILE, scheduler)):
         _load_state_dict(path, target, device)
     if scaler is not None:
@@ -120,6 +125,10 @@ def _load_state_dict(path: Path, target: Any, device: torch.device) -> None:
     state = _load_tensors(path, device)
     if not isinstance(state, Mapping):
         raise CsekitError(f"checkpoint file {path} does not hold a state (found {type(state).__name__})")
+    try:
+        check_state(state, target)  # before torch sees it: a wrong shape crashes the fused AdamW kernel
+    except StateMismatch as error:
+        raise CsekitError(f"checkpoint file {path} does not fit this run: {str(error)[:200]}") from None
     try:
         target.load_state_dict(state)
     except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as error:

@@ -24,6 +24,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from csekit.core.bounded_read import read_yaml_file
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.precision import PRECISIONS
 from csekit.core.registry import Registry
@@ -199,22 +200,9 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recip
     if path is not None:
         path = Path(path)
         label = str(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise CsekitError(f"recipe {path} does not exist") from None
-        except (OSError, UnicodeDecodeError) as error:
-            raise CsekitError(f"recipe {path}: cannot read it ({error})") from None
-        try:
-            node = yaml.compose(text)
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            line = f":{mark.line + 1}" if mark is not None else ""
-            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-            raise CsekitError(f"{path}{line}: invalid YAML ({problem})") from None
+        loaded, node = read_yaml_file(path, "recipe")
         if loaded is None:
-            loaded = {}
+            raise CsekitError(f"recipe {path} is empty: a recipe gives at least the model and the corpus")
         if not isinstance(loaded, dict):
             raise CsekitError(f"{path}: a recipe must be a mapping of sections (model, data, train, ...)")
         raw, lines = loaded, _key_lines(node) if node is not None else {}
@@ -238,7 +226,7 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recip
         recipe: Recipe = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Recipe), resolved))  # type: ignore[assignment]
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", "") or ""
-        message = str(error).splitlines()[0]
+        message = yaml_text_number_hint(getattr(error, "value", None)) or str(error).splitlines()[0]
         raise CsekitError(f"{where_in_file(key)}: recipe key {key}: {message}") from None
     validate_recipe(recipe, where_in_file)
     return recipe
@@ -462,7 +450,21 @@ def _check_option_types(factory: Any, options: Mapping[str, Any], key: str) -> N
         hint = hints.get(option)
         if hint is not None and _fits(value, hint) is False:
             expected = _describe(hint)
-            raise CsekitError(f"recipe key {key}.{option}: expected {expected}, got {value!r}")
+            got = yaml_text_number_hint(value) if "number" in expected or "integer" in expected else None
+            raise CsekitError(f"recipe key {key}.{option}: expected {expected}, " + (got or f"got {value!r}"))
+
+
+def yaml_text_number_hint(value: Any) -> str | None:
+    """For text that reads as a number (`1e-30`: YAML 1.1 wants a dot in a number with an exponent), say so."""
+    if not isinstance(value, str):
+        return None
+    try:
+        float(value)
+    except ValueError:
+        return None
+    mantissa, _, exponent = value.strip().lower().partition("e")
+    written = f"{mantissa}.0e{exponent}" if exponent and "." not in mantissa else value.strip()
+    return f"YAML read {value} as text, not a number (a YAML number with an exponent needs a dot: {written})"
 
 
 def _describe(hint: Any) -> str:

@@ -7,12 +7,14 @@ Nothing is created before every input is checked; a folder that holds a run is o
 from __future__ import annotations
 
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from csekit.core.atomic import atomic_write_text
+from csekit.core.bounded_read import read_json_file
 from csekit.core.errors import CsekitError
 from csekit.core.lines import split_lines
 from csekit.core.run_lock import check_not_locked
@@ -86,18 +88,31 @@ class MetricsLog:
 
 def read_trainer_state(path: Path) -> TrainerState:
     """The checkpoint's position (JSON); anything but what csekit wrote is a CsekitError naming the file."""
+    values = read_json_file(path, "checkpoint file", limit=2**20)
     try:
-        values = json.loads(path.read_text(encoding="utf-8"))
         state = TrainerState(**values)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, TypeError) as error:
+    except TypeError as error:
         raise CsekitError(f"checkpoint file {path} is damaged ({str(error)[:200]})") from None
     counts = (state.step, state.batches, state.skipped_steps, state.evaluations_without_improvement)
-    if not all(isinstance(n, int) and n >= 0 for n in counts) or not isinstance(state.history, list):
+    if not all(_is_count(n) for n in counts) or not isinstance(state.history, list):
         raise CsekitError(
             f"checkpoint file {path} is damaged (step, batches, skipped_steps or evaluations_without_improvement "
             "is not a count)"
         )
+    if not _is_score(state.best_score) or not (state.best_step is None or _is_count(state.best_step)):
+        raise CsekitError(f"checkpoint file {path} is damaged (best_score is not a number or best_step not a step)")
     return state
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_score(value: Any) -> bool:
+    """None or a number (NaN included: a dev score of constant embeddings), never text, a bool or infinity."""
+    if value is None:
+        return True
+    return isinstance(value, int | float) and not isinstance(value, bool) and not math.isinf(value)
 
 
 def check_output(output_dir: Path, resume: bool) -> None:
@@ -105,6 +120,15 @@ def check_output(output_dir: Path, resume: bool) -> None:
     if output_dir.exists() and not output_dir.is_dir():
         raise CsekitError(f"output folder {output_dir} is a file")
     check_not_locked(output_dir)
+    check_run_in_folder(output_dir, resume)
+
+
+def check_run_in_folder(output_dir: Path, resume: bool) -> None:
+    """A new run needs a folder without a run, --resume one with a run; checked again once the lock is held
+    (two runs started together both saw an empty folder: the second overwrote the first's finished run)."""
+    checkpoint = output_dir / "checkpoint"
+    if checkpoint.is_symlink() or (checkpoint.exists() and not checkpoint.is_dir()):
+        raise CsekitError(f"{checkpoint} is not a folder (csekit writes a folder there); move it away")
     has_run = any((output_dir / name).exists() for name in ("metrics.jsonl", "checkpoint", "best", "last"))
     if has_run and not resume:
         raise CsekitError(
@@ -112,6 +136,21 @@ def check_output(output_dir: Path, resume: bool) -> None:
         )
     if resume and not (has_run or (output_dir / SAVED_RECIPE).exists()):
         raise CsekitError(f"nothing to resume in {output_dir}: it holds no run; start one without --resume")
+
+
+def check_checkpoint(checkpoint: Path) -> bool:
+    """Whether `checkpoint` holds a checkpoint to resume from; False when there is none (a run stopped before its
+    first one). A folder without its trainer_state.json is refused: resuming would restart from step 0 and cut
+    metrics.jsonl back to nothing."""
+    if not checkpoint.exists():
+        return False
+    if not (checkpoint / STATE_FILE).is_file():
+        contents = "is empty" if checkpoint.is_dir() and not any(checkpoint.iterdir()) else f"has no {STATE_FILE}"
+        raise CsekitError(
+            f"checkpoint {checkpoint} {contents}: the checkpoint is incomplete, and resuming would restart the run "
+            "from step 0; restore it, or start a new run in another folder"
+        )
+    return True
 
 
 def recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bool) -> dict[str, list[Any]]:

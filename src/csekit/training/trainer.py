@@ -36,7 +36,7 @@ from csekit.core.errors import CsekitError
 from csekit.core.run_lock import hold_run_lock
 from csekit.data.corpus import TrainCollator, open_corpus
 from csekit.data.data_dir import resolve_data_dir
-from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.encoder import SentenceEncoder, non_finite_parameters
 from csekit.evaluation.sts import evaluate_dev
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS
 from csekit.training.card_facts import training_card_facts
@@ -57,7 +57,9 @@ from csekit.training.run_folder import (
     STATE_FILE,
     MetricsLog,
     TrainerState,
+    check_checkpoint,
     check_output,
+    check_run_in_folder,
     create_output,
     read_trainer_state,
     recipe_changes_on_resume,
@@ -68,15 +70,17 @@ TRACKER_LOGS = "logs"
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped the run after a step; the checkpoint holds that step, so `--resume` continues from it.
+    """Ctrl-C or SIGTERM stopped the run after a step; the checkpoint holds that step, so `--resume` continues.
 
     A KeyboardInterrupt, so that code which catches `Exception` does not swallow the user's Ctrl-C.
+    `signal_number` is the signal that asked to stop (the CLI exits with 128 + it: 130, or 143 for SIGTERM).
     """
 
-    def __init__(self, step: int, output_dir: Path) -> None:
+    def __init__(self, step: int, output_dir: Path, signal_number: int = signal.SIGINT) -> None:
         super().__init__(f"interrupted at step {step}; the checkpoint in {output_dir} holds it")
         self.step = step
         self.output_dir = output_dir
+        self.signal_number = int(signal_number)
 
     def resume_command(self, data_dir: str | Path | None = None) -> str:
         """The command that continues the run (from its saved recipe)."""
@@ -233,6 +237,7 @@ class Trainer:
         create_output(self.output, self.accelerator.process_index)
         if self.main:
             held_until_the_end.enter_context(hold_run_lock(self.output))
+            check_run_in_folder(self.output, self.resume)  # again under the lock: another run may have finished here
             # Staging folders and files of a run killed mid-write (never resumed from); removed under the lock.
             for name in remove_staging_leftovers(self.output):
                 print(f"csekit: removed {self.output / name}, left by an interrupted run", file=sys.stderr)
@@ -253,7 +258,7 @@ class Trainer:
         """Weights, optimizer, schedule, RNG states and position from checkpoint/; the log cut back to it."""
         for folder in (self.checkpoint_dir, self.output / "best", self.output / "last"):
             recover_directory(folder)
-        if (self.checkpoint_dir / STATE_FILE).exists():
+        if check_checkpoint(self.checkpoint_dir):
             self.state = read_trainer_state(self.checkpoint_dir / STATE_FILE)
             load_shared_state(
                 self.checkpoint_dir,
@@ -426,6 +431,12 @@ class Trainer:
 
     def evaluate(self) -> None:
         """Score on the dev task, keep the best model by the selection metric, save last/, then checkpoint."""
+        self._check_weights_finite()
+        with self._writing("best/ and last/"):
+            self._score_and_keep()
+        self.save_checkpoint()
+
+    def _score_and_keep(self) -> None:
         scores = self.dev_scores() if self.main else {}
         if self.main:
             self.metrics.write({"step": self.state.step, **scores})
@@ -448,10 +459,35 @@ class Trainer:
             self.unwrapped.encoder.save(self.output / "last")
             self.last_score = score
             self.bar.set_postfix_str(_postfix(self.last_loss, self.last_score))
-        self.save_checkpoint()
 
     def save_checkpoint(self) -> None:
         """The resumable state: weights, optimizer, scheduler, RNG states (every process's) and the step."""
+        self._check_weights_finite()
+        with self._writing("checkpoint/"):
+            self._write_checkpoint()
+
+    def _check_weights_finite(self) -> None:
+        """Stop before saving weights that are NaN or infinite: the last good checkpoint stays as it is."""
+        bad = non_finite_parameters(self.unwrapped)
+        if bad:
+            raise CsekitError(
+                f"the weights are no longer finite after step {self.state.step} ({len(bad)} tensors hold NaN or "
+                f"infinity, e.g. {bad[0]}); stopped without saving them. The last good checkpoint in "
+                f"{self.checkpoint_dir} is kept; try a lower train.lr (it is {self.config.lr:g})"
+            )
+
+    @contextlib.contextmanager
+    def _writing(self, what: str) -> Iterator[None]:
+        """A failed write (a full disk) is one line; the atomic writes keep the previous version of `what`."""
+        try:
+            yield
+        except OSError as error:
+            raise CsekitError(
+                f"cannot write {what} in {self.output} ({error.strerror or error}); the previous version is kept. "
+                f"Free the space, then: csekit train --output {self.output} --resume"
+            ) from None
+
+    def _write_checkpoint(self) -> None:
         staging = self.output / ".checkpoint.tmp"
         if self.main:
             shutil.rmtree(staging, ignore_errors=True)
@@ -488,26 +524,35 @@ class Trainer:
 
     @contextlib.contextmanager
     def _ctrl_c_stops_after_the_step(self) -> Iterator[None]:
-        """While the loop runs, Ctrl-C (SIGINT) asks it to stop after the current step; a second one stops at once.
+        """While the loop runs, Ctrl-C (SIGINT) or SIGTERM asks it to stop after the step; a second stops at once.
 
-        Stopping between steps keeps the checkpoint consistent (weights, optimizer, RNG and data position of
-        one step). Signal handlers can only be set in the main thread; elsewhere Ctrl-C acts as before.
+        SIGTERM is what schedulers, `timeout`, Docker and systemd send before they kill: it is treated as
+        Ctrl-C, so the work since the last checkpoint is saved. Stopping between steps keeps the checkpoint
+        consistent (weights, optimizer, RNG and data position of one step). Signal handlers can only be set
+        in the main thread; elsewhere the signals act as before.
         """
         self.interrupt_requested = False
+        self.stop_signal = signal.SIGINT
+        previous: dict[int, Any] = {}
+
+        def restore() -> None:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
 
         def request_stop(signum: int, frame: Any) -> None:
-            self.interrupt_requested = True
-            signal.signal(signal.SIGINT, previous)
+            self.interrupt_requested, self.stop_signal = True, signum
+            restore()
 
         try:
-            previous = signal.signal(signal.SIGINT, request_stop)
+            for number in (signal.SIGINT, signal.SIGTERM):
+                previous[number] = signal.signal(number, request_stop)
         except ValueError:  # not the main thread
             yield
             return
         try:
             yield
         finally:
-            signal.signal(signal.SIGINT, previous)
+            restore()
 
     def _any_process(self, flag: bool) -> bool:
         """Whether `flag` holds on any process: every process then takes the same branch (one all-reduce)."""
@@ -522,7 +567,7 @@ class Trainer:
             self.save_checkpoint()
         self.bar.close()
         self.accelerator.end_training()
-        raise TrainingInterrupted(self.state.step, self.output)
+        raise TrainingInterrupted(self.state.step, self.output, self.stop_signal)
 
     def _report(self, section: str, record: dict[str, Any]) -> None:
         """Send a record's numbers to the recipe's trackers (train.report_to), as section/name at its step."""

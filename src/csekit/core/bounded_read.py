@@ -1,0 +1,161 @@
+"""Reading files someone else may have written: bounded in size, plain files only, one-line errors.
+
+A run folder, a model folder, a recipe or a suite may come from anyone. A file there may be a link
+to an endless device (`/dev/zero`), a FIFO that blocks the reader forever, a gigabyte of JSON, or a
+YAML document of a few hundred bytes whose nested aliases expand to billions of nodes. Every such
+file is read here: only regular files, at most `limit` bytes, and YAML composed once with its
+expanded size counted (aliases included) and duplicate keys refused before anything is built.
+Every failure is a `CsekitError` naming the file (and line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from csekit.core.errors import CsekitError
+
+METADATA_LIMIT = 16 * 2**20
+"""The largest JSON or YAML metadata file read (a tokenizer.json is a few MiB; csekit's own files are KiB)."""
+
+YAML_NODE_LIMIT = 100_000
+"""The most nodes a YAML file may expand to, aliases counted each time they are used (a recipe has about 100)."""
+
+
+def read_bounded_bytes(path: str | Path, limit: int = METADATA_LIMIT) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes; OSError for a missing or unreadable file.
+
+    Opened without blocking (a FIFO would wait for a writer forever) and checked to be a regular file
+    after opening, so a link to a device or a FIFO is refused, not read.
+    """
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, FIFO or socket)"
+            raise CsekitError(f"{path} is {kind}; csekit reads only plain files there")
+        if info.st_size > limit:
+            raise CsekitError(f"{path} is {info.st_size} bytes, more than the {limit} csekit reads for such a file")
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise CsekitError(f"{path} grew past {limit} bytes while it was read")
+    return data
+
+
+def read_bounded_text(path: str | Path, what: str, limit: int = METADATA_LIMIT) -> str:
+    """A UTF-8 file's text; a missing, unreadable, oversized or undecodable file is a CsekitError naming it."""
+    try:
+        data = read_bounded_bytes(path, limit)
+    except FileNotFoundError:
+        raise CsekitError(f"{what} {path} does not exist") from None
+    except OSError as error:
+        raise CsekitError(f"{what} {path}: cannot read it ({error.strerror or error})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise CsekitError(f"{path}:{line}: {what} is not valid UTF-8") from None
+
+
+def read_json_file(path: str | Path, what: str, limit: int = METADATA_LIMIT) -> Any:
+    """A JSON file's value (bounded read); damage is one line naming the file and the JSON error's line."""
+    text = read_bounded_text(path, what, limit)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise CsekitError(f"{path}:{error.lineno}: {what} is not valid JSON ({error.msg})") from None
+    except RecursionError:
+        raise CsekitError(f"{path}: {what} is nested too deeply") from None
+
+
+def read_yaml_file(path: str | Path, what: str, limit: int = 2**20) -> tuple[Any, yaml.Node | None]:
+    """A YAML file's value and its composed node (for line numbers): bounded, aliases counted, no duplicate keys.
+
+    Read with PyYAML's SafeLoader (plain values and containers only, never a Python object).
+    """
+    return parse_yaml(read_bounded_text(path, what, limit), str(path), what)
+
+
+def parse_yaml(text: str, label: str, what: str) -> tuple[Any, yaml.Node | None]:
+    """`read_yaml_file` on text already read; `label` names it in errors."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, None
+        _check_size(node, label, what)
+        _check_unique_keys(node, label, what)
+        return loader.construct_document(node), node
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise CsekitError(f"{label}{line}: invalid YAML in the {what} ({problem})") from None
+    except RecursionError:
+        raise CsekitError(f"{label}: the {what} is nested too deeply to be a {what}") from None
+    finally:
+        loader.dispose()
+
+
+def _check_size(root: yaml.Node, label: str, what: str) -> None:
+    """Count the nodes `root` expands to (an alias counts its anchor's nodes each time) without expanding it."""
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def size(node: yaml.Node) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            raise CsekitError(f"{label}:{node.start_mark.line + 1}: the {what} refers to itself (a recursive alias)")
+        open_nodes.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            total += sum(size(item) for item in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            total += sum(size(key_node) + size(value_node) for key_node, value_node in node.value)
+        open_nodes.discard(key)
+        sizes[key] = total
+        if total > YAML_NODE_LIMIT:
+            raise CsekitError(
+                f"{label}:{node.start_mark.line + 1}: the {what} expands to more than {YAML_NODE_LIMIT} values "
+                "(nested aliases?); csekit does not read it"
+            )
+        return total
+
+    size(root)
+
+
+def _check_unique_keys(root: yaml.Node, label: str, what: str) -> None:
+    """A key given twice in one mapping is refused, naming both lines (YAML would keep the last silently)."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            lines: dict[str, int] = {}
+            for key_node, value_node in node.value:
+                stack += [key_node, value_node]
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                line = key_node.start_mark.line + 1
+                if key_node.value in lines:
+                    raise CsekitError(
+                        f'{label}:{line}: key "{key_node.value}" is given twice in the {what} (lines '
+                        f"{lines[key_node.value]} and {line}); keep one"
+                    )
+                lines[key_node.value] = line
+        elif isinstance(node, yaml.SequenceNode):
+            stack += node.value
