@@ -31,7 +31,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from csekit.core.distributed import gather_with_grad, world
-from csekit.encoding.kept_head import DenseTanh
+from csekit.encoding.kept_head import DenseTanh, backbone_initializer_range, init_like_backbone
 
 WHITENING_KINDS = ("shuffled_group", "group", "zca", "pca", "none")
 """`whitening:` choices: the paper's ablation (Table 3) plus `none` (SimCSE's head)."""
@@ -276,6 +276,7 @@ class WhiteningHead(nn.Module):
         eigh_dtype: str = "float32",
         gradient_through_whitening: bool = False,
         momentum: float = 0.1,
+        encoder: Any = None,
         recipe: Any = None,
     ) -> None:
         super().__init__()
@@ -298,6 +299,7 @@ class WhiteningHead(nn.Module):
             if message is not None:
                 warnings.warn(message, SingularWhiteningWarning, stacklevel=2)
         self.linear = nn.Linear(dim, dim)
+        init_like_backbone(self.linear, backbone_initializer_range(encoder))  # as the authors' cl_init
         self.activation = nn.Tanh()
 
     def forward(self, features: Tensor) -> Tensor:
