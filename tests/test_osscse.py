@@ -145,26 +145,28 @@ def test_bad_probe_file_names_the_line(tmp_path: Path) -> None:
 
 
 def test_prompt_truncates_the_sentence_never_the_template(tmp_path: Path) -> None:
-    """PromptBERT cuts the sentence to max_length (as a plain tokenisation with [CLS]/[SEP] would), then wraps it."""
+    """PromptBERT (train.py: `tokenizer.encode(s, add_special_tokens=False)[:max_seq_length]`) keeps max_length
+    sentence tokens, then wraps them in the template with [CLS] and [SEP]."""
     encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask")
     assert isinstance(encoder.pooler, MaskPooler) and POOLERS.get("mask") is MaskPooler
     tokenizer = encoder.tokenizer
     long_sentence = " ".join(["the man plays guitar"] * 20)
+    sentence_tokens = tokenizer.tokenize(long_sentence)
     for view, word in ((0, None), (1, "of")):
         full = encoder.pooler.encode_ids(tokenizer, ["the man"], None, view=view)["input_ids"][0]
         template_length = len(full) - 2  # "the man" is two tokens
-        plain = tokenizer([long_sentence], truncation=True, max_length=5)["input_ids"][0]  # [CLS] 3 words [SEP]
         cut = encoder.pooler.encode_ids(tokenizer, [long_sentence], 5, view=view)["input_ids"][0]
-        assert len(cut) == template_length + len(plain) - 2  # the whole template on top of the cut sentence
+        assert len(cut) == template_length + 5  # the whole template on top of 5 sentence tokens
         tokens = tokenizer.convert_ids_to_tokens(cut)
         # Everything but the sentence is the untouched template: prefix before it, suffix after it.
         before, after = full[: full.index(tokenizer.convert_tokens_to_ids("the"))], full[-5:]
         assert cut[: len(before)] == before and cut[-5:] == after
-        assert tokens[len(before) : len(before) + 3] == ["the", "man", "plays"]
+        assert tokens[len(before) : len(before) + 5] == sentence_tokens[:5]
         assert tokens.count("[MASK]") == 1 and tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
         assert (word in tokens) == (word is not None)
-    with pytest.raises(CsekitError, match="max_length"):
-        encoder.pooler.encode_ids(tokenizer, ["the man"], 2)
+    template_only = len(encoder.pooler.encode_ids(tokenizer, [""], None)["input_ids"][0])
+    with pytest.raises(CsekitError, match="max_positions"):
+        encoder.pooler.encode_ids(tokenizer, ["the man"], None, max_positions=template_only)
 
 
 def test_prompt_inputs_fit_the_backbone_with_the_whole_template(tmp_path: Path) -> None:
