@@ -77,6 +77,21 @@ def paper_loss_by_hand(state: StepState, temperature: float) -> torch.Tensor:
     return torch.stack(losses).mean()
 
 
+def test_complementary_similarities_are_float32_inside_a_bf16_step(tiny_model_dir: Path) -> None:
+    """The phi decision is made on float32 cosines of the complementary model, whatever autocast the step runs."""
+    weighting = ComplementaryWeighting(model=str(tiny_model_dir), model_pooler="mean", phi=PHI, max_length=16)
+    state = step_state(build(tiny_model_dir, weighting))
+    complementary = SentenceEncoder.load(tiny_model_dir, pooler="mean").eval()
+    inputs = complementary.tokenize(SENTENCES, max_length=16)
+    with torch.no_grad():
+        vectors = complementary(inputs, token_states=False).pooled.double()  # the reference, in float64
+    expected = F.normalize(vectors, dim=-1) @ F.normalize(vectors, dim=-1).T
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        in_bf16_step = weighting.similarities(state)
+    assert in_bf16_step.dtype == torch.float32
+    torch.testing.assert_close(in_bf16_step.double(), expected, rtol=0, atol=1e-6)
+
+
 def test_paper_loss_equals_the_loss_with_false_negative_columns_removed(tiny_model_dir: Path) -> None:
     weighting = ComplementaryWeighting(model=str(tiny_model_dir), model_pooler="mean", phi=PHI, max_length=16)
     model = build(tiny_model_dir, weighting, NoiseNegatives(ratio=1.5))
