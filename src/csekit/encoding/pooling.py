@@ -197,7 +197,8 @@ class FirstLastAvgPooler(Pooler):
 
 
 PROMPT_TEMPLATES = ('This sentence : "[X]" means [MASK] .', 'This sentence of "[X]" means [MASK] .')
-"""PromptBERT's templates as OssCSE uses them: view 0 (also used at evaluation) and view 1."""
+"""OssCSE's two templates (its section 4), view 0 (also used at evaluation) and view 1, each with PromptBERT's
+trailing " ." (run.sh: `means*mask*.`): the paper prints them without it but follows PromptBERT."""
 
 
 class MaskPooler(Pooler):

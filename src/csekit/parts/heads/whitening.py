@@ -286,7 +286,9 @@ class WhiteningHead(nn.Module):
     view p whitens dropout view p mod V (V = `data.views.num_views`) with its own channel permutation.
     With V = 2 (default) view 0 is the anchor, view 1 SimCSE's dropout positive and views 2.. re-whiten
     the anchor's backbone feature with new permutations (the paper's "repeat SGW on a single backbone
-    feature"); with V = m every positive also has its own dropout mask (the authors' code).
+    feature"); with V = m every positive also has its own dropout mask, as the authors' code encodes them,
+    but it does not reproduce the code's whitening: there a sentence's views are adjacent rows of the
+    flattened batch, so they mostly fall into the same third and share its permutation and statistics.
     In eval mode (`encode`) the whitening uses running statistics, so a kept head is a fixed map;
     `statistics: running` uses them in training too (Eq. 13), updated with the step's views first.
     """
