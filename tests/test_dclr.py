@@ -65,7 +65,8 @@ def test_the_model_as_its_own_complementary_model_weights_out_exactly_the_duplic
 
 
 def paper_loss_by_hand(state: StepState, temperature: float) -> torch.Tensor:
-    """Eq. 6 directly: each anchor's softmax over its kept in-batch candidates and the noise, columns removed."""
+    """Eq. 6 with the positive in the softmax (the authors' code, SimCSE's cross-entropy): each anchor's
+    softmax over its kept in-batch candidates (its positive included) and the noise, columns removed."""
     anchors, positives = state.embeddings
     losses = []
     for i in range(len(anchors)):
@@ -74,6 +75,21 @@ def paper_loss_by_hand(state: StepState, temperature: float) -> torch.Tensor:
         logits = F.cosine_similarity(anchors[i : i + 1].float(), candidates.float()) / temperature
         losses.append(-F.log_softmax(logits, dim=0)[kept.index(i)])
     return torch.stack(losses).mean()
+
+
+def test_complementary_similarities_are_float32_inside_a_bf16_step(tiny_model_dir: Path) -> None:
+    """The phi decision is made on float32 cosines of the complementary model, whatever autocast the step runs."""
+    weighting = ComplementaryWeighting(model=str(tiny_model_dir), model_pooler="mean", phi=PHI, max_length=16)
+    state = step_state(build(tiny_model_dir, weighting))
+    complementary = SentenceEncoder.load(tiny_model_dir, pooler="mean").eval()
+    inputs = complementary.tokenize(SENTENCES, max_length=16)
+    with torch.no_grad():
+        vectors = complementary(inputs, token_states=False).pooled.double()  # the reference, in float64
+    expected = F.normalize(vectors, dim=-1) @ F.normalize(vectors, dim=-1).T
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        in_bf16_step = weighting.similarities(state)
+    assert in_bf16_step.dtype == torch.float32
+    torch.testing.assert_close(in_bf16_step.double(), expected, rtol=0, atol=1e-6)
 
 
 def test_paper_loss_equals_the_loss_with_false_negative_columns_removed(tiny_model_dir: Path) -> None:
@@ -88,6 +104,42 @@ def test_paper_loss_equals_the_loss_with_false_negative_columns_removed(tiny_mod
     # Without the weights the loss is a different number, so the comparison above can fail.
     state.negative_weights = None
     assert not torch.isclose(InfoNCE(temperature=0.05)(state)["infonce"], paper_loss_by_hand(state, 0.05))
+
+
+def printed_eq6_by_hand(state: StepState, temperature: float) -> torch.Tensor:
+    """Eq. 6 as printed: -log(e^{s+/tau} / sum over the kept in-batch negatives and the noise of e^{s/tau})."""
+    anchors, positives = state.embeddings
+    noise = torch.cat(state.extra_negatives).double()
+    losses = []
+    for i in range(len(anchors)):
+        anchor = anchors[i].double()
+        negatives = [positives[j].double() for j in range(len(positives)) if j != i and (i, j) not in DUPLICATES]
+        denominator = sum(torch.exp(F.cosine_similarity(anchor, h, dim=0) / temperature) for h in negatives)
+        denominator = denominator + torch.exp(F.cosine_similarity(anchor.unsqueeze(0), noise) / temperature).sum()
+        numerator = torch.exp(F.cosine_similarity(anchor, positives[i].double(), dim=0) / temperature)
+        losses.append(-torch.log(numerator / denominator))
+    return torch.stack(losses).mean()
+
+
+def test_the_printed_eq6_leaves_the_positive_out_of_the_denominator(tiny_model_dir: Path) -> None:
+    weighting = ComplementaryWeighting(model=str(tiny_model_dir), model_pooler="mean", phi=PHI, max_length=16)
+    model = build(tiny_model_dir, weighting, NoiseNegatives(ratio=1.5))
+    state = step_state(model)
+    model.negatives[0](state)
+    weighting(state)
+    printed = InfoNCE(temperature=0.05, positive_in_denominator=False)(state)["infonce"]
+    torch.testing.assert_close(printed.double(), printed_eq6_by_hand(state, 0.05), rtol=1e-5, atol=1e-5)
+    default = InfoNCE(temperature=0.05)(state)["infonce"]
+    assert float(default) > float(printed)  # the positive's own term enlarges the denominator
+
+
+def test_the_printed_eq6_is_finite_for_an_anchor_without_negatives() -> None:
+    anchors = torch.randn(3, 8, requires_grad=True)
+    state = StepState([""] * 3, [anchors, anchors * 2], [anchors, anchors * 2], None, None)  # type: ignore[arg-type]
+    state.negative_weights = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0]])
+    loss = InfoNCE(positive_in_denominator=False)(state)["infonce"]
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(anchors.grad).all()
 
 
 def test_authors_code_option_zeroes_the_false_negative_logits(tiny_model_dir: Path) -> None:

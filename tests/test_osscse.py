@@ -145,26 +145,28 @@ def test_bad_probe_file_names_the_line(tmp_path: Path) -> None:
 
 
 def test_prompt_truncates_the_sentence_never_the_template(tmp_path: Path) -> None:
-    """PromptBERT cuts the sentence to max_length (as a plain tokenisation with [CLS]/[SEP] would), then wraps it."""
+    """PromptBERT (train.py: `tokenizer.encode(s, add_special_tokens=False)[:max_seq_length]`) keeps max_length
+    sentence tokens, then wraps them in the template with [CLS] and [SEP]."""
     encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask")
     assert isinstance(encoder.pooler, MaskPooler) and POOLERS.get("mask") is MaskPooler
     tokenizer = encoder.tokenizer
     long_sentence = " ".join(["the man plays guitar"] * 20)
+    sentence_tokens = tokenizer.tokenize(long_sentence)
     for view, word in ((0, None), (1, "of")):
         full = encoder.pooler.encode_ids(tokenizer, ["the man"], None, view=view)["input_ids"][0]
         template_length = len(full) - 2  # "the man" is two tokens
-        plain = tokenizer([long_sentence], truncation=True, max_length=5)["input_ids"][0]  # [CLS] 3 words [SEP]
         cut = encoder.pooler.encode_ids(tokenizer, [long_sentence], 5, view=view)["input_ids"][0]
-        assert len(cut) == template_length + len(plain) - 2  # the whole template on top of the cut sentence
+        assert len(cut) == template_length + 5  # the whole template on top of 5 sentence tokens
         tokens = tokenizer.convert_ids_to_tokens(cut)
         # Everything but the sentence is the untouched template: prefix before it, suffix after it.
         before, after = full[: full.index(tokenizer.convert_tokens_to_ids("the"))], full[-5:]
         assert cut[: len(before)] == before and cut[-5:] == after
-        assert tokens[len(before) : len(before) + 3] == ["the", "man", "plays"]
+        assert tokens[len(before) : len(before) + 5] == sentence_tokens[:5]
         assert tokens.count("[MASK]") == 1 and tokens[0] == "[CLS]" and tokens[-1] == "[SEP]"
         assert (word in tokens) == (word is not None)
-    with pytest.raises(CsekitError, match="max_length"):
-        encoder.pooler.encode_ids(tokenizer, ["the man"], 2)
+    template_only = len(encoder.pooler.encode_ids(tokenizer, [""], None)["input_ids"][0])
+    with pytest.raises(CsekitError, match="max_positions"):
+        encoder.pooler.encode_ids(tokenizer, ["the man"], None, max_positions=template_only)
 
 
 def test_prompt_inputs_fit_the_backbone_with_the_whole_template(tmp_path: Path) -> None:
@@ -472,3 +474,119 @@ def test_apertium_round_trip() -> None:
     back = ApertiumEngine()(["The man likes eating sausages.", "A woman is slicing an onion."])
     assert len(back) == 2 and all(len(candidates) == 1 for candidates in back)
     assert "sausages" in back[0][0]
+
+
+# --- the paper's back-translation engine (FSMT), offline on tiny random models ---------------------
+
+
+class _Moses:
+    """Stands in for sacremoses where it is not installed: whitespace tokenisation, no normalisation."""
+
+    def __init__(self, lang: str) -> None:
+        self.lang = lang
+
+    def normalize(self, text: str) -> str:
+        return text
+
+    def tokenize(self, text: str, **options: object) -> list[str]:
+        return text.split()
+
+    def detokenize(self, tokens: list[str]) -> str:
+        return " ".join(tokens)
+
+
+@pytest.fixture
+def moses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The FSMT tokenizer's Moses steps: the real sacremoses when installed, else whitespace stand-ins."""
+    import importlib.util
+    import sys
+    import types
+
+    if importlib.util.find_spec("sacremoses") is None:
+        fake = types.ModuleType("sacremoses")
+        fake.MosesPunctNormalizer = fake.MosesTokenizer = fake.MosesDetokenizer = _Moses  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "sacremoses", fake)
+
+
+def save_tiny_fsmt(folder: Path, source: str, target: str) -> None:
+    """A randomly initialised 1-layer FSMT translation model and its tokenizer (character BPE, no merges)."""
+    from transformers import FSMTConfig, FSMTForConditionalGeneration, FSMTTokenizer
+
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    vocab = {
+        token: i for i, token in enumerate(["<s>", "<pad>", "</s>", "<unk>", *letters, *(c + "</w>" for c in letters)])
+    }
+    folder.mkdir(parents=True)
+    for name in ("src_vocab.json", "tgt_vocab.json"):
+        (folder / name).write_text(json.dumps(vocab), encoding="utf-8")
+    (folder / "merges.txt").write_text("", encoding="utf-8")
+    tokenizer = FSMTTokenizer(
+        langs=[source, target],
+        src_vocab_file=str(folder / "src_vocab.json"),
+        tgt_vocab_file=str(folder / "tgt_vocab.json"),
+        merges_file=str(folder / "merges.txt"),
+    )
+    config = FSMTConfig(
+        langs=[source, target],
+        src_vocab_size=len(vocab),
+        tgt_vocab_size=len(vocab),
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=64,
+        pad_token_id=1,
+        bos_token_id=0,
+        eos_token_id=2,
+        decoder_start_token_id=2,
+    )
+    torch.manual_seed(0)
+    FSMTForConditionalGeneration(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def test_the_fsmt_engine_round_trips_through_the_papers_pivots(tmp_path: Path, moses: None) -> None:
+    from csekit.core.registry import ENGINES
+    from csekit.prep.paraphrase import FsmtEngine
+
+    assert ENGINES.get("fsmt") is FsmtEngine
+    paper = {FsmtEngine.default_models.format(source=a, target=b) for a, b in [("en", "ru"), ("ru", "en")]}
+    assert paper == {"facebook/wmt19-en-ru", "facebook/wmt19-ru-en"} and FsmtEngine.default_pivots == ("ru", "de")
+    for source, target in [("en", "ru"), ("ru", "en"), ("en", "de"), ("de", "en")]:
+        save_tiny_fsmt(tmp_path / f"wmt19-{source}-{target}", source, target)
+    engine = FsmtEngine(models=str(tmp_path / "wmt19-{source}-{target}"), device="cpu", batch_size=2)
+    sentences = ["the man plays", "a dog runs", "she eats"]
+    calls: list[tuple[str, str, int]] = []
+    translate = engine._translate
+
+    def recording(batch: list[str], source: str, target: str) -> list[str]:
+        out = translate(batch, source, target)
+        calls.append((source, target, len(out)))
+        return out
+
+    engine._translate = recording  # type: ignore[method-assign]
+    candidates = engine(sentences)
+    assert calls == [("en", "ru", 3), ("ru", "en", 3), ("en", "de", 3), ("de", "en", 3)]  # EN-RU-EN, then EN-DE-EN
+    assert len(candidates) == 3 and all(
+        len(row) <= 2 and all(isinstance(c, str) and c for c in row) for row in candidates
+    )
+    assert {type(model).__name__ for _, model in engine._models.values()} == {"FSMTForConditionalGeneration"}
+
+
+def test_the_fsmt_engine_without_sacremoses_or_its_models_says_what_is_missing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, moses: None
+) -> None:
+    import sys
+
+    from csekit.prep.paraphrase import FsmtEngine
+
+    with pytest.raises(CsekitError, match=r'cannot load ".*wmt19-en-ru"'):
+        FsmtEngine(models=str(tmp_path / "wmt19-{source}-{target}"), device="cpu")(["the man"])
+    save_tiny_fsmt(tmp_path / "wmt19-en-ru", "en", "ru")
+    monkeypatch.setitem(sys.modules, "sacremoses", None)  # import sacremoses raises ImportError
+    engine = FsmtEngine(models=str(tmp_path / "wmt19-{source}-{target}"), device="cpu")
+    with pytest.raises(CsekitError, match=r"sacremoses: pip install .csekit\[fsmt\]"):
+        engine(["the man"])

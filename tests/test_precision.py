@@ -71,10 +71,28 @@ def test_unknown_precision_is_a_clear_error() -> None:
         load_recipe(None, ["train.precision=fp8"])
 
 
-def test_every_shipped_recipe_uses_auto_and_it_is_the_default() -> None:
+FP32_RECIPES = {
+    f"dclr-{name}.yaml"
+    for name in (
+        "bert-base",
+        "roberta-base",
+        "bert-base-authors-code",
+        "ablation-no-noise",
+        "ablation-no-weighting",
+        "ablation-random-noise",
+        "ablation-self-weighting",
+    )
+}
+"""DCLR's reproductions: the authors' numbers come from fp32 runs (run.sh, --fp16 commented out)."""
+
+
+def test_the_dclr_reproductions_train_in_fp32_the_others_use_auto_the_default() -> None:
+    """The other methods' authors trained in mixed precision (--fp16, apex O1): auto is its counterpart."""
     assert load_recipe(None).train.precision == "auto"
     for path in sorted((REPO / "recipes").glob("*.yaml")):
-        assert load_recipe(path).train.precision == "auto", path.name
+        expected = "fp32" if path.name in FP32_RECIPES else "auto"
+        assert load_recipe(path).train.precision == expected, path.name
+        assert "precision:" in path.read_text(encoding="utf-8"), f"{path.name} says its precision"
 
 
 def test_the_variable_overrides_the_cpu_check_and_a_wrong_value_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -367,6 +367,31 @@ def test_isf_reuses_the_main_pass_only_when_view_ids_match(tmp_path: Path) -> No
     assert all(loss > 0 for loss in losses)
 
 
+def test_isf_is_eq6_averaged_over_every_sentence_of_the_batch(tmp_path: Path) -> None:
+    """Eq. 6: (1/N) sum_i CE(G(h^_i), 1) + CE(G(h_i), 0) over all N; an unmasked sentence is its own h^_i."""
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mean", initializer_range=0.3)
+    encoder.eval()  # no dropout: every encoding of an input is the same
+    counts = str(write_counts(encoder.tokenizer, tmp_path / "counts.json"))
+    model, views = build_model(tiny_recipe(tmp_path, tmp_path, "model.head.name=none"), encoder)
+    sentences = ["the man plays guitar", "a man is on a ball", "a dog runs in the park"]
+    state = model.make_state(views(sentences), sentences, {})
+    isf = IncompleteSentenceFiltering(encoder.dim, encoder.tokenizer, 16, counts, 0.2, mask_rate=1.0)
+    _, masked_ids, masked = isf.make_incomplete(sentences)
+    assert masked.any(dim=1).tolist() == [True, False, True]  # sentence 2 has no rare word
+
+    def encode(ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return encoder({"input_ids": ids, "attention_mask": (ids != 0).long()}, token_states=False).pooled
+
+    original = torch.cat([encode(encoder.tokenizer(text, return_tensors="pt")["input_ids"]) for text in sentences])
+    incomplete = torch.cat([encode(row[row != 0].unsqueeze(0)) for row in masked_ids])
+    with torch.no_grad():
+        to_one = torch.nn.functional.cross_entropy(isf.discriminator(incomplete), torch.ones(3, dtype=torch.long))
+        to_zero = torch.nn.functional.cross_entropy(isf.discriminator(original), torch.zeros(3, dtype=torch.long))
+    expected = float(to_one + to_zero)  # each a mean over the N = 3 sentences
+    assert math.isclose(float(isf(state)["slt_fai_isf"].detach()), expected, rel_tol=1e-5)
+
+
 def test_a_tokenizer_without_mask_token_is_a_recipe_error() -> None:
     stub = SimpleNamespace(mask_token_id=None, is_fast=True)
     spec = {"name": "slt_fai_isf", "counts": "x.json"}

@@ -26,8 +26,14 @@ BACKBONE_DIMS = {"bert-base-uncased": 768, "roberta-base": 768, "minilm-l6": 384
 WHITENING_RECIPES = sorted(
     path.name for path in RECIPES.glob("*.yaml") if "name: whitening" in path.read_text(encoding="utf-8")
 )
-SINGULAR_BY_DESIGN = {"whitenedcse-bert-base-pca.yaml", "whitenedcse-bert-base-zca.yaml"}
-"""The paper's PCA/ZCA ablations whiten all 768 channels as one group over 64 rows, as the paper did."""
+RUNNING_STATISTICS = {
+    "whitenedcse-bert-base-pca.yaml",
+    "whitenedcse-bert-base-zca.yaml",
+    "whitenedcse-bert-base-group.yaml",
+}
+"""The paper's Table 3 ablations, trained with the momentum estimates of Eq. 13 (statistics: running)."""
+ONE_GROUP = {"whitenedcse-bert-base-pca.yaml", "whitenedcse-bert-base-zca.yaml"}
+"""All 768 channels as one group: singular with one batch's statistics (64 rows)."""
 
 
 def make_state(embeddings: list[torch.Tensor]) -> StepState:
@@ -224,7 +230,7 @@ def test_whitening_recipes_are_found() -> None:
     )
 
 
-@pytest.mark.parametrize("name", sorted(set(WHITENING_RECIPES) - SINGULAR_BY_DESIGN))
+@pytest.mark.parametrize("name", sorted(set(WHITENING_RECIPES) - RUNNING_STATISTICS))
 def test_every_shipped_grouping_whitens_a_training_batch_to_identity(name: str) -> None:
     """At a recipe's own batch size each group's covariance is estimable, so a batch comes out white."""
     with warnings.catch_warnings():
@@ -249,7 +255,7 @@ def test_a_group_wider_than_the_batch_is_not_whitened_by_the_data() -> None:
     assert int((eigenvalues > 0.5).sum()) == 63  # only the batch's 63 directions are white; the rest ~0
 
 
-@pytest.mark.parametrize("name", sorted(set(WHITENING_RECIPES) - SINGULAR_BY_DESIGN))
+@pytest.mark.parametrize("name", sorted(set(WHITENING_RECIPES) - ONE_GROUP))
 def test_test_time_whitening_of_a_shipped_grouping_is_identity_on_its_distribution(name: str) -> None:
     """Running statistics of a large batch give a fixed map that whitens fresh rows of the same distribution."""
     head, _ = recipe_head(name)
@@ -266,12 +272,61 @@ def test_test_time_whitening_of_a_shipped_grouping_is_identity_on_its_distributi
     assert float((blocks - identity).abs().mean()) < 0.02
 
 
-@pytest.mark.parametrize("name", sorted(SINGULAR_BY_DESIGN))
-def test_singular_ablations_still_build_and_say_so(name: str) -> None:
-    with pytest.warns(SingularWhiteningWarning, match=r"recipe key model\.head\.whitening: .*rank at most 63 < 768"):
+@pytest.mark.parametrize("name", sorted(ONE_GROUP))
+def test_one_group_ablations_train_on_running_statistics_and_warn_with_batch_ones(name: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SingularWhiteningWarning)
         head, _ = recipe_head(name)
-    assert head.whitening.num_groups == 1
-    assert "Singular by design" in (RECIPES / name).read_text(encoding="utf-8")
+    assert head.whitening.num_groups == 1 and head.whitening.statistics == "running"
+    recipe = load_recipe(RECIPES / name, ["model.head.statistics=batch"])
+    with pytest.warns(SingularWhiteningWarning, match=r"recipe key model\.head\.whitening: .*rank at most 63 < 768"):
+        build_part(HEADS, recipe.model.head, "model.head", dim=768, recipe=recipe)
+
+
+def eq13_zca_by_hand(batches: list[torch.Tensor], momentum: float, eps: float) -> list[torch.Tensor]:
+    """Eq. 13 written out: mu_n = beta mu_{n-1} + (1 - beta) mean_n, Sigma_n likewise (mu_0 = 0, Sigma_0 = I,
+    beta = 1 - momentum), and each batch ZCA-whitened with them: (x - mu_n) (Sigma_n + eps I)^{-1/2}."""
+    d = batches[0].shape[1]
+    mu, sigma = np.zeros(d), np.eye(d)
+    outputs = []
+    for batch in batches:
+        x = batch.double().numpy()
+        centred = x - x.mean(axis=0)
+        mu = (1 - momentum) * mu + momentum * x.mean(axis=0)
+        sigma = (1 - momentum) * sigma + momentum * centred.T @ centred / len(x)
+        values, vectors = np.linalg.eigh(sigma + eps * np.eye(d))
+        inverse_root = vectors @ np.diag(np.maximum(values, eps) ** -0.5) @ vectors.T
+        outputs.append(torch.from_numpy((x - mu) @ inverse_root))
+    return outputs
+
+
+def test_running_statistics_whiten_training_batches_as_eq13() -> None:
+    batches = [correlated(4, 6, seed=seed, dtype=torch.float32) for seed in range(5)]  # 4 rows < 6 channels
+    whitening = GroupWhitening(6, "zca", momentum=0.3, statistics="running").train()
+    for batch, expected in zip(batches, eq13_zca_by_hand(batches, 0.3, whitening.eps), strict=True):
+        whitening.update_running_statistics(batch)
+        torch.testing.assert_close(whitening(batch).double(), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_running_covariance_of_a_group_wider_than_the_batch_is_estimated_by_the_data() -> None:
+    """768 channels, 64 rows a batch: one batch has rank 63; Eq. 13's estimate is full rank, set by the data."""
+    whitening = GroupWhitening(768, "pca", statistics="running").train()
+    whitening.running_covariance.zero_()  # no identity to hide behind: only the batches count
+    scales = torch.linspace(0.5, 1.5, 768)  # a well-conditioned distribution: every direction has variance >= 0.25
+    batches = [torch.randn(64, 768, generator=torch.Generator().manual_seed(seed)) * scales for seed in range(20)]
+    for rows in batches:
+        whitening.update_running_statistics(rows)
+    eigenvalues = torch.linalg.eigvalsh(whitening.running_covariance.double())
+    assert float(eigenvalues.min()) > 100 * whitening.eps  # no direction left to eps
+    one_batch = torch.linalg.eigvalsh(covariance(batches[0].double()))
+    assert int((one_batch > 100 * whitening.eps).sum()) == 63
+
+
+def test_running_statistics_are_constants_so_gradients_through_them_are_refused() -> None:
+    with pytest.raises(ValueError, match="gradient_through_whitening: false"):
+        GroupWhitening(6, "zca", statistics="running", gradient_through_whitening=True)
+    with pytest.raises(ValueError, match="statistics"):
+        GroupWhitening(6, "zca", statistics="momentum")
 
 
 def test_the_warning_names_the_key_that_set_the_groups_and_the_rank() -> None:

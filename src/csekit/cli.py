@@ -505,7 +505,7 @@ def diagnose(
         atomic_write_text(output, json.dumps(report, indent=2) + "\n")
 
 
-def _paraphrase_engine(engine: str, paraphrases: Path | None, pivots: str) -> Any:
+def _paraphrase_engine(engine: str, paraphrases: Path | None, pivots: str | None) -> Any:
     """The engine named by --engine (csekit.core.registry.ENGINES), built with the options it reads."""
     from csekit.core.registry import ENGINES
 
@@ -514,10 +514,12 @@ def _paraphrase_engine(engine: str, paraphrases: Path | None, pivots: str) -> An
         if paraphrases is None:
             raise CsekitError("--engine file needs --paraphrases FILE")
         return factory(paraphrases)
-    if engine == "marian":
+    if engine in ("fsmt", "marian"):
+        if pivots is None:
+            return factory()
         languages = [p.strip() for p in pivots.split(",") if p.strip()]
         if not languages:
-            raise CsekitError(f'--pivots "{pivots}": name at least one pivot language, e.g. de,ru')
+            raise CsekitError(f'--pivots "{pivots}": name at least one pivot language, e.g. ru,de')
         return factory(pivots=languages)
     return factory()
 
@@ -526,14 +528,21 @@ def _paraphrase_engine(engine: str, paraphrases: Path | None, pivots: str) -> An
 def augment(
     corpus: Annotated[Path, typer.Option("--corpus", help="Text corpus, one sentence per line.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="The .jsonl to write (appended to on restart).")],
-    engine: Annotated[str, typer.Option(help="Paraphrases from: apertium (offline), marian (network), file, none.")] = (
-        "apertium"
-    ),
+    engine: Annotated[
+        str,
+        typer.Option(
+            help="Paraphrases from: apertium (offline, EN-ES-EN), fsmt (the paper's WMT19 models, network), "
+            "marian (opus-mt, network), file, none."
+        ),
+    ] = "apertium",
     paraphrases: Annotated[
         Path | None,
         typer.Option(help="With --engine file: .jsonl (text, paraphrase) or sentence<TAB>paraphrase (default: none)."),
     ] = None,
-    pivots: Annotated[str, typer.Option(help="With --engine marian: pivot languages, comma separated.")] = "de,ru",
+    pivots: Annotated[
+        str | None,
+        typer.Option(help="With --engine fsmt or marian: pivot languages, comma separated (default: ru,de / de,ru)."),
+    ] = None,
     chunk_size: Annotated[int, typer.Option(help="Sentences per chunk (each chunk is written at once).")] = 1000,
     limit: Annotated[
         int | None, typer.Option(help="Stop after this many sentences in all (default: the whole corpus).")

@@ -46,8 +46,8 @@ class Pooler(nn.Module):
 
         `max_length` bounds each sentence as a plain tokenisation would (its special tokens included):
         it is the recipe's training bound, None at inference. `max_positions` bounds the whole input
-        (the backbone's own limit). For a plain pooler both cut the same row; a prompt pooler cuts the
-        sentence only, so its template is never lost.
+        (the backbone's own limit). For a plain pooler both cut the same row; a prompt pooler keeps
+        `max_length` sentence tokens (PromptBERT's budget) and never cuts its template.
         """
         limits = [limit for limit in (max_length, max_positions) if limit is not None]
         limit = min(limits) if limits else None
@@ -197,7 +197,8 @@ class FirstLastAvgPooler(Pooler):
 
 
 PROMPT_TEMPLATES = ('This sentence : "[X]" means [MASK] .', 'This sentence of "[X]" means [MASK] .')
-"""PromptBERT's templates as OssCSE uses them: view 0 (also used at evaluation) and view 1."""
+"""OssCSE's two templates (its section 4), view 0 (also used at evaluation) and view 1, each with PromptBERT's
+trailing " ." (run.sh: `means*mask*.`): the paper prints them without it but follows PromptBERT."""
 
 
 class MaskPooler(Pooler):
@@ -252,15 +253,15 @@ class MaskPooler(Pooler):
         view: int = 0,
         max_positions: int | None = None,
     ) -> dict[str, list[list[int]]]:
-        """Template-wrapped ids. As in PromptBERT, `max_length` cuts the sentence (as a plain tokenisation
-        with its special tokens would), and the template comes on top; `max_positions` (the backbone's
-        limit) cuts the sentence further so that template and sentence fit."""
+        """Template-wrapped ids. As in PromptBERT (`encode(s, add_special_tokens=False)[:max_seq_length]`),
+        `max_length` is the number of sentence tokens kept, and the template and the special tokens come on
+        top; `max_positions` (the backbone's limit) cuts the sentence further so that everything fits."""
         prefix, suffix = self._template_ids(tokenizer, view)
         head, tail = _special_tokens(tokenizer)
         specials = len(head) + len(tail)
         budgets = []
         if max_length is not None:
-            budgets.append(max_length - specials)
+            budgets.append(max_length)
         if max_positions is not None:
             budgets.append(max_positions - len(prefix) - len(suffix) - specials)
         budget = min(budgets) if budgets else None

@@ -1,8 +1,10 @@
 """Paraphrase engines for OssCSE's back-translation augmentation: where candidate paraphrases come from.
 
 An engine is any callable from sentences to candidate paraphrases (one list per sentence). Offline
-here: Debian's apertium (rule-based EN-ES-EN) or a file of the user's own paraphrases; with a network,
-MarianMT round trips as in the paper.
+here: Debian's apertium (rule-based EN-ES-EN, csekit's default: not the paper's) or a file of the
+user's own paraphrases. With a network: `fsmt`, the paper's engine (section 4 and footnote 4:
+facebook/wmt19-en-ru, ru-en, en-de, de-en, EN-RU-EN and EN-DE-EN round trips), or `marian`
+(Helsinki-NLP opus-mt models through the same pivots; smaller and faster, not the paper's).
 """
 
 from __future__ import annotations
@@ -57,34 +59,45 @@ class ApertiumEngine:
         return [[" ".join(line.split())] if line.strip() else [] for line in back]
 
 
-class MarianEngine:
-    """Back-translation through MarianMT (Helsinki-NLP opus-mt) round trips; EN-DE-EN and EN-RU-EN by default.
+class BackTranslationEngine:
+    """Round trips English -> pivot -> English through sequence-to-sequence translation models.
 
-    Needs the models from the hub (a network, the first time) and is slow on CPU; a GPU is advised.
-    Every pivot gives one candidate; the augmenter keeps the first within the MER range.
+    `models` names each model from its languages (`{source}`, `{target}`): a hub name or a local
+    folder. Loading needs the models from the hub (a network, the first time) and is slow on CPU; a GPU
+    is advised. Every pivot gives one candidate; the augmenter keeps the first within the MER range.
     """
 
-    name = "marian"
+    name = "back_translation"
+    default_pivots: tuple[str, ...] = ()
+    default_models = ""
 
-    def __init__(self, pivots: Sequence[str] = ("de", "ru"), device: str | None = None, batch_size: int = 32) -> None:
+    def __init__(
+        self,
+        pivots: Sequence[str] | None = None,
+        device: str | None = None,
+        batch_size: int = 32,
+        models: str | None = None,
+    ) -> None:
         import torch
 
-        self.pivots = tuple(pivots)
+        self.pivots = tuple(pivots) if pivots is not None else self.default_pivots
         self.device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         self.batch_size = batch_size
+        self.models = models or self.default_models
         self._models: dict[str, tuple[Any, Any]] = {}
 
-    def _model(self, source: str, target: str) -> tuple[Any, Any]:
-        name = f"Helsinki-NLP/opus-mt-{source}-{target}"
-        if name not in self._models:
-            from transformers import MarianMTModel, MarianTokenizer
+    def _load(self, name: str, source: str, target: str) -> tuple[Any, Any]:
+        """The tokenizer and the model called `name` (raises OSError when it cannot be found)."""
+        raise NotImplementedError
 
+    def _model(self, source: str, target: str) -> tuple[Any, Any]:
+        name = self.models.format(source=source, target=target)
+        if name not in self._models:
             try:
-                tokenizer = MarianTokenizer.from_pretrained(name)
-                model = MarianMTModel.from_pretrained(name).to(self.device).eval()
+                tokenizer, model = self._load(name, source, target)
             except OSError as error:
                 raise CsekitError(f'cannot load "{name}": {str(error).splitlines()[0]} (needs a network)') from None
-            self._models[name] = (tokenizer, model)
+            self._models[name] = (tokenizer, model.to(self.device).eval())
         return self._models[name]
 
     def _translate(self, sentences: list[str], source: str, target: str) -> list[str]:
@@ -108,6 +121,39 @@ class MarianEngine:
                 if text.strip():
                     row.append(text.strip())
         return candidates
+
+
+class FsmtEngine(BackTranslationEngine):
+    """The paper's back-translation: facebook's WMT19 FSMT models, EN-RU-EN then EN-DE-EN (OssCSE footnote 4).
+
+    transformers' FSMT classes; their tokenizer needs `sacremoses` (pip install sacremoses).
+    """
+
+    name = "fsmt"
+    default_pivots = ("ru", "de")  # the paper's order: "English-Russian-English, English-German-English"
+    default_models = "facebook/wmt19-{source}-{target}"
+
+    def _load(self, name: str, source: str, target: str) -> tuple[Any, Any]:
+        from transformers import FSMTForConditionalGeneration, FSMTTokenizer
+
+        try:
+            tokenizer = FSMTTokenizer.from_pretrained(name)
+        except ImportError:
+            raise CsekitError("the fsmt engine's tokenizer needs sacremoses: pip install 'csekit[fsmt]'") from None
+        return tokenizer, FSMTForConditionalGeneration.from_pretrained(name)
+
+
+class MarianEngine(BackTranslationEngine):
+    """Helsinki-NLP opus-mt (MarianMT) round trips through the paper's pivots: smaller, not the paper's models."""
+
+    name = "marian"
+    default_pivots = ("de", "ru")
+    default_models = "Helsinki-NLP/opus-mt-{source}-{target}"
+
+    def _load(self, name: str, source: str, target: str) -> tuple[Any, Any]:
+        from transformers import MarianMTModel, MarianTokenizer
+
+        return MarianTokenizer.from_pretrained(name), MarianMTModel.from_pretrained(name)
 
 
 class FileEngine:
@@ -148,6 +194,6 @@ class FileEngine:
 
 
 BUILTIN: Mapping[str, Callable[..., ParaphraseEngine]] = MappingProxyType(
-    {"apertium": ApertiumEngine, "marian": MarianEngine, "file": FileEngine}
+    {"apertium": ApertiumEngine, "fsmt": FsmtEngine, "marian": MarianEngine, "file": FileEngine}
 )
 """`csekit augment --engine` names; see `csekit.core.registry.ENGINES`."""

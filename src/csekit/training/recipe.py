@@ -70,6 +70,9 @@ class TrainConfig:
     seed: int = 42
     warmup_ratio: float = 0.0
     weight_decay: float = 0.0
+    # adamw: torch's AdamW (eps 1e-8, bias-corrected, as the HF Trainer); adamw_uncorrected: eps 1e-6 and no
+    # bias correction, sentence-transformers 0.3's (ConSERT's and SLT-FAI's code), see training.optimization.
+    optimizer: str = "adamw"
     max_grad_norm: float | None = 1.0  # the reference code trains with the HF Trainer's default clipping
     max_bad_steps: int = 20  # this many non-finite steps in a row stop the run
     # Dev splits evaluated every eval_every steps: sts (STS-B dev and SICK-R dev, and their mean avg_sts, as
@@ -101,6 +104,9 @@ class Recipe:
     def to_yaml(self) -> str:
         return yaml.safe_dump(dataclasses.asdict(self), sort_keys=False)
 
+
+OPTIMIZERS = ("adamw", "adamw_uncorrected")
+"""`train.optimizer` choices (built by `csekit.training.optimization.make_optimizer`)."""
 
 MAX_SEED = 2**32 - 1
 """The largest seed every generator accepts (numpy's legacy seeding takes [0, 2**32 - 1])."""
@@ -245,6 +251,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         ("train.log_every", train.log_every >= 1, "must be at least 1"),
         ("train.max_bad_steps", train.max_bad_steps >= 1, "must be at least 1"),
         ("train.precision", train.precision in PRECISIONS, "must be auto, fp32, bf16 or fp16"),
+        ("train.optimizer", train.optimizer in OPTIMIZERS, f"must be one of {', '.join(OPTIMIZERS)}"),
         ("train.warmup_ratio", 0 <= train.warmup_ratio < 1, "must be in [0, 1)"),
         ("train.weight_decay", math.isfinite(train.weight_decay) and train.weight_decay >= 0, "must be >= 0"),
         (

@@ -11,7 +11,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from csekit.encoding.kept_head import DenseTanh
+from csekit.encoding.kept_head import DenseTanh, backbone_initializer_range
 from csekit.encoding.pooling import backbone_pooler_layer
 
 
@@ -23,6 +23,7 @@ class MLPHead(DenseTanh):
     trained model's representation is `mlp(bert.pooler(last_hidden))`), for reproducing its numbers.
     The head is then training-only (the code evaluates the [CLS] state before both layers), needs the
     `cls` pooler, and the backbone's pooler layer, frozen by the encoder otherwise, is unfrozen.
+    The Linear starts as SimCSE's code starts it: N(0, the backbone's initializer_range), bias 0.
     """
 
     def __init__(
@@ -32,7 +33,7 @@ class MLPHead(DenseTanh):
         encoder: Any = None,
         recipe: Any = None,
     ) -> None:
-        super().__init__(dim)
+        super().__init__(dim, backbone_initializer_range(encoder))
         backbone_pooler = None
         if through_backbone_pooler:
             if encoder is None:

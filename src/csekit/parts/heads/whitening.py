@@ -31,12 +31,15 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from csekit.core.distributed import gather_with_grad, world
-from csekit.encoding.kept_head import DenseTanh
+from csekit.encoding.kept_head import DenseTanh, backbone_initializer_range, init_like_backbone
 
 WHITENING_KINDS = ("shuffled_group", "group", "zca", "pca", "none")
 """`whitening:` choices: the paper's ablation (Table 3) plus `none` (SimCSE's head)."""
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+STATISTICS = ("batch", "running")
+"""`statistics:` what training whitens with: the batch's mean and covariance, or the running ones (Eq. 13)."""
 
 
 # --------------------------------------------------------------------------- eigendecomposition
@@ -113,12 +116,18 @@ def whitening_matrices(cov: Tensor, kind: str, eps: float, gradient: bool) -> Te
 class GroupWhitening(nn.Module):
     """Whitening of a [n, d] batch over its rows: PCA, ZCA, group or shuffled group (SGW).
 
-    In training the statistics are the batch's (gathered from every process, with gradients, so P
-    processes whiten exactly like one process on the global batch). Running estimates of the mean and
-    the full d x d covariance (momentum `momentum`, the paper's Eq. 13) are kept for test time, where
-    batch statistics would make a sentence's embedding depend on its batch: the test-time map is the
-    fixed affine map `(x - running_mean) @ test_matrix()`, grouped by a permutation drawn once at
+    In training the statistics are the batch's by default (gathered from every process, with gradients,
+    so P processes whiten exactly like one process on the global batch). Running estimates of the mean
+    and the full d x d covariance (the paper's Eq. 13, mu_n = beta mu_{n-1} + (1 - beta) mean_n, with
+    `momentum` = 1 - beta; they start at 0 and the identity) are kept for test time, where batch
+    statistics would make a sentence's embedding depend on its batch: the test-time map is the fixed
+    affine map `(x - running_mean) @ test_matrix()`, grouped by a permutation drawn once at
     construction (stored as a buffer, so saved and restored with the model).
+
+    `statistics: running` whitens in training with those running estimates too (updated with the
+    step's batch first, see `WhiteningHead.forward_views`), as the paper's section 5.2 does for the
+    PCA and ZCA ablations of Table 3: a covariance accumulated over many batches is estimable even
+    when a group is wider than one batch. The statistics are then constants (no gradient through them).
     """
 
     def __init__(
@@ -131,8 +140,15 @@ class GroupWhitening(nn.Module):
         eigh_dtype: str = "float32",
         gradient_through_whitening: bool = False,
         momentum: float = 0.1,
+        statistics: str = "batch",
     ) -> None:
         super().__init__()
+        if statistics not in STATISTICS:
+            raise ValueError(f'statistics "{statistics}" is not one of {", ".join(STATISTICS)}')
+        if statistics == "running" and gradient_through_whitening:
+            raise ValueError(
+                "statistics: running whitens with constant running estimates; set gradient_through_whitening: false"
+            )
         if whitening not in WHITENING_KINDS:
             raise ValueError(f'whitening "{whitening}" is not one of {", ".join(WHITENING_KINDS)}')
         if eigh_dtype not in DTYPES:
@@ -166,6 +182,7 @@ class GroupWhitening(nn.Module):
         self.dtype = DTYPES[eigh_dtype]
         self.gradient = bool(gradient_through_whitening)
         self.momentum = float(momentum)
+        self.statistics = statistics
         self.register_buffer("running_mean", torch.zeros(dim))
         self.register_buffer("running_covariance", torch.eye(dim))
         test_permutation = torch.randperm(dim) if self.shuffle else torch.arange(dim)
@@ -193,6 +210,9 @@ class GroupWhitening(nn.Module):
         if permutation is None:
             permutation = self.draw_permutation(x.device)
         with torch.autocast(x.device.type, enabled=False):
+            if self.statistics == "running":
+                matrix = self._grouped_matrix(self.running_covariance, permutation)
+                return ((x.float() - self.running_mean) @ matrix).to(x.dtype)
             return self._whiten_batch(x, permutation).to(x.dtype)
 
     def _whiten_batch(self, x: Tensor, permutation: Tensor | None) -> Tensor:
@@ -230,21 +250,26 @@ class GroupWhitening(nn.Module):
         key = (self.running_covariance._version, self.running_covariance.data_ptr(), self.test_permutation._version)
         if self._test_cache is not None and self._test_cache[0] == key:
             return self._test_cache[1]
-        d, k = self.dim, self.num_groups
         if self.kind == "none":
-            matrix = torch.eye(d, device=self.running_covariance.device)
+            matrix = torch.eye(self.dim, device=self.running_covariance.device)
         else:
-            with torch.no_grad(), torch.autocast(self.running_covariance.device.type, enabled=False):
-                perm = self.test_permutation
-                cov = self.running_covariance.to(self.dtype)[perm][:, perm]
-                g = d // k
-                blocks = torch.stack([cov[i * g : (i + 1) * g, i * g : (i + 1) * g] for i in range(k)])
-                matrices = whitening_matrices(blocks, self.kind, self.eps, gradient=False)
-                permuted = torch.block_diag(*matrices.unbind(0))
-                inverse = torch.argsort(perm)
-                matrix = permuted[inverse][:, inverse].float()
+            matrix = self._grouped_matrix(self.running_covariance, self.test_permutation)
         self._test_cache = (key, matrix)
         return matrix
+
+    @torch.no_grad()
+    def _grouped_matrix(self, covariance: Tensor, permutation: Tensor | None) -> Tensor:
+        """The d x d whitening matrix (row convention) of a full covariance, grouped after `permutation`."""
+        d, k = self.dim, self.num_groups
+        with torch.autocast(covariance.device.type, enabled=False):
+            perm = permutation if permutation is not None else torch.arange(d, device=covariance.device)
+            cov = covariance.to(self.dtype)[perm][:, perm]
+            g = d // k
+            blocks = torch.stack([cov[i * g : (i + 1) * g, i * g : (i + 1) * g] for i in range(k)])
+            matrices = whitening_matrices(blocks, self.kind, self.eps, gradient=False)
+            permuted = torch.block_diag(*matrices.unbind(0))
+            inverse = torch.argsort(perm)
+            return permuted[inverse][:, inverse].float()
 
     def test_transform(self, x: Tensor) -> Tensor:
         """Batch-independent whitening with the running statistics."""
@@ -261,8 +286,11 @@ class WhiteningHead(nn.Module):
     view p whitens dropout view p mod V (V = `data.views.num_views`) with its own channel permutation.
     With V = 2 (default) view 0 is the anchor, view 1 SimCSE's dropout positive and views 2.. re-whiten
     the anchor's backbone feature with new permutations (the paper's "repeat SGW on a single backbone
-    feature"); with V = m every positive also has its own dropout mask (the authors' code).
-    In eval mode (`encode`) the whitening uses running statistics, so a kept head is a fixed map.
+    feature"); with V = m every positive also has its own dropout mask, as the authors' code encodes them,
+    but it does not reproduce the code's whitening: there a sentence's views are adjacent rows of the
+    flattened batch, so they mostly fall into the same third and share its permutation and statistics.
+    In eval mode (`encode`) the whitening uses running statistics, so a kept head is a fixed map;
+    `statistics: running` uses them in training too (Eq. 13), updated with the step's views first.
     """
 
     def __init__(
@@ -276,6 +304,8 @@ class WhiteningHead(nn.Module):
         eigh_dtype: str = "float32",
         gradient_through_whitening: bool = False,
         momentum: float = 0.1,
+        statistics: str = "batch",
+        encoder: Any = None,
         recipe: Any = None,
     ) -> None:
         super().__init__()
@@ -289,7 +319,7 @@ class WhiteningHead(nn.Module):
             )
         self.num_positives = num_positives
         self.whitening = GroupWhitening(
-            dim, whitening, num_groups, group_size, eps, eigh_dtype, gradient_through_whitening, momentum
+            dim, whitening, num_groups, group_size, eps, eigh_dtype, gradient_through_whitening, momentum, statistics
         )
         rows = _recipe_batch_size(recipe)
         if rows is not None:
@@ -298,6 +328,7 @@ class WhiteningHead(nn.Module):
             if message is not None:
                 warnings.warn(message, SingularWhiteningWarning, stacklevel=2)
         self.linear = nn.Linear(dim, dim)
+        init_like_backbone(self.linear, backbone_initializer_range(encoder))  # as the authors' cl_init
         self.activation = nn.Tanh()
 
     def forward(self, features: Tensor) -> Tensor:
@@ -338,8 +369,8 @@ def singular_groups_message(whitening: GroupWhitening, rows: int, key: str) -> s
     eps = 1e-5), an amount set by `eps`, not by the data. The statistics are gathered over every
     process, so n is the global batch (`train.batch_size`).
     """
-    if whitening.kind == "none":
-        return None
+    if whitening.kind == "none" or whitening.statistics == "running":
+        return None  # an estimate accumulated over many batches (Eq. 13), not one batch's
     channels = whitening.dim // whitening.num_groups
     if channels < rows:
         return None

@@ -21,15 +21,27 @@ class InfoNCE(nn.Module):
     global batch (all processes), then any extra negatives in the state. A weighting part may give
     each in-batch candidate a weight alpha: the candidate's term in the denominator becomes
     alpha * exp(s / tau), i.e. log(alpha) is added to its logit (weight 0 removes it).
+
+    `positive_in_denominator` (default true) is SimCSE's cross-entropy, which DCLR's code keeps: the
+    positive is one of the candidates of the softmax. False is DCLR's Eq. 6 as printed, whose
+    denominator holds only the negatives (noise and in-batch): -s+/tau + log sum_neg alpha e^{s/tau}.
+    An anchor left with no negative at all (every one weighted out, no noise) then adds 0 to the mean.
     """
 
-    def __init__(self, temperature: float = 0.05, anchor_view: int = 0, positive_view: int = 1) -> None:
+    def __init__(
+        self,
+        temperature: float = 0.05,
+        anchor_view: int = 0,
+        positive_view: int = 1,
+        positive_in_denominator: bool = True,
+    ) -> None:
         super().__init__()
         if temperature <= 0:
             raise ValueError("temperature must be positive")
         self.temperature = temperature
         self.anchor_view = anchor_view
         self.positive_view = positive_view
+        self.positive_in_denominator = bool(positive_in_denominator)
 
     def logits(self, state: StepState) -> Tensor:
         """Scaled similarities [n, N_global + k] of anchors to candidates, weights applied."""
@@ -45,4 +57,18 @@ class InfoNCE(nn.Module):
         return logits + torch.log(weights)
 
     def forward(self, state: StepState) -> dict[str, Tensor]:
-        return {"infonce": F.cross_entropy(self.logits(state), state.positive_index())}
+        logits, labels = self.logits(state), state.positive_index()
+        if self.positive_in_denominator:
+            return {"infonce": F.cross_entropy(logits, labels)}
+        return {"infonce": negatives_only_nce(logits, labels)}
+
+
+def negatives_only_nce(logits: Tensor, labels: Tensor) -> Tensor:
+    """Mean over anchors of -logits[i, label_i] + logsumexp of row i without its label (DCLR Eq. 6 as printed)."""
+    positive = logits.gather(1, labels.unsqueeze(1)).squeeze(1)
+    is_positive = F.one_hot(labels, num_classes=logits.shape[1]).bool()
+    negatives = logits.masked_fill(is_positive, float("-inf"))
+    has_negatives = torch.isfinite(negatives).any(dim=1)
+    safe = torch.where(has_negatives.unsqueeze(1), negatives, torch.zeros_like(negatives))  # no -inf row: finite grads
+    terms = torch.logsumexp(safe, dim=1) - positive
+    return torch.where(has_negatives, terms, torch.zeros_like(terms)).mean()

@@ -175,16 +175,17 @@ def mask_low_frequency_words(
 
 
 class IncompleteSentenceFiltering(nn.Module):
-    """L_ISF: CE(G(h_incomplete), 1) + CE(G(h_original), 0), averaged over sentences.
+    """L_ISF (Eq. 6): (1/N) sum_i CE(G(h_incomplete_i), 1) + CE(G(h_i), 0), over all N sentences.
 
     The sentences are re-tokenised here with the fast tokenizer to know word boundaries
     (`word_ids`). When that tokenisation equals view `view`'s ids (plain poolers), the original
     embedding is that view's pooled vector from the main pass; otherwise the originals are encoded
-    again beside the incomplete sentences. A sentence with no masked word has no incomplete version
-    and is left out of the loss (identical inputs with opposite labels only add noise). With counts
-    from a small corpus few sentences hold a low-frequency word at all, and epsilon = 0.2 of one or
-    two words often rounds to none: `min_masked_words: 1` then masks at least one word in every
-    sentence that has one (above the paper's rate; off by default).
+    again beside the incomplete sentences. Every sentence has an incomplete version, encoded in its
+    own pass: a sentence with no masked word is its own incomplete version, as in the paper's Eq. 6
+    and the authors' code (both average over the whole batch). With counts from a small corpus few
+    sentences hold a low-frequency word at all, and epsilon = 0.2 of one or two words often rounds to
+    none: `min_masked_words: 1` then masks at least one word in every sentence that has one (above
+    the paper's rate; off by default).
     """
 
     def __init__(
@@ -255,21 +256,16 @@ class IncompleteSentenceFiltering(nn.Module):
         device = state.embeddings[0].device
         if not warmed_up(state, self.start_after_epochs):
             return {"slt_fai_isf": zero_through(self.discriminator)}
-        inputs, masked_ids, masked = self.make_incomplete(state.sentences)
-        keep = masked.any(dim=1)
-        if not bool(keep.any()):
-            return {"slt_fai_isf": zero_through(self.discriminator) + state.features[self.view].sum() * 0.0}
+        inputs, masked_ids, _ = self.make_incomplete(state.sentences)
         original = self._view_features(state, inputs)
-        kept = {key: value[keep] for key, value in inputs.items()}
-        batch = {key: value.to(device) for key, value in kept.items()}
+        batch = {key: value.to(device) for key, value in inputs.items()}
         if original is None:  # encode originals and incomplete sentences in one pass
             both = {key: torch.cat([value, value]) for key, value in batch.items()}
-            both["input_ids"] = torch.cat([batch["input_ids"], masked_ids[keep].to(device)])
+            both["input_ids"] = torch.cat([batch["input_ids"], masked_ids.to(device)])
             pooled = state.encoder(both, token_states=False).pooled
             original, incomplete = pooled.chunk(2)
         else:
-            original = original[keep.to(device)]
-            batch["input_ids"] = masked_ids[keep].to(device)
+            batch["input_ids"] = masked_ids.to(device)
             incomplete = state.encoder(batch, token_states=False).pooled
         logits = self.discriminator(torch.cat([incomplete, original])).float()
         k = incomplete.shape[0]

@@ -32,6 +32,9 @@ class ComplementaryWeighting(nn.Module):
     code does; the paper describes a frozen model). The complementary model encodes the batch's
     sentences with its own tokenizer, truncated to the recipe's `model.max_length`.
 
+    The complementary model runs in float32 with autocast off, whatever the step's precision: under bf16
+    its cosines move by about 1e-2 and decide phi differently from the authors' fp32 runs.
+
     The complementary model is frozen and is deliberately NOT a submodule: it is kept in a plain
     attribute, so it is in no `state_dict()`, no checkpoint, no optimizer and no saved model; it is
     moved to the training device on first use.
@@ -77,21 +80,25 @@ class ComplementaryWeighting(nn.Module):
         return self.__dict__["_complementary"]
 
     def similarities(self, state: StepState) -> Tensor:
-        """Cosine similarity [n, N_global] of each local anchor to every in-batch candidate."""
-        complementary = self.complementary
-        if complementary is None:
-            source = state.embeddings if self.representation == "embeddings" else state.features
-            anchors = source[self.anchor_view].detach()
-            candidates = gather_no_grad(source[self.positive_view].detach())
-            return cosine_matrix(anchors, candidates)
+        """Cosine similarity [n, N_global] of each local anchor to every in-batch candidate, in float32.
+
+        Autocast is off here even inside a bf16/fp16 training step: phi is a threshold, and DCLR's
+        authors decided it in fp32 (for self weighting the step's own vectors are compared in fp32).
+        """
         device = state.embeddings[0].device
-        if complementary.device != device:
-            complementary.to(device)
-        inputs = complementary.tokenize(state.sentences, max_length=self.max_length)
-        with torch.no_grad():
+        with torch.no_grad(), torch.autocast(device.type, enabled=False):
+            complementary = self.complementary
+            if complementary is None:
+                source = state.embeddings if self.representation == "embeddings" else state.features
+                anchors = source[self.anchor_view].detach()
+                candidates = gather_no_grad(source[self.positive_view].detach())
+                return cosine_matrix(anchors, candidates)
+            if complementary.device != device:
+                complementary.to(device)
+            inputs = complementary.tokenize(state.sentences, max_length=self.max_length)
             vectors = complementary({key: value.to(device) for key, value in inputs.items()}, token_states=False).pooled
-        vectors = vectors.float()
-        return cosine_matrix(vectors, gather_no_grad(vectors))
+            vectors = vectors.float()
+            return cosine_matrix(vectors, gather_no_grad(vectors))
 
     def forward(self, state: StepState) -> None:
         similarity = self.similarities(state)
