@@ -57,9 +57,11 @@ class ContrastiveModel(nn.Module):
         fields: dict[str, Any],
         step: int = 0,
         steps_per_epoch: int | None = None,
+        encoder: SentenceEncoder | None = None,
     ) -> StepState:
-        """Encode all views in one forward pass and apply the head."""
-        output = self.encoder(inputs, token_states=self.reads_token_states)
+        """Encode all views in one forward pass (through `encoder`, default the model's) and apply the head."""
+        encoder = encoder if encoder is not None else self.encoder
+        output = encoder(inputs, token_states=self.reads_token_states)
         features = list(output.pooled.chunk(self.num_views))
         if isinstance(self.head, MakesViews):
             embeddings = self.head.forward_views(features)
@@ -70,7 +72,7 @@ class ContrastiveModel(nn.Module):
             features,
             embeddings,
             output,
-            self.encoder,
+            encoder,
             fields=fields,
             step=step,
             steps_per_epoch=steps_per_epoch,
@@ -83,13 +85,16 @@ class ContrastiveModel(nn.Module):
         fields: dict[str, Any] | None = None,
         step: int = 0,
         steps_per_epoch: int | None = None,
+        encoder: SentenceEncoder | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The weighted total loss and each named loss part (unweighted).
 
         `step` and `steps_per_epoch` (from the trainer) go into the `StepState` so that parts can
         schedule themselves, e.g. switch on after a warm-up; the loop itself knows no schedule.
+        `encoder` stands in for the model's encoder in this step, for the step's every pass (the
+        chunked step's `csekit.training.chunked.ChunkedEncoder`).
         """
-        state = self.make_state(inputs, sentences, fields or {}, step, steps_per_epoch)
+        state = self.make_state(inputs, sentences, fields or {}, step, steps_per_epoch, encoder)
         for source in self.negatives:
             source(state)
         if self.weighting is not None:

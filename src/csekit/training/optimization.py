@@ -8,6 +8,7 @@ import torch
 from accelerate import Accelerator
 
 from csekit.parts.hooks import own_learning_rate
+from csekit.training.chunked import chunked_forward_backward
 from csekit.training.model import ContrastiveModel
 from csekit.training.recipe import Recipe
 
@@ -94,16 +95,22 @@ def forward_backward(
     max_grad_norm: float | None,
     step: int = 0,
     steps_per_epoch: int | None = None,
+    chunk_size: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
     """A step's loss and parts, back-propagated, and the gradient norm before clipping.
 
     `batch` is what `TrainCollator` makes. The loop decides what to do with the results (skip a
     non-finite step, or step AdamW); the benchmarks call this too, so they time the loop's own step.
+    With `chunk_size` (`train.chunk_size`) the encoder holds that many rows' activations at a time
+    (`csekit.training.chunked`); the loss, parts and gradients are the same.
     """
-    loss, parts = model(
-        batch["inputs"], batch["sentences"], batch["fields"], step=step, steps_per_epoch=steps_per_epoch
-    )
-    accelerator.backward(loss)
+    if chunk_size is not None:
+        loss, parts = chunked_forward_backward(accelerator, model, batch, chunk_size, step, steps_per_epoch)
+    else:
+        loss, parts = model(
+            batch["inputs"], batch["sentences"], batch["fields"], step=step, steps_per_epoch=steps_per_epoch
+        )
+        accelerator.backward(loss)
     grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
     return loss, parts, grad_norm
 

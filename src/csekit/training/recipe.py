@@ -88,6 +88,11 @@ class TrainConfig:
     # On CPU (Linux), glibc keeps freed memory for reuse instead of page-faulting large blocks back
     # in every step (see csekit.training.processes.keep_freed_memory).
     keep_freed_memory: bool = True
+    # Rows (one view of one sentence) the encoder holds activations for at a time; null: the whole batch in
+    # one pass. Any batch then trains in the memory of a chunk, with the same loss and gradients, for a
+    # second encoder pass (see csekit.training.chunked). Must divide each process's share of batch_size;
+    # a run may be resumed with another chunk_size.
+    chunk_size: int | None = None
 
 
 @dataclass
@@ -260,6 +265,11 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
             "must be positive (the gradient norm is clipped to it), or null for no clipping",
         ),
         ("train.eval_batch_size", train.eval_batch_size >= 1, "must be at least 1"),
+        (
+            "train.chunk_size",
+            train.chunk_size is None or 1 <= train.chunk_size <= train.batch_size,
+            f"must be at least 1 and at most train.batch_size ({train.batch_size}), or null for one pass",
+        ),
         (
             "train.patience",
             train.patience is None or train.patience >= 1,

@@ -24,6 +24,10 @@ STATE_FILE = "trainer_state.json"
 
 SAVED_RECIPE = "recipe.yaml"
 
+SAME_UPDATE_KEYS = {"train.chunk_size"}
+"""Recipe keys that change how a step is computed (memory, time) but not the update: a resume may change
+them without --allow-changes (the change is still recorded in metrics.jsonl)."""
+
 
 @dataclass
 class TrainerState:
@@ -157,15 +161,17 @@ def recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bo
     """Keys whose value differs from the run's saved recipe; refused unless `allow_changes`.
 
     A resumed run must continue the run that is in the folder: the same length, batch, precision
-    and parts. The saved recipe is read like any recipe (yaml.safe_load, then validated).
+    and parts; only `SAME_UPDATE_KEYS` (the chunk size) may change freely. The saved recipe is read like
+    any recipe (yaml.safe_load, then validated).
     """
     saved_path = output_dir / SAVED_RECIPE
     if not saved_path.exists():
         return {}
     changes = recipe_changes(load_recipe(saved_path), recipe)
-    if changes and not allow_changes:
-        key, (old, new) = next(iter(changes.items()))
-        others = f" (and {', '.join(list(changes)[1:])})" if len(changes) > 1 else ""
+    refused = {key: change for key, change in changes.items() if key not in SAME_UPDATE_KEYS}
+    if refused and not allow_changes:
+        key, (old, new) = next(iter(refused.items()))
+        others = f" (and {', '.join(list(refused)[1:])})" if len(refused) > 1 else ""
         raise CsekitError(
             f"recipe key {key} is {new!r} but the run in {output_dir} was saved with {old!r}{others}; resume "
             f"without a recipe and --set to continue it as saved ({saved_path}), or pass --allow-changes"

@@ -41,6 +41,7 @@ from csekit.evaluation.sts import evaluate_dev
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS
 from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import load_rng_state, load_shared_state, save_rng_state, save_shared_state
+from csekit.training.chunked import check_chunk_size
 from csekit.training.model import ContrastiveModel, build_model
 from csekit.training.optimization import forward_backward, make_optimizer
 from csekit.training.processes import (
@@ -217,6 +218,7 @@ class Trainer:
             raise CsekitError(
                 f"recipe key train.batch_size: {batch_size} is not divisible by the {processes} processes"
             )
+        check_chunk_size(self.config.chunk_size, batch_size // processes, processes)
         if len(self.corpus) < batch_size:
             raise CsekitError(
                 f"corpus {self.recipe.data.corpus} has {len(self.corpus)} sentences, fewer than train.batch_size "
@@ -358,7 +360,13 @@ class Trainer:
         # Always back-propagate (every process must join DDP's gradient all-reduce), then decide
         # together: a step is skipped everywhere when any process's loss or the gradient is not finite.
         loss, parts, grad_norm = forward_backward(
-            self.accelerator, self.model, batch, self.config.max_grad_norm, self.state.step, self.steps_per_epoch
+            self.accelerator,
+            self.model,
+            batch,
+            self.config.max_grad_norm,
+            self.state.step,
+            self.steps_per_epoch,
+            self.config.chunk_size,
         )
         # One all-reduce gives the mean loss and parts over processes (for the log) and, since a NaN
         # anywhere makes the mean NaN, whether every process's loss is finite.
