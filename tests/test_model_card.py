@@ -23,6 +23,8 @@ EXPECTED_METHODS = {
     "slt-fai-consert-sts": ["simcse", "slt_fai", "consert"],
     "osscse-bert-base": ["simcse", "osscse"],
     "combined-minilm": ["simcse", "dclr", "whitenedcse", "slt_fai", "osscse"],
+    "mixcse-bert-base": ["simcse", "mixcse"],
+    "promptbert-bert-base": ["simcse", "promptbert"],
 }
 
 

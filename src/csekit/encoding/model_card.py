@@ -55,6 +55,21 @@ BIBTEX: Mapping[str, str] = {
   year = {2023},
   url = {https://aclanthology.org/2023.emnlp-main.448}
 }""",
+    "mixcse": """@inproceedings{zhang2022mixcse,
+  title = {Unsupervised Sentence Representation via Contrastive Learning with Mixing Negatives},
+  author = {Zhang, Yanzhao and Zhang, Richong and Mensah, Samuel and Liu, Xudong and Mao, Yongyi},
+  booktitle = {Proceedings of the AAAI Conference on Artificial Intelligence},
+  year = {2022}
+}""",
+    "promptbert": """@inproceedings{jiang2022promptbert,
+  title = {{PromptBERT}: Improving {BERT} Sentence Embeddings with Prompts},
+  author = {Jiang, Ting and Jiao, Jian and Huang, Shaohan and Zhang, Zihan and Wang, Deqing and Zhuang, Fuzhen
+            and Wei, Furu and Huang, Haizhen and Deng, Denvy and Zhang, Qi},
+  booktitle = {Proceedings of the 2022 Conference on Empirical Methods in Natural Language Processing (EMNLP)},
+  year = {2022},
+  eprint = {2201.04337},
+  archivePrefix = {arXiv}
+}""",
     "consert": """@inproceedings{yan2021consert,
   title = {{ConSERT}: A Contrastive Framework for Self-Supervised Sentence Representation Transfer},
   author = {Yan, Yuanmeng and Li, Rumei and Wang, Sirui and Zhang, Fuzheng and Wu, Wei and Xu, Weiran},
@@ -102,6 +117,10 @@ def methods_used(recipe: Mapping[str, Any] | None, pooler: str) -> list[str]:
         chosen.append("osscse")
     if "consert" in parts.get("views", ()):
         chosen.append("consert")
+    if "mixcse" in names:
+        chosen.append("mixcse")
+    if "mask_denoised" in parts.get("pooler", ()):
+        chosen.append("promptbert")
     return chosen
 
 

@@ -283,7 +283,11 @@ class MaskPooler(Pooler):
                 rows["token_type_ids"].append([0] * len(ids))
         return rows
 
-    def read_positions(self, attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+    def read_positions(self, attention_mask: Tensor, input_ids: Tensor) -> Tensor | None:
+        return self.mask_positions(attention_mask, input_ids)
+
+    def mask_positions(self, attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        """Each row's template mask position [B]."""
         if self.mask_token_id is None:
             raise CsekitError("the mask pooler was not given a tokenizer (SentenceEncoder binds it)")
         is_mask = (input_ids == self.mask_token_id) & attention_mask.bool()
@@ -295,8 +299,81 @@ class MaskPooler(Pooler):
 
     def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
         states = hidden_states[-1]
-        last = self.read_positions(attention_mask, input_ids)
+        last = self.mask_positions(attention_mask, input_ids)
         return states[torch.arange(states.shape[0], device=states.device), last]
+
+
+PROMPTBERT_TEMPLATES = ('This sentence of "[X]" means [MASK] .', 'This sentence : "[X]" means [MASK] .')
+"""PromptBERT's unsupervised BERT templates (run.sh, `unsup-bert`): view 0 (also used at evaluation) and view 1."""
+
+
+class DenoisedMaskPooler(MaskPooler):
+    """PromptBERT's template denoising (Jiang et al., EMNLP 2022, section 4.2): `model.pooler: mask_denoised`.
+
+    In training, each row's [MASK] state minus that of its template alone, h_i - h~_i: the template's ids
+    without the sentence, run through the backbone with the position ids they have in the row (the part
+    after the sentence shifted by its length), so the bias the template and the positions put into the
+    [MASK] state is removed. As in the authors' code (`get_delta`), the template pass runs in training
+    mode with gradients. At test time the pooler is the plain `mask` pooler: PromptBERT evaluates its
+    unsupervised models without denoising (run.sh passes `--mask_embedding_sentence_delta` to training
+    only), so a saved model records the `mask` pooler and its templates, and reloads as one.
+    """
+
+    name = "mask"  # what a saved model records: the test-time pooler (see above)
+
+    def __init__(self, templates: Sequence[str] = PROMPTBERT_TEMPLATES) -> None:
+        super().__init__(templates)
+
+    def bind(self, tokenizer: PreTrainedTokenizerBase) -> None:
+        super().bind(tokenizer)
+        self._tokenizer = tokenizer
+
+    def bind_backbone(self, backbone: nn.Module) -> None:
+        object.__setattr__(self, "_backbone", backbone)  # not a submodule: the encoder owns it
+
+    def read_positions(self, attention_mask: Tensor, input_ids: Tensor) -> Tensor | None:
+        # In training the template pass needs the whole input, so the encoder's one-position shortcut is off.
+        return None if self.training else self.mask_positions(attention_mask, input_ids)
+
+    def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        pooled = super().forward(hidden_states, attention_mask, input_ids)
+        if not self.training:
+            return pooled
+        return pooled - self.template_states(attention_mask, input_ids).to(pooled.dtype)
+
+    def _view_of(self, row: list[int]) -> int:
+        """Which template (view) a tokenised row was wrapped in."""
+        head, tail = _special_tokens(self._tokenizer)
+        for view in range(len(self.templates)):
+            prefix, suffix = self._template_ids(self._tokenizer, view)
+            end = len(row) - len(tail)
+            if row[len(head) : len(head) + len(prefix)] == prefix and row[end - len(suffix) : end] == suffix:
+                return view
+        raise CsekitError("the mask_denoised pooler got an input without its templates (tokenise through the pooler)")
+
+    def template_states(self, attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        """Per row, the last layer at the [MASK] of its template alone, at the positions it has in the row [B, d]."""
+        tokenizer, backbone = self._tokenizer, self.__dict__["_backbone"]
+        head, tail = _special_tokens(tokenizer)
+        lengths = attention_mask.sum(dim=1).tolist()
+        keys = [(self._view_of(row[:length]), length) for row, length in zip(input_ids.tolist(), lengths, strict=True)]
+        unique = sorted(set(keys))
+        # RoBERTa numbers positions from padding_idx + 1, BERT from 0.
+        first = getattr(getattr(backbone, "embeddings", None), "padding_idx", -1) + 1
+        rows: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": [], "position_ids": []}
+        reads = []
+        for view, length in unique:
+            prefix, suffix = self._template_ids(tokenizer, view)
+            ids = head + prefix + suffix + tail
+            start, sentence = len(head) + len(prefix), length - len(ids)
+            rows["input_ids"].append(ids)
+            rows["attention_mask"].append([1] * len(ids))
+            rows["position_ids"].append([first + p + (sentence if p >= start else 0) for p in range(len(ids))])
+            reads.append(start + suffix.index(int(self.mask_token_id or 0)))
+        batch = {key: value.to(input_ids.device) for key, value in pad_ids(rows, tokenizer.pad_token_id or 0).items()}
+        states = backbone(**batch, return_dict=True).last_hidden_state
+        template = states[torch.arange(len(unique), device=states.device), torch.tensor(reads, device=states.device)]
+        return template[torch.tensor([unique.index(key) for key in keys], device=states.device)]
 
 
 def _special_tokens(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
@@ -348,6 +425,7 @@ BUILTIN: Mapping[str, type[Pooler]] = MappingProxyType(
         MeanPooler.name: MeanPooler,
         FirstLastAvgPooler.name: FirstLastAvgPooler,
         MaskPooler.name: MaskPooler,
+        "mask_denoised": DenoisedMaskPooler,  # PromptBERT: template denoising in training
         PoolerOutputPooler.name: PoolerOutputPooler,
     }
 )
@@ -361,8 +439,10 @@ def make_pooler(name: str, **options: object) -> Pooler:
 
 __all__ = [
     "BUILTIN",
+    "PROMPTBERT_TEMPLATES",
     "PROMPT_TEMPLATES",
     "ClsPooler",
+    "DenoisedMaskPooler",
     "FirstLastAvgPooler",
     "MaskPooler",
     "MeanPooler",

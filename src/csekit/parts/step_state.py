@@ -35,6 +35,8 @@ class StepState:
     fields: dict[str, list[Any]] = field(default_factory=dict)
     #: Extra negatives [k, d] shared by all anchors (e.g. DCLR's noise); weight 1 unless weighted.
     extra_negatives: list[Tensor] = field(default_factory=list)
+    #: Weights [n, k] of entry i of `extra_negatives` for each local anchor, by i (absent: all 1).
+    extra_negative_weights: dict[int, Tensor] = field(default_factory=dict)
     #: Weights [n, N_global] of the in-batch candidates for each local anchor (None: all 1).
     negative_weights: Tensor | None = None
     #: Optimizer steps taken before this one (0 on the first step); parts with a warm-up read it.

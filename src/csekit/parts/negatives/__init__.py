@@ -7,9 +7,13 @@ from types import MappingProxyType
 
 from torch import nn
 
+from csekit.parts.negatives.mixing import MixedNegatives
 from csekit.parts.negatives.noise import NoiseNegatives
 
 BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
-    {"dclr_noise": NoiseNegatives}  # DCLR: Gaussian noise moved by gradient ascent on L_U
+    {
+        "dclr_noise": NoiseNegatives,  # DCLR: Gaussian noise moved by gradient ascent on L_U
+        "mixcse": MixedNegatives,  # MixCSE: each positive mixed into an in-batch negative, gradient stopped
+    }
 )
 """`negatives` names; see `csekit.core.registry.NEGATIVES`."""

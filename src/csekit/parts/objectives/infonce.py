@@ -18,9 +18,10 @@ class InfoNCE(nn.Module):
     """-log softmax of each anchor's positive among all candidates, similarities scaled by 1/tau.
 
     Anchors are view `anchor_view` of the local batch; candidates are view `positive_view` of the
-    global batch (all processes), then any extra negatives in the state. A weighting part may give
-    each in-batch candidate a weight alpha: the candidate's term in the denominator becomes
-    alpha * exp(s / tau), i.e. log(alpha) is added to its logit (weight 0 removes it).
+    global batch (all processes), then any extra negatives in the state. A weighting part (or a
+    negative source, for its own negatives) may give each candidate a weight alpha: the candidate's
+    term in the denominator becomes alpha * exp(s / tau), i.e. log(alpha) is added to its logit
+    (weight 0 removes it).
 
     `positive_in_denominator` (default true) is SimCSE's cross-entropy, which DCLR's code keeps: the
     positive is one of the candidates of the softmax. False is DCLR's Eq. 6 as printed, whose
@@ -50,6 +51,8 @@ class InfoNCE(nn.Module):
         if state.negative_weights is not None:
             logits = self.apply_weights(logits, state.negative_weights.to(logits.dtype))
         extra = [cosine_matrix(anchors, negatives) / self.temperature for negatives in state.extra_negatives]
+        for index, weights in state.extra_negative_weights.items():
+            extra[index] = self.apply_weights(extra[index], weights.to(extra[index].dtype))
         return torch.cat([logits, *extra], dim=1) if extra else logits
 
     def apply_weights(self, logits: Tensor, weights: Tensor) -> Tensor:

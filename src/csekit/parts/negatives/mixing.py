@@ -1,0 +1,57 @@
+"""MixCSE's mixed hard negatives (Zhang et al., AAAI 2022): `negatives: [{name: mixcse, ...}]`.
+
+Paper section 3 (mixing negatives): h~ = (lambda h_i^+ + (1 - lambda) h_j^-) / ||lambda h_i^+ + (1 - lambda) h_j^-||,
+with the gradient stopped, so the mix is a constant negative that stays close to the anchor however
+far training has pushed the random in-batch negatives. As in the authors' code (`models_mix.py`):
+h_i^+ is the positive view's vector of sentence i, h_j^- that of the next sentence of the (global)
+batch, j = i + 1 (cyclic), both before any normalisation; every anchor contrasts all N mixes, except
+the one whose larger share (1 - lambda) is its own positive. The authors' code sets that logit to 0
+(cosine 0, still in the denominator); here its weight is 0 (left out), and the code's second,
+symmetric term (mixed anchors against the positives) is not part of the paper's loss nor of this part.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from csekit.core.distributed import gather_no_grad, world
+from csekit.parts.step_state import StepState
+
+
+def mixed_negatives(positives: Tensor, positive_share: float) -> Tensor:
+    """Row j: normalise(share * positives[j] + (1 - share) * positives[j + 1 mod N]), float32, no graph."""
+    positives = positives.detach().float()
+    mixed = positive_share * positives + (1 - positive_share) * torch.roll(positives, shifts=-1, dims=0)
+    return F.normalize(mixed, dim=-1)
+
+
+def own_positive_weights(local: int, total: int, rank: int, device: torch.device) -> Tensor:
+    """Weights [local, total]: 0 where a mix is mostly the anchor's own positive (column g - 1), else 1."""
+    weights = torch.ones(local, total, device=device)
+    anchors = torch.arange(local, device=device) + rank * local
+    weights[torch.arange(local, device=device), (anchors - 1) % total] = 0.0
+    return weights
+
+
+class MixedNegatives(nn.Module):
+    """MixCSE's hard negatives: each positive mixed into the next in-batch positive (a negative for it).
+
+    positive_share (lambda): the positive's share of each mix, 0.2 in the paper (the authors' script
+    option `--lambdas`); positive_view: the view whose vectors are mixed (the objective's positives).
+    """
+
+    def __init__(self, positive_share: float = 0.2, positive_view: int = 1) -> None:
+        super().__init__()
+        if not 0.0 <= positive_share < 1.0:
+            raise ValueError(f"option positive_share must be in [0, 1) (got {positive_share})")
+        self.positive_share = float(positive_share)
+        self.positive_view = positive_view
+
+    def forward(self, state: StepState) -> None:
+        positives = gather_no_grad(state.embeddings[self.positive_view].detach())
+        rank, _ = world()
+        weights = own_positive_weights(state.batch_size, positives.shape[0], rank, positives.device)
+        state.extra_negative_weights[len(state.extra_negatives)] = weights
+        state.extra_negatives.append(mixed_negatives(positives, self.positive_share))

@@ -1,0 +1,128 @@
+"""MixCSE: mixed hard negatives against the paper's equation, stopped gradients, composition, training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import make_corpus, tiny_recipe
+
+from csekit.core.errors import CsekitError
+from csekit.core.registry import NEGATIVES
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.parts.heads.mlp import MLPHead
+from csekit.parts.negatives.mixing import MixedNegatives
+from csekit.parts.negatives.noise import NoiseNegatives
+from csekit.parts.objectives import InfoNCE
+from csekit.parts.step_state import StepState
+from csekit.parts.views.dropout import DropoutViews
+from csekit.training.model import ContrastiveModel
+from csekit.training.recipe import build_part
+from csekit.training.trainer import train
+
+SENTENCES = ["a man plays guitar", "the dog runs in the park", "she eats food", "it is big and red", "a cat sleeps"]
+LAMBDA = 0.2  # the paper's mixing coefficient for BERT-base
+
+
+def build(model_dir: Path, negatives: list[torch.nn.Module]) -> ContrastiveModel:
+    encoder = SentenceEncoder.load(model_dir, pooler="mean")
+    return ContrastiveModel(encoder, MLPHead(encoder.dim), 2, [(InfoNCE(), 1.0)], negatives, None)
+
+
+def step_state(model: ContrastiveModel) -> StepState:
+    views = DropoutViews(model.encoder.tokenizer, model.encoder.pooler, 16)
+    return model.make_state(views(SENTENCES), SENTENCES, {})
+
+
+def mixcse_loss_by_hand(anchors: torch.Tensor, positives: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The paper's loss, anchor by anchor: in-batch positives plus the mixes of the positives,
+
+    h~_j = normalise(lambda h_j^+ + (1 - lambda) h_{j+1}^+), constants. Anchor i leaves out the mix
+    whose (1 - lambda) share is its own positive, h~_{i-1}.
+    """
+    n = len(anchors)
+    losses = []
+    for i in range(n):
+        mixes = []
+        for j in range(n):
+            if (j + 1) % n == i:
+                continue
+            mix = LAMBDA * positives[j].detach() + (1 - LAMBDA) * positives[(j + 1) % n].detach()
+            mixes.append(mix / mix.norm())
+        candidates = torch.cat([positives, torch.stack(mixes)])
+        logits = F.cosine_similarity(anchors[i : i + 1].float(), candidates.float()) / temperature
+        losses.append(-F.log_softmax(logits, dim=0)[i])
+    return torch.stack(losses).mean()
+
+
+def test_loss_equals_the_papers_mixed_negatives_loss(tiny_model_dir: Path) -> None:
+    model = build(tiny_model_dir, [MixedNegatives(positive_share=LAMBDA)])
+    state = step_state(model)
+    model.negatives[0](state)
+    anchors, positives = state.embeddings
+    loss = InfoNCE(temperature=0.05)(state)["infonce"]
+    torch.testing.assert_close(loss, mixcse_loss_by_hand(anchors, positives, 0.05))
+    # Without leaving out each anchor's own-positive mix the loss differs, so the comparison can fail.
+    state.extra_negative_weights.clear()
+    assert not torch.isclose(InfoNCE(temperature=0.05)(state)["infonce"], mixcse_loss_by_hand(anchors, positives, 0.05))
+
+
+def test_each_mix_is_a_unit_vector_mostly_of_the_next_positive(tiny_model_dir: Path) -> None:
+    model = build(tiny_model_dir, [MixedNegatives(positive_share=LAMBDA)])
+    state = step_state(model)
+    model.negatives[0](state)
+    mixes, positives = state.extra_negatives[0], state.embeddings[1].detach()
+    torch.testing.assert_close(mixes.norm(dim=1), torch.ones(5))
+    to_own = F.cosine_similarity(mixes, positives)
+    to_next = F.cosine_similarity(mixes, positives.roll(-1, dims=0))
+    assert bool((to_next > to_own).all())
+    assert not mixes.requires_grad
+    assert torch.equal(state.extra_negative_weights[0], 1 - torch.eye(5).roll(-1, dims=1))
+
+
+def test_model_gradient_equals_the_gradient_with_the_mixes_as_constants(tiny_model_dir: Path) -> None:
+    model = build(tiny_model_dir, [MixedNegatives()])
+    model.train()
+    inputs = DropoutViews(model.encoder.tokenizer, model.encoder.pooler, 16)(SENTENCES)
+    torch.manual_seed(1)
+    loss, _ = model(inputs, SENTENCES)
+    loss.backward()
+    with_mixes = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    torch.manual_seed(1)  # the same dropout masks
+    state = model.make_state(inputs, SENTENCES, {})
+    anchors, positives = state.embeddings
+    mixcse_loss_by_hand(anchors, positives, 0.05).backward()
+    assert with_mixes, "the model received gradients"
+    for name, p in model.named_parameters():
+        if name in with_mixes:
+            torch.testing.assert_close(p.grad, with_mixes[name], msg=name)
+
+
+def test_mixes_after_other_negatives_weight_their_own_entry_only(tiny_model_dir: Path) -> None:
+    model = build(tiny_model_dir, [NoiseNegatives(ratio=1.0, steps=0), MixedNegatives()])
+    state = step_state(model)
+    for negatives in model.negatives:
+        negatives(state)
+    assert set(state.extra_negative_weights) == {1}
+    logits = InfoNCE(temperature=0.05).logits(state)
+    assert logits.shape == (5, 5 + 5 + 5)
+    assert bool(torch.isfinite(logits[:, :10]).all())
+    assert int(torch.isinf(logits[:, 10:]).sum()) == 5  # one left-out mix per anchor
+
+
+def test_bad_mixing_share_names_the_recipe_key() -> None:
+    for share in (1.0, -0.1):
+        with pytest.raises(CsekitError, match=r"negatives\[0\].*positive_share"):
+            build_part(NEGATIVES, {"name": "mixcse", "positive_share": share}, "negatives[0]")
+
+
+def test_a_mixcse_recipe_trains(tmp_path: Path, tiny_model_dir: Path) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    recipe = tiny_recipe(
+        tiny_model_dir, corpus, "train.max_steps=3", "train.eval_every=0", "negatives=[{name: mixcse}]"
+    )
+    result = train(recipe, tmp_path / "run", show_progress=False)
+    assert result.steps == 3

@@ -1,0 +1,122 @@
+"""PromptBERT's template denoising (`mask_denoised`): against the authors' code's computation, test time, training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_corpus, make_tiny_encoder, tiny_recipe
+
+from csekit.core.errors import CsekitError
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.pooling import MaskPooler
+from csekit.training.trainer import train
+
+SENTENCES = ["the man plays", "a dog runs in the park", "she eats", "the man plays"]
+TEMPLATES = {0: 'This sentence of "', 1: 'This sentence : "'}  # PromptBERT's unsup-bert, before [X]
+
+
+def denoised_by_hand(encoder: SentenceEncoder, inputs: dict[str, torch.Tensor], view: int) -> torch.Tensor:
+    """The authors' `get_delta` for each row: the template's ids alone ([CLS] prefix suffix [SEP]), the
+    positions after the sentence shifted by its length, the [MASK] state subtracted from the row's."""
+    tokenizer = encoder.tokenizer
+    prefix = len(tokenizer(TEMPLATES[view], add_special_tokens=False)["input_ids"])
+    full = encoder.backbone(**inputs, return_dict=True).last_hidden_state
+    rows = []
+    for row, sentence in enumerate(SENTENCES):
+        ids = inputs["input_ids"][row][inputs["attention_mask"][row].bool()]
+        length = len(tokenizer(sentence, add_special_tokens=False)["input_ids"])
+        start = 1 + prefix  # [CLS] and the prefix
+        template = torch.cat([ids[:start], ids[start + length :]])
+        positions = torch.arange(len(template))
+        positions[start:] += length
+        alone = encoder.backbone(input_ids=template[None], position_ids=positions[None]).last_hidden_state[0]
+        mask = int((ids == tokenizer.mask_token_id).nonzero()[-1])
+        rows.append(full[row, mask] - alone[mask - length])
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("view", [0, 1])
+def test_training_representation_is_the_mask_state_minus_the_template_alone_at_the_same_positions(
+    tmp_path: Path, view: int
+) -> None:
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask_denoised", initializer_range=0.2)
+    encoder.train()
+    encoder.backbone.eval()  # no dropout, so both passes are deterministic; the pooler stays in training
+    inputs = encoder.tokenize(SENTENCES, view=view)
+    with torch.no_grad():
+        pooled = encoder(inputs, token_states=False).pooled
+        expected = denoised_by_hand(encoder, inputs, view)
+        torch.testing.assert_close(pooled, expected)
+        # The template states depend on the shifted positions: without the shift they differ.
+        plain = MaskPooler(encoder.pooler.templates)
+        plain.bind(encoder.tokenizer)
+        states = encoder.backbone(**inputs).last_hidden_state
+        undenoised = plain((states,), inputs["attention_mask"], inputs["input_ids"])
+    assert not torch.allclose(pooled, undenoised, atol=1e-4)
+
+
+def test_the_two_views_use_promptberts_two_templates(tmp_path: Path) -> None:
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask_denoised")
+    first, second = (encoder.tokenizer.decode(encoder.tokenize(["a dog"], view=v)["input_ids"][0]) for v in (0, 1))
+    # The tiny vocabulary has no quote: [unk] stands for it.
+    assert first.lower() == "[cls] this sentence of [unk] a dog [unk] means [mask]. [sep]"
+    assert second.lower() == "[cls] this sentence [unk] [unk] a dog [unk] means [mask]. [sep]"  # ":" too
+
+
+def test_gradients_reach_the_model_through_the_template_pass(tmp_path: Path) -> None:
+    """As in the authors' code (no --mask_embedding_sentence_delta_freeze), the template pass is not detached."""
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask_denoised", initializer_range=0.2)
+    encoder.train()
+    encoder.backbone.eval()
+    inputs = encoder.tokenize(SENTENCES, view=0)
+    weight = encoder.backbone.embeddings.word_embeddings.weight
+    direction = torch.randn(encoder.dim, generator=torch.Generator().manual_seed(0))  # a LayerNorm output's sum is flat
+    (encoder(inputs).pooled @ direction).sum().backward()
+    denoised = weight.grad.clone()
+    encoder.zero_grad()
+    plain = MaskPooler(encoder.pooler.templates)
+    plain.bind(encoder.tokenizer)
+    states = encoder.backbone(**inputs).last_hidden_state
+    (plain((states,), inputs["attention_mask"], inputs["input_ids"]) @ direction).sum().backward()
+    mask_row = encoder.tokenizer.mask_token_id
+    # The template's own tokens (the [MASK] among them) get gradients from the template pass too.
+    assert not torch.allclose(denoised[mask_row], weight.grad[mask_row], atol=1e-6)
+
+
+def test_test_time_is_the_plain_mask_pooler_and_saves_as_one(tmp_path: Path) -> None:
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask_denoised", initializer_range=0.2)
+    encoder.eval()
+    inputs = encoder.tokenize(SENTENCES, view=0)
+    with torch.no_grad():
+        states = encoder(inputs).token_states
+    mask = (inputs["input_ids"] == encoder.tokenizer.mask_token_id).int().argmax(dim=1)
+    torch.testing.assert_close(encoder(inputs).pooled, states[torch.arange(len(SENTENCES)), mask])
+    encoder.save(tmp_path / "model")
+    meta = json.loads((tmp_path / "model" / "csekit.json").read_text())
+    assert meta["pooler"] == "mask" and meta["templates"][0] == 'This sentence of "[X]" means [MASK] .'
+    reloaded = SentenceEncoder.load(tmp_path / "model")
+    assert type(reloaded.pooler) is MaskPooler
+    np.testing.assert_allclose(reloaded.encode(SENTENCES), encoder.encode(SENTENCES), atol=1e-5)
+
+
+def test_an_input_without_its_templates_is_refused(tmp_path: Path) -> None:
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask_denoised")
+    encoder.train()
+    plain = MaskPooler(('Sentence "[X]" is [MASK] .',))
+    inputs = plain.tokenize(encoder.tokenizer, ["a dog"], None)
+    with pytest.raises(CsekitError, match="without its templates"):
+        encoder(inputs)
+
+
+def test_a_promptbert_recipe_trains(tmp_path: Path, tiny_model_dir: Path) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    recipe = tiny_recipe(
+        tiny_model_dir, corpus, "train.max_steps=3", "train.eval_every=0", "model.pooler=mask_denoised"
+    )
+    result = train(recipe, tmp_path / "run", show_progress=False)
+    assert result.steps == 3
+    assert json.loads((tmp_path / "run" / "best" / "csekit.json").read_text())["pooler"] == "mask"
