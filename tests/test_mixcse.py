@@ -16,6 +16,7 @@ from csekit.parts.heads.mlp import MLPHead
 from csekit.parts.negatives.mixing import MixedNegatives
 from csekit.parts.negatives.noise import NoiseNegatives
 from csekit.parts.objectives import InfoNCE
+from csekit.parts.objectives.weighted_logits import WeightedLogitsLoss
 from csekit.parts.step_state import StepState
 from csekit.parts.views.dropout import DropoutViews
 from csekit.training.model import ContrastiveModel
@@ -67,6 +68,25 @@ def test_loss_equals_the_papers_mixed_negatives_loss(tiny_model_dir: Path) -> No
     # Without leaving out each anchor's own-positive mix the loss differs, so the comparison can fail.
     state.extra_negative_weights.clear()
     assert not torch.isclose(InfoNCE(temperature=0.05)(state)["infonce"], mixcse_loss_by_hand(anchors, positives, 0.05))
+
+
+def test_with_the_dclr_code_objective_the_left_out_mix_gets_logit_0_as_in_the_authors_code(
+    tiny_model_dir: Path,
+) -> None:
+    model = build(tiny_model_dir, [MixedNegatives(positive_share=LAMBDA)])
+    state = step_state(model)
+    model.negatives[0](state)
+    anchors, positives = (view.float() for view in state.embeddings)
+    # models_mix.py: z3 = lambda z2 + (1 - lambda) roll(z2, -1), detached; cos(z1, z3) with the entries
+    # [i, i - 1] multiplied by 0, appended to the in-batch cosines; cross-entropy.
+    mixes = LAMBDA * positives.detach() + (1 - LAMBDA) * positives.detach().roll(-1, dims=0)
+    to_mixes = F.cosine_similarity(anchors[:, None], mixes[None], dim=-1)
+    to_mixes = to_mixes * (1 - torch.cat([torch.eye(5)[-1:], torch.eye(5)[:-1]]))  # the code's mask
+    in_batch = F.cosine_similarity(anchors[:, None], positives[None], dim=-1)
+    logits = torch.cat([in_batch, to_mixes], dim=1) / 0.05
+    expected = F.cross_entropy(logits, torch.arange(5))
+    loss = WeightedLogitsLoss(temperature=0.05, loss="infonce")(state)["dclr_code"]
+    torch.testing.assert_close(loss, expected)
 
 
 def test_each_mix_is_a_unit_vector_mostly_of_the_next_positive(tiny_model_dir: Path) -> None:
