@@ -234,8 +234,11 @@ def test_weights_agree_after_optimizer_steps(tiny: TinyInputs, family: str) -> N
             optimizer.step()
             optimizer.zero_grad()
     after = dict(chunked.named_parameters())
+    # Whitening's inverse square root of the batch covariance amplifies float noise: 1.5e-6 after 3 steps
+    # (an embedding weight of 0.018) with the authors' head initialisation, so it gets 1e-5 here.
+    atol = 1e-5 if family == "whitenedcse" else 1e-6
     for name, parameter in reference.named_parameters():
-        torch.testing.assert_close(after[name], parameter, rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(after[name], parameter, rtol=1e-5, atol=atol, msg=name)
     moved = [name for name, parameter in after.items() if not torch.equal(parameter, before[name])]
     assert "encoder.backbone.encoder.layer.0.attention.self.query.weight" in moved  # the steps did train
 
