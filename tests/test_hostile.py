@@ -497,3 +497,54 @@ def test_a_model_with_nan_weights_is_refused_by_encode_and_evaluate_and_never_sa
     with pytest.raises(CsekitError, match="refusing to save"):
         encoder.save(tmp_path / "saved")
     assert not (tmp_path / "saved").exists()
+
+
+EXACT_RESUME_RECIPES = {
+    "consert": ("consert-views-minilm.yaml", 0),
+    "consert-2-workers": ("consert-views-minilm.yaml", 2),
+    "osscse": ("osscse-minilm.yaml", 0),
+}
+
+
+@pytest.mark.parametrize("case", EXACT_RESUME_RECIPES)
+def test_views_with_their_own_randomness_resume_exactly(case: str, tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Ctrl-C during step 3, then --resume: the losses and weights of the uninterrupted run (ConSERT's views drew
+    other shuffles and cutoffs after the resume, from the next step on, with 0 and 2 data workers)."""
+    from conftest import assert_same_checkpoint_weights, read_metrics, run_cli_with_test_parts
+
+    name, workers = EXACT_RESUME_RECIPES[case]
+    recipe = load_recipe(REPO / "recipes" / name)
+    corpus = tmp_path / "corpus.jsonl"
+    lines = make_corpus(tmp_path / "plain.txt", lines=96).read_text(encoding="utf-8").splitlines()
+    rows = [{"text": s, "paraphrase": " ".join(reversed(s.split())), "negation": f"not {s}"} for s in lines]
+    corpus.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    marker = tmp_path / "interrupted"
+    stop = {"name": "interrupt_once", "weight": 0.0, "at_call": 3, "marker": str(marker)}
+    settings = [
+        f"model.backbone={tiny_model_dir}",
+        "model.max_length=16",
+        f"data.corpus={corpus}",
+        f"data.num_workers={workers}",
+        "train.batch_size=16",
+        "train.max_steps=8",
+        "train.eval_every=4",
+        "train.log_every=1",
+        "train.dev_task=none",
+        "train.precision=fp32",
+        f"objectives={json.dumps([*recipe.objectives, stop])}",
+    ]
+    overrides = [item for setting in settings for item in ("--set", setting)]
+
+    def csekit(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_cli_with_test_parts(*args, "--no-progress", plugin_dir=tmp_path / "plugin", cwd=tmp_path)
+
+    marker.write_text("not this run", encoding="utf-8")
+    straight = csekit("train", str(REPO / "recipes" / name), *overrides, "--output", "straight")
+    assert straight.returncode == 0, straight.stderr
+    marker.unlink()
+    assert csekit("train", str(REPO / "recipes" / name), *overrides, "--output", "run").returncode == 130
+    resumed = csekit("train", "--output", "run", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    losses = [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "run") if "loss" in r]
+    assert losses == [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "straight") if "loss" in r]
+    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "run")

@@ -118,6 +118,7 @@ def build_model(recipe: Recipe, encoder: SentenceEncoder) -> tuple[ContrastiveMo
         "max_length": recipe.model.max_length,
         "encoder": encoder,
         "recipe": recipe,
+        "seed": recipe.train.seed,  # for parts that draw their own randomness (ConSERT's views)
     }
     views = build_part(VIEWS, recipe.data.views, "data.views", **context)
     head = build_part(HEADS, recipe.model.head, "model.head", **context)

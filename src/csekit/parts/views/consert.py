@@ -21,6 +21,7 @@ unless `model.dropout: 0.0`; ConSERT trained without dropout.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 
 import torch
@@ -56,7 +57,9 @@ class ConsertViews:
     `[feature_cutoff, shuffle]` is ConSERT's best pair (view 1 feature cutoff, view 2 token shuffle);
     `[none, token_cutoff]` keeps view 1 plain; `[[shuffle, token_cutoff], feature_cutoff]` combines.
     The rates are fractions of the sentence's non-special tokens (token and span cutoff) or of the
-    hidden dimensions (feature cutoff). Randomness comes from torch's generator (seeded by the run).
+    hidden dimensions (feature cutoff). Each batch draws from its own generator, seeded by the run's
+    `seed` and the batch's sentences: the draws do not depend on which process or DataLoader worker
+    makes the batch, or when (the DataLoader fetches a batch ahead), so `--resume` continues exactly.
     """
 
     def __init__(
@@ -70,6 +73,7 @@ class ConsertViews:
         token_cutoff_rate: float = 0.1,
         span_cutoff_rate: float = 0.1,
         feature_cutoff_rate: float = 0.2,
+        seed: int = 0,
     ) -> None:
         self.views = _parse(augmentations)
         for name, rate in (
@@ -87,6 +91,7 @@ class ConsertViews:
         self.token_cutoff_rate = float(token_cutoff_rate)
         self.span_cutoff_rate = float(span_cutoff_rate)
         self.feature_cutoff_rate = float(feature_cutoff_rate)
+        self.seed = int(seed)
         self.special_ids = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
         # RoBERTa-style embeddings number real tokens from padding_idx + 1 and give padding padding_idx;
         # only that integer is kept (not the encoder), so the views pickle cheaply into DataLoader workers.
@@ -116,10 +121,19 @@ class ConsertViews:
         ]
         stacked = {key: [row for view in views for row in view[key]] for key in views[0]}
         batch = pad_ids(stacked, self.tokenizer.pad_token_id or 0)
-        return self.augment(batch, len(sentences))
+        return self.augment(batch, len(sentences), self.batch_generator(sentences))
 
-    def augment(self, batch: dict[str, Tensor], n: int) -> dict[str, Tensor]:
-        """Add `position_ids` and/or `embedding_mask` to padded inputs of `num_views` stacked views of n rows."""
+    def batch_generator(self, sentences: list[str]) -> torch.Generator:
+        """The batch's own generator: a function of the run's seed and the batch, like the data position."""
+        digest = hashlib.blake2b(str(self.seed).encode(), digest_size=8)
+        for sentence in sentences:
+            digest.update(b"\0" + sentence.encode("utf-8", "surrogatepass"))
+        return torch.Generator().manual_seed(int.from_bytes(digest.digest(), "little") >> 1)
+
+    def augment(self, batch: dict[str, Tensor], n: int, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+        """Add `position_ids` and/or `embedding_mask` to padded inputs of `num_views` stacked views of n rows.
+
+        Draws from `generator` (default: torch's global one)."""
         used = {name for view in self.views for name in view}
         eligible = self.eligible(batch)
         size, length = batch["input_ids"].shape
@@ -131,18 +145,18 @@ class ConsertViews:
                 where = eligible[row].nonzero().flatten()
                 count = len(where)
                 if "shuffle" in names and positions is not None:
-                    positions[row, where] = positions[row, where[torch.randperm(count)]]
+                    positions[row, where] = positions[row, where[torch.randperm(count, generator=generator)]]
                 if "token_cutoff" in names and tokens is not None:
                     cut = int(count * self.token_cutoff_rate)
-                    tokens[row, where[torch.randperm(count)[:cut]]] = 0.0
+                    tokens[row, where[torch.randperm(count, generator=generator)[:cut]]] = 0.0
                 if "span_cutoff" in names and tokens is not None:
                     cut = int(count * self.span_cutoff_rate)
                     if cut > 0:
-                        start = int(torch.randint(count - cut + 1, ()).item())
+                        start = int(torch.randint(count - cut + 1, (), generator=generator).item())
                         tokens[row, where[start : start + cut]] = 0.0
                 if "feature_cutoff" in names and features is not None:
                     cut = int(self.dim * self.feature_cutoff_rate)
-                    features[row, torch.randperm(self.dim)[:cut]] = 0.0
+                    features[row, torch.randperm(self.dim, generator=generator)[:cut]] = 0.0
         if positions is not None:
             batch["position_ids"] = positions
         if tokens is not None and features is not None:
