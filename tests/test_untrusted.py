@@ -11,6 +11,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -342,6 +343,16 @@ def test_a_lock_that_links_elsewhere_is_not_followed(
     code, err = resume(monkeypatch, capsys, run)
     assert_one_line_error(code, err, str(run / ".lock"), "symbolic link")
     assert victim.read_text(encoding="utf-8") == "keep me"
+
+
+def test_a_lock_that_is_a_fifo_is_refused_and_kept(
+    run: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """A FIFO as .lock was opened (with a reader present it would block), written to and deleted."""
+    os.mkfifo(run / ".lock")
+    code, err = resume(monkeypatch, capsys, run)
+    assert_one_line_error(code, err, str(run / ".lock"), "not a regular file")
+    assert stat.S_ISFIFO(os.lstat(run / ".lock").st_mode)
 
 
 # --- 3. download-data: https only, every file checked before use ----------------------------------

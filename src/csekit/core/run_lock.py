@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -71,13 +72,16 @@ def hold_run_lock(output: Path) -> Iterator[None]:
         return
     path = output / LOCK_NAME
     while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | _NO_FOLLOW, 0o644)
+        try:  # O_NONBLOCK: opening a FIFO placed there must not wait for a reader
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | _NO_FOLLOW, 0o644)
         except OSError as error:  # ELOOP: a symbolic link, which could point at any file of the user's
             raise CsekitError(
                 f"{path} cannot be opened as a lock file ({error.strerror}); csekit does not follow a "
                 "symbolic link there: remove it"
             ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device: not ours to lock, write or delete
+            os.close(fd)
+            raise CsekitError(f"{path} is not a regular file, so it cannot be a run's lock file: remove it")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
