@@ -548,3 +548,40 @@ def test_views_with_their_own_randomness_resume_exactly(case: str, tmp_path: Pat
     losses = [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "run") if "loss" in r]
     assert losses == [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "straight") if "loss" in r]
     assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "run")
+
+
+@pytest.mark.parametrize("command", ["evaluate", "freq", "probe", "diagnose", "encode"])
+def test_an_output_that_is_a_folder_is_refused_before_the_work(
+    command: str, tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """`--output DIR` was found only when writing, after the whole evaluation or count."""
+    folder = tmp_path / "results"
+    folder.mkdir()
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=8)
+    args = {
+        "evaluate": ["evaluate", str(tiny_model_dir), "--tasks", "stsb-dev"],
+        "freq": ["freq", "--corpus", str(corpus), "--tokenizer", str(tiny_model_dir)],
+        "probe": ["probe", str(tiny_model_dir)],
+        "diagnose": ["diagnose", str(tiny_model_dir)],
+        "encode": ["encode", str(tiny_model_dir), "--input", str(corpus)],
+    }[command]
+    if command in ("evaluate", "probe", "diagnose"):
+        args += ["--data-dir", str(tmp_path / "none")]
+    code, err = run_main(monkeypatch, capsys, *args, "--output", str(folder))
+    assert_one_line_error(code, err, f"--output {folder} is a folder")
+    assert list(folder.iterdir()) == []
+
+
+def test_json_reports_write_null_for_a_score_that_is_not_a_number(tmp_path: Path) -> None:
+    """A Spearman correlation of constant embeddings is NaN: JSON readers refuse a bare NaN."""
+    from csekit.core.json_text import json_text
+    from csekit.training.run_folder import MetricsLog
+
+    assert json.loads(json_text({"stsb-dev": float("nan"), "rows": [1.0, float("inf")]})) == {
+        "stsb-dev": None,
+        "rows": [1.0, None],
+    }
+    log = MetricsLog(tmp_path / "metrics.jsonl", True)
+    log.write({"step": 2, "stsb-dev": float("nan")})
+    text = (tmp_path / "metrics.jsonl").read_text(encoding="utf-8")
+    assert "NaN" not in text and json.loads(text.splitlines()[-1])["stsb-dev"] is None

@@ -35,6 +35,7 @@ import numpy as np
 from csekit.core.atomic import atomic_write_text
 from csekit.core.bounded_read import parse_yaml, read_bounded_text
 from csekit.core.errors import CsekitError, at
+from csekit.core.json_text import json_text
 from csekit.evaluation.tasks import table_columns
 from csekit.training.recipe import MAX_SEED
 
@@ -239,7 +240,7 @@ def _run_one(
     for key in ("avg", "transfer_avg"):
         if key in scores:
             report[key] = scores[key]
-    atomic_write_text(folder / RESULTS_FILE, json.dumps(report, indent=2) + "\n")
+    atomic_write_text(folder / RESULTS_FILE, json_text(report, indent=2) + "\n")
     return report
 
 

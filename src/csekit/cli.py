@@ -18,6 +18,7 @@ import numpy as np
 import typer
 
 from csekit.core.errors import CsekitError, message_line
+from csekit.core.json_text import json_text
 
 if TYPE_CHECKING:
     from csekit.evaluation.diagnose import DiagnoseData, DiagnoseSettings
@@ -53,6 +54,17 @@ PrecisionOption = Annotated[
 
 EMBEDDING_FORMATS = (".npy", ".txt", ".tsv")
 """What `csekit encode --output` writes, by the file's suffix."""
+
+
+def _check_output_file(output: Path | None, option: str = "--output") -> None:
+    """Refuse an output path that cannot become a file before the work, not after it (hours later)."""
+    if output is None:
+        return
+    if output.is_dir():
+        raise CsekitError(f"{option} {output} is a folder; give a file name in it")
+    parent = next((folder for folder in output.parents if folder.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise CsekitError(f"{option} {output}: {parent} is a file, not a folder")
 
 
 def _require_at_least(option: str, value: int, minimum: int = 1) -> None:
@@ -155,6 +167,7 @@ def evaluate(
 
     groups = parse_tasks(tasks)
     _require_at_least("--batch-size", batch_size)
+    _check_output_file(output)
     if n_jobs == 0 or n_jobs < -1:
         raise CsekitError(f"--n-jobs must be -1 (all cores) or at least 1, got {n_jobs}")
     if whiten_dim is not None:
@@ -200,7 +213,7 @@ def evaluate(
     typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision_label}{whitening}, {elapsed:.1f} s)")
     if output is not None:
         report["seconds"] = round(elapsed, 2)
-        atomic_write_text(output, json.dumps(report, indent=2) + "\n")
+        atomic_write_text(output, json_text(report, indent=2) + "\n")
 
 
 @app.command()
@@ -284,6 +297,7 @@ def encode(
     from csekit.encoding.encoder import SentenceEncoder
 
     _require_at_least("--batch-size", batch_size)
+    _check_output_file(output)
     if output.suffix.lower() not in EMBEDDING_FORMATS:
         raise CsekitError(f"--output {output}: write .npy (a float32 matrix) or .txt/.tsv (tab-separated text)")
     try:
@@ -343,6 +357,7 @@ def probe(
     )
 
     _require_at_least("--batch-size", batch_size)
+    _check_output_file(output)
     chosen = select_datasets(load_probe_datasets(data_dir), datasets)
     rows = load_transformation_probe(transformations)
     encoder = SentenceEncoder.load(model, pooler=pooler)
@@ -365,7 +380,7 @@ def probe(
     typer.echo(format_transformation_table(report["transformations"]))
     typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision_label}, {time.perf_counter() - started:.1f} s)")
     if output is not None:
-        atomic_write_text(output, json.dumps(report, indent=2) + "\n")
+        atomic_write_text(output, json_text(report, indent=2) + "\n")
 
 
 DEFAULT_COUNTS = "freq/bookcorpus_bert-base-uncased/labels.json"
@@ -471,6 +486,7 @@ def diagnose(
     from csekit.prep.frequency import read_counts, resolve_counts_path
 
     _require_at_least("--batch-size", batch_size)
+    _check_output_file(output)
     _require_at_least("--sentences", sentences, DCLR_BATCH_SIZE)
     if not -1.0 <= phi <= 1.0:
         raise CsekitError(f"--phi is a cosine, between -1 and 1, got {phi}")
@@ -502,7 +518,7 @@ def diagnose(
         "models": reports,
     }
     if output is not None:
-        atomic_write_text(output, json.dumps(report, indent=2) + "\n")
+        atomic_write_text(output, json_text(report, indent=2) + "\n")
 
 
 def _paraphrase_engine(engine: str, paraphrases: Path | None, pivots: str | None) -> Any:
@@ -598,6 +614,7 @@ def freq(
     from csekit.prep.frequency import count_tokens, counts_by_token
 
     _require_at_least("--chunk-lines", chunk_lines)
+    _check_output_file(output)
     location = resolve_model_path(tokenizer)
     if Path(location).is_dir():
         refuse_own_code(Path(location))

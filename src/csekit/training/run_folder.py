@@ -16,6 +16,7 @@ from typing import Any
 from csekit.core.atomic import atomic_write_text
 from csekit.core.bounded_read import read_json_file
 from csekit.core.errors import CsekitError
+from csekit.core.json_text import json_text
 from csekit.core.lines import split_lines
 from csekit.core.run_lock import check_not_locked
 from csekit.training.recipe import Recipe, load_recipe, recipe_changes
@@ -52,7 +53,7 @@ class MetricsLog:
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
             with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write(json.dumps(record) + "\n")
+                handle.write(json_text(record) + "\n")
 
     def truncate_after(self, step: int) -> None:
         """On resume, drop records written after the saved state (they will be written again).
