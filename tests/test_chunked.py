@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -374,3 +375,16 @@ def test_a_part_that_runs_the_encoder_itself_is_refused_by_name(tiny: TinyInputs
     plain_step(model, batch)  # fine without chunks
     with pytest.raises(CsekitError, match=r"the part objectives\.1 \(EncodesByItself\) runs the trained encoder"):
         cached_step(model, model.encoder, batch, CHUNK)
+
+
+def test_torchrun_trains_with_chunks_on_two_cpu_processes(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The chunked step under DDP (no_sync, then one gradient average) in a real 2-process run."""
+    from test_distributed import free_port, launch, logged_steps
+
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=3", "train.chunk_size=4")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    torchrun += ["--master_port", str(free_port())]
+    result = launch(torchrun, recipe, tmp_path / "out")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert logged_steps(tmp_path / "out") == (2, [1, 2, 3])
