@@ -3,6 +3,7 @@
     python benchmarks/chunked_step.py                                    # MiniLM, batch 64/256/1024, chunk 32
     python benchmarks/chunked_step.py --small                            # a 2-layer, 128-wide random BERT
     python benchmarks/chunked_step.py --batches 64 256 --unchunked-up-to 256 --max-length 16
+    python benchmarks/chunked_step.py --small --alternate 256 --steps 5  # time ratio, steps in turns
 
 Each (batch, chunk) runs in its own process, so that the process's peak resident memory (RSS, on CPU)
 is that step's: the model, optimizer and one batch are set up, then `--warmup` and `--steps` steps of
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -71,8 +73,8 @@ def current_rss_mib() -> float:
     return rss_mib()
 
 
-def one(args: argparse.Namespace, batch_size: int, chunk_size: int | None) -> dict[str, float | int | None]:
-    """Set up, take the steps, and measure (in this process)."""
+def set_up(args: argparse.Namespace, batch_size: int) -> tuple[Callable[[int | None], None], bool]:
+    """The training loop's step on one fixed batch, as a function of the chunk size; and whether on a GPU."""
     from accelerate import Accelerator
 
     from csekit.data.corpus import TrainCollator
@@ -95,35 +97,58 @@ def one(args: argparse.Namespace, batch_size: int, chunk_size: int | None) -> di
     model, optimizer = accelerator.prepare(model, make_optimizer(model, recipe))
     model.train()
     batch = TrainCollator(views, recipe.data.text_column)(sentences(batch_size))
-    cuda = accelerator.device.type == "cuda"
     batch["inputs"] = {key: value.to(accelerator.device) for key, value in batch["inputs"].items()}
-    set_up = current_rss_mib()
+    cuda = accelerator.device.type == "cuda"
 
-    def step() -> None:
+    def step(chunk_size: int | None) -> None:
         forward_backward(accelerator, model, batch, recipe.train.max_grad_norm, 1000, 1000, chunk_size)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if cuda:
+            torch.cuda.synchronize()
 
+    return step, cuda
+
+
+def one(args: argparse.Namespace, batch_size: int, chunk_size: int | None) -> dict[str, float | int | None]:
+    """Set up, take the steps, and measure (in this process)."""
+    step, cuda = set_up(args, batch_size)
+    set_up_rss = current_rss_mib()
     for _ in range(args.warmup):
-        step()
+        step(chunk_size)
     if cuda:
-        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     times = []
     for _ in range(args.steps):
         started = time.perf_counter()
-        step()
-        if cuda:
-            torch.cuda.synchronize()
+        step(chunk_size)
         times.append(time.perf_counter() - started)
     return {
         "batch": batch_size,
         "chunk": chunk_size,
         "seconds_per_step": statistics.median(times),  # the median: shared machines have slow moments
         "peak_rss_mib": rss_mib(),
-        "step_rss_mib": rss_mib() - set_up,
+        "step_rss_mib": rss_mib() - set_up_rss,
         "cuda_max_allocated_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
     }
+
+
+def alternate(args: argparse.Namespace, batch_size: int) -> None:
+    """Unchunked and chunked steps in turns in one process; the fastest of each (the least disturbed by other
+    load on a shared machine) and their ratio. No memory figures (one process holds both)."""
+    step, _ = set_up(args, batch_size)
+    times: dict[int | None, list[float]] = {None: [], args.chunk: []}
+    for round_ in range(args.warmup + args.steps):
+        for chunk_size in times:
+            started = time.perf_counter()
+            step(chunk_size)
+            if round_ >= args.warmup:
+                times[chunk_size].append(time.perf_counter() - started)
+    fastest = {chunk_size: min(values) for chunk_size, values in times.items()}
+    print(
+        f"batch {batch_size}, in turns, fastest of {args.steps}: unchunked {fastest[None]:.2f} s, chunk {args.chunk} "
+        f"{fastest[args.chunk]:.2f} s: {fastest[args.chunk] / fastest[None]:.2f}x"
+    )
 
 
 def save_small_model(folder: Path) -> str:
@@ -178,6 +203,7 @@ def main() -> None:
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--alternate", type=int, metavar="BATCH", help="time both steps in turns at this batch")
     parser.add_argument("--small", action="store_true", help="a small random BERT instead of --model")
     parser.add_argument("--one", type=int, nargs=2, metavar=("BATCH", "CHUNK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -189,6 +215,10 @@ def main() -> None:
         model = save_small_model(Path(folder) / "small-bert") if args.small else args.model
         label = "a 2-layer 128-wide random BERT" if args.small else args.model
         print(f"{cpu_name()}; torch {torch.__version__}; {label}, {args.precision}, max length {args.max_length}")
+        if args.alternate:
+            args.model = model
+            alternate(args, args.alternate)
+            return
         cuda = " cuda MiB" if torch.cuda.is_available() else ""
         print(f"{'batch':>6} {'chunk':>6} {'s/step':>9} {'peak MiB':>9} {'step MiB':>9}{cuda}")
         for batch_size in args.batches:
