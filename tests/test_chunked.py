@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -318,12 +319,13 @@ def test_training_with_chunks_follows_training_without(tmp_path: Path, tiny_mode
 def test_resume_with_another_chunk_size_is_allowed_and_recorded(tmp_path: Path, tiny_model_dir: Path) -> None:
     """The chunk size changes a step's memory and time, not its update: no --allow-changes needed."""
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=2", "train.chunk_size=8", "train.eval_every=1")
+    common = ("train.eval_every=1", "train.precision=fp32")  # accelerate takes one precision a process: fp32 here
+    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=2", "train.chunk_size=8", *common)
     train(recipe, tmp_path / "run", show_progress=False)
-    longer = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=3", "train.chunk_size=4", "train.eval_every=1")
+    longer = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=3", "train.chunk_size=4", *common)
     with pytest.raises(CsekitError, match=r"train\.max_steps"):  # other keys are still refused
         train(longer, tmp_path / "run", resume=True, show_progress=False)
-    resumed = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=2", "train.chunk_size=4", "train.eval_every=1")
+    resumed = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=2", "train.chunk_size=4", *common)
     train(resumed, tmp_path / "run", resume=True, show_progress=False)
     changed = [record for record in read_metrics(tmp_path / "run") if record.get("event") == "recipe_changed"]
     assert changed == [{"event": "recipe_changed", "step": 2, "changes": {"train.chunk_size": [8, 4]}}]
@@ -335,7 +337,8 @@ def test_resume_with_another_chunk_size_is_allowed_and_recorded(tmp_path: Path, 
 def test_a_chunk_that_does_not_divide_the_batch_is_refused(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    recipe = tiny_recipe(tiny_model_dir, make_corpus(tmp_path / "corpus.txt", lines=64), "train.chunk_size=6")
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    recipe = tiny_recipe(tiny_model_dir, corpus, "train.chunk_size=6", "train.precision=fp32")
     path = tmp_path / "recipe.yaml"
     path.write_text(recipe.to_yaml(), encoding="utf-8")
     code, err = run_main(monkeypatch, capsys, "train", str(path), "--output", str(tmp_path / "out"))
@@ -377,3 +380,16 @@ def test_a_part_that_runs_the_encoder_itself_is_refused_by_name(tiny: TinyInputs
     plain_step(model, batch)  # fine without chunks
     with pytest.raises(CsekitError, match=r"the part objectives\.1 \(EncodesByItself\) runs the trained encoder"):
         cached_step(model, model.encoder, batch, CHUNK)
+
+
+def test_torchrun_trains_with_chunks_on_two_cpu_processes(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """The chunked step under DDP (no_sync, then one gradient average) in a real 2-process run."""
+    from test_distributed import free_port, launch, logged_steps
+
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=3", "train.chunk_size=4")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    torchrun += ["--master_port", str(free_port())]
+    result = launch(torchrun, recipe, tmp_path / "out")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert logged_steps(tmp_path / "out") == (2, [1, 2, 3])

@@ -30,6 +30,8 @@ class StepState:
     embeddings: list[Tensor]
     #: The encoder's output for all views stacked ([V*n, ...]): token states, masks, ids.
     encoder_output: EncoderOutput
+    #: The trained encoder; a part that encodes more sentences calls it (with `train.chunk_size` it is a
+    #: stand-in that encodes in chunks, `csekit.training.chunked.ChunkedEncoder`, so parts must not bypass it).
     encoder: SentenceEncoder
     #: Extra per-sentence fields from a `.jsonl` corpus (e.g. a paraphrase), by name.
     fields: dict[str, list[Any]] = field(default_factory=dict)
