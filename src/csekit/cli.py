@@ -191,12 +191,8 @@ def evaluate(
     if whiten:
         report["whiten"] = {"dim": whiten_dim}
     report["tasks"] = results
-    if average is not None:
-        report["avg"] = average
-    if transfer_avg is not None:
-        report["transfer_avg"] = transfer_avg
-    if dev_average is not None:
-        report[AVG_STS] = dev_average
+    averages = {"avg": average, "transfer_avg": transfer_avg, AVG_STS: dev_average}
+    report.update({key: value for key, value in averages.items() if value is not None})
     if groups["sts"]:
         typer.echo(format_sts_table({**results, "avg": average}))
     for task in groups["dev"]:
