@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import assert_one_line_error, make_corpus, read_metrics, run_cli, run_main, tiny_recipe
+from conftest import assert_one_line_error, make_corpus, read_metrics, run_cli, tiny_recipe
 from recipe_trace import RECIPES, TinyInputs, make_tiny_inputs, one_thread, tiny_overrides
 from safetensors.torch import load_file
 from torch import Tensor, nn
@@ -44,7 +45,6 @@ from csekit.parts.step_state import StepState
 from csekit.training.chunked import cached_step
 from csekit.training.model import ContrastiveModel, build_model
 from csekit.training.recipe import Recipe, load_recipe
-from csekit.training.trainer import train
 
 FAMILIES = {
     "simcse": "simcse-bert-base.yaml",
@@ -317,32 +317,38 @@ def test_training_with_chunks_follows_training_without(tmp_path: Path, tiny_mode
 
 
 def test_resume_with_another_chunk_size_is_allowed_and_recorded(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """The chunk size changes a step's memory and time, not its update: no --allow-changes needed."""
+    """The chunk size changes a step's memory and time, not its update: no --allow-changes needed.
+
+    Each run in its own interpreter: accelerate takes one precision a process, and other tests' differ.
+    """
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    common = ("train.eval_every=1", "train.precision=fp32")  # accelerate takes one precision a process: fp32 here
-    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=2", "train.chunk_size=8", *common)
-    train(recipe, tmp_path / "run", show_progress=False)
-    longer = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=3", "train.chunk_size=4", *common)
-    with pytest.raises(CsekitError, match=r"train\.max_steps"):  # other keys are still refused
-        train(longer, tmp_path / "run", resume=True, show_progress=False)
-    resumed = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=2", "train.chunk_size=4", *common)
-    train(resumed, tmp_path / "run", resume=True, show_progress=False)
-    changed = [record for record in read_metrics(tmp_path / "run") if record.get("event") == "recipe_changed"]
+    common = ("train.eval_every=1", "train.max_steps=2")
+    run = tmp_path / "run"
+    train_in_a_fresh_process(tiny_recipe(tiny_model_dir, corpus, "train.chunk_size=8", *common), run)
+
+    def resume(*overrides: str) -> subprocess.CompletedProcess[str]:
+        settings = [item for override in (*common, *overrides) for item in ("--set", override)]
+        return run_cli("train", "--output", str(run), "--resume", "--no-progress", *settings, cwd=tmp_path)
+
+    refused = resume("train.chunk_size=4", "train.max_steps=3")  # other keys are still refused
+    assert refused.returncode == 2 and "recipe key train.max_steps" in refused.stderr
+    resumed = resume("train.chunk_size=4")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    changed = [record for record in read_metrics(run) if record.get("event") == "recipe_changed"]
     assert changed == [{"event": "recipe_changed", "step": 2, "changes": {"train.chunk_size": [8, 4]}}]
 
 
 # --- clear errors ---------------------------------------------------------------------------------------
 
 
-def test_a_chunk_that_does_not_divide_the_batch_is_refused(
-    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(tiny_model_dir, corpus, "train.chunk_size=6", "train.precision=fp32")
+def test_a_chunk_that_does_not_divide_the_batch_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
+    recipe = tiny_recipe(tiny_model_dir, make_corpus(tmp_path / "corpus.txt", lines=64), "train.chunk_size=6")
     path = tmp_path / "recipe.yaml"
     path.write_text(recipe.to_yaml(), encoding="utf-8")
-    code, err = run_main(monkeypatch, capsys, "train", str(path), "--output", str(tmp_path / "out"))
-    assert_one_line_error(code, err, "train.chunk_size: 6 does not divide the per-process batch of 16", "e.g. 4")
+    result = run_cli("train", str(path), "--output", str(tmp_path / "out"), cwd=tmp_path)  # its own interpreter
+    assert_one_line_error(
+        result.returncode, result.stderr, "train.chunk_size: 6 does not divide the per-process batch of 16", "e.g. 4"
+    )
     assert not (tmp_path / "out").exists()
 
 
