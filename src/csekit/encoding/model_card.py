@@ -70,6 +70,12 @@ BIBTEX: Mapping[str, str] = {
   eprint = {2201.04337},
   archivePrefix = {arXiv}
 }""",
+    "sncse": """@article{wang2022sncse,
+  title = {{SNCSE}: Contrastive Learning for Unsupervised Sentence Embedding with Soft Negative Samples},
+  author = {Wang, Hao and Li, Yangguang and Huang, Zhen and Dou, Yong and Kong, Lingpeng and Shao, Jing},
+  journal = {arXiv preprint arXiv:2201.05979},
+  year = {2022}
+}""",
     "consert": """@inproceedings{yan2021consert,
   title = {{ConSERT}: A Contrastive Framework for Self-Supervised Sentence Representation Transfer},
   author = {Yan, Yuanmeng and Li, Rumei and Wang, Sirui and Zhang, Fuzheng and Wu, Wei and Xu, Weiran},
@@ -113,7 +119,8 @@ def methods_used(recipe: Mapping[str, Any] | None, pooler: str) -> list[str]:
         chosen.append("whitenedcse")
     if any(name.startswith("slt_fai") for name in objectives):
         chosen.append("slt_fai")
-    if objectives & {"margin", "recall"} or "mask" in parts.get("pooler", ()):
+    # The mask pooler (OssCSE's default templates) is SNCSE's representation too when its loss is there.
+    if objectives & {"margin", "recall"} or ("mask" in parts.get("pooler", ()) and "bml" not in objectives):
         chosen.append("osscse")
     if "consert" in parts.get("views", ()):
         chosen.append("consert")
@@ -121,6 +128,8 @@ def methods_used(recipe: Mapping[str, Any] | None, pooler: str) -> list[str]:
         chosen.append("mixcse")
     if "mask_denoised" in parts.get("pooler", ()):
         chosen.append("promptbert")
+    if "bml" in objectives:
+        chosen.append("sncse")
     return chosen
 
 

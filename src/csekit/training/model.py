@@ -73,6 +73,7 @@ class ContrastiveModel(nn.Module):
             embeddings,
             output,
             encoder,
+            head=self.head,
             fields=fields,
             step=step,
             steps_per_epoch=steps_per_epoch,

@@ -10,6 +10,7 @@ from types import MappingProxyType
 
 from torch import nn
 
+from csekit.parts.objectives.bidirectional_margin import BidirectionalMargin
 from csekit.parts.objectives.infonce import InfoNCE, cosine_matrix
 from csekit.parts.objectives.multi_positive import MultiPositiveInfoNCE
 from csekit.parts.objectives.nt_xent import NTXent
@@ -28,6 +29,7 @@ BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
         "slt_fai_isf": IncompleteSentenceFiltering,  # SLT-FAI's incomplete-sentence filtering
         "margin": TwoWayMargin,  # OssCSE's two-way max-margin
         "recall": RecallLoss,  # OssCSE's recall of the pre-trained weights
+        "bml": BidirectionalMargin,  # SNCSE's bidirectional margin loss on negations (soft negatives)
     }
 )
 """`objectives` names; see `csekit.core.registry.OBJECTIVES`."""
@@ -35,6 +37,7 @@ BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
 __all__ = [
     "BUILTIN",
     "AdversarialTuning",
+    "BidirectionalMargin",
     "IncompleteSentenceFiltering",
     "InfoNCE",
     "MultiPositiveInfoNCE",
