@@ -27,6 +27,7 @@ EXPECTED_METHODS = {
     "promptbert-bert-base": ["simcse", "promptbert"],
     "sncse-bert-base": ["simcse", "sncse"],
     "sncse+dclr-minilm": ["simcse", "dclr", "sncse"],
+    "esimcse-bert-base": ["simcse", "esimcse"],
 }
 
 

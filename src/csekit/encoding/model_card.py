@@ -76,6 +76,14 @@ BIBTEX: Mapping[str, str] = {
   journal = {arXiv preprint arXiv:2201.05979},
   year = {2022}
 }""",
+    "esimcse": """@inproceedings{wu2022esimcse,
+  title = {{ESimCSE}: Enhanced Sample Building Method for Contrastive Learning of Unsupervised Sentence Embedding},
+  author = {Wu, Xing and Gao, Chaochen and Zang, Liangjun and Han, Jizhong and Wang, Zhongyuan and Hu, Songlin},
+  booktitle = {Proceedings of the 29th International Conference on Computational Linguistics (COLING)},
+  year = {2022},
+  eprint = {2109.04380},
+  archivePrefix = {arXiv}
+}""",
     "consert": """@inproceedings{yan2021consert,
   title = {{ConSERT}: A Contrastive Framework for Self-Supervised Sentence Representation Transfer},
   author = {Yan, Yuanmeng and Li, Rumei and Wang, Sirui and Zhang, Fuzheng and Wu, Wei and Xu, Weiran},
@@ -130,6 +138,8 @@ def methods_used(recipe: Mapping[str, Any] | None, pooler: str) -> list[str]:
         chosen.append("promptbert")
     if "bml" in objectives:
         chosen.append("sncse")
+    if "repetition" in parts.get("views", ()) or "momentum_queue" in parts.get("negatives", ()):
+        chosen.append("esimcse")
     return chosen
 
 

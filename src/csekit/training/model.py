@@ -122,6 +122,7 @@ def build_model(recipe: Recipe, encoder: SentenceEncoder) -> tuple[ContrastiveMo
     }
     views = build_part(VIEWS, recipe.data.views, "data.views", **context)
     head = build_part(HEADS, recipe.model.head, "model.head", **context)
+    context = {**context, "head": head}  # parts that copy or reuse the training head (ESimCSE's momentum encoder)
     negatives = [build_part(NEGATIVES, spec, f"negatives[{i}]", **context) for i, spec in enumerate(recipe.negatives)]
     weighting = build_part(WEIGHTINGS, recipe.weighting, "weighting", **context) if recipe.weighting else None
     objectives = [
