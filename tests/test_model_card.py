@@ -28,6 +28,7 @@ EXPECTED_METHODS = {
     "sncse-bert-base": ["simcse", "sncse"],
     "sncse+dclr-minilm": ["simcse", "dclr", "sncse"],
     "esimcse-bert-base": ["simcse", "esimcse"],
+    "rankcse-minilm": ["simcse", "rankcse"],
 }
 
 

@@ -84,6 +84,15 @@ BIBTEX: Mapping[str, str] = {
   eprint = {2109.04380},
   archivePrefix = {arXiv}
 }""",
+    "rankcse": """@inproceedings{liu2023rankcse,
+  title = {{RankCSE}: Unsupervised Sentence Representations Learning via Learning to Rank},
+  author = {Liu, Jiduan and Liu, Jiahao and Wang, Qifan and Wang, Jingang and Wu, Wei and Xian, Yunsen and Zhao, Dongyan
+            and Chen, Kai and Yan, Rui},
+  booktitle = {Proceedings of the 61st Annual Meeting of the Association for Computational Linguistics (ACL)},
+  year = {2023},
+  eprint = {2305.16726},
+  archivePrefix = {arXiv}
+}""",
     "consert": """@inproceedings{yan2021consert,
   title = {{ConSERT}: A Contrastive Framework for Self-Supervised Sentence Representation Transfer},
   author = {Yan, Yuanmeng and Li, Rumei and Wang, Sirui and Zhang, Fuzheng and Wu, Wei and Xu, Weiran},
@@ -140,6 +149,8 @@ def methods_used(recipe: Mapping[str, Any] | None, pooler: str) -> list[str]:
         chosen.append("sncse")
     if "repetition" in parts.get("views", ()) or "momentum_queue" in parts.get("negatives", ()):
         chosen.append("esimcse")
+    if "rank_distill" in objectives:
+        chosen.append("rankcse")
     return chosen
 
 

@@ -14,6 +14,7 @@ from csekit.parts.objectives.bidirectional_margin import BidirectionalMargin
 from csekit.parts.objectives.infonce import InfoNCE, cosine_matrix
 from csekit.parts.objectives.multi_positive import MultiPositiveInfoNCE
 from csekit.parts.objectives.nt_xent import NTXent
+from csekit.parts.objectives.ranking import RankingDistillation
 from csekit.parts.objectives.recall import RecallLoss
 from csekit.parts.objectives.slt_fai import AdversarialTuning, IncompleteSentenceFiltering
 from csekit.parts.objectives.two_way_margin import TwoWayMargin, two_way_margin
@@ -30,6 +31,7 @@ BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
         "margin": TwoWayMargin,  # OssCSE's two-way max-margin
         "recall": RecallLoss,  # OssCSE's recall of the pre-trained weights
         "bml": BidirectionalMargin,  # SNCSE's bidirectional margin loss on negations (soft negatives)
+        "rank_distill": RankingDistillation,  # RankCSE's listwise ranking distillation from frozen teachers
     }
 )
 """`objectives` names; see `csekit.core.registry.OBJECTIVES`."""
@@ -42,6 +44,7 @@ __all__ = [
     "InfoNCE",
     "MultiPositiveInfoNCE",
     "NTXent",
+    "RankingDistillation",
     "RecallLoss",
     "TwoWayMargin",
     "WeightedLogitsLoss",
