@@ -21,10 +21,11 @@ from conftest import (
 from safetensors.torch import load_file
 
 from csekit.core.errors import CsekitError
-from csekit.core.registry import NEGATIVES, VIEWS
 from csekit.parts.heads.mlp import MLPHead
+from csekit.parts.negatives import NEGATIVES
 from csekit.parts.negatives.momentum import MomentumQueue
 from csekit.parts.objectives import InfoNCE
+from csekit.parts.views import VIEWS
 from csekit.parts.views.repetition import RepetitionViews
 from csekit.training.model import ContrastiveModel
 from csekit.training.optimization import _param_groups

@@ -13,10 +13,9 @@ import torch.nn.functional as F
 from conftest import make_corpus, make_tiny_encoder, tiny_recipe
 
 from csekit.core.errors import CsekitError
-from csekit.core.registry import OBJECTIVES
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.parts.heads.mlp import MLPHead
-from csekit.parts.objectives import InfoNCE
+from csekit.parts.objectives import OBJECTIVES, InfoNCE
 from csekit.parts.objectives.ranking import RankingDistillation, listmle, listnet
 from csekit.parts.views.dropout import DropoutViews
 from csekit.training.model import ContrastiveModel

@@ -11,9 +11,8 @@ import torch
 from conftest import WORDS, make_tiny_encoder, tiny_recipe
 
 from csekit.core.errors import CsekitError
-from csekit.core.registry import OBJECTIVES
 from csekit.parts.heads.mlp import MLPHead
-from csekit.parts.objectives import InfoNCE
+from csekit.parts.objectives import OBJECTIVES, InfoNCE
 from csekit.parts.objectives.bidirectional_margin import BidirectionalMargin
 from csekit.parts.views.dropout import DropoutViews
 from csekit.training.model import ContrastiveModel

@@ -15,11 +15,15 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from csekit.core.registry import HEADS, NEGATIVES, OBJECTIVES, VIEWS, WEIGHTINGS
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.fast_dropout import enable_fast_dropout
+from csekit.parts.heads import HEADS
 from csekit.parts.hooks import MakesViews, reads_token_states
+from csekit.parts.negatives import NEGATIVES
+from csekit.parts.objectives import OBJECTIVES
 from csekit.parts.step_state import StepState
+from csekit.parts.views import VIEWS
+from csekit.parts.weighting import WEIGHTINGS
 from csekit.training.recipe import Recipe, build_part
 
 

@@ -7,6 +7,7 @@ from types import MappingProxyType
 
 from torch import nn
 
+from csekit.core.registry import Registry
 from csekit.parts.negatives.mixing import MixedNegatives
 from csekit.parts.negatives.momentum import MomentumQueue
 from csekit.parts.negatives.noise import NoiseNegatives
@@ -18,4 +19,7 @@ BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
         "momentum_queue": MomentumQueue,  # ESimCSE: a momentum encoder's outputs of past batches, queued
     }
 )
-"""`negatives` names; see `csekit.core.registry.NEGATIVES`."""
+"""`negatives` names; see `NEGATIVES`."""
+
+NEGATIVES: Registry[Callable[..., nn.Module]] = Registry("negatives", BUILTIN, "negatives")
+"""`negatives`: extra negatives added to each step."""

@@ -10,6 +10,7 @@ from types import MappingProxyType
 
 from torch import nn
 
+from csekit.core.registry import Registry
 from csekit.parts.objectives.bidirectional_margin import BidirectionalMargin
 from csekit.parts.objectives.infonce import InfoNCE, cosine_matrix
 from csekit.parts.objectives.multi_positive import MultiPositiveInfoNCE
@@ -34,10 +35,14 @@ BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
         "rank_distill": RankingDistillation,  # RankCSE's listwise ranking distillation from frozen teachers
     }
 )
-"""`objectives` names; see `csekit.core.registry.OBJECTIVES`."""
+"""`objectives` names; see `OBJECTIVES`."""
+
+OBJECTIVES: Registry[Callable[..., nn.Module]] = Registry("objective", BUILTIN, "objective")
+"""`objectives`: the loss terms, each returning named loss parts."""
 
 __all__ = [
     "BUILTIN",
+    "OBJECTIVES",
     "AdversarialTuning",
     "BidirectionalMargin",
     "IncompleteSentenceFiltering",

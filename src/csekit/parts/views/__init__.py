@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from csekit.core.registry import Registry
 from csekit.parts.views.consert import ConsertViews
 from csekit.parts.views.dropout import DropoutViews
 from csekit.parts.views.repetition import RepetitionViews
@@ -17,4 +18,7 @@ BUILTIN: Mapping[str, Callable[..., Any]] = MappingProxyType(
         "repetition": RepetitionViews,  # ESimCSE: view 1 repeats some of the sentence's tokens
     }
 )
-"""`data.views` names; see `csekit.core.registry.VIEWS`."""
+"""`data.views` names; see `VIEWS`."""
+
+VIEWS: Registry[Callable[..., Any]] = Registry("views", BUILTIN, "views")
+"""`data.views`: how the inputs of each sentence's views are made."""
