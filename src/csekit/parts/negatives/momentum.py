@@ -55,8 +55,9 @@ class MomentumQueue(nn.Module):
         if isinstance(head, MakesViews):
             raise ValueError("negatives momentum_queue needs a head that maps each vector on its own (mlp or none)")
         if queue_size is None:
-            batch_size = int(recipe.train.batch_size) if recipe is not None else 64
-            queue_size = math.floor(queue_ratio * batch_size)
+            if recipe is None:
+                raise ValueError("give queue_size (outside a recipe there is no batch size for queue_ratio)")
+            queue_size = math.floor(queue_ratio * int(recipe.train.batch_size))
         if queue_size < 1:
             raise ValueError(f"the queue must hold at least one vector (queue_size {queue_size})")
         self.momentum = float(momentum)
