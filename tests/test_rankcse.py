@@ -16,7 +16,7 @@ from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.parts.heads.mlp import MLPHead
 from csekit.parts.objectives import OBJECTIVES, InfoNCE
-from csekit.parts.objectives.ranking import RankingDistillation, listmle, listnet
+from csekit.parts.objectives.ranking import RankingConsistency, RankingDistillation, jensen_shannon, listmle, listnet
 from csekit.parts.views.dropout import DropoutViews
 from csekit.training.model import ContrastiveModel
 from csekit.training.recipe import build_part
@@ -140,3 +140,36 @@ def test_a_rankcse_recipe_trains(tmp_path: Path, tiny_model_dir: Path) -> None:
     assert train(recipe, tmp_path / "run", show_progress=False).steps == 3
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert sum("listmle" in r for r in records) == 3
+
+
+def js_by_hand(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+    """The paper's Jensen-Shannon divergence, row by row from its definition."""
+    total = 0.0
+    for p_row, q_row in zip(p_logits.softmax(dim=1).tolist(), q_logits.softmax(dim=1).tolist(), strict=True):
+        m = [(a + b) / 2 for a, b in zip(p_row, q_row, strict=True)]
+        kl_p = sum(a * math.log(a / c) for a, c in zip(p_row, m, strict=True))
+        kl_q = sum(b * math.log(b / c) for b, c in zip(q_row, m, strict=True))
+        total += (kl_p + kl_q) / 2
+    return torch.tensor(total / len(p_logits))
+
+
+def test_ranking_consistency_is_the_js_divergence_of_the_two_views_lists(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    p, q = torch.randn(5, 5) * 3, torch.randn(5, 5) * 3
+    torch.testing.assert_close(jensen_shannon(p, q), js_by_hand(p, q))
+    torch.testing.assert_close(jensen_shannon(p, q), jensen_shannon(q, p))
+    assert jensen_shannon(p, p).item() == pytest.approx(0.0, abs=1e-6)
+    assert jensen_shannon(p * 100, -p * 100).item() <= math.log(2) + 1e-6
+    model = rank_model(tmp_path, "listnet", [str(_saved_teacher(tmp_path))])
+    state = model.make_state(DropoutViews(model.encoder.tokenizer, model.encoder.pooler, 16)(SENTENCES), SENTENCES, {})
+    z1, z2 = state.embeddings
+    forward = F.cosine_similarity(z1[:, None], z2[None], dim=-1) / 0.05
+    backward = F.cosine_similarity(z2[:, None], z1[None], dim=-1) / 0.05
+    value = RankingConsistency(temperature=0.05)(state)["rank_consistency"]
+    torch.testing.assert_close(value.detach(), js_by_hand(forward.detach(), backward.detach()), rtol=1e-4, atol=1e-5)
+    assert OBJECTIVES.get("rank_consistency") is RankingConsistency
+
+
+def _saved_teacher(tmp_path: Path) -> Path:
+    make_tiny_encoder(tmp_path / "teacher-tok", seed=1).save(tmp_path / "teacher")
+    return tmp_path / "teacher"

@@ -15,7 +15,7 @@ from csekit.parts.objectives.bidirectional_margin import BidirectionalMargin
 from csekit.parts.objectives.infonce import InfoNCE, cosine_matrix
 from csekit.parts.objectives.multi_positive import MultiPositiveInfoNCE
 from csekit.parts.objectives.nt_xent import NTXent
-from csekit.parts.objectives.ranking import RankingDistillation
+from csekit.parts.objectives.ranking import RankingConsistency, RankingDistillation
 from csekit.parts.objectives.recall import RecallLoss
 from csekit.parts.objectives.slt_fai import AdversarialTuning, IncompleteSentenceFiltering
 from csekit.parts.objectives.two_way_margin import TwoWayMargin, two_way_margin
@@ -33,6 +33,7 @@ BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
         "recall": RecallLoss,  # OssCSE's recall of the pre-trained weights
         "bml": BidirectionalMargin,  # SNCSE's bidirectional margin loss on negations (soft negatives)
         "rank_distill": RankingDistillation,  # RankCSE's listwise ranking distillation from frozen teachers
+        "rank_consistency": RankingConsistency,  # RankCSE's JS divergence between the two views' ranking lists
     }
 )
 """`objectives` names; see `OBJECTIVES`."""
@@ -49,6 +50,7 @@ __all__ = [
     "InfoNCE",
     "MultiPositiveInfoNCE",
     "NTXent",
+    "RankingConsistency",
     "RankingDistillation",
     "RecallLoss",
     "TwoWayMargin",

@@ -11,12 +11,17 @@ alpha and 1 - alpha for two teachers):
   student's Plackett-Luce model, sum_j [log sum_{k >= j} e^{s_{i,pi(k)}} - s_{i,pi(j)}], mean over anchors;
   ties in the teacher's list are broken at random (the public code shuffles before sorting).
 
+`rank_consistency` is the paper's ranking consistency between the two views: the Jensen-Shannon divergence
+of softmax(s_i) (view 0 against view 1) and softmax(s'_i) (view 1 against view 0), averaged over anchors.
+
 The teachers are frozen and, like DCLR's complementary model, kept out of every state dict, checkpoint,
 optimizer and saved model; they encode the batch's sentences with their own tokenizers and poolers,
 without dropout, in float32 with autocast off. Any saved csekit model or hub encoder can teach.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -125,3 +130,33 @@ class RankingDistillation(nn.Module):
         if self.loss == "listnet":
             return {"listnet": listnet(student, teacher, state.positive_index())}
         return {"listmle": listmle(student, teacher)}
+
+
+def jensen_shannon(p_logits: Tensor, q_logits: Tensor) -> Tensor:
+    """Mean over rows of JS(softmax(p), softmax(q)) = (KL(p || m) + KL(q || m)) / 2, m = (p + q) / 2."""
+    log_p, log_q = F.log_softmax(p_logits.float(), dim=1), F.log_softmax(q_logits.float(), dim=1)
+    log_m = torch.logsumexp(torch.stack([log_p, log_q]), dim=0) - math.log(2.0)
+    kl_pm = (log_p.exp() * (log_p - log_m)).sum(dim=1)
+    kl_qm = (log_q.exp() * (log_q - log_m)).sum(dim=1)
+    return (0.5 * (kl_pm + kl_qm)).mean()
+
+
+class RankingConsistency(nn.Module):
+    """RankCSE's ranking consistency: the two views rank the batch alike (JS divergence of their lists).
+
+    The lists are s_ij = cos(h_i, h_j^+) / tau and s'_ij = cos(h_i^+, h_j) / tau; the recipe weights the
+    term with beta (1.0 in the public script).
+    """
+
+    def __init__(self, temperature: float = 0.05, anchor_view: int = 0, positive_view: int = 1) -> None:
+        super().__init__()
+        if temperature <= 0:
+            raise ValueError("temperature must be positive")
+        self.temperature = float(temperature)
+        self.anchor_view = anchor_view
+        self.positive_view = positive_view
+
+    def forward(self, state: StepState) -> dict[str, Tensor]:
+        forward_list = cosine_matrix(state.embeddings[self.anchor_view], state.global_view(self.positive_view))
+        backward_list = cosine_matrix(state.embeddings[self.positive_view], state.global_view(self.anchor_view))
+        return {"rank_consistency": jensen_shannon(forward_list / self.temperature, backward_list / self.temperature)}
