@@ -126,7 +126,7 @@ def test_parts() -> Iterator[None]:
     from parts_for_tests import TEST_PARTS
 
     import csekit
-    from csekit.core.registry import OBJECTIVES
+    from csekit.parts.objectives import OBJECTIVES
 
     for name, part in TEST_PARTS.items():
         csekit.register_part("objective", name, part)

@@ -150,6 +150,12 @@ def tiny_overrides(recipe: Recipe, tiny: TinyInputs) -> list[str]:
     for index, objective in enumerate(recipe.objectives):
         if "counts" in objective:
             overrides.append(f"objectives.{index}.counts={tiny.counts}")
+        if "teachers" in objective:  # RankCSE: the backbone teaches as itself, any other teacher as a second model
+            teachers = [
+                tiny.backbones[model_type] if name == recipe.model.backbone else tiny.complementary[model_type, False]
+                for name in objective["teachers"]
+            ]
+            overrides.append(f"objectives.{index}.teachers=[{', '.join(str(path) for path in teachers)}]")
     return overrides
 
 

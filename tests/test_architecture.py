@@ -2,14 +2,16 @@
 
 Layers, bottom to top (a module may import from its own layer and those below):
 
-    0  csekit.core (errors, files, locks, precision, processes, the registry, the version)
+    0  csekit.core (errors, files, locks, precision, processes, the generic registry, the version)
     1  csekit.encoding (encoder, poolers), csekit.data (corpora, the data folder)
     2  csekit.prep (frequency counts, augmentation, the match error rate)
     3  csekit.parts (views, heads, negatives, weighting, objectives), csekit.evaluation
     4  csekit.training (recipe, model, trainer)
-    5  csekit.bench, csekit.cli, and the package root `csekit` (the public API, loaded on first use)
+    5  csekit.bench, csekit.cli, csekit.registries (every kind's registry), and the package root `csekit`
+       (the public API, loaded on first use)
 
-Imports under `if TYPE_CHECKING:` are annotations only (never run), so they are left out.
+Imports under `if TYPE_CHECKING:` are annotations only (never run), so they are left out, except in
+csekit.core: the bottom layer names nothing above it, not even for type checking.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from csekit.core.errors import CsekitError
-from csekit.core.registry import REGISTRIES, Registry
+from csekit.core.registry import Registry
+from csekit.registries import REGISTRIES
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 LAYERS = {
@@ -35,6 +38,7 @@ LAYERS = {
     "csekit.training": 4,
     "csekit.bench": 5,
     "csekit.cli": 5,
+    "csekit.registries": 5,
 }
 MAX_FUNCTION_LINES = 80
 
@@ -132,8 +136,62 @@ def test_the_checks_above_can_fail(tmp_path: Path) -> None:
     assert layer("csekit.training.trainer") > layer("csekit.core.errors")
 
 
+def every_import(path: Path) -> set[str]:
+    """The csekit modules `path` names in any import, those under `if TYPE_CHECKING:` included."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("csekit")}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("csekit"):
+            found.add(node.module)
+    return found
+
+
+def test_the_core_names_nothing_above_it_not_even_for_type_checking() -> None:
+    upward = [
+        f"{module} imports {target} (layer {layer(target)})"
+        for module, path in source_modules().items()
+        if layer(module) == 0
+        for target in sorted(every_import(path))
+        if layer(target) > 0
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_check_of_the_core_sees_imports_under_type_checking(tmp_path: Path) -> None:
+    path = tmp_path / "module.py"
+    path.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from csekit.parts import views\n")
+    assert every_import(path) == {"csekit.parts"} and imports(path) == set()
+
+
+REGISTRY_HOMES = {
+    "pooler": "csekit.encoding.pooling",
+    "views": "csekit.parts.views",
+    "head": "csekit.parts.heads",
+    "negatives": "csekit.parts.negatives",
+    "weighting": "csekit.parts.weighting",
+    "objective": "csekit.parts.objectives",
+    "engine": "csekit.prep.paraphrase",
+    "task": "csekit.evaluation.tasks",
+}
+"""Where each kind's registry lives: with its kind and its built-in table."""
+
+
+def test_each_registry_lives_with_its_kind_and_its_built_in_table() -> None:
+    import importlib
+
+    assert set(REGISTRIES) == set(REGISTRY_HOMES)
+    for kind, home in REGISTRY_HOMES.items():
+        module = importlib.import_module(home)
+        owned = [value for value in vars(module).values() if value is REGISTRIES[kind]]
+        assert owned, f"the {kind} registry is not defined in {home}"
+        assert REGISTRIES[kind].names()[: len(module.BUILTIN)] == list(module.BUILTIN), kind
+    core = (SRC / "csekit" / "core" / "registry.py").read_text(encoding="utf-8")
+    assert not any(f'Registry("{kind}"' in core for kind in REGISTRY_HOMES), "core/registry.py defines no kind"
+
+
 def test_every_registry_resolves_its_built_in_table() -> None:
-    """The built-in tables are named by strings (the registry sits below them): each must exist and be well formed."""
+    """Each kind's built-in table is well formed: distinct names, each entry callable (a task is an EvalTask)."""
     for kind, registry in REGISTRIES.items():
         assert isinstance(registry, Registry) and registry.kind == kind
         names = registry.names()
@@ -144,7 +202,7 @@ def test_every_registry_resolves_its_built_in_table() -> None:
 
 
 def test_an_unknown_name_names_the_key_and_the_choices() -> None:
-    from csekit.core.registry import HEADS
+    from csekit.parts.heads import HEADS
 
     with pytest.raises(CsekitError, match=r'^model.head: unknown head "mpl" \(did you mean "mlp"\?\)'):
         HEADS.get("mpl", "model.head")
@@ -162,7 +220,7 @@ def test_the_worked_example_adds_a_negative_source_with_one_file_and_one_recipe_
     from conftest import read_metrics, tiny_recipe
 
     from csekit import train
-    from csekit.core.registry import NEGATIVES
+    from csekit.parts.negatives import NEGATIVES
 
     path = Path(__file__).resolve().parents[1] / "examples" / "queue_negatives.py"
     spec = importlib.util.spec_from_file_location("queue_negatives", path)

@@ -115,7 +115,9 @@ def test_controlled_suite_differs_only_in_the_methods_parts() -> None:
     assert all(r.model.pooler == ("mask" if name in prompt else "cls") for name, r in recipes.items())
     assert all(r.model.head["name"] == "mlp" for name, r in recipes.items() if name != "whitenedcse-minilm")
     corpora = {name: r.data.corpus for name, r in recipes.items()}
-    assert corpora.pop("osscse-minilm").endswith("osscse.jsonl") and len(set(corpora.values())) == 1
+    assert corpora.pop("osscse-minilm").endswith("osscse.jsonl") and corpora.pop("sncse-minilm").endswith("sncse.jsonl")
+    assert len(set(corpora.values())) == 1
+    assert {"mixcse-minilm", "esimcse-minilm", "sncse-minilm", "rankcse-minilm"} <= set(recipes)
 
 
 def _write_results(

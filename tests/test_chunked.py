@@ -39,8 +39,8 @@ from torch import Tensor, nn
 
 import csekit
 from csekit.core.errors import CsekitError
-from csekit.core.registry import OBJECTIVES
 from csekit.encoding.encoder import EncoderOutput, SentenceEncoder
+from csekit.parts.objectives import OBJECTIVES
 from csekit.parts.step_state import StepState
 from csekit.training.chunked import cached_step
 from csekit.training.model import ContrastiveModel, build_model

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from csekit.core.errors import CsekitError
-from csekit.core.registry import OBJECTIVES, Registry
-from csekit.parts.objectives import InfoNCE
+from csekit.core.registry import Registry
+from csekit.parts.objectives import BUILTIN, OBJECTIVES, InfoNCE
 from csekit.training.recipe import build_part, load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,7 +106,7 @@ def test_a_part_is_never_built_from_an_import_path() -> None:
         CsekitError, match=r'recipe key objectives\[0\]\.name: unknown objective "csekit.parts.objectives.infonce:'
     ):
         build_part(OBJECTIVES, {"name": "csekit.parts.objectives.infonce:InfoNCE", "temperature": 0.1}, "objectives[0]")
-    own = Registry("objective", "csekit.parts.objectives:BUILTIN", "objective")  # a fresh registry: nothing leaks
+    own = Registry("objective", BUILTIN, "objective")  # a fresh registry: nothing leaks
     own.register("mine", InfoNCE)
     part = build_part(own, {"name": "mine", "temperature": 0.1}, "objectives[0]")
     assert part.temperature == 0.1

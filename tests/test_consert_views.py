@@ -9,8 +9,8 @@ import torch
 from conftest import make_corpus, tiny_recipe
 
 from csekit.core.errors import CsekitError
-from csekit.core.registry import VIEWS
 from csekit.encoding.encoder import EMBEDDING_MASK, SentenceEncoder
+from csekit.parts.views import VIEWS
 from csekit.parts.views.consert import ConsertViews
 from csekit.parts.views.dropout import DropoutViews
 from csekit.training.recipe import build_part

@@ -12,9 +12,10 @@ from conftest import make_corpus, tiny_recipe
 from safetensors.torch import load_file
 
 from csekit.core.errors import CsekitError
-from csekit.core.registry import HEADS, NEGATIVES
 from csekit.encoding.encoder import SentenceEncoder
+from csekit.parts.heads import HEADS
 from csekit.parts.heads.mlp import MLPHead
+from csekit.parts.negatives import NEGATIVES
 from csekit.parts.negatives.noise import NoiseNegatives, improve_noise, non_uniformity_loss
 from csekit.parts.objectives import InfoNCE, cosine_matrix
 from csekit.parts.objectives.weighted_logits import WeightedLogitsLoss, bce_of_softmax

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import make_tiny_encoder
 
-from csekit.core.registry import HEADS
+from csekit.parts.heads import HEADS
 from csekit.training.recipe import build_part
 
 INITIALIZER_RANGE = 0.5

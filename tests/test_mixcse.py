@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from conftest import make_corpus, tiny_recipe
 
 from csekit.core.errors import CsekitError
-from csekit.core.registry import NEGATIVES
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.parts.heads.mlp import MLPHead
+from csekit.parts.negatives import NEGATIVES
 from csekit.parts.negatives.mixing import MixedNegatives
 from csekit.parts.negatives.noise import NoiseNegatives
 from csekit.parts.objectives import InfoNCE

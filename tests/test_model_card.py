@@ -25,6 +25,10 @@ EXPECTED_METHODS = {
     "combined-minilm": ["simcse", "dclr", "whitenedcse", "slt_fai", "osscse"],
     "mixcse-bert-base": ["simcse", "mixcse"],
     "promptbert-bert-base": ["simcse", "promptbert"],
+    "sncse-bert-base": ["simcse", "sncse"],
+    "sncse+dclr-minilm": ["simcse", "dclr", "sncse"],
+    "esimcse-bert-base": ["simcse", "esimcse"],
+    "rankcse-minilm": ["simcse", "rankcse"],
 }
 
 

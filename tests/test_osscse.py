@@ -13,8 +13,7 @@ import torch
 from conftest import WORDS, make_tiny_encoder
 
 from csekit.core.errors import CsekitError
-from csekit.core.registry import OBJECTIVES, POOLERS
-from csekit.encoding.pooling import MaskPooler
+from csekit.encoding.pooling import POOLERS, MaskPooler
 from csekit.evaluation.probes import (
     PAPER_TABLE2,
     TRANSFORMATIONS,
@@ -28,7 +27,7 @@ from csekit.evaluation.probes import (
     transformation_probe,
 )
 from csekit.evaluation.sts import StsSubset
-from csekit.parts.objectives import RecallLoss, TwoWayMargin, two_way_margin
+from csekit.parts.objectives import OBJECTIVES, RecallLoss, TwoWayMargin, two_way_margin
 from csekit.parts.step_state import StepState
 
 # --- MER and splits --------------------------------------------------------------------------------
@@ -549,8 +548,7 @@ def save_tiny_fsmt(folder: Path, source: str, target: str) -> None:
 
 
 def test_the_fsmt_engine_round_trips_through_the_papers_pivots(tmp_path: Path, moses: None) -> None:
-    from csekit.core.registry import ENGINES
-    from csekit.prep.paraphrase import FsmtEngine
+    from csekit.prep.paraphrase import ENGINES, FsmtEngine
 
     assert ENGINES.get("fsmt") is FsmtEngine
     paper = {FsmtEngine.default_models.format(source=a, target=b) for a, b in [("en", "ru"), ("ru", "en")]}

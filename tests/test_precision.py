@@ -82,8 +82,9 @@ FP32_RECIPES = {
         "ablation-random-noise",
         "ablation-self-weighting",
     )
-}
-"""DCLR's reproductions: the authors' numbers come from fp32 runs (run.sh, --fp16 commented out)."""
+} | {"sncse-bert-base.yaml", "sncse-roberta-base.yaml"}
+"""DCLR's and SNCSE's reproductions: the authors' numbers come from fp32 runs (DCLR's run.sh, --fp16 commented
+out; SNCSE's train_SNCSE.sh, no --fp16)."""
 
 
 def test_the_dclr_reproductions_train_in_fp32_the_others_use_auto_the_default() -> None:

@@ -24,8 +24,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, BertTokenizerFast
 
 from csekit.core.errors import CsekitError
-from csekit.core.registry import OBJECTIVES
-from csekit.parts.objectives import slt_fai
+from csekit.parts.objectives import OBJECTIVES, slt_fai
 from csekit.parts.objectives.slt_fai import (
     AdversarialTuning,
     IncompleteSentenceFiltering,

@@ -28,9 +28,9 @@ from parts_for_tests import KillOnce, write_entry_points
 
 import csekit
 from csekit.core.errors import CsekitError
-from csekit.core.registry import HEADS, OBJECTIVES
 from csekit.data import data_dir as data_dir_module
-from csekit.parts.objectives import InfoNCE
+from csekit.parts.heads import HEADS
+from csekit.parts.objectives import OBJECTIVES, InfoNCE
 from csekit.training.recipe import build_part, load_recipe, recipe_changes
 from csekit.training.trainer import train
 

@@ -12,8 +12,8 @@ import torch
 from conftest import make_corpus, read_metrics, tiny_recipe
 
 from csekit.core.errors import CsekitError
-from csekit.core.registry import HEADS
 from csekit.encoding.encoder import SentenceEncoder
+from csekit.parts.heads import HEADS
 from csekit.parts.heads.mlp import MLPHead
 from csekit.parts.heads.whitening import GroupWhitening, SingularWhiteningWarning, WhiteningHead, whitening_matrices
 from csekit.parts.objectives import InfoNCE, MultiPositiveInfoNCE

@@ -39,6 +39,6 @@ def register_part(kind: str, name: str, factory: Any) -> None:
     before `csekit.train`; the entry-point alternative (which also reaches the `csekit` command)
     is described in `csekit.core.registry`. Recipes never import code by themselves.
     """
-    from csekit.core.registry import register_part as register
+    from csekit.registries import register_part as register
 
     register(kind, name, factory)

@@ -518,8 +518,8 @@ def diagnose(
 
 
 def _paraphrase_engine(engine: str, paraphrases: Path | None, pivots: str | None) -> Any:
-    """The engine named by --engine (csekit.core.registry.ENGINES), built with the options it reads."""
-    from csekit.core.registry import ENGINES
+    """The engine named by --engine (csekit.prep.paraphrase.ENGINES), built with the options it reads."""
+    from csekit.prep.paraphrase import ENGINES
 
     factory = ENGINES.get(engine, "--engine (or none)")
     if engine == "file":

@@ -1,9 +1,10 @@
-"""One registry for every kind of part: what a recipe, a command or a saved model may name.
+"""A registry of one kind of part: what a recipe, a command or a saved model may name.
 
-Each kind has one `Registry`. Its built-in entries are a read-only table in the kind's home package
-(`csekit.parts.heads:BUILTIN`, ...), imported on first use: this module sits below everything else,
-so it names those tables as strings and imports none of them until a name is looked up. That keeps
-the layers free of import cycles and makes `import csekit` cheap.
+Each kind has one `Registry`, which lives with its kind beside its built-in table (the poolers' in
+`csekit.encoding.pooling`, the objectives' in `csekit.parts.objectives`, the evaluation tasks' in
+`csekit.evaluation.tasks`, the paraphrase engines' in `csekit.prep.paraphrase`, ...); `csekit.registries`
+gathers them by kind. This module is generic: it sits below everything else and imports nothing of
+the layers above.
 
 A user's own part comes in two ways, the same for every kind:
 
@@ -19,19 +20,12 @@ them never imports or calls anything that was not registered here.
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import re
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from csekit.core.errors import CsekitError, did_you_mean
-
-if TYPE_CHECKING:
-    from torch import nn
-
-    from csekit.evaluation.tasks import EvalTask
-    from csekit.prep.paraphrase import ParaphraseEngine
 
 T = TypeVar("T")
 ENTRY_POINT_GROUP = "csekit.parts"
@@ -41,21 +35,19 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 class Registry(Generic[T]):
     """Names -> entries of one kind: the built-in table, then registered entries, then installed plugins.
 
-    `builtin` is `"module:ATTRIBUTE"`, a read-only mapping imported on first use. Registering never
-    changes a built-in name's meaning: a name already taken by another entry is refused.
+    `builtin` is the kind's read-only table of csekit's own entries. Registering never changes a
+    built-in name's meaning: a name already taken by another entry is refused.
     """
 
-    def __init__(self, kind: str, builtin: str, what: str) -> None:
+    def __init__(self, kind: str, builtin: Mapping[str, T], what: str) -> None:
+        if not isinstance(builtin, Mapping):
+            raise TypeError(f"the {kind} registry's built-in table must be a mapping, not {type(builtin).__name__}")
         self.kind = kind
         self.what = what  # for messages: "head", "paraphrase engine", ...
-        self._builtin_ref = builtin
-        self._builtin: Mapping[str, T] | None = None
+        self._builtin = builtin
         self._registered: dict[str, T] = {}
 
     def _builtins(self) -> Mapping[str, T]:
-        if self._builtin is None:
-            module, _, attribute = self._builtin_ref.partition(":")
-            self._builtin = getattr(importlib.import_module(module), attribute)
         return self._builtin
 
     def _plugins(self) -> dict[str, importlib.metadata.EntryPoint]:
@@ -119,62 +111,4 @@ class Registry(Generic[T]):
 
 
 Factory = Callable[..., Any]
-
-POOLERS: Registry[Factory] = Registry("pooler", "csekit.encoding.pooling:BUILTIN", "pooler")
-"""`model.pooler` / `--pooler`: how token states become one sentence vector."""
-VIEWS: Registry[Factory] = Registry("views", "csekit.parts.views:BUILTIN", "views")
-"""`data.views`: how the inputs of each sentence's views are made."""
-HEADS: Registry[Callable[..., nn.Module]] = Registry("head", "csekit.parts.heads:BUILTIN", "head")
-"""`model.head`: the projection between the pooled vector and the objectives."""
-NEGATIVES: Registry[Callable[..., nn.Module]] = Registry("negatives", "csekit.parts.negatives:BUILTIN", "negatives")
-"""`negatives`: extra negatives added to each step."""
-WEIGHTINGS: Registry[Callable[..., nn.Module]] = Registry("weighting", "csekit.parts.weighting:BUILTIN", "weighting")
-"""`weighting`: weights of the in-batch negatives."""
-OBJECTIVES: Registry[Callable[..., nn.Module]] = Registry("objective", "csekit.parts.objectives:BUILTIN", "objective")
-"""`objectives`: the loss terms, each returning named loss parts."""
-ENGINES: Registry[Callable[..., ParaphraseEngine]] = Registry(
-    "engine", "csekit.prep.paraphrase:BUILTIN", "paraphrase engine"
-)
-"""`csekit augment --engine`: where back-translated paraphrases come from."""
-EVAL_TASKS: Registry[EvalTask] = Registry("task", "csekit.evaluation.tasks:BUILTIN", "evaluation task")
-"""`csekit evaluate --tasks` and the training dev task: the SentEval tasks and the dev splits."""
-
-REGISTRIES: Mapping[str, Registry[Any]] = {
-    registry.kind: registry
-    for registry in (POOLERS, VIEWS, HEADS, NEGATIVES, WEIGHTINGS, OBJECTIVES, ENGINES, EVAL_TASKS)
-}
-"""Every registry by kind (the `KIND` of `register_part` and of a `KIND.NAME` entry point)."""
-
-
-def registry(kind: str) -> Registry[Any]:
-    """The registry of `kind`, or one line naming the kinds."""
-    if kind not in REGISTRIES:
-        raise CsekitError(f'unknown part kind "{kind}"{did_you_mean(kind, REGISTRIES)}; choose {", ".join(REGISTRIES)}')
-    return REGISTRIES[kind]
-
-
-def register_part(kind: str, name: str, factory: Any) -> None:
-    """Make `factory` (a part class or function; an `EvalTask` for kind `task`) available as `name`.
-
-    Registering the same factory twice is harmless; a name that already means another part is
-    refused, so a registration never changes a method. The registration lasts for the process.
-    """
-    target = registry(kind)
-    if kind == "task":
-        _check_task(name, factory)
-    elif not callable(factory):
-        raise CsekitError(f'part "{name}": the factory must be a class or function, not {type(factory).__name__}')
-    target.register(name, factory)
-
-
-def _check_task(name: str, task: Any) -> None:
-    """A user's task is a `csekit.evaluation.tasks.EvalTask` named `name`, of group sts or dev, with a `load`."""
-    if (
-        getattr(task, "name", None) != name
-        or getattr(task, "group", None) not in ("sts", "dev")
-        or not callable(getattr(task, "load", None))
-    ):
-        raise CsekitError(
-            f'task "{name}": register a csekit.evaluation.tasks.EvalTask named "{name}" of group sts or dev with a '
-            "load function (transfer tasks are built in)"
-        )
+"""What most registries hold: a part class or a function that builds the part."""

@@ -70,6 +70,29 @@ BIBTEX: Mapping[str, str] = {
   eprint = {2201.04337},
   archivePrefix = {arXiv}
 }""",
+    "sncse": """@article{wang2022sncse,
+  title = {{SNCSE}: Contrastive Learning for Unsupervised Sentence Embedding with Soft Negative Samples},
+  author = {Wang, Hao and Li, Yangguang and Huang, Zhen and Dou, Yong and Kong, Lingpeng and Shao, Jing},
+  journal = {arXiv preprint arXiv:2201.05979},
+  year = {2022}
+}""",
+    "esimcse": """@inproceedings{wu2022esimcse,
+  title = {{ESimCSE}: Enhanced Sample Building Method for Contrastive Learning of Unsupervised Sentence Embedding},
+  author = {Wu, Xing and Gao, Chaochen and Zang, Liangjun and Han, Jizhong and Wang, Zhongyuan and Hu, Songlin},
+  booktitle = {Proceedings of the 29th International Conference on Computational Linguistics (COLING)},
+  year = {2022},
+  eprint = {2109.04380},
+  archivePrefix = {arXiv}
+}""",
+    "rankcse": """@inproceedings{liu2023rankcse,
+  title = {{RankCSE}: Unsupervised Sentence Representations Learning via Learning to Rank},
+  author = {Liu, Jiduan and Liu, Jiahao and Wang, Qifan and Wang, Jingang and Wu, Wei and Xian, Yunsen and Zhao, Dongyan
+            and Chen, Kai and Yan, Rui},
+  booktitle = {Proceedings of the 61st Annual Meeting of the Association for Computational Linguistics (ACL)},
+  year = {2023},
+  eprint = {2305.16726},
+  archivePrefix = {arXiv}
+}""",
     "consert": """@inproceedings{yan2021consert,
   title = {{ConSERT}: A Contrastive Framework for Self-Supervised Sentence Representation Transfer},
   author = {Yan, Yuanmeng and Li, Rumei and Wang, Sirui and Zhang, Fuzheng and Wu, Wei and Xu, Weiran},
@@ -113,7 +136,8 @@ def methods_used(recipe: Mapping[str, Any] | None, pooler: str) -> list[str]:
         chosen.append("whitenedcse")
     if any(name.startswith("slt_fai") for name in objectives):
         chosen.append("slt_fai")
-    if objectives & {"margin", "recall"} or "mask" in parts.get("pooler", ()):
+    # The mask pooler (OssCSE's default templates) is SNCSE's representation too when its loss is there.
+    if objectives & {"margin", "recall"} or ("mask" in parts.get("pooler", ()) and "bml" not in objectives):
         chosen.append("osscse")
     if "consert" in parts.get("views", ()):
         chosen.append("consert")
@@ -121,6 +145,12 @@ def methods_used(recipe: Mapping[str, Any] | None, pooler: str) -> list[str]:
         chosen.append("mixcse")
     if "mask_denoised" in parts.get("pooler", ()):
         chosen.append("promptbert")
+    if "bml" in objectives:
+        chosen.append("sncse")
+    if "repetition" in parts.get("views", ()) or "momentum_queue" in parts.get("negatives", ()):
+        chosen.append("esimcse")
+    if "rank_distill" in objectives:
+        chosen.append("rankcse")
     return chosen
 
 

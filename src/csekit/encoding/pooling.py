@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from csekit.core.errors import CsekitError
-from csekit.core.registry import POOLERS
+from csekit.core.registry import Registry
 
 
 class Pooler(nn.Module):
@@ -429,7 +429,10 @@ BUILTIN: Mapping[str, type[Pooler]] = MappingProxyType(
         PoolerOutputPooler.name: PoolerOutputPooler,
     }
 )
-"""`model.pooler` / `--pooler` names; see `csekit.core.registry.POOLERS`."""
+"""`model.pooler` / `--pooler` names; see `POOLERS`."""
+
+POOLERS: Registry[type[Pooler]] = Registry("pooler", BUILTIN, "pooler")
+"""`model.pooler` / `--pooler`: how token states become one sentence vector."""
 
 
 def make_pooler(name: str, **options: object) -> Pooler:

@@ -11,13 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from csekit.core.errors import CsekitError, did_you_mean
-from csekit.core.registry import EVAL_TASKS
 from csekit.evaluation.alignment import evaluate_align_uniform
 from csekit.evaluation.cache import EmbeddingCache
 from csekit.evaluation.post_whitening import whitened
 from csekit.evaluation.sts import DEV_TASKS, STS_TASKS, dev_average, evaluate_dev, evaluate_sts, sts_average
 from csekit.evaluation.sts_data import load_sts_task
-from csekit.evaluation.tasks import AVG_STS
+from csekit.evaluation.tasks import AVG_STS, EVAL_TASKS
 from csekit.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, load_transfer_task, transfer_average
 
 

@@ -1,7 +1,7 @@
 """The evaluation tasks, one table: SentEval's STS and transfer tasks and the dev splits used in training.
 
 Every list of tasks (what `--tasks sts` means, what the STS average covers, what `train.dev_task`
-evaluates) is read from here through `csekit.core.registry.EVAL_TASKS`.
+evaluates) is read from here through `csekit.evaluation.tasks.EVAL_TASKS`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from csekit.core.errors import CsekitError, did_you_mean
-from csekit.core.registry import EVAL_TASKS
+from csekit.core.registry import Registry
 
 if TYPE_CHECKING:
     from csekit.evaluation.sts_data import StsSubset
@@ -48,7 +48,10 @@ _TASKS = (
     *(EvalTask(name, "transfer", name) for name in ("TREC", "MRPC")),
 )
 BUILTIN: Mapping[str, EvalTask] = MappingProxyType({task.name: task for task in _TASKS})
-"""The papers' tasks, in their tables' order; see `csekit.core.registry.EVAL_TASKS`."""
+"""The papers' tasks, in their tables' order; see `EVAL_TASKS`."""
+
+EVAL_TASKS: Registry[EvalTask] = Registry("task", BUILTIN, "evaluation task")
+"""`csekit evaluate --tasks` and the training dev task: the SentEval tasks and the dev splits."""
 
 HEADLINE_STS = tuple(task.name for task in _TASKS if task.group == "sts")
 """The seven STS numbers the papers average (registered STS tasks are reported, not averaged)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from csekit.core.distributed import gather_with_grad, world
 
@@ -33,6 +33,9 @@ class StepState:
     #: The trained encoder; a part that encodes more sentences calls it (with `train.chunk_size` it is a
     #: stand-in that encodes in chunks, `csekit.training.chunked.ChunkedEncoder`, so parts must not bypass it).
     encoder: SentenceEncoder
+    #: The training head that made `embeddings` from `features`, for objectives that encode more
+    #: sentences in the step and contrast them with `embeddings` (SNCSE's negations); None outside a model.
+    head: nn.Module | None = None
     #: Extra per-sentence fields from a `.jsonl` corpus (e.g. a paraphrase), by name.
     fields: dict[str, list[Any]] = field(default_factory=dict)
     #: Extra negatives [k, d] shared by all anchors (e.g. DCLR's noise); weight 1 unless weighted.

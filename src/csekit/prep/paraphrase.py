@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from csekit.core.errors import CsekitError, at
 from csekit.core.lines import read_lines
+from csekit.core.registry import Registry
 
 
 class ParaphraseEngine(Protocol):
@@ -196,4 +197,7 @@ class FileEngine:
 BUILTIN: Mapping[str, Callable[..., ParaphraseEngine]] = MappingProxyType(
     {"apertium": ApertiumEngine, "fsmt": FsmtEngine, "marian": MarianEngine, "file": FileEngine}
 )
-"""`csekit augment --engine` names; see `csekit.core.registry.ENGINES`."""
+"""`csekit augment --engine` names; see `ENGINES`."""
+
+ENGINES: Registry[Callable[..., ParaphraseEngine]] = Registry("engine", BUILTIN, "paraphrase engine")
+"""`csekit augment --engine`: where back-translated paraphrases come from."""

@@ -15,11 +15,15 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from csekit.core.registry import HEADS, NEGATIVES, OBJECTIVES, VIEWS, WEIGHTINGS
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.fast_dropout import enable_fast_dropout
+from csekit.parts.heads import HEADS
 from csekit.parts.hooks import MakesViews, reads_token_states
+from csekit.parts.negatives import NEGATIVES
+from csekit.parts.objectives import OBJECTIVES
 from csekit.parts.step_state import StepState
+from csekit.parts.views import VIEWS
+from csekit.parts.weighting import WEIGHTINGS
 from csekit.training.recipe import Recipe, build_part
 
 
@@ -73,6 +77,7 @@ class ContrastiveModel(nn.Module):
             embeddings,
             output,
             encoder,
+            head=self.head,
             fields=fields,
             step=step,
             steps_per_epoch=steps_per_epoch,
@@ -122,6 +127,7 @@ def build_model(recipe: Recipe, encoder: SentenceEncoder) -> tuple[ContrastiveMo
     }
     views = build_part(VIEWS, recipe.data.views, "data.views", **context)
     head = build_part(HEADS, recipe.model.head, "model.head", **context)
+    context = {**context, "head": head}  # parts that copy or reuse the training head (ESimCSE's momentum encoder)
     negatives = [build_part(NEGATIVES, spec, f"negatives[{i}]", **context) for i, spec in enumerate(recipe.negatives)]
     weighting = build_part(WEIGHTINGS, recipe.weighting, "weighting", **context) if recipe.weighting else None
     objectives = [

@@ -7,6 +7,7 @@ from types import MappingProxyType
 
 from torch import nn
 
+from csekit.core.registry import Registry
 from csekit.parts.heads.mlp import IdentityHead, MLPHead
 from csekit.parts.heads.whitening import WhiteningHead
 
@@ -17,4 +18,7 @@ BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
         "whitening": WhiteningHead,  # WhitenedCSE: (shuffled group) whitening -> Linear -> tanh, m views
     }
 )
-"""`model.head` names; see `csekit.core.registry.HEADS`."""
+"""`model.head` names; see `HEADS`."""
+
+HEADS: Registry[Callable[..., nn.Module]] = Registry("head", BUILTIN, "head")
+"""`model.head`: the projection between the pooled vector and the objectives."""

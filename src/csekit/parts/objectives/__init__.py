@@ -10,9 +10,12 @@ from types import MappingProxyType
 
 from torch import nn
 
+from csekit.core.registry import Registry
+from csekit.parts.objectives.bidirectional_margin import BidirectionalMargin
 from csekit.parts.objectives.infonce import InfoNCE, cosine_matrix
 from csekit.parts.objectives.multi_positive import MultiPositiveInfoNCE
 from csekit.parts.objectives.nt_xent import NTXent
+from csekit.parts.objectives.ranking import RankingConsistency, RankingDistillation
 from csekit.parts.objectives.recall import RecallLoss
 from csekit.parts.objectives.slt_fai import AdversarialTuning, IncompleteSentenceFiltering
 from csekit.parts.objectives.two_way_margin import TwoWayMargin, two_way_margin
@@ -28,17 +31,27 @@ BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
         "slt_fai_isf": IncompleteSentenceFiltering,  # SLT-FAI's incomplete-sentence filtering
         "margin": TwoWayMargin,  # OssCSE's two-way max-margin
         "recall": RecallLoss,  # OssCSE's recall of the pre-trained weights
+        "bml": BidirectionalMargin,  # SNCSE's bidirectional margin loss on negations (soft negatives)
+        "rank_distill": RankingDistillation,  # RankCSE's listwise ranking distillation from frozen teachers
+        "rank_consistency": RankingConsistency,  # RankCSE's JS divergence between the two views' ranking lists
     }
 )
-"""`objectives` names; see `csekit.core.registry.OBJECTIVES`."""
+"""`objectives` names; see `OBJECTIVES`."""
+
+OBJECTIVES: Registry[Callable[..., nn.Module]] = Registry("objective", BUILTIN, "objective")
+"""`objectives`: the loss terms, each returning named loss parts."""
 
 __all__ = [
     "BUILTIN",
+    "OBJECTIVES",
     "AdversarialTuning",
+    "BidirectionalMargin",
     "IncompleteSentenceFiltering",
     "InfoNCE",
     "MultiPositiveInfoNCE",
     "NTXent",
+    "RankingConsistency",
+    "RankingDistillation",
     "RecallLoss",
     "TwoWayMargin",
     "WeightedLogitsLoss",

@@ -6,13 +6,19 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from csekit.core.registry import Registry
 from csekit.parts.views.consert import ConsertViews
 from csekit.parts.views.dropout import DropoutViews
+from csekit.parts.views.repetition import RepetitionViews
 
 BUILTIN: Mapping[str, Callable[..., Any]] = MappingProxyType(
     {
         "dropout": DropoutViews,  # SimCSE: the same ids twice, dropout makes the views differ
         "consert": ConsertViews,  # ConSERT's embedding-level augmentations (SLT-FAI's ConSERT variant)
+        "repetition": RepetitionViews,  # ESimCSE: view 1 repeats some of the sentence's tokens
     }
 )
-"""`data.views` names; see `csekit.core.registry.VIEWS`."""
+"""`data.views` names; see `VIEWS`."""
+
+VIEWS: Registry[Callable[..., Any]] = Registry("views", BUILTIN, "views")
+"""`data.views`: how the inputs of each sentence's views are made."""

@@ -1,0 +1,119 @@
+"""ESimCSE's momentum contrast (Wu et al., COLING 2022, section 3.2): `negatives: [{name: momentum_queue}]`.
+
+A momentum encoder, a copy of the encoder and the head updated as theta_m <- lambda theta_m +
+(1 - lambda) theta_e (lambda 0.995) with no gradient, encodes each step's positive inputs; its outputs
+of the preceding steps wait in a first-in first-out queue (2.5 x the batch size) and are extra
+negatives of every anchor:
+
+    l_i = -log e^{s(h_i, h_i^+)/tau} / (sum_j e^{s(h_i, h_j^+)/tau} + sum_m e^{s(h_i, h_m)/tau})
+
+(the paper's loss; `infonce` appends `StepState.extra_negatives` to its candidates). The momentum
+encoder runs without dropout, and the current batch enters the queue only after it has been used,
+so an anchor never meets its own positive among the queued negatives.
+
+The momentum weights and the queue are state kept across steps: they are this module's parameters
+(frozen) and buffers, so they are in the checkpoint and a resumed run continues with the very same
+values. They are not part of a saved model (only the encoder is exported).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from csekit.core.distributed import gather_no_grad
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.parts.hooks import MakesViews
+from csekit.parts.step_state import StepState
+
+
+class MomentumQueue(nn.Module):
+    """ESimCSE's negatives: a queue of a momentum encoder's outputs for the preceding batches' positives.
+
+    momentum (lambda): 0.995 in the paper; queue_ratio: the queue's length in (global) batches, 2.5 in
+    the paper (queue_size, when given, is the length itself); view: whose inputs the momentum encoder
+    encodes (1, the positive view: ESimCSE's repeated sentences).
+    """
+
+    def __init__(
+        self,
+        encoder: SentenceEncoder,
+        head: nn.Module,
+        recipe: Any = None,
+        momentum: float = 0.995,
+        queue_ratio: float = 2.5,
+        queue_size: int | None = None,
+        view: int = 1,
+    ) -> None:
+        super().__init__()
+        if not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"option momentum must be in [0, 1] (got {momentum})")
+        if isinstance(head, MakesViews):
+            raise ValueError("negatives momentum_queue needs a head that maps each vector on its own (mlp or none)")
+        if queue_size is None:
+            if recipe is None:
+                raise ValueError("give queue_size (outside a recipe there is no batch size for queue_ratio)")
+            queue_size = math.floor(queue_ratio * int(recipe.train.batch_size))
+        if queue_size < 1:
+            raise ValueError(f"the queue must hold at least one vector (queue_size {queue_size})")
+        self.momentum = float(momentum)
+        self.view = view
+        self.momentum_encoder = copy.deepcopy(encoder).requires_grad_(False)
+        self.momentum_head = copy.deepcopy(head).requires_grad_(False)
+        # The trained encoder and head, kept as plain attributes (not submodules: they are the model's own,
+        # checkpointed there; nn.Module.to moves their parameters in place, so these stay the trained ones).
+        object.__setattr__(self, "_online", (encoder, head))
+        self.register_buffer("queue", torch.zeros(queue_size, encoder.dim))
+        self.register_buffer("queued", torch.zeros((), dtype=torch.long))  # vectors in the queue so far
+        self.register_buffer("pointer", torch.zeros((), dtype=torch.long))  # where the next one goes
+        self.train(True)
+
+    def train(self, mode: bool = True) -> MomentumQueue:
+        """The momentum encoder and head always run without dropout (eval mode)."""
+        super().train(mode)
+        self.momentum_encoder.eval()
+        self.momentum_head.eval()
+        return self
+
+    @torch.no_grad()
+    def update_momentum(self, encoder: nn.Module, head: nn.Module) -> None:
+        """theta_m <- lambda theta_m + (1 - lambda) theta_e, for the encoder and the head."""
+        for online, target in ((encoder, self.momentum_encoder), (head, self.momentum_head)):
+            for theta_e, theta_m in zip(online.parameters(), target.parameters(), strict=True):
+                theta_m.mul_(self.momentum).add_(theta_e.detach().to(theta_m.dtype), alpha=1.0 - self.momentum)
+
+    @torch.no_grad()
+    def enqueue(self, vectors: Tensor) -> None:
+        """First in, first out: the newest vectors overwrite the oldest (a batch longer than the queue: its end)."""
+        size = self.queue.shape[0]
+        vectors = vectors.detach().float()[-size:]
+        positions = (self.pointer + torch.arange(vectors.shape[0], device=self.queue.device)) % size
+        self.queue[positions] = vectors.to(self.queue.device)
+        self.pointer.copy_((self.pointer + vectors.shape[0]) % size)
+        self.queued.copy_(torch.clamp(self.queued + vectors.shape[0], max=size))
+
+    def queued_vectors(self) -> Tensor:
+        """The queue's vectors so far [min(steps x N, size), d] (a copy: later enqueues do not change it)."""
+        return self.queue[: int(self.queued)].clone()
+
+    def forward(self, state: StepState) -> None:
+        if self.training:
+            self.update_momentum(*self.__dict__["_online"])
+        if int(self.queued) > 0:
+            state.extra_negatives.append(self.queued_vectors())
+        if self.training:
+            self.enqueue(gather_no_grad(self.momentum_outputs(state)))
+
+    @torch.no_grad()
+    def momentum_outputs(self, state: StepState) -> Tensor:
+        """The momentum encoder's and head's vectors [n, d] for this step's view-`view` inputs."""
+        output = state.encoder_output
+        n = state.batch_size
+        rows = slice(self.view * n, (self.view + 1) * n)
+        inputs = {"input_ids": output.input_ids[rows], "attention_mask": output.attention_mask[rows]}
+        pooled = self.momentum_encoder(inputs, token_states=False).pooled
+        return self.momentum_head(pooled).float()

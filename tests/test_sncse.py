@@ -1,0 +1,115 @@
+"""SNCSE: the bidirectional margin loss against the authors' computation, its negations, training."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import WORDS, make_tiny_encoder, tiny_recipe
+
+from csekit.core.errors import CsekitError
+from csekit.parts.heads.mlp import MLPHead
+from csekit.parts.objectives import OBJECTIVES, InfoNCE
+from csekit.parts.objectives.bidirectional_margin import BidirectionalMargin
+from csekit.parts.views.dropout import DropoutViews
+from csekit.training.model import ContrastiveModel
+from csekit.training.recipe import build_part
+from csekit.training.trainer import train
+
+SENTENCES = ["the man plays guitar", "a dog runs", "the cat sits", "she eats food"]
+ALPHA, BETA = 0.1, 0.3  # the authors' code (train_SNCSE.py)
+
+
+def bml_as_the_authors_code(z1: torch.Tensor, z2: torch.Tensor, z3: torch.Tensor) -> torch.Tensor:
+    """simcse/models.py: temp = cos(z1, z3) - cos(z1, z2); mean(relu(temp + alpha) + relu(-temp - beta))."""
+    temp = torch.cosine_similarity(z1, z3, dim=1) - torch.cosine_similarity(z1, z2, dim=1)
+    return torch.mean(torch.relu(temp + ALPHA) + torch.relu(-temp - BETA))
+
+
+def test_bml_values_by_hand() -> None:
+    h = torch.tensor([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    positive = torch.tensor([[0.6, 0.8], [1.0, 0.0], [0.8, 0.6]])  # cosines 0.6, 1.0, 0.8
+    negation = torch.tensor([[0.8, 0.6], [0.0, 1.0], [0.6, 0.8]])  # cosines 0.8, 0.0, 0.6
+    # Delta = 0.2: 0.2 + 0.1; Delta = -1.0: -(-1.0) - 0.3; Delta = -0.2 lies in [-beta, -alpha]: 0.
+    expected = torch.tensor((0.3 + 0.7 + 0.0) / 3)
+    torch.testing.assert_close(bml_as_the_authors_code(h, positive, negation), expected)
+
+
+def sncse_model(tmp_path: Path) -> ContrastiveModel:
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask")
+    objectives = [(InfoNCE(), 1.0), (BidirectionalMargin(ALPHA, BETA), 1e-3)]
+    model = ContrastiveModel(encoder, MLPHead(encoder.dim), 2, objectives)
+    model.eval()  # the tiny model has dropout: compare without it
+    return model
+
+
+def test_bml_objective_equals_the_authors_loss_with_negations_in_view_1s_template(tmp_path: Path) -> None:
+    model = sncse_model(tmp_path)
+    fields = {"negation": ["the man does not play guitar", None, "the cat does not sit", "  "]}
+    inputs = DropoutViews(model.encoder.tokenizer, model.encoder.pooler, 16)(SENTENCES)
+    state = model.make_state(inputs, SENTENCES, fields)
+    loss = model.objectives[1](state)["bml"]
+    # The authors' code: a missing negation is "Not " + sentence; the negation in the template
+    # 'This sentence of "..." means [MASK] .' (view 1), through the training MLP.
+    negations = ["the man does not play guitar", "Not a dog runs", "the cat does not sit", "Not she eats food"]
+    encoder = model.encoder
+    z3 = model.head(encoder(encoder.tokenize(negations, view=1, max_length=16)).pooled)
+    z1, z2 = state.embeddings
+    torch.testing.assert_close(loss, bml_as_the_authors_code(z1, z2, z3))
+    # The other template gives another loss, so the comparison can fail.
+    z3_view0 = model.head(encoder(encoder.tokenize(negations, view=0, max_length=16)).pooled)
+    assert not torch.isclose(loss, bml_as_the_authors_code(z1, z2, z3_view0))
+    loss.backward()
+    assert encoder.backbone.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+    assert all(p.grad is not None for p in model.head.parameters())
+
+
+def test_without_a_fallback_rows_without_a_negation_are_skipped(tmp_path: Path) -> None:
+    model = sncse_model(tmp_path)
+    fields = {"negation": ["the man does not play guitar", None, "", "she does not eat food"]}
+    inputs = DropoutViews(model.encoder.tokenizer, model.encoder.pooler, 16)(SENTENCES)
+    state = model.make_state(inputs, SENTENCES, fields)
+    loss = BidirectionalMargin(ALPHA, BETA, fallback_prefix=None, max_length=16)(state)["bml"]
+    encoder, rows = model.encoder, [0, 3]
+    z3 = model.head(encoder(encoder.tokenize([fields["negation"][i] for i in rows], view=1, max_length=16)).pooled)
+    z1, z2 = (view[rows] for view in state.embeddings)
+    torch.testing.assert_close(loss, bml_as_the_authors_code(z1, z2, z3))
+    none = {"negation": [None] * 4}
+    empty = BidirectionalMargin(fallback_prefix=None)(model.make_state(inputs, SENTENCES, none))["bml"]
+    assert empty.item() == 0.0
+
+
+def test_bml_without_negations_or_with_bad_margins_says_what_to_do(tmp_path: Path) -> None:
+    model = sncse_model(tmp_path)
+    inputs = DropoutViews(model.encoder.tokenizer, model.encoder.pooler, 16)(SENTENCES)
+    with pytest.raises(CsekitError, match=r'field "negation".*csekit augment'):
+        BidirectionalMargin()(model.make_state(inputs, SENTENCES, {}))
+    assert OBJECTIVES.get("bml") is BidirectionalMargin
+    with pytest.raises(CsekitError, match=r"objectives\[1\].*alpha"):
+        build_part(OBJECTIVES, {"name": "bml", "alpha": 0.5, "beta": 0.3}, "objectives[1]")
+
+
+def negation_corpus(path: Path, lines: int = 48) -> Path:
+    rng = random.Random(0)
+    words = [w for w in WORDS if w.isalpha()]
+    with open(path, "w", encoding="utf-8") as handle:
+        for i in range(lines):
+            text = " ".join(rng.choices(words, k=5))
+            handle.write(json.dumps({"text": text, "negation": None if i % 5 == 0 else f"not {text}"}) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("weighting", [False, True], ids=["sncse", "sncse+dclr"])
+def test_sncse_recipes_train(tmp_path: Path, tiny_model_dir: Path, weighting: bool) -> None:
+    corpus = negation_corpus(tmp_path / "corpus.jsonl")
+    extra = ["model.pooler=mask", "model.head={name: mlp}", "train.max_steps=3", "train.eval_every=0"]
+    extra.append("objectives=[{name: infonce}, {name: bml, alpha: 0.1, beta: 0.3, weight: 1.0e-3}]")
+    if weighting:
+        extra.append(f"weighting={{name: dclr, model: {tiny_model_dir}, model_pooler: mean, phi: 0.9}}")
+    result = train(tiny_recipe(tiny_model_dir, corpus, *extra), tmp_path / "run", show_progress=False)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "bml" in r]
+    assert result.steps == 3 and len(steps) == 3 and all(r["bml"] >= 0.0 for r in steps)
