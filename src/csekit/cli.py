@@ -27,7 +27,8 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="Unsupervised contrastive sentence embeddings: SimCSE, DCLR, WhitenedCSE, SLT-FAI, OssCSE.",
+    help="Unsupervised contrastive sentence embeddings: SimCSE, DCLR, WhitenedCSE, SLT-FAI, OssCSE, ESimCSE, "
+    "SNCSE, PromptBERT, MixCSE, RankCSE.",
 )
 
 DataDirOption = Annotated[
