@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import torch
 from conftest import REPO, assert_one_line_error, make_corpus, make_tiny_encoder, run_cli, run_main, write_recipe
+from test_untrusted import resume  # the one way these tests resume a run (`csekit train --resume`)
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
@@ -43,10 +44,6 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def run(finished_run: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(finished_run / "run", tmp_path / "run"))
-
-
-def resume(monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr, run: Path, *args: str) -> tuple[int, str]:
-    return run_main(monkeypatch, capsys, "train", *args, "--output", str(run), "--resume", "--no-progress")
 
 
 def rewrite(path: Path, change: Any) -> None:
