@@ -40,16 +40,10 @@ WORDS = (
 
 def cpu_name() -> str:
     """The CPU's model name, its core count and whether it has AVX-512 (what decides a CPU step's speed)."""
-    name, flags = "unknown CPU", ""
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and name == "unknown CPU":
-                name = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = value
-    vector = "AVX-512" if "avx512f" in flags.split() else "AVX2" if "avx2" in flags.split() else "no AVX2"
+    from csekit.core.precision import cpu_model_and_flags
+
+    name, flags = cpu_model_and_flags()
+    vector = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
     return f"{name}, {torch.get_num_threads()} threads, {vector}"
 
 

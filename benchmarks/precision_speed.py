@@ -21,15 +21,14 @@ from accelerate.state import AcceleratorState
 from profile_step import csekit_step  # benchmarks/ is on the path when run as a script
 from transformers.utils import logging as hf_logging
 
-from csekit.core.precision import cpu_has_native_bf16, resolve_precision
+from csekit.core.precision import cpu_has_native_bf16, cpu_model_and_flags, resolve_precision
 from csekit.training.recipe import load_recipe
 
 
 def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
+    """The CPU model as /proc/cpuinfo names it, else as the platform does."""
+    name = cpu_model_and_flags()[0]
+    return name if name != "unknown CPU" else platform.processor() or name
 
 
 def step_seconds(recipe_path: str, precision: str, steps: int, batch_size: int) -> list[float]:

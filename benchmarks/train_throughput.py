@@ -341,13 +341,9 @@ def measure(kind: str, args: argparse.Namespace) -> dict:
 
 def cpu_name() -> str:
     """The CPU model as /proc/cpuinfo names it (figures are only comparable on the same CPU)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
+    from csekit.core.precision import cpu_model_and_flags
+
+    return cpu_model_and_flags()[0]
 
 
 def print_round(results: dict) -> None:

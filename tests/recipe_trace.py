@@ -25,6 +25,7 @@ import torch
 from conftest import WORDS, make_tiny_encoder
 
 from csekit.core.errors import CsekitError
+from csekit.core.precision import cpu_model_and_flags
 from csekit.training.recipe import Recipe, load_recipe
 from csekit.training.trainer import train
 
@@ -225,15 +226,7 @@ def machine_signature() -> str:
     steps that stays within the test's tolerance for smooth losses, but not where a result is
     discontinuous in its input (DCLR's threshold, the sign an eigensolver picks for PCA whitening).
     """
-    cpu, flags = "unknown CPU", set()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text(encoding="utf-8", errors="replace").splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and cpu == "unknown CPU":
-                cpu = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
+    cpu, flags = cpu_model_and_flags()
     vector = [name for name in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if name in flags]
     return f"{cpu}; {' '.join(vector) or 'no AVX2'}; torch {torch.__version__}"
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -42,6 +43,25 @@ def cpu_has_native_bf16() -> bool:
         return bool(check()) if check is not None else False
     except RuntimeError:
         return False
+
+
+def cpu_model_and_flags() -> tuple[str, set[str]]:
+    """The CPU's model name and feature flags from /proc/cpuinfo ("unknown CPU" and none elsewhere).
+
+    What the benchmarks print beside every timing and what decides float rounding (the loss-trace lock).
+    """
+    name, flags = "unknown CPU", set()
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return name, flags
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and name == "unknown CPU":
+            name = value.strip()
+        elif key.strip() == "flags" and not flags:
+            flags = set(value.split())
+    return name, flags
 
 
 def bf16_is_native(device: torch.device | str) -> bool:
