@@ -8,14 +8,14 @@ import os
 import random
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig, BertTokenizerFast
+from transformers import AutoConfig, BertTokenizerFast, PreTrainedTokenizerFast
 
 from csekit import cli
 from csekit.core.precision import NATIVE_BF16_VARIABLE
@@ -74,6 +74,36 @@ def make_tiny_encoder(
         initializer_range=initializer_range,
     )
     return SentenceEncoder.from_config(config, tokenizer, pooler=pooler)
+
+
+OSSCSE_TEMPLATE_TEXTS = (
+    'This sentence : "a man plays the guitar ." means .',
+    'This sentence of "the dog runs" means .',
+    "a man plays",
+    "the woman eats food",
+)
+"""Texts to learn a byte-level BPE vocabulary from that covers the mask pooler's default templates."""
+
+
+def make_byte_level_bpe_tokenizer(texts: Sequence[str]) -> PreTrainedTokenizerFast:
+    """A RoBERTa-style tokenizer (byte-level BPE, <s> ... </s>, <mask> with lstrip) learnt offline from `texts`."""
+    from tokenizers import AddedToken, ByteLevelBPETokenizer
+    from tokenizers.processors import RobertaProcessing
+
+    bpe = ByteLevelBPETokenizer()
+    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    bpe.train_from_iterator(list(texts) * 5, vocab_size=400, min_frequency=1, special_tokens=specials)
+    bpe.post_processor = RobertaProcessing(("</s>", bpe.token_to_id("</s>")), ("<s>", bpe.token_to_id("<s>")))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        bos_token="<s>",
+        eos_token="</s>",
+        cls_token="<s>",
+        sep_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token=AddedToken("<mask>", lstrip=True),
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import WORDS, make_tiny_encoder
+from conftest import OSSCSE_TEMPLATE_TEXTS, WORDS, make_byte_level_bpe_tokenizer, make_tiny_encoder
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.pooling import POOLERS, MaskPooler
@@ -214,32 +214,8 @@ def test_mask_pooler_needs_a_mask_token(tmp_path: Path) -> None:
         MaskPooler().bind(tokenizer)
 
 
-def _byte_level_bpe_tokenizer():  # type: ignore[no-untyped-def]
-    """A RoBERTa-style tokenizer (byte-level BPE, <s> ... </s>, <mask> with lstrip) built offline."""
-    from tokenizers import AddedToken, ByteLevelBPETokenizer
-    from tokenizers.processors import RobertaProcessing
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = ByteLevelBPETokenizer()
-    texts = ['This sentence : "a man plays the guitar ." means .', 'This sentence of "the dog runs" means .']
-    texts += ["a man plays", "the woman eats food"]
-    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-    bpe.train_from_iterator(texts * 5, vocab_size=400, min_frequency=1, special_tokens=specials)
-    bpe.post_processor = RobertaProcessing(("</s>", bpe.token_to_id("</s>")), ("<s>", bpe.token_to_id("<s>")))
-    return PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        bos_token="<s>",
-        eos_token="</s>",
-        cls_token="<s>",
-        sep_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        mask_token=AddedToken("<mask>", lstrip=True),
-    )
-
-
 def test_roberta_style_tokenizer_keeps_the_template() -> None:
-    tokenizer = _byte_level_bpe_tokenizer()
+    tokenizer = make_byte_level_bpe_tokenizer(OSSCSE_TEMPLATE_TEXTS)
     pooler = MaskPooler()
     pooler.bind(tokenizer)
     ids = pooler.encode_ids(tokenizer, ["a man plays the guitar ."], None)["input_ids"][0]

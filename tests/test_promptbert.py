@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import make_corpus, make_tiny_encoder, tiny_recipe
+from conftest import REPO, make_byte_level_bpe_tokenizer, make_corpus, make_tiny_encoder, tiny_recipe
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.pooling import MaskPooler
+from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
 SENTENCES = ["the man plays", "a dog runs in the park", "she eats", "the man plays"]
@@ -26,24 +27,31 @@ def denoised_by_hand(encoder: SentenceEncoder, inputs: dict[str, torch.Tensor], 
     prefix = len(tokenizer(TEMPLATES[view], add_special_tokens=False)["input_ids"])
     full = encoder.backbone(**inputs, return_dict=True).last_hidden_state
     rows = []
+    embeddings = encoder.backbone.embeddings
+    padding_idx = getattr(embeddings, "padding_idx", None)
     for row, sentence in enumerate(SENTENCES):
         ids = inputs["input_ids"][row][inputs["attention_mask"][row].bool()]
+        # The row's own position ids: BERT counts from 0, RoBERTa as its embeddings number an input (transformers).
+        if padding_idx is None:
+            row_positions = torch.arange(len(ids))
+        else:
+            row_positions = embeddings.create_position_ids_from_input_ids(ids[None], padding_idx)[0]
         length = len(tokenizer(sentence, add_special_tokens=False)["input_ids"])
         start = 1 + prefix  # [CLS] and the prefix
         template = torch.cat([ids[:start], ids[start + length :]])
-        positions = torch.arange(len(template))
-        positions[start:] += length
+        positions = torch.cat([row_positions[:start], row_positions[start + length :]])
         alone = encoder.backbone(input_ids=template[None], position_ids=positions[None]).last_hidden_state[0]
         mask = int((ids == tokenizer.mask_token_id).nonzero()[-1])
         rows.append(full[row, mask] - alone[mask - length])
     return torch.stack(rows)
 
 
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
 @pytest.mark.parametrize("view", [0, 1])
 def test_training_representation_is_the_mask_state_minus_the_template_alone_at_the_same_positions(
-    tmp_path: Path, view: int
+    tmp_path: Path, view: int, model_type: str
 ) -> None:
-    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask_denoised", initializer_range=0.2)
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask_denoised", initializer_range=0.2, model_type=model_type)
     encoder.train()
     encoder.backbone.eval()  # no dropout, so both passes are deterministic; the pooler stays in training
     inputs = encoder.tokenize(SENTENCES, view=view)
@@ -120,3 +128,65 @@ def test_a_promptbert_recipe_trains(tmp_path: Path, tiny_model_dir: Path) -> Non
     result = train(recipe, tmp_path / "run", show_progress=False)
     assert result.steps == 3
     assert json.loads((tmp_path / "run" / "best" / "csekit.json").read_text())["pooler"] == "mask"
+
+
+# --- RoBERTa ------------------------------------------------------------------------------------------
+
+ROBERTA_RECIPE = REPO / "recipes" / "promptbert-roberta-base.yaml"
+AUTHORS_ROBERTA_PIECES = {0: ("This sentence : '", " ' means<mask>."), 1: ("The sentence : '", " ' means<mask>.")}
+"""What the authors' train.py (L618-641) makes of run.sh unsup-roberta's templates (L80-81): the text before
+the sentence (stripped for RoBERTa) and after it, `*mask*` replaced by the tokenizer's mask token."""
+
+
+def authors_roberta_ids(tokenizer, sentence: str, view: int, max_length: int) -> list[int]:  # type: ignore[no-untyped-def]
+    """The authors' prepare_features: encode(bs)[:-1] + encode(s, no specials)[:max_seq_length] + encode(es)[1:]."""
+    before, after = AUTHORS_ROBERTA_PIECES[view]
+    body = tokenizer.encode(sentence, add_special_tokens=False)[:max_length]
+    return tokenizer.encode(before)[:-1] + body + tokenizer.encode(after)[1:]
+
+
+def test_the_roberta_recipes_templates_give_the_authors_token_ids() -> None:
+    texts = ["This sentence : 'a man plays' means.", "The sentence : 'the dog runs' means.", "she eats food"]
+    tokenizer = make_byte_level_bpe_tokenizer(texts)
+    recipe = load_recipe(ROBERTA_RECIPE)
+    pooler = MaskPooler(recipe.model.templates or ())
+    pooler.bind(tokenizer)
+    sentences = ["a man plays the guitar .", "She eats food", "the dog runs in the park and the man plays"]
+    for view in (0, 1):
+        ids = pooler.encode_ids(tokenizer, sentences, 6, view=view)["input_ids"]
+        assert ids == [authors_roberta_ids(tokenizer, s, view, 6) for s in sentences]
+    assert tokenizer.decode(ids[1]) == "<s>The sentence : 'She eats food ' means<mask>.</s>"
+
+
+def test_a_recipes_templates_reach_the_trained_and_saved_model(tmp_path: Path, tiny_model_dir: Path) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    templates = ["the [X] is [MASK] .", "a [X] means [MASK] ."]
+    overrides = ["train.max_steps=2", "train.eval_every=0", "model.pooler=mask_denoised"]
+    recipe = tiny_recipe(tiny_model_dir, corpus, *overrides, f"model.templates={json.dumps(templates)}")
+    train(recipe, tmp_path / "run", show_progress=False)
+    meta = json.loads((tmp_path / "run" / "best" / "csekit.json").read_text())
+    assert meta["pooler"] == "mask" and meta["templates"] == templates
+    reloaded = SentenceEncoder.load(tmp_path / "run" / "best")
+    assert reloaded.pooler.templates == tuple(templates)
+
+
+@pytest.mark.parametrize(
+    ("pooler", "templates", "message"),
+    [
+        ("cls", "['the [X] is [MASK] .']", "prompt poolers .mask, mask_denoised., not model.pooler cls"),
+        ("mask_denoised", "[]", "at least one prompt template"),
+        ("mask", "['no sentence here [MASK] .']", "one .X. and one .MASK."),
+    ],
+)
+def test_templates_a_pooler_cannot_use_are_refused_at_their_line(
+    tmp_path: Path, pooler: str, templates: str, message: str
+) -> None:
+    path = tmp_path / "recipe.yaml"
+    path.write_text(f"model:\n  backbone: roberta-base\n  pooler: {pooler}\n  templates: {templates}\n")
+    with pytest.raises(CsekitError, match=rf"^{path}:4: recipe key model.templates: .*{message}"):
+        load_recipe(path)
+
+
+def test_templates_for_a_pooler_without_them_are_refused_on_load(tiny_model_dir: Path) -> None:
+    with pytest.raises(CsekitError, match="prompt templates are for the prompt poolers"):
+        SentenceEncoder.load(tiny_model_dir, "cls", templates=["the [X] is [MASK] ."])

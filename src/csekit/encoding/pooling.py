@@ -217,6 +217,8 @@ class MaskPooler(Pooler):
 
     def __init__(self, templates: Sequence[str] = PROMPT_TEMPLATES) -> None:
         super().__init__()
+        if not templates:
+            raise CsekitError("the mask pooler needs at least one prompt template (one per view)")
         for template in templates:
             if template.count("[X]") != 1 or template.count("[MASK]") != 1:
                 raise CsekitError(f'prompt template "{template}" needs exactly one [X] and one [MASK]')

@@ -28,6 +28,7 @@ from csekit.core.bounded_read import read_yaml_file
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.precision import PRECISIONS
 from csekit.core.registry import Registry
+from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS, dev_scores
 
 
@@ -39,6 +40,10 @@ class ModelConfig:
     dropout: float | None = None  # None keeps the backbone's own dropout (0.1 for BERT)
     head: dict[str, Any] = field(default_factory=lambda: {"name": "mlp"})
     head_at_test: bool = False
+    # The prompt templates of the mask and mask_denoised poolers, one per view (view 0's is also the one
+    # evaluation and the saved model use), each with one [X] (the sentence) and one [MASK] (the tokenizer's
+    # mask token); null: the pooler's own. PromptBERT words them differently for RoBERTa.
+    templates: list[str] | None = None
     # Training runs the encoder on groups of this many sequences of similar token length, each padded
     # only to its own longest, instead of the whole batch padded to its longest (0: one pass). The loss
     # and gradients are the same up to float rounding; see SentenceEncoder.forward.
@@ -293,6 +298,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
             raise CsekitError(f"{where(key)}: recipe key {key} {message}")
     _check_dev_selection(train, where)
     _check_report_to(train.report_to, where)
+    _check_templates(recipe.model, where)
     for index, spec in enumerate(recipe.objectives):
         weight = spec.get("weight", 1.0) if isinstance(spec, Mapping) else 1.0
         number = isinstance(weight, int | float) and not isinstance(weight, bool)
@@ -323,6 +329,19 @@ def _check_dev_selection(train: TrainConfig, where: Any) -> None:
             f"{where('train.patience')}: recipe key train.patience needs a dev task to count evaluations without "
             f"improvement (train.dev_task is {train.dev_task}); set train.dev_task or remove train.patience"
         )
+
+
+def _check_templates(model: ModelConfig, where: Any) -> None:
+    """`model.templates` needs a prompt pooler, which must accept them (one [X] and one [MASK] each)."""
+    if model.templates is None:
+        return
+    key = "model.templates"
+    try:
+        if not issubclass(POOLERS.get(model.pooler), MaskPooler):
+            raise CsekitError(f"are for the prompt poolers (mask, mask_denoised), not model.pooler {model.pooler}")
+        make_pooler(model.pooler, templates=model.templates)
+    except CsekitError as error:
+        raise CsekitError(f"{where(key)}: recipe key {key}: {error}") from None
 
 
 def tracker_names(report_to: str) -> list[str]:

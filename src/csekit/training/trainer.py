@@ -201,7 +201,9 @@ class Trainer:
     def _build_model(self) -> None:
         """The encoder from the backbone, wrapped in the recipe's parts (views, heads, objectives)."""
         model_config = self.recipe.model
-        encoder = SentenceEncoder.load(model_config.backbone, model_config.pooler, dropout=model_config.dropout)
+        encoder = SentenceEncoder.load(
+            model_config.backbone, model_config.pooler, dropout=model_config.dropout, templates=model_config.templates
+        )
         if model_config.max_length > encoder.max_seq_length:
             raise CsekitError(
                 f"recipe key model.max_length: {model_config.max_length} is more tokens than "
