@@ -223,7 +223,9 @@ def main() -> None:
                 flops = flops_of(step, batches[0])
                 seconds = seconds_per_step(step, batches)
                 row[name] = {"seconds": seconds, "tflops": flops / seconds / 1e12, "flops": flops}
-                print(f"batch {batch}, {name}: {seconds * 1e3:.1f} ms/step, {row[name]['tflops']:.1f} TFLOP/s", flush=True)
+                print(
+                    f"batch {batch}, {name}: {seconds * 1e3:.1f} ms/step, {row[name]['tflops']:.1f} TFLOP/s", flush=True
+                )
             if args.profile == batch:
                 profile_csekit(variants["csekit step"], batches[0])
             del variants

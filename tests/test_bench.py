@@ -100,7 +100,8 @@ def test_csekit_bench_command_runs_a_suite(tmp_path: Path, tiny_model_dir: Path)
 
 
 def test_controlled_suite_differs_only_in_the_methods_parts() -> None:
-    """Every shared training setting resolves to the same value; the prompt pooler only for OssCSE and its control."""
+    """Every shared training setting resolves to the same value; the prompt poolers only for PromptBERT, OssCSE
+    and their control; fp32 pinned, so that the table does not depend on whether the CPU has native bf16."""
     from csekit.training.recipe import load_recipe
 
     suite = load_suite(REPO / "benchmarks" / "suites" / "controlled.yaml")
@@ -108,16 +109,25 @@ def test_controlled_suite_differs_only_in_the_methods_parts() -> None:
     recipes = {r.name: load_recipe(r.path, r.overrides) for r in suite.recipes}
     assert len({json.dumps(vars(recipe.train), sort_keys=True) for recipe in recipes.values()}) == 1
     shared = recipes["simcse-minilm"].train
-    assert (shared.batch_size, shared.lr, shared.warmup_ratio, shared.precision) == (64, 3e-5, 0.0, "auto")
+    assert (shared.batch_size, shared.lr, shared.warmup_ratio, shared.precision) == (64, 3e-5, 0.0, "fp32")
     assert (shared.dev_task, shared.select_metric, shared.eval_every) == ("sts", "stsb-dev", 25)
     assert {(r.model.backbone, r.model.max_length) for r in recipes.values()} == {("minilm-l6", 32)}
+    poolers = {name: r.model.pooler for name, r in recipes.items()}
+    assert poolers.pop("promptbert-minilm") == "mask_denoised"
     prompt = {"simcse-prompt-minilm", "osscse-minilm"}
-    assert all(r.model.pooler == ("mask" if name in prompt else "cls") for name, r in recipes.items())
-    assert all(r.model.head["name"] == "mlp" for name, r in recipes.items() if name != "whitenedcse-minilm")
+    assert all(pooler == ("mask" if name in prompt else "cls") for name, pooler in poolers.items())
+    whitening = {"whitenedcse-minilm", "combined-minilm"}
+    assert all(r.model.head["name"] == "mlp" for name, r in recipes.items() if name not in whitening)
     corpora = {name: r.data.corpus for name, r in recipes.items()}
-    assert corpora.pop("osscse-minilm").endswith("osscse.jsonl") and corpora.pop("sncse-minilm").endswith("sncse.jsonl")
-    assert len(set(corpora.values())) == 1
-    assert {"mixcse-minilm", "esimcse-minilm", "sncse-minilm", "rankcse-minilm"} <= set(recipes)
+    assert corpora.pop("osscse-minilm") == corpora.pop("combined-minilm")
+    assert corpora["sncse-minilm"].endswith("sncse.jsonl") and corpora.pop("simcse-minilm").endswith("sentences.txt")
+    assert {corpus for name, corpus in corpora.items() if name != "sncse-minilm"} <= {
+        recipes["simcse-minilm"].data.corpus
+    }
+    new = {"mixcse-minilm", "esimcse-minilm", "sncse-minilm", "rankcse-minilm", "promptbert-minilm", "combined-minilm"}
+    assert new <= set(recipes)
+    controls = {r.name: r.control for r in suite.recipes if r.control}
+    assert controls == {"promptbert-minilm": "simcse-prompt-minilm", "osscse-minilm": "simcse-prompt-minilm"}
 
 
 def _write_results(
