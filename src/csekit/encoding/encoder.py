@@ -292,7 +292,7 @@ def groups_by_length(device: torch.device) -> bool:
     On a CPU the cost of a pass is its arithmetic, so cutting padding pays. On a GPU many small passes cost
     their kernel launches and a host sync each (a group's longest length is read on the host), which
     outweighs the padding saved: measured on an H100, SimCSE on BERT-base at batch 512 took 1.14 s a step in
-    groups of 32 rows and 0.18 s for the same step in one pass (docs/performance.md).
+    groups of 32 rows and 0.12 s for the same step in one pass (docs/performance.md).
     """
     return device.type == "cpu"
 

@@ -46,7 +46,8 @@ class ModelConfig:
     templates: list[str] | None = None
     # Training runs the encoder on groups of this many sequences of similar token length, each padded
     # only to its own longest, instead of the whole batch padded to its longest (0: one pass). The loss
-    # and gradients are the same up to float rounding; see SentenceEncoder.forward.
+    # and gradients are the same up to float rounding; see SentenceEncoder.forward. On a CPU only: a GPU
+    # runs the batch in one pass (see csekit.encoding.encoder.groups_by_length).
     length_group_size: int = 32
     # On CPU, dropout masks from 16 random bits an element and attention in plain ops (see
     # csekit.encoding.fast_dropout): about 4x cheaper masks; the drop probability is rounded to 1/65536.
