@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import shutil
+import sys
 import tempfile
 import time
 import traceback
@@ -35,6 +36,7 @@ from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # conftest: the tests' RoBERTa-style tokenizer
 MODEL_TYPE_OF_BACKBONE = {"bert-base-uncased": "bert", "minilm-l6": "bert", "roberta-base": "roberta"}
 PROMPT_POOLERS = {"mask", "mask_denoised"}
 """Poolers that read a prompt template: their saved models load in csekit only (sentence-transformers has no
@@ -43,25 +45,12 @@ CHECK_SENTENCES = ["A man is playing a guitar.", "The dog runs in the park.", "N
 
 
 def roberta_tokenizer(corpus: Path, folder: Path):  # type: ignore[no-untyped-def]
-    """A byte-level BPE tokenizer with RoBERTa's special tokens (<s>=0, <pad>=1, </s>=2), trained on `corpus`."""
-    from tokenizers import AddedToken, ByteLevelBPETokenizer
-    from tokenizers.processors import RobertaProcessing
-    from transformers import PreTrainedTokenizerFast
+    """A byte-level BPE tokenizer with RoBERTa's special tokens, 8,192 entries learnt from `corpus` (tokens seen
+    at least twice), saved in `folder`: the tests' RoBERTa-style tokenizer at a real vocabulary's size."""
+    from conftest import make_byte_level_bpe_tokenizer
 
-    bpe = ByteLevelBPETokenizer()
-    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-    bpe.train([str(corpus)], vocab_size=8192, min_frequency=2, special_tokens=specials, show_progress=False)
-    bpe.post_processor = RobertaProcessing(("</s>", bpe.token_to_id("</s>")), ("<s>", bpe.token_to_id("<s>")))
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
-        bos_token="<s>",
-        eos_token="</s>",
-        cls_token="<s>",
-        sep_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        mask_token=AddedToken("<mask>", lstrip=True),
-    )
+    texts = corpus.read_text(encoding="utf-8").splitlines()
+    tokenizer = make_byte_level_bpe_tokenizer(texts, vocab_size=8192, min_frequency=2 * 5)
     tokenizer.save_pretrained(folder)
     return tokenizer
 

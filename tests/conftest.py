@@ -85,14 +85,19 @@ OSSCSE_TEMPLATE_TEXTS = (
 """Texts to learn a byte-level BPE vocabulary from that covers the mask pooler's default templates."""
 
 
-def make_byte_level_bpe_tokenizer(texts: Sequence[str]) -> PreTrainedTokenizerFast:
-    """A RoBERTa-style tokenizer (byte-level BPE, <s> ... </s>, <mask> with lstrip) learnt offline from `texts`."""
+def make_byte_level_bpe_tokenizer(
+    texts: Sequence[str], vocab_size: int = 400, min_frequency: int = 1
+) -> PreTrainedTokenizerFast:
+    """A RoBERTa-style tokenizer (byte-level BPE, <s>=0, <pad>=1, </s>=2, <mask> with lstrip) learnt offline from
+    `texts` (each counted 5 times, so `min_frequency` counts in fives). benchmarks/cuda_recipes.py uses it too."""
     from tokenizers import AddedToken, ByteLevelBPETokenizer
     from tokenizers.processors import RobertaProcessing
 
     bpe = ByteLevelBPETokenizer()
     specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-    bpe.train_from_iterator(list(texts) * 5, vocab_size=400, min_frequency=1, special_tokens=specials)
+    bpe.train_from_iterator(
+        list(texts) * 5, vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials
+    )
     bpe.post_processor = RobertaProcessing(("</s>", bpe.token_to_id("</s>")), ("<s>", bpe.token_to_id("<s>")))
     return PreTrainedTokenizerFast(
         tokenizer_object=bpe,
