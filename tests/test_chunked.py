@@ -237,8 +237,10 @@ def test_weights_agree_after_optimizer_steps(tiny: TinyInputs, family: str) -> N
             optimizer.zero_grad()
     after = dict(chunked.named_parameters())
     # Whitening's inverse square root of the batch covariance amplifies float noise: 1.5e-6 after 3 steps
-    # (an embedding weight of 0.018) with the authors' head initialisation, so it gets 1e-5 here.
-    atol = 1e-5 if family == "whitenedcse" else 1e-6
+    # (an embedding weight of 0.018) with the authors' head initialisation, so the families with a
+    # whitening head (the combined recipe has one) get 1e-5 here; 1.26e-6 was measured for the combined
+    # family on a Zen 3 (AVX2).
+    atol = 1e-5 if family in ("whitenedcse", "combined") else 1e-6
     for name, parameter in reference.named_parameters():
         torch.testing.assert_close(after[name], parameter, rtol=1e-5, atol=atol, msg=name)
     moved = [name for name, parameter in after.items() if not torch.equal(parameter, before[name])]
