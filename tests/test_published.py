@@ -269,3 +269,42 @@ def test_csekit_bench_prints_the_comparison_of_a_tiny_models_seeds(tmp_path: Pat
     assert again.exit_code == 0, again.output
     assert _line("STS-B", round(mean, 2), values).endswith("| yes |")
     assert _line("STS-B", round(mean, 2), values) in again.output
+
+
+# --- the paper suites ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backbone", ["bert-base", "roberta-base"])
+def test_the_paper_suites_resolve_and_name_the_command_for_each_missing_input(tmp_path: Path, backbone: str) -> None:
+    """Each paper suite: its recipes on this backbone, 3 seeds or more, the published file, every recipe with a
+    published row or reason; run against an empty data folder, it stops before training and names, recipe by
+    recipe, the command that makes each missing input (wiki1m, the augmented corpora, the evaluation data)."""
+    from csekit.bench import run_suite
+    from csekit.training.recipe import load_recipe
+
+    path = REPO / "benchmarks" / "suites" / f"papers-{backbone}.yaml"
+    suite = load_suite(path)
+    assert len(suite.seeds) >= 3 and suite.published == PUBLISHED / f"{backbone}.yaml"
+    assert "Expected device time" in path.read_text(encoding="utf-8")
+    published = load_published(suite.published)
+    hub_name = {"bert-base": "bert-base-uncased", "roberta-base": "roberta-base"}[backbone]
+    for recipe in suite.recipes:
+        config = load_recipe(recipe.path, recipe.overrides)
+        assert config.model.backbone == hub_name and "wiki1m" in config.data.corpus, recipe.name
+        assert recipe.published_as in published, recipe.name
+    assert {"simcse", "dclr", "whitenedcse", "osscse", "esimcse", "sncse", "promptbert"} <= {
+        r.name.split("-")[0] for r in suite.recipes
+    }
+
+    data = tmp_path / "data"
+    data.mkdir()
+    with pytest.raises(CsekitError) as error:
+        run_suite(path, tmp_path / "out", data_dir=data, show_progress=False, log=lambda line: None)
+    message = str(error.value)
+    assert f"nothing trained, {len(suite.recipes)} recipe(s) cannot run" in message
+    assert message.count(f"make it with: csekit download-data {data} --corpus wiki1m") == len(suite.recipes) - 2
+    assert f"[osscse-{backbone}] corpus corpus/wiki1m_osscse.jsonl not found" in message
+    assert f"[sncse-{backbone}] corpus corpus/wiki1m_sncse.jsonl not found" in message
+    assert message.count("make it with: csekit augment") == 2
+    assert "[evaluation data] no data for STS12, STS13" in message and f"`csekit download-data {data}`" in message
+    assert not (tmp_path / "out").exists()

@@ -322,9 +322,39 @@ def check_suite_inputs(
             check_recipe_inputs(config, data_dir)
         except CsekitError as error:
             problems[recipe.name] = str(error)
-    if problems:
+    missing_data = _missing_task_data(suite, data_dir) if pending else None
+    if problems or missing_data:
         listed = "; ".join(f"[{name}] {problem}" for name, problem in problems.items())
-        raise CsekitError(f"suite {suite.name}: nothing trained, {len(problems)} recipe(s) cannot run: {listed}")
+        parts = [f"{len(problems)} recipe(s) cannot run: {listed}"] if problems else []
+        parts += [missing_data] if missing_data else []
+        raise CsekitError(f"suite {suite.name}: nothing trained, " + "; ".join(parts))
+
+
+def _missing_task_data(suite: Suite, data_dir: Path | None) -> str | None:
+    """The suite's evaluation tasks whose data folder is missing (checked before training, not after it)."""
+    from csekit.data.data_dir import find_task_dir, resolve_data_dir
+    from csekit.evaluation.suite import parse_tasks
+    from csekit.evaluation.tasks import EVAL_TASKS
+
+    try:
+        root = resolve_data_dir(data_dir)
+    except CsekitError:
+        return None  # every recipe's check has said so already
+    groups = parse_tasks(suite.tasks)
+    missing = []
+    for name in (*groups["sts"], *groups["dev"], *groups["transfer"]):
+        task = EVAL_TASKS.get(name)
+        try:
+            if task.load is None:
+                find_task_dir(root, task.folder)
+        except CsekitError:
+            missing.append(name)
+    if not missing:
+        return None
+    return (
+        f"[evaluation data] no data for {', '.join(missing)} under {root}: `csekit download-data {root}` fetches "
+        "STS12-16, STS-B and SICK; the transfer tasks are read from transfer/MR .. MRPC (README, transfer tasks)"
+    )
 
 
 def _duration(seconds: float) -> str:
