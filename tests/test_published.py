@@ -308,3 +308,11 @@ def test_the_paper_suites_resolve_and_name_the_command_for_each_missing_input(tm
     assert message.count("make it with: csekit augment") == 2
     assert "[evaluation data] no data for STS12, STS13" in message and f"`csekit download-data {data}`" in message
     assert not (tmp_path / "out").exists()
+
+
+def test_the_offline_example_suite_says_it_is_not_a_reproduction() -> None:
+    """The README's worked example compares all-MiniLM-L6-v2 with a BERT-base row only to show the format."""
+    path = REPO / "benchmarks" / "suites" / "papers-example-minilm.yaml"
+    suite = load_suite(path)
+    assert path.read_text(encoding="utf-8").startswith("# NOT A PAPER REPRODUCTION")
+    assert "not a reproduction" in suite.name and [r.published_as for r in suite.recipes] == ["simcse-bert-base"]

@@ -807,7 +807,10 @@ def format_paper_markdown(
 ) -> str:
     """One section per recipe: its paper's row beside csekit's seeds, or why there is none to compare with."""
     judged = [c.within for columns in papers.values() for c in columns.values() if c.within is not None]
-    markdown = f"\n## Against the published numbers\n\nPublished numbers: {suite.published}. {PAPER_RULE}\n"
+    shown = suite.published
+    if shown is not None and shown.is_relative_to(Path.cwd()):
+        shown = shown.relative_to(Path.cwd())
+    markdown = f"\n## Against the published numbers\n\nPublished numbers: {shown}. {PAPER_RULE}\n"
     if judged:
         markdown += f"\nWithin the seed spread: {sum(judged)} of {len(judged)} published numbers.\n"
     for recipe in suite.recipes:
