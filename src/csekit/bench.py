@@ -208,8 +208,6 @@ def _published_file(path: Path, text: str, value: Any, recipes: list[SuiteRecipe
         return None
     if not isinstance(value, str) or not value:
         raise CsekitError(f"{at(path, _line_of(text, 'published'))}: published must be a path to a YAML file")
-    from csekit.evaluation.published import load_published
-
     published = (path.parent / value).resolve()
     try:
         rows = load_published(published)
