@@ -12,6 +12,8 @@ A suite is a YAML file::
         set: [train.max_steps=300]             # optional --set overrides
         control: simcse-prompt-minilm          # optional: also compared with this recipe, seed by seed
     baseline: simcse-minilm            # optional: every other recipe is compared with it, seed by seed
+    published: ../published/bert-base.yaml  # optional: the papers' numbers, compared task by task
+                                       # (a recipe's row is its name's, or the one its `paper:` key names)
 
 Each run lives in `OUTPUT/<name>-seed<k>/` (the training run plus `results.json`, written last, which
 marks the run finished). A second call skips finished runs and resumes interrupted trainings, so a
@@ -36,13 +38,21 @@ from csekit.core.atomic import atomic_write_text
 from csekit.core.bounded_read import parse_yaml, read_bounded_text
 from csekit.core.errors import CsekitError, at
 from csekit.core.json_text import json_text
+from csekit.evaluation.published import (
+    PUBLISHED_COLUMNS,
+    STS_AVERAGE,
+    PaperComparison,
+    PublishedRow,
+    compare_with_paper,
+    load_published,
+)
 from csekit.evaluation.tasks import table_columns
 from csekit.training.recipe import MAX_SEED
 
 RESULTS_FILE = "results.json"
 COSINES_FILE = "cosines.npy"
-SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline"}
-RECIPE_KEYS = {"recipe", "name", "set", "control"}
+SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline", "published"}
+RECIPE_KEYS = {"recipe", "name", "set", "control", "paper"}
 
 # (column label, path into results.json "tasks"/top level) in the papers' order
 STS_COLUMNS = (
@@ -68,6 +78,11 @@ class SuiteRecipe:
     path: Path
     overrides: list[str] = field(default_factory=list)
     control: str | None = None  # a recipe name: the summary also compares this recipe with it, seed by seed
+    paper: str | None = None  # the entry of the suite's published file this recipe is compared with (default: name)
+
+    @property
+    def published_as(self) -> str:
+        return self.paper or self.name
 
 
 @dataclass
@@ -78,6 +93,7 @@ class Suite:
     recipes: list[SuiteRecipe]
     sample_sentences: int = 1000
     baseline: str | None = None  # a recipe name: the summary compares every other one with it, seed by seed
+    published: Path | None = None  # the papers' numbers (benchmarks/published/*.yaml), compared task by task
 
 
 def _line_of(text: str, key: str) -> int | None:
@@ -148,6 +164,7 @@ def load_suite(path: str | Path) -> Suite:
         recipes,
         sample,
         None if baseline is None else str(baseline),
+        _published_file(path, text, raw.get("published"), recipes),
     )
 
 
@@ -173,7 +190,36 @@ def _suite_recipe(path: Path, text: str, entry: Any, taken: list[str]) -> SuiteR
     if name in taken:
         raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: two recipes are named {name!r}; give one a name")
     control = entry.get("control")
-    return SuiteRecipe(name, recipe_path, [str(o) for o in overrides], None if control is None else str(control))
+    paper = entry.get("paper")
+    if paper is not None and (not isinstance(paper, str) or not paper):
+        raise CsekitError(
+            f"{at(path, _line_of(text, 'paper'))}: paper must name an entry of the suite's published file"
+        )
+    return SuiteRecipe(name, recipe_path, [str(o) for o in overrides], None if control is None else str(control), paper)
+
+
+def _published_file(path: Path, text: str, value: Any, recipes: list[SuiteRecipe]) -> Path | None:
+    """The suite's `published:` file (relative to the suite), read and checked now; each `paper:` names an entry."""
+    if value is None:
+        for recipe in recipes:
+            if recipe.paper is not None:
+                line = _line_naming(text, "paper", recipe.paper)
+                raise CsekitError(f"{at(path, line)}: paper needs a `published:` file in the suite")
+        return None
+    if not isinstance(value, str) or not value:
+        raise CsekitError(f"{at(path, _line_of(text, 'published'))}: published must be a path to a YAML file")
+    published = (path.parent / value).resolve()
+    try:
+        rows = load_published(published)
+    except CsekitError as error:
+        raise CsekitError(f"{at(path, _line_of(text, 'published'))}: {error}") from None
+    for recipe in recipes:
+        if recipe.paper is not None and recipe.paper not in rows:
+            raise CsekitError(
+                f"{at(path, _line_naming(text, 'paper', recipe.paper))}: paper {recipe.paper!r} of {recipe.name!r} "
+                f"is not an entry of {published}"
+            )
+    return published
 
 
 def _check_controls(path: Path, text: str, recipes: list[SuiteRecipe]) -> None:
@@ -274,9 +320,39 @@ def check_suite_inputs(
             check_recipe_inputs(config, data_dir)
         except CsekitError as error:
             problems[recipe.name] = str(error)
-    if problems:
+    missing_data = _missing_task_data(suite, data_dir) if pending else None
+    if problems or missing_data:
         listed = "; ".join(f"[{name}] {problem}" for name, problem in problems.items())
-        raise CsekitError(f"suite {suite.name}: nothing trained, {len(problems)} recipe(s) cannot run: {listed}")
+        parts = [f"{len(problems)} recipe(s) cannot run: {listed}"] if problems else []
+        parts += [missing_data] if missing_data else []
+        raise CsekitError(f"suite {suite.name}: nothing trained, " + "; ".join(parts))
+
+
+def _missing_task_data(suite: Suite, data_dir: Path | None) -> str | None:
+    """The suite's evaluation tasks whose data folder is missing (checked before training, not after it)."""
+    from csekit.data.data_dir import find_task_dir, resolve_data_dir
+    from csekit.evaluation.suite import parse_tasks
+    from csekit.evaluation.tasks import EVAL_TASKS
+
+    try:
+        root = resolve_data_dir(data_dir)
+    except CsekitError:
+        return None  # every recipe's check has said so already
+    groups = parse_tasks(suite.tasks)
+    missing = []
+    for name in (*groups["sts"], *groups["dev"], *groups["transfer"]):
+        task = EVAL_TASKS.get(name)
+        try:
+            if task.load is None:
+                find_task_dir(root, task.folder)
+        except CsekitError:
+            missing.append(name)
+    if not missing:
+        return None
+    return (
+        f"[evaluation data] no data for {', '.join(missing)} under {root}: `csekit download-data {root}` fetches "
+        "STS12-16, STS-B and SICK; the transfer tasks are read from transfer/MR .. MRPC (README, transfer tasks)"
+    )
 
 
 def _duration(seconds: float) -> str:
@@ -381,9 +457,12 @@ def format_csv(
     labels: list[str],
     rows: list[dict[str, Any]],
     differences: dict[str, dict[str, PairedDifference]] | None = None,
+    papers: dict[str, dict[str, PaperComparison]] | None = None,
 ) -> str:
-    """One row per method; with `differences`, also each STS column's paired difference, p and seeds above."""
+    """One row per method; with `differences`, also each STS column's paired difference, p and seeds above;
+    with `papers`, each published column's paper number, difference, one-run range and whether it is within."""
     paired_labels = [label for label, _ in STS_COLUMNS] if differences is not None else []
+    paper_labels = _paper_labels(papers or {})
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(
@@ -392,6 +471,7 @@ def format_csv(
             "seeds",
             *[f"{label} {stat}" for label in labels for stat in ("mean", "std")],
             *[f"{label} {stat}" for label in paired_labels for stat in ("diff", "p", "seeds above", "paired seeds")],
+            *[f"{label} {stat}" for label in paper_labels for stat in PAPER_CSV_STATS],
         ]
     )
     for row in rows:
@@ -405,6 +485,8 @@ def format_csv(
             else:
                 p_text = "" if diff.p_value is None else f"{diff.p_value:.4g}"
                 cells += [f"{diff.mean:.4f}", p_text, diff.higher, len(diff.seeds)]
+        for label in paper_labels:
+            cells += _paper_csv_cells((papers or {}).get(row["method"], {}).get(label))
         writer.writerow(cells)
     return buffer.getvalue()
 
@@ -657,7 +739,139 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
     wall = format_wall_markdown(runs)
     if wall:
         markdown += "\n## Wall time per run\n\nSeconds; a resumed run counts only its last part.\n\n" + wall
+    papers = None
+    if suite.published is not None:
+        published = load_published(suite.published)
+        papers = paper_comparisons(suite, runs, published)
+        markdown += format_paper_markdown(suite, runs, published, papers)
     atomic_write_text(output / "results.md", markdown)
-    atomic_write_text(output / "results.csv", format_csv(labels, rows, differences))
+    atomic_write_text(output / "results.csv", format_csv(labels, rows, differences, papers))
     plots = write_plots(output, suite, runs)
+    if papers and any(STS_AVERAGE in columns for columns in papers.values()):
+        plots.append(write_paper_plot(output, suite, runs, papers))
     return {"table": markdown, "plots": [str(p) for p in plots], "finished": sum(len(r) for r in runs.values())}
+
+
+# --- against the published numbers (a suite's `published:` file) --------------------------------------
+
+PAPER_CSV_STATS = ("paper", "paper diff", "paper range low", "paper range high", "paper within")
+PAPER_PLOT = "sts_avg_vs_paper.png"
+
+
+def paper_comparisons(
+    suite: Suite, runs: dict[str, list[dict[str, Any]]], published: dict[str, PublishedRow]
+) -> dict[str, dict[str, PaperComparison]]:
+    """Per recipe with a published row and finished runs: each published column against csekit's seeds."""
+    paths = dict((*STS_COLUMNS, *TRANSFER_COLUMNS))
+    comparisons: dict[str, dict[str, PaperComparison]] = {}
+    for recipe in suite.recipes:
+        row = published.get(recipe.published_as)
+        if row is None or not row.scores or recipe.name not in runs:
+            continue
+        for label, paper in row.scores.items():
+            values = [100.0 * v for v in (_get(r, paths[label]) for r in runs[recipe.name]) if v is not None]
+            if values:
+                comparisons.setdefault(recipe.name, {})[label] = compare_with_paper(paper, values)
+    return comparisons
+
+
+def _paper_labels(papers: dict[str, dict[str, PaperComparison]]) -> list[str]:
+    """The published columns compared for any recipe, in the papers' order."""
+    return [label for label in PUBLISHED_COLUMNS if any(label in columns for columns in papers.values())]
+
+
+def _paper_csv_cells(comparison: PaperComparison | None) -> list[str]:
+    if comparison is None:
+        return ["", "", "", "", ""]
+    within = {None: "", True: "yes", False: "no"}[comparison.within]
+    ends = ["" if end is None else f"{end:.4f}" for end in (comparison.low, comparison.high)]
+    return [f"{comparison.paper:.2f}", f"{comparison.difference:.4f}", *ends, within]
+
+
+PAPER_RULE = (
+    "Per task: the paper's number, csekit's mean ± standard deviation over seeds (x 100), the difference "
+    "(csekit minus paper), and the range one more csekit run falls in with 95% probability: mean ± "
+    "t(0.975, n-1) · s · sqrt(1 + 1/n), s the standard deviation over the n seeds with n - 1 in the "
+    "denominator. A paper reports one run, so the question is whether it could have been one more of "
+    'csekit\'s seeds; "yes" when the paper\'s number lies in that range, "-" with fewer than 2 seeds.'
+)
+
+
+def format_paper_markdown(
+    suite: Suite,
+    runs: dict[str, list[dict[str, Any]]],
+    published: dict[str, PublishedRow],
+    papers: dict[str, dict[str, PaperComparison]],
+) -> str:
+    """One section per recipe: its paper's row beside csekit's seeds, or why there is none to compare with."""
+    judged = [c.within for columns in papers.values() for c in columns.values() if c.within is not None]
+    shown = suite.published
+    if shown is not None and shown.is_relative_to(Path.cwd()):
+        shown = shown.relative_to(Path.cwd())
+    markdown = f"\n## Against the published numbers\n\nPublished numbers: {shown}. {PAPER_RULE}\n"
+    if judged:
+        markdown += f"\nWithin the seed spread: {sum(judged)} of {len(judged)} published numbers.\n"
+    for recipe in suite.recipes:
+        markdown += f"\n### {recipe.name}\n\n"
+        row = published.get(recipe.published_as)
+        if row is None:
+            markdown += f"No entry {recipe.published_as!r} in the published file.\n"
+        elif row.reason is not None:
+            markdown += f"No published numbers: {row.reason}\n"
+        elif recipe.name not in runs:
+            markdown += f"Paper: {row.source}. No finished run yet.\n"
+        else:
+            markdown += _paper_table(row, papers.get(recipe.name, {}))
+    return markdown
+
+
+def _paper_table(row: PublishedRow, columns: dict[str, PaperComparison]) -> str:
+    """The table of one recipe: a line per published column."""
+    lines = [f"Paper: {row.source}." + (f" Note: {row.note}" if row.note else ""), ""]
+    lines += ["| Task | Paper | csekit | Difference | One-run 95% range | Paper within |", "|---|---|---|---|---|---|"]
+    for label, paper in row.scores.items():
+        comparison = columns.get(label)
+        if comparison is None:
+            lines.append(f"| {label} | {paper:.2f} | not evaluated | - | - | - |")
+            continue
+        spread = "-" if comparison.low is None else f"{comparison.low:.2f} to {comparison.high:.2f}"
+        within = {None: "-", True: "yes", False: "no"}[comparison.within]
+        measured = f"{comparison.mean:.2f} ± {comparison.std:.2f} ({comparison.seeds} seeds)"
+        lines.append(f"| {label} | {paper:.2f} | {measured} | {_signed(comparison.difference)} | {spread} | {within} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_paper_plot(
+    output: Path, suite: Suite, runs: dict[str, list[dict[str, Any]]], papers: dict[str, dict[str, PaperComparison]]
+) -> Path:
+    """STS average per recipe: each seed, csekit's mean ± std, and the paper's average marked beside them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [recipe.name for recipe in suite.recipes if STS_AVERAGE in papers.get(recipe.name, {})]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.2 * len(names) + 2), 4))
+    for x, name in enumerate(names):
+        comparison = papers[name][STS_AVERAGE]
+        seeds = [100.0 * v for v in (_get(r, ("avg",)) for r in runs[name]) if v is not None]
+        ax.scatter([x - 0.1] * len(seeds), seeds, color="tab:blue", s=12, label="csekit seed" if x == 0 else None)
+        ax.errorbar(
+            x,
+            comparison.mean,
+            yerr=comparison.std,
+            fmt="o",
+            color="tab:blue",
+            capsize=4,
+            label="csekit mean ± std" if x == 0 else None,
+        )
+        ax.scatter(x + 0.1, comparison.paper, marker="*", s=120, color="tab:red", label="paper" if x == 0 else None)
+    ax.set_xticks(range(len(names)), names, rotation=30, ha="right", fontsize="small")
+    ax.set_ylabel("STS Avg. (Spearman x 100)")
+    ax.set_title("STS average: csekit's seeds against the paper")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    path = output / PAPER_PLOT
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

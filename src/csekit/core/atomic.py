@@ -149,3 +149,18 @@ def remove_staging_leftovers(folder: str | Path) -> list[str]:
             entry.unlink(missing_ok=True)
         removed.append(entry.name)
     return removed
+
+
+def commit_staged_file(staged: str | Path, target: str | Path) -> None:
+    """Move a complete staged file (written and checked beside `target`) into place with one atomic rename.
+
+    For files written in pieces over time, such as a resumable download, which `atomic_write_text` cannot
+    stage: the data is flushed to disk first, so a crash leaves either no `target` or the complete one.
+    """
+    staged, target = Path(staged), Path(target)
+    fd = os.open(staged, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(staged, target)

@@ -11,13 +11,19 @@ from pathlib import Path
 
 from csekit.core.errors import CsekitError
 from csekit.data.corpus import HUB_PREFIX, resolve_corpus_path
+from csekit.data.corpus_download import CORPORA
 from csekit.data.data_dir import resolve_data_dir
 from csekit.prep.frequency import resolve_counts_path
 from csekit.training.recipe import Recipe
 
 
-def _corpus_hint(corpus: str) -> str:
-    """How a missing corpus is made: `csekit augment` for the augmented JSONL corpora of OssCSE's recipes."""
+def _corpus_hint(corpus: str, data_dir: Path | None) -> str:
+    """How a missing corpus is made: `csekit download-data` for the papers' corpus (SimCSE's wiki1m),
+    `csekit augment` for the augmented JSONL corpora of OssCSE's and SNCSE's recipes."""
+    downloadable = [source for source in CORPORA.values() if Path(corpus).name == source.file_name]
+    if downloadable:
+        folder = data_dir if data_dir is not None else "DATA_DIR"
+        return f"; make it with: csekit download-data {folder} --corpus {downloadable[0].name}"
     if corpus.endswith(".jsonl"):
         return f"; make it with: csekit augment --corpus SENTENCES.txt --output {corpus} (see the recipe's header)"
     return "; give data.corpus a text file with one sentence per line"
@@ -37,9 +43,9 @@ def check_recipe_inputs(recipe: Recipe, data_dir: str | Path | None, needs_data_
         try:
             location = resolve_corpus_path(corpus, root)
         except CsekitError as error:
-            raise CsekitError(f"{error}{_corpus_hint(corpus)}") from None
+            raise CsekitError(f"{error}{_corpus_hint(corpus, root)}") from None
         if not Path(location).is_file():
-            raise CsekitError(f"corpus {corpus} not found{_corpus_hint(corpus)}")
+            raise CsekitError(f"corpus {corpus} not found{_corpus_hint(corpus, root)}")
     for spec in recipe.objectives:
         if isinstance(spec.get("counts"), str):
             resolve_counts_path(spec["counts"], root)
