@@ -37,7 +37,6 @@ from csekit.core.run_lock import hold_run_lock
 from csekit.data.corpus import TrainCollator, open_corpus
 from csekit.data.data_dir import resolve_data_dir
 from csekit.encoding.encoder import SentenceEncoder, non_finite_parameters
-from csekit.encoding.pooling import DenoisedMaskPooler
 from csekit.evaluation.sts import evaluate_dev
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS
 from csekit.training.card_facts import training_card_facts
@@ -211,8 +210,6 @@ class Trainer:
                 f"recipe key model.max_length: {model_config.max_length} is more tokens than "
                 f"{model_config.backbone} accepts ({encoder.max_seq_length})"
             )
-        if isinstance(encoder.pooler, DenoisedMaskPooler):  # template_positions is checked with the recipe
-            encoder.pooler.template_positions = model_config.template_positions
         self.model, self.views = build_model(self.recipe, encoder)
         if model_config.head_at_test:
             encoder.head = self.model.head
