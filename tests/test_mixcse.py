@@ -180,7 +180,7 @@ def test_bad_mixing_share_names_the_recipe_key() -> None:
         with pytest.raises(CsekitError, match=r"negatives\[0\].*positive_share"):
             build_part(NEGATIVES, {"name": "mixcse", "positive_share": share}, "negatives[0]")
     with pytest.raises(CsekitError, match=r"negatives\[0\].*must differ"):
-        build_part(NEGATIVES, {"name": "mixcse", "anchor_view": 1}, "negatives[0]")
+        build_part(NEGATIVES, {"name": "mixcse", "symmetric": True, "anchor_view": 1}, "negatives[0]")
 
 
 def test_a_mixcse_recipe_trains(tmp_path: Path, tiny_model_dir: Path) -> None:

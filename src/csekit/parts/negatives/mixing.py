@@ -56,7 +56,7 @@ class MixedNegatives(nn.Module):
         super().__init__()
         if not 0.0 <= positive_share < 1.0:
             raise ValueError(f"option positive_share must be in [0, 1) (got {positive_share})")
-        if anchor_view == positive_view:
+        if symmetric and anchor_view == positive_view:
             raise ValueError(f"options anchor_view and positive_view must differ (both {anchor_view})")
         self.positive_share = float(positive_share)
         self.positive_view = positive_view
