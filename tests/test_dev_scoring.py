@@ -111,10 +111,8 @@ def test_dev_scoring_keys_that_do_not_fit_the_model_are_refused(override: str, k
     ("recipe_file", "with_head", "denoise"),
     [
         ("mixcse-bert-base.yaml", True, False),
-        ("mixcse-minilm.yaml", True, False),
         ("promptbert-bert-base.yaml", False, True),
         ("promptbert-roberta-base.yaml", False, True),
-        ("promptbert-minilm.yaml", False, True),
     ],
 )
 def test_the_mixcse_and_promptbert_recipes_select_as_their_authors_code(
