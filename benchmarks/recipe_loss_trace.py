@@ -3,8 +3,9 @@
 Trains every `recipes/*.yaml` (or the recipes named) for 20 steps on a tiny random model of its backbone's
 family (see tests/recipe_trace.py for the setup and what it overrides), prints each recipe's largest
 relative deviation from the recorded trace in tests/data/recipe_losses.json, and with --write records the
-new traces there (only the named recipes' entries when some are named). Record again only after a change
-that is meant to change training, and say so in the commit.
+new traces there (only the named recipes' entries when some are named; tests/data/recipe_losses.machine
+then names this machine for those recipes only). Record again only after a change that is meant to change
+training, and say so in the commit.
 
     PYTHONPATH=src python benchmarks/recipe_loss_trace.py                 # compare with the recording
     PYTHONPATH=src python benchmarks/recipe_loss_trace.py --write         # record every recipe
@@ -24,8 +25,10 @@ from recipe_trace import (
     RECORDED,
     RECORDED_ON,
     deviation,
+    format_machines,
     format_traces,
     machine_signature,
+    read_machines,
     read_recorded,
     shipped_recipes,
     trace_recipes,
@@ -61,7 +64,13 @@ def main() -> None:
         RECORDED.parent.mkdir(parents=True, exist_ok=True)
         kept = {**recorded, **traces} if args.recipes else traces  # all recipes: drop removed ones' traces
         RECORDED.write_text(format_traces(kept), encoding="utf-8")
-        RECORDED_ON.write_text(machine_signature() + "\n", encoding="utf-8")
+        here = machine_signature()
+        if args.recipes:  # the other recipes' traces keep the machine they were recorded on
+            default, per_recipe = read_machines()
+            machines = format_machines(default, {**per_recipe, **dict.fromkeys(traces, here)})
+        else:
+            machines = format_machines(here, {})
+        RECORDED_ON.write_text(machines, encoding="utf-8")
         print(f"wrote {RECORDED}", file=sys.stderr)
 
 

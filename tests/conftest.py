@@ -94,7 +94,8 @@ def make_byte_level_bpe_tokenizer(
     from tokenizers.processors import RobertaProcessing
 
     bpe = ByteLevelBPETokenizer()
-    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
+    # <mask> takes the space before it, as in roberta-base's tokenizer ("Ġmeans", "<mask>", not "Ġ", "<mask>").
+    specials = ["<s>", "<pad>", "</s>", "<unk>", AddedToken("<mask>", lstrip=True, special=True)]
     bpe.train_from_iterator(
         list(texts) * 5, vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials
     )

@@ -33,7 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 RECORDED = REPO / "tests" / "data" / "recipe_losses.json"
 RECORDED_ON = REPO / "tests" / "data" / "recipe_losses.machine"
-"""The machine the traces were recorded on (see `machine_signature`)."""
+"""The machines the traces were recorded on (see `machine_signature`): a first line naming the machine of
+every trace, then one `recipe.yaml = signature` line per trace recorded on another (see `read_machines`)."""
 RECORD_COMMAND = "python benchmarks/recipe_loss_trace.py --write"
 
 STEPS = 20
@@ -229,6 +230,38 @@ def machine_signature() -> str:
     cpu, flags = cpu_model_and_flags()
     vector = [name for name in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if name in flags]
     return f"{cpu}; {' '.join(vector) or 'no AVX2'}; torch {torch.__version__}"
+
+
+def read_machines(path: Path = RECORDED_ON) -> tuple[str, dict[str, str]]:
+    """The machine of the traces in general and those of the recipes recorded elsewhere, by recipe file.
+
+    Recording some recipes again on another machine (`--write recipes/x.yaml`) must not claim that the
+    others were recorded there too, so their machine is noted per recipe.
+    """
+    if not path.exists():
+        return "unknown", {}
+    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    default, per_recipe = (lines[0] if lines else "unknown"), {}
+    for line in lines[1:]:
+        recipe_file, separator, signature = line.partition(" = ")
+        if not separator or not recipe_file.endswith(".yaml"):
+            raise CsekitError(f"{path}: expected `recipe.yaml = machine signature`, got {line!r}")
+        per_recipe[recipe_file] = signature
+    return default, per_recipe
+
+
+def recorded_machine(recipe_file: str, path: Path = RECORDED_ON) -> str:
+    """The machine `recipe_file`'s trace was recorded on."""
+    default, per_recipe = read_machines(path)
+    return per_recipe.get(recipe_file, default)
+
+
+def format_machines(default: str, per_recipe: dict[str, str]) -> str:
+    """The machine file's text: the general machine, then each recipe recorded on another one."""
+    lines = [default] + [
+        f"{name} = {signature}" for name, signature in sorted(per_recipe.items()) if signature != default
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def deviation(actual: list[float], expected: list[float]) -> float:

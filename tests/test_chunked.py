@@ -63,6 +63,15 @@ FAMILIES = {
     "consert-views": "consert-views-minilm.yaml",
     "osscse": "osscse-bert-base.yaml",
     "combined": "combined-minilm.yaml",
+    "esimcse": "esimcse-bert-base.yaml",
+    "esimcse-roberta": "esimcse-roberta-base.yaml",
+    "sncse": "sncse-bert-base.yaml",
+    "sncse-roberta": "sncse-roberta-base.yaml",
+    "promptbert": "promptbert-bert-base.yaml",
+    "promptbert-roberta": "promptbert-roberta-base.yaml",
+    "mixcse": "mixcse-bert-base.yaml",
+    "rankcse": "rankcse-bert-base.yaml",
+    "rankcse-listnet": "rankcse-listnet-bert-base.yaml",
 }
 BATCH = 8
 ROUNDING_SENSITIVE = {"whitenedcse-pca", "whitenedcse-zca"}
@@ -95,7 +104,10 @@ def family_recipe(tiny: TinyInputs, family: str, *extra: str) -> Recipe:
 def build(recipe: Recipe, seed: int = 0) -> tuple[ContrastiveModel, Any]:
     """The recipe's model, its backbone moved off its initial (recall's theta_0) weights so recall is not 0."""
     torch.manual_seed(seed)
-    encoder = SentenceEncoder.load(recipe.model.backbone, recipe.model.pooler, dropout=recipe.model.dropout)
+    model_config = recipe.model
+    encoder = SentenceEncoder.load(
+        model_config.backbone, model_config.pooler, dropout=model_config.dropout, templates=model_config.templates
+    )
     model, views = build_model(recipe, encoder)
     with torch.no_grad():
         for parameter in encoder.backbone.parameters():

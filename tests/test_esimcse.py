@@ -158,6 +158,48 @@ def test_momentum_update_queue_and_loss_follow_the_papers_equations(tmp_path: Pa
     assert int(queue.queued) == 6 and int(queue.pointer) == 2
 
 
+def test_the_authors_queue_is_view_0_of_the_momentum_encoder_through_the_online_head(tmp_path: Path) -> None:
+    """caskcsg/sentemb ESimCSE/esimcse/models.py L123-139, L186-192 and trainers.py L619-636: after the step's
+    forward pass (which updates the momentum model, the encoder only, L161-163), the model in eval mode encodes
+    input_ids[:, 0] (the sentence) with momentum_model, applies the online cls.mlp, and the result is queued."""
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="cls")
+    head = MLPHead(encoder.dim)
+    queue = MomentumQueue(encoder, head, momentum=LAMBDA, queue_size=8, view=0, queue_head="online")
+    model = ContrastiveModel(encoder, head, 2, [(InfoNCE(temperature=0.05), 1.0)], [queue])
+    assert queue.momentum_head is None  # the authors' momentum model copies the encoder only
+    views = RepetitionViews(encoder.tokenizer, encoder.pooler, 16)
+    torch.manual_seed(0)
+    inputs = views(SENTENCES)
+    model(inputs, SENTENCES)
+    with torch.no_grad():  # an optimizer step
+        for p in [*encoder.parameters(), *head.parameters()]:
+            p.add_(0.01 * torch.randn_like(p))
+    theta_m = {k: v.clone() for k, v in queue.momentum_encoder.state_dict().items()}
+    queue(model.make_state(inputs, SENTENCES, {}))
+    # The authors' computation: param_m = param_m * momentum + param * (1 - momentum), then eval-mode
+    # momentum_model on the original sentences, then the online MLP (dense + tanh), detached.
+    authors_momentum_model = copy.deepcopy(encoder).eval()
+    online = dict(encoder.named_parameters())
+    with torch.no_grad():
+        for name, value in authors_momentum_model.named_parameters():
+            value.copy_(theta_m[name] * LAMBDA + online[name] * (1 - LAMBDA))
+        originals = {key: value[:4] for key, value in inputs.items()}
+        expected = torch.tanh(head.linear(authors_momentum_model(originals).pooled))
+    torch.testing.assert_close(queue.queue[4:8], expected)
+    # The paper's reading (view 1, a momentum copy of the head) queues other vectors.
+    with torch.no_grad():
+        repeated = {key: value[4:] for key, value in inputs.items()}
+        assert not torch.allclose(expected, torch.tanh(head.linear(authors_momentum_model(repeated).pooled)))
+
+
+@pytest.mark.parametrize("recipe_file", ["esimcse-bert-base.yaml", "esimcse-roberta-base.yaml", "esimcse-minilm.yaml"])
+def test_the_esimcse_recipes_queue_as_the_authors_code(recipe_file: str) -> None:
+    from csekit.training.recipe import load_recipe
+
+    (spec,) = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / recipe_file).negatives
+    assert spec["name"] == "momentum_queue" and spec["view"] == 0 and spec["queue_head"] == "online"
+
+
 def test_momentum_state_is_checkpointed_never_optimized(tmp_path: Path) -> None:
     model = esimcse_model(tmp_path)
     keys = set(model.state_dict())
@@ -177,7 +219,7 @@ def tiny_recipe_stub():  # type: ignore[no-untyped-def]
 
 def test_bad_momentum_options_name_the_recipe_key(tmp_path: Path, tiny_model_dir: Path) -> None:
     corpus = make_corpus(tmp_path / "corpus.txt", lines=32)
-    for option in ("momentum: 1.5", "queue_size: 0"):
+    for option in ("momentum: 1.5", "queue_size: 0", "queue_head: ema", "view: -1"):
         recipe = tiny_recipe(tiny_model_dir, corpus, f"negatives=[{{name: momentum_queue, {option}}}]")
         with pytest.raises(CsekitError, match=r"negatives\[0\]"):
             train(recipe, tmp_path / "run", show_progress=False)

@@ -89,6 +89,48 @@ def test_with_the_dclr_code_objective_the_left_out_mix_gets_logit_0_as_in_the_au
     torch.testing.assert_close(loss, expected)
 
 
+def authors_logits_with_both_blocks(anchors: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:
+    """models_mix.py L198-271 (no hard negatives in the data, hard_negative_weight 0): the in-batch cosines,
+    then z1 against z3 = lambda z2 + (1 - lambda) roll(z2, -1) with [i, i - 1] multiplied by 0, then
+    z4 = lambda z1 + (1 - lambda) roll(z1, -1) against z2 with [i, i + 1] multiplied by 0; all over tau."""
+    n = len(anchors)
+    z1, z2 = anchors.float(), positives.float()
+    cos = F.cosine_similarity(z1[:, None], z2[None], dim=-1)
+    z3 = (LAMBDA * z2 + (1 - LAMBDA) * torch.cat([z2[1:], z2[:1]])).detach()
+    mask = torch.eye(n)
+    z1_z3 = F.cosine_similarity(z1[:, None], z3[None], dim=-1) * (1 - torch.cat([mask[-1:], mask[:-1]]))
+    z4 = (LAMBDA * z1 + (1 - LAMBDA) * torch.cat([z1[1:], z1[:1]])).detach()
+    z4_z2 = F.cosine_similarity(z4[:, None], z2[None], dim=-1) * (1 - torch.cat([mask[:, -1:], mask[:, :-1]], dim=1))
+    return torch.cat([cos, z1_z3, z4_z2], dim=1) / 0.05
+
+
+def test_the_symmetric_block_is_the_authors_second_block(tiny_model_dir: Path) -> None:
+    model = build(tiny_model_dir, [MixedNegatives(positive_share=LAMBDA, symmetric=True)])
+    state = step_state(model)
+    model.negatives[0](state)
+    anchors, positives = state.embeddings
+    expected = authors_logits_with_both_blocks(anchors, positives)
+    # With the dclr_code objective (weights multiply logits) the left-out entries get logit 0, as in the code.
+    loss = WeightedLogitsLoss(temperature=0.05, loss="infonce")(state)["dclr_code"]
+    torch.testing.assert_close(loss, F.cross_entropy(expected, torch.arange(5)))
+    # With infonce they are left out (weight 0); every other logit is the code's.
+    logits = InfoNCE(temperature=0.05).logits(state)
+    left_out = torch.zeros(5, 15, dtype=torch.bool)
+    left_out[torch.arange(5), 5 + (torch.arange(5) - 1) % 5] = True
+    left_out[torch.arange(5), 10 + (torch.arange(5) + 1) % 5] = True
+    assert bool(torch.isinf(logits[left_out]).all()) and bool(torch.isfinite(logits[~left_out]).all())
+    torch.testing.assert_close(logits[~left_out], expected[~left_out])
+    # The block's gradient reaches the positives only (its stand-ins are constants), as z4 is detached.
+    (grad_anchors, grad_positives) = torch.autograd.grad(logits[:, 10:][~left_out[:, 10:]].sum(), [anchors, positives])
+    assert float(grad_anchors.abs().sum()) == 0.0 and float(grad_positives.abs().sum()) > 0.0
+    # Without the block the code's loss is not reached, so the comparison can fail.
+    state.extra_row_contrasts.clear()
+    assert not torch.isclose(
+        WeightedLogitsLoss(temperature=0.05, loss="infonce")(state)["dclr_code"],
+        F.cross_entropy(expected, torch.arange(5)),
+    )
+
+
 def test_each_mix_is_a_unit_vector_mostly_of_the_next_positive(tiny_model_dir: Path) -> None:
     model = build(tiny_model_dir, [MixedNegatives(positive_share=LAMBDA)])
     state = step_state(model)
@@ -137,6 +179,8 @@ def test_bad_mixing_share_names_the_recipe_key() -> None:
     for share in (1.0, -0.1):
         with pytest.raises(CsekitError, match=r"negatives\[0\].*positive_share"):
             build_part(NEGATIVES, {"name": "mixcse", "positive_share": share}, "negatives[0]")
+    with pytest.raises(CsekitError, match=r"negatives\[0\].*must differ"):
+        build_part(NEGATIVES, {"name": "mixcse", "symmetric": True, "anchor_view": 1}, "negatives[0]")
 
 
 def test_a_mixcse_recipe_trains(tmp_path: Path, tiny_model_dir: Path) -> None:

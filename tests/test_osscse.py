@@ -219,13 +219,15 @@ def test_roberta_style_tokenizer_keeps_the_template() -> None:
     pooler = MaskPooler()
     pooler.bind(tokenizer)
     ids = pooler.encode_ids(tokenizer, ["a man plays the guitar ."], None)["input_ids"][0]
-    assert tokenizer.decode(ids) == '<s>This sentence : "a man plays the guitar ." means <mask> .</s>'
+    assert (
+        tokenizer.decode(ids) == '<s>This sentence : "a man plays the guitar ." means<mask> .</s>'
+    )  # <mask> takes its space
     second = pooler.encode_ids(tokenizer, ["a man plays"], None, view=1)["input_ids"][0]
-    assert tokenizer.decode(second) == '<s>This sentence of "a man plays" means <mask> .</s>'
+    assert tokenizer.decode(second) == '<s>This sentence of "a man plays" means<mask> .</s>'
     text = "a man plays the guitar . the woman eats food"
     long = pooler.encode_ids(tokenizer, [text], None, max_positions=20)["input_ids"][0]
     assert len(long) == 20 and long.count(tokenizer.mask_token_id) == 1
-    assert tokenizer.decode(long).endswith('" means <mask> .</s>') and tokenizer.decode(long).startswith("<s>This")
+    assert tokenizer.decode(long).endswith('" means<mask> .</s>') and tokenizer.decode(long).startswith("<s>This")
 
 
 # --- objectives ------------------------------------------------------------------------------------

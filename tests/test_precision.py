@@ -82,9 +82,9 @@ FP32_RECIPES = {
         "ablation-random-noise",
         "ablation-self-weighting",
     )
-} | {"sncse-bert-base.yaml", "sncse-roberta-base.yaml"}
-"""DCLR's and SNCSE's reproductions: the authors' numbers come from fp32 runs (DCLR's run.sh, --fp16 commented
-out; SNCSE's train_SNCSE.sh, no --fp16)."""
+} | {"sncse-bert-base.yaml", "sncse-roberta-base.yaml", "mixcse-bert-base.yaml"}
+"""DCLR's, SNCSE's and MixCSE's reproductions: the authors' numbers come from fp32 runs (DCLR's run.sh, --fp16
+commented out; SNCSE's train_SNCSE.sh and MixCSE's run_unsup_example.sh, no --fp16)."""
 
 
 def test_the_dclr_reproductions_train_in_fp32_the_others_use_auto_the_default() -> None:

@@ -67,6 +67,49 @@ def test_training_representation_is_the_mask_state_minus_the_template_alone_at_t
     assert not torch.allclose(pooled, undenoised, atol=1e-4)
 
 
+def authors_get_delta_by_hand(encoder: SentenceEncoder, inputs: dict[str, torch.Tensor], view: int) -> torch.Tensor:
+    """The authors' `get_delta` as written (models.py L96-98): the template alone with position ids
+    arange(template length) and those after the prefix (`len(bs) + 1`) shifted by the sentence's length;
+    on RoBERTa the sentence pass keeps its own numbering (from padding_idx + 1)."""
+    tokenizer = encoder.tokenizer
+    prefix = len(tokenizer(TEMPLATES[view], add_special_tokens=False)["input_ids"])
+    full = encoder.backbone(**inputs, return_dict=True).last_hidden_state
+    rows = []
+    for row, sentence in enumerate(SENTENCES):
+        ids = inputs["input_ids"][row][inputs["attention_mask"][row].bool()]
+        length = len(tokenizer(sentence, add_special_tokens=False)["input_ids"])
+        start = 1 + prefix
+        template = torch.cat([ids[:start], ids[start + length :]])
+        positions = torch.arange(len(template))
+        positions[start:] += length
+        alone = encoder.backbone(input_ids=template[None], position_ids=positions[None]).last_hidden_state[0]
+        mask = int((ids == tokenizer.mask_token_id).nonzero()[-1])
+        rows.append(full[row, mask] - alone[mask - length])
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
+def test_template_positions_from_zero_are_the_authors_get_delta(tmp_path: Path, model_type: str) -> None:
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask_denoised", initializer_range=0.2, model_type=model_type)
+    encoder.pooler.template_positions = "from_zero"
+    encoder.train()
+    encoder.backbone.eval()
+    inputs = encoder.tokenize(SENTENCES, view=0)
+    with torch.no_grad():
+        pooled = encoder(inputs, token_states=False).pooled
+        torch.testing.assert_close(pooled, authors_get_delta_by_hand(encoder, inputs, 0))
+        encoder.pooler.template_positions = "row"
+        same_positions = encoder(inputs, token_states=False).pooled
+    # On BERT the two numberings are one; on RoBERTa the authors' puts the template two positions earlier.
+    assert torch.allclose(pooled, same_positions) == (model_type == "bert")
+
+
+def test_the_roberta_recipe_numbers_the_template_pass_as_the_authors_code() -> None:
+    recipe = load_recipe(ROBERTA_RECIPE)
+    assert recipe.model.template_positions == "from_zero"
+    assert load_recipe(REPO / "recipes" / "promptbert-bert-base.yaml").model.template_positions == "row"
+
+
 def test_the_two_views_use_promptberts_two_templates(tmp_path: Path) -> None:
     encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask_denoised")
     first, second = (encoder.tokenizer.decode(encoder.tokenize(["a dog"], view=v)["input_ids"][0]) for v in (0, 1))

@@ -21,13 +21,18 @@ from recipe_trace import (
     RECORDED_ON,
     TinyInputs,
     deviation,
+    format_machines,
     machine_signature,
     make_tiny_inputs,
     one_thread,
+    read_machines,
     read_recorded,
+    recorded_machine,
     shipped_recipes,
     trace_recipe,
 )
+
+from csekit.core.errors import CsekitError
 
 RTOL = 1e-4
 ATOL = 1e-6
@@ -70,12 +75,12 @@ def test_there_are_shipped_recipes_and_no_recording_of_a_removed_one(
     )
 
 
-def same_machine_as_the_recording() -> None:
+def same_machine_as_the_recording(recipe_file: str) -> None:
     """Skip where rounding differs from the recording machine's (CSEKIT_TRACES_ANY_MACHINE=1 compares anyway).
 
     A refactor records the traces on its own machine first (`--write`), then checks them there.
     """
-    recorded_on = RECORDED_ON.read_text(encoding="utf-8").strip() if RECORDED_ON.exists() else "unknown"
+    recorded_on = recorded_machine(recipe_file)
     here = machine_signature()
     if recorded_on != here and os.environ.get("CSEKIT_TRACES_ANY_MACHINE") != "1":
         pytest.skip(
@@ -96,7 +101,7 @@ def test_recipe_loss_trace_matches_the_recording(
             f"recipes/{recipe_file} has no recorded loss trace in {RECORDED.name}; record it with "
             f"`{RECORD_COMMAND} recipes/{recipe_file}` (PYTHONPATH=src) and commit the file"
         )
-    same_machine_as_the_recording()
+    same_machine_as_the_recording(recipe_file)
     with one_thread():
         actual = trace_recipe(RECIPES / recipe_file, tiny, tmp_path / "run")
     assert list(actual) == list(expected), f"{recipe_file}: logged loss parts {list(actual)}, recorded {list(expected)}"
@@ -121,3 +126,16 @@ def test_the_tolerance_allows_rounding_but_not_a_change(monkeypatch: pytest.Monk
     assert mismatches([0.0, 2e-9, 3e-8 * 1.1], recall) == [3]
     monkeypatch.setenv("CSEKIT_EXACT_TRACES", "1")
     assert mismatches([2.0, 1.5 * (1 + 1e-7), 0.0], loss) == [2]
+
+
+def test_traces_recorded_again_elsewhere_name_their_own_machine(tmp_path: Path) -> None:
+    path = tmp_path / "recipe_losses.machine"
+    path.write_text("Zen 4; avx512f\n", encoding="utf-8")  # the file as a full --write leaves it
+    assert recorded_machine("a.yaml", path) == "Zen 4; avx512f"
+    default, per_recipe = read_machines(path)
+    path.write_text(format_machines(default, {**per_recipe, "b.yaml": "Zen 3; avx2"}), encoding="utf-8")
+    assert [recorded_machine(name, path) for name in ("a.yaml", "b.yaml")] == ["Zen 4; avx512f", "Zen 3; avx2"]
+    assert format_machines("Zen 3; avx2", {"b.yaml": "Zen 3; avx2"}) == "Zen 3; avx2\n"  # no entry repeats the first
+    path.write_text("Zen 4\nnot a recipe line\n", encoding="utf-8")
+    with pytest.raises(CsekitError, match=r"recipe\.yaml = machine signature"):
+        read_machines(path)

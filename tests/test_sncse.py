@@ -8,15 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import WORDS, make_tiny_encoder, tiny_recipe
+from conftest import REPO, WORDS, make_byte_level_bpe_tokenizer, make_tiny_encoder, tiny_recipe
 
 from csekit.core.errors import CsekitError
+from csekit.encoding.pooling import MaskPooler
 from csekit.parts.heads.mlp import MLPHead
 from csekit.parts.objectives import OBJECTIVES, InfoNCE
 from csekit.parts.objectives.bidirectional_margin import BidirectionalMargin
 from csekit.parts.views.dropout import DropoutViews
 from csekit.training.model import ContrastiveModel
-from csekit.training.recipe import build_part
+from csekit.training.recipe import build_part, load_recipe
 from csekit.training.trainer import train
 
 SENTENCES = ["the man plays guitar", "a dog runs", "the cat sits", "she eats food"]
@@ -113,3 +114,38 @@ def test_sncse_recipes_train(tmp_path: Path, tiny_model_dir: Path, weighting: bo
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "bml" in r]
     assert result.steps == 3 and len(steps) == 3 and all(r["bml"] >= 0.0 for r in steps)
+
+
+# --- RoBERTa: the authors' token ids ---------------------------------------------------------------------
+
+AUTHORS_PREFIXES = {0: 'This sentence : " ', 1: 'This sentence of " '}
+"""train_SNCSE.py L490-493: s1 (view 0) and ss1 (view 1 and the negation), tokenised with the trailing space."""
+
+
+def authors_sncse_roberta_ids(tokenizer, sentence: str, view: int, max_seq_length: int = 32) -> list[int]:  # type: ignore[no-untyped-def]
+    """train_SNCSE.py L490-535 for RoBERTa: [<s>] + s1 + tokens[:budget] + s2 + [</s>], with
+    s2 = encode(' " means <mask> .')[1:-1] and budget = max_seq_length - len(s1) - len(s2) - 2."""
+    prefix = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(AUTHORS_PREFIXES[view]))
+    suffix = tokenizer.encode(' " means <mask> .')[1:-1]
+    assert suffix.count(tokenizer.mask_token_id) == 1
+    budget = max_seq_length - len(prefix) - len(suffix) - 2
+    tokens = tokenizer.convert_tokens_to_ids(tokenizer.tokenize(sentence))[:budget]
+    return [tokenizer.cls_token_id, *prefix, *tokens, *suffix, tokenizer.sep_token_id]
+
+
+def test_the_roberta_recipes_templates_and_budget_give_the_authors_token_ids() -> None:
+    # The tokenizer learns the template's words as roberta-base has them: 'This', 'Ġsentence', 'Ġ:', 'Ġ"', ...
+    texts = ['This sentence : " a man plays " means .', 'This sentence of " the dog runs " means .', "she eats food"]
+    tokenizer = make_byte_level_bpe_tokenizer(texts)
+    prefix = tokenizer.tokenize(AUTHORS_PREFIXES[0])
+    assert prefix == ["This", "Ġsentence", "Ġ:", 'Ġ"', "Ġ"]  # roberta-base's: a lone space token last
+    recipe = load_recipe(REPO / "recipes" / "sncse-roberta-base.yaml")
+    assert recipe.model.max_length == 32 - len(prefix) - 4 - 2  # the authors' budget: 21 sentence tokens
+    pooler = MaskPooler(recipe.model.templates or ())
+    pooler.bind(tokenizer)
+    words = " ".join(WORDS[:30])  # longer than the budget: the authors' truncation is compared too
+    sentences = ["a man plays the guitar .", "She eats food.", words, "the dog does not run in the park ."]
+    for view in (0, 1):
+        ids = pooler.encode_ids(tokenizer, sentences, recipe.model.max_length, view=view)["input_ids"]
+        assert ids == [authors_sncse_roberta_ids(tokenizer, sentence, view) for sentence in sentences]
+    assert len(ids[2]) == 32

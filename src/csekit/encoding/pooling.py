@@ -8,7 +8,8 @@ different pooler than it was trained with by accident.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 
 import torch
@@ -323,8 +324,30 @@ class DenoisedMaskPooler(MaskPooler):
 
     name = "mask"  # what a saved model records: the test-time pooler (see above)
 
-    def __init__(self, templates: Sequence[str] = PROMPTBERT_TEMPLATES) -> None:
+    def __init__(self, templates: Sequence[str] = PROMPTBERT_TEMPLATES, template_positions: str = "row") -> None:
         super().__init__(templates)
+        if template_positions not in ("row", "from_zero"):
+            raise CsekitError(f"template_positions must be row or from_zero, not {template_positions!r}")
+        #: row: the template-alone pass at the positions the template has in the row (the paper); from_zero:
+        #: numbered from 0 as PromptBERT's get_delta does (models.py L96-98), which on RoBERTa (whose rows
+        #: start at padding_idx + 1) puts the template two positions earlier than in the row.
+        self.template_positions = template_positions
+        #: Denoise outside training too (`denoising()`): PromptBERT's code scores dev that way.
+        self.denoise_at_test = False
+
+    @property
+    def denoises(self) -> bool:
+        """Whether this pass subtracts the template's state: in training, or inside `denoising()`."""
+        return self.training or self.denoise_at_test
+
+    @contextlib.contextmanager
+    def denoising(self) -> Iterator[None]:
+        """Inside the block the pooler denoises in eval mode too (PromptBERT's dev evaluation during training)."""
+        before, self.denoise_at_test = self.denoise_at_test, True
+        try:
+            yield
+        finally:
+            self.denoise_at_test = before
 
     def bind(self, tokenizer: PreTrainedTokenizerBase) -> None:
         super().bind(tokenizer)
@@ -334,12 +357,12 @@ class DenoisedMaskPooler(MaskPooler):
         object.__setattr__(self, "_backbone", backbone)  # not a submodule: the encoder owns it
 
     def read_positions(self, attention_mask: Tensor, input_ids: Tensor) -> Tensor | None:
-        # In training the template pass needs the whole input, so the encoder's one-position shortcut is off.
-        return None if self.training else self.mask_positions(attention_mask, input_ids)
+        # When denoising, the template pass needs the whole input, so the encoder's one-position shortcut is off.
+        return None if self.denoises else self.mask_positions(attention_mask, input_ids)
 
     def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
         pooled = super().forward(hidden_states, attention_mask, input_ids)
-        if not self.training:
+        if not self.denoises:
             return pooled
         return pooled - self.template_states(attention_mask, input_ids).to(pooled.dtype)
 
@@ -360,8 +383,9 @@ class DenoisedMaskPooler(MaskPooler):
         lengths = attention_mask.sum(dim=1).tolist()
         keys = [(self._view_of(row[:length]), length) for row, length in zip(input_ids.tolist(), lengths, strict=True)]
         unique = sorted(set(keys))
-        # RoBERTa numbers positions from padding_idx + 1, BERT from 0.
-        first = getattr(getattr(backbone, "embeddings", None), "padding_idx", -1) + 1
+        # RoBERTa numbers a row's positions from padding_idx + 1, BERT from 0; PromptBERT's code from 0 always.
+        row_start = getattr(getattr(backbone, "embeddings", None), "padding_idx", -1) + 1
+        first = row_start if self.template_positions == "row" else 0
         rows: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": [], "position_ids": []}
         reads = []
         for view, length in unique:

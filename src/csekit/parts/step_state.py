@@ -42,6 +42,10 @@ class StepState:
     extra_negatives: list[Tensor] = field(default_factory=list)
     #: Weights [n, k] of entry i of `extra_negatives` for each local anchor, by i (absent: all 1).
     extra_negative_weights: dict[int, Tensor] = field(default_factory=dict)
+    #: Extra candidates scored from a stand-in for each anchor, appended to its row: (queries [n, d], one per
+    #: local anchor, candidates [k, d], weights [n, k] or None); anchor i's row gets s(queries_i, c) for
+    #: every candidate c (MixCSE's symmetric block: the mix of anchors i and i + 1 against the positives).
+    extra_row_contrasts: list[tuple[Tensor, Tensor, Tensor | None]] = field(default_factory=list)
     #: Weights [n, N_global] of the in-batch candidates for each local anchor (None: all 1).
     negative_weights: Tensor | None = None
     #: Optimizer steps taken before this one (0 on the first step); parts with a warm-up read it.

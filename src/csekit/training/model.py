@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.fast_dropout import enable_fast_dropout
+from csekit.encoding.pooling import DenoisedMaskPooler
 from csekit.parts.heads import HEADS
 from csekit.parts.hooks import MakesViews, reads_token_states
 from csekit.parts.negatives import NEGATIVES
@@ -135,6 +136,8 @@ def build_model(recipe: Recipe, encoder: SentenceEncoder) -> tuple[ContrastiveMo
         for i, spec in enumerate(recipe.objectives)
     ]
     encoder.length_group_size = recipe.model.length_group_size  # every training pass, objectives' own too
+    if isinstance(encoder.pooler, DenoisedMaskPooler):  # PromptBERT's template pass (checked with the recipe)
+        encoder.pooler.template_positions = recipe.model.template_positions
     if recipe.model.fast_dropout:
         enable_fast_dropout(encoder.backbone)
     model = ContrastiveModel(encoder, head, views.num_views, objectives, negatives, weighting)

@@ -44,6 +44,10 @@ class ModelConfig:
     # evaluation and the saved model use), each with one [X] (the sentence) and one [MASK] (the tokenizer's
     # mask token); null: the pooler's own. PromptBERT words them differently for RoBERTa.
     templates: list[str] | None = None
+    # mask_denoised only: the positions of the template-alone pass. row: those the template has in the row
+    # (the paper's "same positions"); from_zero: 0, 1, ... with the part after the sentence shifted by its
+    # length, as PromptBERT's code numbers them (get_delta), which differs from row on RoBERTa only.
+    template_positions: str = "row"
     # Training runs the encoder on groups of this many sequences of similar token length, each padded
     # only to its own longest, instead of the whole batch padded to its longest (0: one pass). The loss
     # and gradients are the same up to float rounding; see SentenceEncoder.forward. On a CPU only: a GPU
@@ -99,6 +103,14 @@ class TrainConfig:
     # second encoder pass (see csekit.training.chunked). Must divide each process's share of batch_size;
     # a run may be resumed with another chunk_size.
     chunk_size: int | None = None
+    # How dev is scored during training, for selecting the checkpoint (the saved model is unchanged):
+    # dev_with_head scores through the training head although model.head_at_test is false (MixCSE's code
+    # selects that way); dev_denoise scores with mask_denoised's template denoising, in eval mode without
+    # gradient (PromptBERT's code selects that way); dev_precision: fp32 (the authors' evaluation runs
+    # outside mixed precision) or training (the run's own precision).
+    dev_with_head: bool = False
+    dev_denoise: bool = False
+    dev_precision: str = "fp32"
 
 
 @dataclass
@@ -298,6 +310,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         if not ok:
             raise CsekitError(f"{where(key)}: recipe key {key} {message}")
     _check_dev_selection(train, where)
+    _check_dev_scoring(recipe, where)
     _check_report_to(train.report_to, where)
     _check_templates(recipe.model, where)
     for index, spec in enumerate(recipe.objectives):
@@ -330,6 +343,41 @@ def _check_dev_selection(train: TrainConfig, where: Any) -> None:
             f"{where('train.patience')}: recipe key train.patience needs a dev task to count evaluations without "
             f"improvement (train.dev_task is {train.dev_task}); set train.dev_task or remove train.patience"
         )
+
+
+TEMPLATE_POSITIONS = ("row", "from_zero")
+"""`model.template_positions` choices (see `csekit.encoding.pooling.DenoisedMaskPooler`)."""
+DEV_PRECISIONS = ("fp32", "training")
+"""`train.dev_precision` choices."""
+
+
+def _check_dev_scoring(recipe: Recipe, where: Any) -> None:
+    """The keys that score dev as an author's code did must fit the model they score."""
+    model, train = recipe.model, recipe.train
+    denoised = model.pooler == "mask_denoised"
+    checks = [
+        ("model.template_positions", model.template_positions in TEMPLATE_POSITIONS, "must be row or from_zero"),
+        (
+            "model.template_positions",
+            model.template_positions == "row" or denoised,
+            f"{model.template_positions} is for model.pooler mask_denoised (the template-alone pass), "
+            f"not {model.pooler}",
+        ),
+        ("train.dev_precision", train.dev_precision in DEV_PRECISIONS, "must be fp32 or training"),
+        (
+            "train.dev_denoise",
+            not train.dev_denoise or denoised,
+            f"needs model.pooler mask_denoised (not {model.pooler})",
+        ),
+        (
+            "train.dev_with_head",
+            not train.dev_with_head or model.head.get("name") != "none",
+            "needs a training head (model.head is none)",
+        ),
+    ]
+    for key, ok, message in checks:
+        if not ok:
+            raise CsekitError(f"{where(key)}: recipe key {key} {message}")
 
 
 def _check_templates(model: ModelConfig, where: Any) -> None:

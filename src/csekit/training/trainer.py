@@ -42,6 +42,7 @@ from csekit.evaluation.tasks import TRAINING_DEV_TASKS
 from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import load_rng_state, load_shared_state, save_rng_state, save_shared_state
 from csekit.training.chunked import check_chunk_size
+from csekit.training.dev_scoring import dev_precision, dev_representation
 from csekit.training.model import ContrastiveModel, build_model
 from csekit.training.optimization import forward_backward, make_optimizer
 from csekit.training.processes import (
@@ -427,17 +428,19 @@ class Trainer:
         self.window_start = time.perf_counter()
 
     def dev_scores(self) -> dict[str, float]:
-        """The dev task's scores of the model as it is now (none without a dev task)."""
+        """The dev task's scores of the model as it is now (none without a dev task); see `dev_scoring`."""
         if not self.dev_tasks:
             return {}
-        return evaluate_dev(
-            lambda sentences: self.unwrapped.encoder.encode(
-                sentences, batch_size=self.config.eval_batch_size, precision=self.precision, show_progress_bar=False
-            ),
-            self.data_path,
-            self.dev_tasks,
-            align_uniform=True,
-        )
+        encoder, precision = self.unwrapped.encoder, dev_precision(self.config, self.precision)
+        with dev_representation(encoder, self.unwrapped.head, self.config):
+            return evaluate_dev(
+                lambda sentences: encoder.encode(
+                    sentences, batch_size=self.config.eval_batch_size, precision=precision, show_progress_bar=False
+                ),
+                self.data_path,
+                self.dev_tasks,
+                align_uniform=True,
+            )
 
     def evaluate(self) -> None:
         """Score on the dev task, keep the best model by the selection metric, save last/, then checkpoint."""

@@ -18,7 +18,8 @@ class InfoNCE(nn.Module):
     """-log softmax of each anchor's positive among all candidates, similarities scaled by 1/tau.
 
     Anchors are view `anchor_view` of the local batch; candidates are view `positive_view` of the
-    global batch (all processes), then any extra negatives in the state. A weighting part (or a
+    global batch (all processes), then any extra negatives in the state, then any extra row contrasts
+    (`StepState.extra_row_contrasts`: candidates scored from a stand-in for each anchor). A weighting part (or a
     negative source, for its own negatives) may give each candidate a weight alpha: the candidate's
     term in the denominator becomes alpha * exp(s / tau), i.e. log(alpha) is added to its logit
     (weight 0 removes it).
@@ -53,6 +54,9 @@ class InfoNCE(nn.Module):
         extra = [cosine_matrix(anchors, negatives) / self.temperature for negatives in state.extra_negatives]
         for index, weights in state.extra_negative_weights.items():
             extra[index] = self.apply_weights(extra[index], weights.to(extra[index].dtype))
+        for queries, candidates, weights in state.extra_row_contrasts:
+            block = cosine_matrix(queries, candidates) / self.temperature
+            extra.append(block if weights is None else self.apply_weights(block, weights.to(block.dtype)))
         return torch.cat([logits, *extra], dim=1) if extra else logits
 
     def apply_weights(self, logits: Tensor, weights: Tensor) -> Tensor:

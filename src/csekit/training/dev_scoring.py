@@ -1,0 +1,50 @@
+"""How dev is scored during training: as the saved model encodes, or as an author's code scored it.
+
+Every `eval_every` steps the selection metric is read off a dev score. By default it scores what is
+saved (the test-time pooler, a head only with `model.head_at_test`), in fp32. Some authors' code scored
+dev with parts of the training representation and tested without them, so its checkpoint was chosen by
+another representation than the one it reported:
+
+* MixCSE's script has no `--mlp_only_train`, so its dev runs through the MLP head (MixCSE_AAAI2022
+  `mixcse/models_mix.py` L328-330) while its test reads [CLS] before it (`--pooler cls_before_pooler`):
+  `train.dev_with_head: true`.
+* PromptBERT's dev evaluation subtracts the template's state as training does (Prompt-BERT
+  `prompt_bert/models.py` L290-303, L362-368: `sentemb_forward` with the training arguments, in eval mode
+  and without gradient), while its final test runs without `--mask_embedding_sentence_delta`:
+  `train.dev_denoise: true`.
+
+Either only changes what is encoded for dev; the saved model (best/, last/) is the same. Dev is encoded
+in fp32 whatever the training precision (the authors' evaluation runs outside autocast);
+`train.dev_precision: training` keeps the run's precision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from torch import nn
+
+from csekit.core.errors import CsekitError
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.pooling import DenoisedMaskPooler
+from csekit.training.recipe import TrainConfig
+
+
+def dev_precision(train: TrainConfig, training_precision: str) -> str:
+    """The precision dev is encoded in: fp32, or the run's own with `train.dev_precision: training`."""
+    return training_precision if train.dev_precision == "training" else "fp32"
+
+
+@contextlib.contextmanager
+def dev_representation(encoder: SentenceEncoder, head: nn.Module, train: TrainConfig) -> Iterator[None]:
+    """Inside the block, `encoder.encode` gives the representation `train` scores dev with (see above)."""
+    with contextlib.ExitStack() as restore:
+        if train.dev_denoise:
+            if not isinstance(encoder.pooler, DenoisedMaskPooler):
+                raise CsekitError("recipe key train.dev_denoise needs model.pooler mask_denoised")
+            restore.enter_context(encoder.pooler.denoising())
+        if train.dev_with_head and encoder.head is None:
+            encoder.head = head
+            restore.callback(setattr, encoder, "head", None)
+        yield

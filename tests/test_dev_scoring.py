@@ -1,0 +1,123 @@
+"""Dev scoring during training (checkpoint selection) as the authors' code scored it; the saved model unchanged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import REPO, make_corpus, make_data_dir, read_metrics, tiny_recipe
+from safetensors.torch import load_file
+
+from csekit.core.errors import CsekitError
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.evaluation.sts import evaluate_dev
+from csekit.parts.heads.mlp import MLPHead
+from csekit.training.recipe import load_recipe
+from csekit.training.trainer import train
+
+
+def run(tmp_path: Path, model_dir: Path, *extra: str) -> tuple[Path, Path, dict]:
+    """Two steps, dev (STS-B) scored at step 2: the run folder, the data folder and that evaluation's record."""
+    data = make_data_dir(tmp_path / "data")
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    overrides = ["train.max_steps=2", "train.eval_every=2", "train.dev_task=stsb-dev", *extra]
+    train(tiny_recipe(model_dir, corpus, *overrides), tmp_path / "run", data_dir=data, show_progress=False)
+    (record,) = [r for r in read_metrics(tmp_path / "run") if "stsb-dev" in r]
+    return tmp_path / "run", data, record
+
+
+def test_dev_with_head_scores_through_the_train_only_head_and_saves_without_it(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """MixCSE's code (no --mlp_only_train): sentemb_forward applies cls.mlp at dev (models_mix.py L328-330)."""
+    folder, data, record = run(tmp_path, tiny_model_dir, "train.dev_with_head=true", "model.head_at_test=false")
+    best = SentenceEncoder.load(folder / "best")
+    assert best.head is None and json.loads((folder / "best" / "csekit.json").read_text()).get("head") is None
+    weights = load_file(folder / "checkpoint" / "model.safetensors")  # the head as it was at step 2
+    head = MLPHead(best.dim)
+    head.load_state_dict(
+        {key.removeprefix("head."): value for key, value in weights.items() if key.startswith("head.")}
+    )
+
+    def through_the_head(sentences: list[str]) -> np.ndarray:
+        with torch.no_grad():
+            return head(torch.from_numpy(best.encode(sentences))).numpy()
+
+    assert evaluate_dev(through_the_head, data, "stsb-dev")["stsb-dev"] == pytest.approx(record["stsb-dev"], abs=1e-6)
+    assert evaluate_dev(best.encode, data, "stsb-dev")["stsb-dev"] != pytest.approx(record["stsb-dev"], abs=1e-6)
+
+
+def test_dev_denoise_scores_with_promptberts_template_denoising_in_eval_mode(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """PromptBERT's code scores dev with its training arguments: the [MASK] state minus the template alone's
+    (models.py L290-303, L362-368), in eval mode without gradient; its final test has no denoising."""
+    folder, data, record = run(tmp_path, tiny_model_dir, "model.pooler=mask_denoised", "train.dev_denoise=true")
+    best = SentenceEncoder.load(folder / "best")
+    assert best.pooler.name == "mask"  # the saved model is the plain mask pooler, as without dev_denoise
+    denoising = SentenceEncoder.load(folder / "best", pooler="mask_denoised", templates=list(best.pooler.templates))
+    denoising.train()  # the pooler denoises in training (tests/test_promptbert.py checks it by hand) ...
+    denoising.backbone.eval()  # ... and the backbone runs without dropout, as at evaluation
+
+    def denoised(sentences: list[str]) -> np.ndarray:
+        with torch.no_grad():
+            return denoising(denoising.tokenize(sentences, view=0)).pooled.numpy()
+
+    assert evaluate_dev(denoised, data, "stsb-dev")["stsb-dev"] == pytest.approx(record["stsb-dev"], abs=1e-6)
+    assert evaluate_dev(best.encode, data, "stsb-dev")["stsb-dev"] != pytest.approx(record["stsb-dev"], abs=1e-6)
+    assert not denoising.pooler.denoise_at_test
+
+
+@pytest.mark.parametrize(("dev_precision", "expected"), [("fp32", "fp32"), ("training", "bf16")])
+def test_dev_is_encoded_in_fp32_whatever_the_training_precision(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, dev_precision: str, expected: str
+) -> None:
+    precisions: list[str] = []
+    encode = SentenceEncoder.encode
+
+    def recording(self: SentenceEncoder, sentences: list[str], *args: object, **kwargs: object) -> np.ndarray:
+        precisions.append(str(kwargs.get("precision")))
+        return encode(self, sentences, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SentenceEncoder, "encode", recording)
+    run(tmp_path, tiny_model_dir, "train.precision=bf16", f"train.dev_precision={dev_precision}")
+    assert precisions and set(precisions) == {expected}
+
+
+@pytest.mark.parametrize(
+    ("override", "key", "message"),
+    [
+        ("train.dev_denoise=true", "train.dev_denoise", "needs model.pooler mask_denoised"),
+        ("train.dev_precision=bf16", "train.dev_precision", "must be fp32 or training"),
+        (
+            "model.template_positions=from_zero",
+            "model.template_positions",
+            "from_zero is for model.pooler mask_denoised",
+        ),
+        ("model.template_positions=zero", "model.template_positions", "must be row or from_zero"),
+    ],
+)
+def test_dev_scoring_keys_that_do_not_fit_the_model_are_refused(override: str, key: str, message: str) -> None:
+    with pytest.raises(CsekitError, match=rf"recipe key {key} {message}"):
+        load_recipe(None, [override])
+    with pytest.raises(CsekitError, match=r"train\.dev_with_head needs a training head"):
+        load_recipe(None, ["model.head={name: none}", "train.dev_with_head=true"])
+
+
+@pytest.mark.parametrize(
+    ("recipe_file", "with_head", "denoise"),
+    [
+        ("mixcse-bert-base.yaml", True, False),
+        ("promptbert-bert-base.yaml", False, True),
+        ("promptbert-roberta-base.yaml", False, True),
+    ],
+)
+def test_the_mixcse_and_promptbert_recipes_select_as_their_authors_code(
+    recipe_file: str, with_head: bool, denoise: bool
+) -> None:
+    recipe = load_recipe(REPO / "recipes" / recipe_file)
+    assert (recipe.train.dev_with_head, recipe.train.dev_denoise) == (with_head, denoise)
+    assert not recipe.model.head_at_test
