@@ -14,6 +14,7 @@ import pytest
 from accelerate.data_loader import prepare_data_loader
 from conftest import read_metrics, run_cli, tiny_recipe
 from test_distributed import free_port
+from torch.utils.data import DataLoader
 
 from csekit.core.errors import CsekitError
 from csekit.data.corpus import Corpus
@@ -25,7 +26,6 @@ from csekit.data.duplicates import (
 )
 from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
-from torch.utils.data import DataLoader
 
 SENTENCES = [
     "a man plays the guitar",
@@ -129,14 +129,27 @@ def test_separate_on_two_real_processes(tmp_path: Path, tiny_model_dir: Path) ->
     corpus = eight_by_eight(tmp_path / "corpus.txt")
     record = tmp_path / "batches"
     recipe = tiny_recipe(
-        tiny_model_dir, corpus, "data.duplicates=separate", "train.batch_size=8", "train.max_steps=10", *recording(record)
+        tiny_model_dir,
+        corpus,
+        "data.duplicates=separate",
+        "train.batch_size=8",
+        "train.max_steps=10",
+        *recording(record),
     )
     recipe_file = tmp_path / "recipe.yaml"
     recipe_file.write_text(recipe.to_yaml(), encoding="utf-8")
     tests = Path(__file__).resolve().parent
     path = [str(tests), str(write_entry_points(tmp_path / "plugin")), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+    ]
     command += ["-m", "csekit.cli", "train", str(recipe_file), "--output", str(tmp_path / "out"), "--no-progress"]
     result = subprocess.run(command, capture_output=True, text=True, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -160,7 +173,7 @@ def test_drop_trains_on_the_distinct_sentences(tmp_path: Path, tiny_model_dir: P
 
 
 def test_resume_mid_epoch_continues_the_same_batches(tmp_path: Path, tiny_model_dir: Path, test_parts: None) -> None:
-    """A crash in step 7 of 12 (8 batches an epoch), resumed from the checkpoint of step 6: the straight run's batches."""
+    """A crash in step 7 of 12 (8 batches an epoch), resumed from step 6's checkpoint: the straight run's batches."""
     corpus = eight_by_eight(tmp_path / "corpus.txt")
     marker = tmp_path / "raised"
 
@@ -228,6 +241,6 @@ def test_the_start_reports_the_duplicates_in_the_log_and_metrics(
 
 
 def test_data_duplicates_takes_only_its_modes() -> None:
-    with pytest.raises(CsekitError, match="recipe key data.duplicates must be one of keep, drop, separate"):
+    with pytest.raises(CsekitError, match=r"recipe key data\.duplicates must be one of keep, drop, separate"):
         load_recipe(None, ["data.duplicates=sometimes"])
     assert load_recipe(None, []).data.duplicates == "keep"

@@ -35,8 +35,8 @@ from csekit.core.atomic import atomic_write_text, recover_directory, remove_stag
 from csekit.core.errors import CsekitError
 from csekit.core.run_lock import hold_run_lock
 from csekit.data.corpus import TrainCollator, open_corpus, sentence_text
-from csekit.data.duplicates import DuplicateReport, SentenceGroups, SeparatingSampler, check_separable
 from csekit.data.data_dir import resolve_data_dir
+from csekit.data.duplicates import DuplicateReport, SentenceGroups, SeparatingSampler, check_separable
 from csekit.encoding.encoder import SentenceEncoder, non_finite_parameters
 from csekit.evaluation.sts import evaluate_dev
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS
