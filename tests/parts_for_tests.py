@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -94,12 +95,27 @@ class NanWeightsAfter(nn.Module):
         return {"nan_weights_after": torch.zeros((), device=state.embeddings[0].device)}
 
 
+class RecordBatches(nn.Module):
+    """Contributes nothing; appends each step's sentences as a JSON line to `path`.RANK (the process's rank)."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def forward(self, state: StepState) -> dict[str, Tensor]:
+        rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+        with open(f"{self.path}.{rank}", "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(state.sentences) + "\n")
+        return {"record_batches": torch.zeros((), device=state.embeddings[0].device)}
+
+
 TEST_PARTS = {
     "kill_once": KillOnce,
     "raise_once": RaiseOnce,
     "interrupt_once": InterruptOnce,
     "nan_after": NanAfter,
     "nan_weights_after": NanWeightsAfter,
+    "record_batches": RecordBatches,
 }
 
 

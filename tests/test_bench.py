@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -353,3 +354,20 @@ def test_ctrl_c_in_bench_says_how_to_continue(
         f"csekit: interrupted at step 7 of {tmp_path / 'bench' / 'simcse-seed1'}; continue the suite with: "
         f"csekit bench {SMOKE} --output {tmp_path / 'bench'} --set train.max_steps=2"
     ]
+
+
+def test_duplicates_suite_differs_only_in_data_duplicates() -> None:
+    """The three modes on the controlled suite's SimCSE settings (its simcse-minilm entry), paired against keep."""
+    from csekit.training.recipe import load_recipe
+
+    suite = load_suite(REPO / "benchmarks" / "suites" / "duplicates.yaml")
+    controlled = load_suite(REPO / "benchmarks" / "suites" / "controlled.yaml")
+    assert suite.baseline == "keep" and suite.seeds == controlled.seeds and suite.tasks == controlled.tasks
+    simcse = next(r for r in controlled.recipes if r.name == "simcse-minilm")
+    reference = dataclasses.asdict(load_recipe(simcse.path, simcse.overrides))
+    assert reference["data"].pop("duplicates") == "keep"
+    for entry in suite.recipes:
+        recipe = dataclasses.asdict(load_recipe(entry.path, entry.overrides))
+        assert recipe["data"].pop("duplicates") == entry.name
+        assert recipe == reference
+    assert [r.name for r in suite.recipes] == ["keep", "separate", "drop"]

@@ -232,6 +232,11 @@ def open_corpus(
     return Corpus(location, max_chars=max_chars, bad_lines=bad_lines, text_column=text_column)
 
 
+def sentence_text(item: Any, text_column: str = "text") -> str:
+    """The sentence of a corpus item: the item itself, or a `.jsonl` row's `text_column`."""
+    return item[text_column] if isinstance(item, dict) else item
+
+
 class TrainCollator:
     """Turns a list of corpus items into the model's inputs for all views, in the DataLoader."""
 

@@ -28,6 +28,7 @@ from csekit.core.bounded_read import read_yaml_file
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.precision import PRECISIONS
 from csekit.core.registry import Registry
+from csekit.data.duplicates import DUPLICATE_MODES
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS, dev_scores
 
@@ -66,6 +67,11 @@ class DataConfig:
     bad_lines: str = "error"  # error | skip
     text_column: str = "text"  # for hub datasets and .jsonl corpora
     num_workers: int = 0
+    # Repeated sentences (csekit.data.duplicates): keep (as the corpus is), drop (the distinct sentences only,
+    # each at its first occurrence) or separate (every copy, never two copies of a sentence in one batch).
+    duplicates: str = "keep"
+    # Compare sentences after lower-casing and removing surrounding whitespace and final punctuation.
+    duplicates_normalise: bool = False
 
 
 @dataclass
@@ -304,6 +310,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         ("data.bad_lines", recipe.data.bad_lines in ("error", "skip"), "must be error or skip"),
         ("data.max_chars", recipe.data.max_chars >= 1, "must be at least 1"),
         ("data.num_workers", recipe.data.num_workers >= 0, "must be >= 0 (0 loads batches in the main process)"),
+        ("data.duplicates", recipe.data.duplicates in DUPLICATE_MODES, f"must be one of {', '.join(DUPLICATE_MODES)}"),
         ("objectives", len(recipe.objectives) >= 1, "must list at least one objective (e.g. - name: infonce)"),
     ]
     for key, ok, message in checks:

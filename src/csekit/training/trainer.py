@@ -27,15 +27,16 @@ import torch
 from accelerate import Accelerator
 from accelerate.tracking import get_available_trackers
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from csekit.core.atomic import atomic_write_text, recover_directory, remove_staging_leftovers, swap_in
 from csekit.core.errors import CsekitError
 from csekit.core.run_lock import hold_run_lock
-from csekit.data.corpus import TrainCollator, open_corpus
+from csekit.data.corpus import TrainCollator, open_corpus, sentence_text
 from csekit.data.data_dir import resolve_data_dir
+from csekit.data.duplicates import DuplicateReport, SentenceGroups, SeparatingSampler, check_separable
 from csekit.encoding.encoder import SentenceEncoder, non_finite_parameters
 from csekit.evaluation.sts import evaluate_dev
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS
@@ -198,6 +199,17 @@ class Trainer:
         self.data_path = resolve_data_dir(data_dir) if self.dev_tasks else _optional_data_dir(data_dir)
         data = self.recipe.data
         self.corpus = open_corpus(data.corpus, self.data_path, data.max_chars, data.bad_lines, data.text_column)
+        self._find_duplicates()
+
+    def _find_duplicates(self) -> None:
+        """Which rows repeat a sentence (reported at the start in every mode; drop and separate act on it)."""
+        data = self.recipe.data
+        texts = (sentence_text(self.corpus[row], data.text_column) for row in range(len(self.corpus)))
+        self.sentence_groups = SentenceGroups.of(texts, normalise=data.duplicates_normalise)
+        most_repeated = sentence_text(self.corpus[self.sentence_groups.most_repeated()[0]], data.text_column)
+        self.duplicates = DuplicateReport.of(
+            self.sentence_groups, most_repeated, data.duplicates, data.duplicates_normalise, self.config.batch_size
+        )
 
     def _build_model(self) -> None:
         """The encoder from the backbone, wrapped in the recipe's parts (views, heads, objectives)."""
@@ -215,25 +227,40 @@ class Trainer:
             encoder.head = self.model.head
 
     def _make_loader(self) -> None:
-        """Shuffled batches of `batch_size` sentences in all, split evenly over the processes."""
+        """Shuffled batches of `batch_size` sentences in all, split evenly over the processes.
+
+        `data.duplicates`: keep shuffles the corpus; drop shuffles its distinct sentences; separate orders
+        every row so that no global batch holds two copies of a sentence (`SeparatingSampler`).
+        """
         batch_size, processes = self.config.batch_size, self.accelerator.num_processes
         if batch_size % processes:
             raise CsekitError(
                 f"recipe key train.batch_size: {batch_size} is not divisible by the {processes} processes"
             )
         check_chunk_size(self.config.chunk_size, batch_size // processes, processes)
-        if len(self.corpus) < batch_size:
+        data = self.recipe.data
+        if self.duplicates.training_rows < batch_size:
+            distinct = " distinct" if data.duplicates == "drop" else ""
             raise CsekitError(
-                f"corpus {self.recipe.data.corpus} has {len(self.corpus)} sentences, fewer than train.batch_size "
-                f"({batch_size})"
+                f"corpus {data.corpus} has {self.duplicates.training_rows}{distinct} sentences, fewer than "
+                f"train.batch_size ({batch_size})"
             )
+        rows: Dataset = self.corpus
+        sampler = None
+        if data.duplicates == "drop":  # the first occurrence of each sentence, shuffled as keep shuffles
+            rows = Subset(self.corpus, self.sentence_groups.distinct_rows())
+        elif data.duplicates == "separate":
+            groups = self.sentence_groups
+            check_separable(groups, batch_size, processes, data.corpus, self.duplicates.most_repeated)
+            sampler = SeparatingSampler(groups, batch_size, self.config.seed)
         self.loader = DataLoader(
-            self.corpus,
+            rows,
             batch_size=batch_size // processes,
-            shuffle=True,
+            shuffle=sampler is None,
+            sampler=sampler,
             drop_last=True,
-            collate_fn=TrainCollator(self.views, self.recipe.data.text_column),
-            num_workers=self.recipe.data.num_workers,
+            collate_fn=TrainCollator(self.views, data.text_column),
+            num_workers=data.num_workers,
             generator=torch.Generator().manual_seed(self.config.seed),
         )
 
@@ -286,6 +313,7 @@ class Trainer:
             return
         for line in self.precision_note:
             print(line, file=sys.stderr)
+        print(f"csekit: {self.duplicates.summary()}", file=sys.stderr)
         atomic_write_text(self.output / SAVED_RECIPE, self.recipe.to_yaml())
         if not self.resume or self.state.step == 0:
             self.metrics.write(
@@ -296,6 +324,7 @@ class Trainer:
                     "total_steps": self.total_steps,
                     "processes": self.accelerator.num_processes,
                     "precision": self.precision,
+                    "duplicates": self.duplicates.record(),
                 }
             )
         if self.trackers:
