@@ -30,6 +30,7 @@ from csekit.core.bounded_read import read_json_file
 from csekit.core.errors import CsekitError
 from csekit.core.precision import DTYPES, resolve_precision
 from csekit.core.progress import progress
+from csekit.core.save_guard import guarded_save
 from csekit.core.version import __version__
 from csekit.encoding.kept_head import DenseTanh, ExportsAsDenseTanh
 from csekit.encoding.model_card import CARD_FILE, render_model_card
@@ -594,7 +595,8 @@ class SentenceEncoder(nn.Module):
             raise CsekitError(
                 f"refusing to save {path}: {len(bad)} weight tensors hold NaN or infinity (e.g. {bad[0]})"
             )
-        with atomic_directory(path) as tmp, _quiet_transformers():
+        intact = f"the previous {Path(path).name} (if any) is intact"
+        with guarded_save("the model", path, intact), atomic_directory(path) as tmp, _quiet_transformers():
             self._write(tmp)
 
     def _exportable_head(self) -> DenseTanh:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from csekit.core.errors import CsekitError, at
+from csekit.core.save_guard import guarded_save
 from csekit.prep.match_error import mer
 from csekit.prep.paraphrase import ParaphraseEngine
 
@@ -158,8 +159,8 @@ def _resume_point(output: Path) -> tuple[int, str | None]:
         return 0, None
     data = output.read_bytes()
     end = data.rfind(b"\n") + 1
-    if end < len(data):
-        with open(output, "r+b") as handle:
+    if end < len(data):  # the cut-off line a killed run left
+        with guarded_save(output.name, output.parent, f"{output} is unchanged"), open(output, "r+b") as handle:
             handle.truncate(end)
     lines = data[:end].splitlines()
     if not lines:
@@ -206,7 +207,8 @@ def augment_corpus(
                 "corpus; remove it or pick another --output"
             )
     total = done
-    with open(output, "a", encoding="utf-8") as handle:
+    intact = f"the sentences written before are kept in {output}; the same command continues after them"
+    with guarded_save(output.name, output.parent, intact), open(output, "a", encoding="utf-8") as handle:
         while limit is None or total < limit:
             size = chunk_size if limit is None else min(chunk_size, limit - total)
             chunk = [text for _, text in _take(stream, size)]

@@ -6,6 +6,7 @@ Nothing is created before every input is checked; a folder that holds a run is o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -19,6 +20,7 @@ from csekit.core.errors import CsekitError
 from csekit.core.json_text import json_text
 from csekit.core.lines import split_lines
 from csekit.core.run_lock import check_not_locked
+from csekit.core.save_guard import guarded_save
 from csekit.training.recipe import Recipe, load_recipe, recipe_changes
 
 STATE_FILE = "trainer_state.json"
@@ -52,8 +54,13 @@ class MetricsLog:
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
-            with open(self.path, "a", encoding="utf-8") as handle:
+            with self._saving(), open(self.path, "a", encoding="utf-8") as handle:
                 handle.write(json_text(record) + "\n")
+
+    def _saving(self) -> contextlib.AbstractContextManager[None]:
+        """A cut-off last line is dropped on --resume (`truncate_after`); the records before it are kept."""
+        intact = f"the records before the failed one are kept in {self.path}"
+        return guarded_save(self.path.name, self.path.parent, intact)
 
     def truncate_after(self, step: int) -> None:
         """On resume, drop records written after the saved state (they will be written again).
@@ -88,7 +95,8 @@ class MetricsLog:
                 raise CsekitError(f"{self.path}:{number}: not a metrics record (a JSON object with a step)")
             if record.get("step", 0) <= step:
                 kept.append(line)
-        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+        with self._saving():
+            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
 
 def read_trainer_state(path: Path) -> TrainerState:
