@@ -373,3 +373,40 @@ def test_the_save_guard_check_can_fail() -> None:
     )
     found = unguarded_saves({"m.py": source})
     assert [line.split(":")[0] for line in found] == ["encode", "indirect", "write_report"], found
+
+
+# --- mechanism 5 (issue #39): every model-folder load goes through encoding/model_folder.py -------------------
+
+MODEL_FOLDER_MODULE = "csekit/encoding/model_folder.py"
+
+
+def model_loads_elsewhere(sources: dict[str, str]) -> list[str]:
+    """Calls of transformers' `X.from_pretrained(...)` outside `model_folder.from_pretrained` (which checks the
+    folder first: a vocabulary, sane config sizes, embeddings that match)."""
+    found = []
+    for label, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            is_load = isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "from_pretrained"
+            if is_load and label != MODEL_FOLDER_MODULE:
+                found.append(f"{label}:{node.lineno} {ast.unparse(node.func)}")  # type: ignore[attr-defined]
+    return found
+
+
+def test_every_model_folder_load_goes_through_the_model_folder_check() -> None:
+    """A load that bypasses it gives a model without a vocabulary a 5-token tokenizer (exit 0, wrong embeddings)."""
+    sources = {str(p.relative_to(SRC)): p.read_text(encoding="utf-8") for p in sorted((SRC / "csekit").rglob("*.py"))}
+    assert not model_loads_elsewhere(sources), "\n".join(model_loads_elsewhere(sources))
+    checked = ast.parse(sources[MODEL_FOLDER_MODULE])
+    calls = [
+        n for n in ast.walk(checked) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "from_pretrained"
+    ]
+    assert len(calls) == 1  # the one call, after check_model_folder, with trust_remote_code=False
+    keywords = {k.arg: k.value for k in calls[0].keywords}
+    assert isinstance(keywords.get("trust_remote_code"), ast.Constant) and keywords["trust_remote_code"].value is False
+
+
+def test_the_model_load_check_can_fail() -> None:
+    source = "def load(name):\n    return FSMTTokenizer.from_pretrained(name)\n"
+    assert model_loads_elsewhere({"csekit/prep/paraphrase.py": source}) == [
+        "csekit/prep/paraphrase.py:2 FSMTTokenizer.from_pretrained"
+    ]

@@ -616,6 +616,7 @@ def freq(
 
     from csekit.core.atomic import atomic_write_text
     from csekit.encoding.encoder import own_code_message, refuse_own_code, resolve_model_path
+    from csekit.encoding.model_folder import check_tokenizer, from_pretrained
     from csekit.prep.frequency import count_tokens, counts_by_token
 
     _require_at_least("--chunk-lines", chunk_lines)
@@ -624,11 +625,12 @@ def freq(
     if Path(location).is_dir():
         refuse_own_code(Path(location))
     try:
-        loaded = AutoTokenizer.from_pretrained(location, trust_remote_code=False)
+        loaded = from_pretrained(AutoTokenizer, location)
     except (OSError, ValueError) as error:
         if "trust_remote_code" in str(error):
             raise CsekitError(own_code_message(location, "custom code in its tokenizer")) from None
         raise CsekitError(f'--tokenizer: cannot load "{tokenizer}": {str(error).splitlines()[0]}') from None
+    check_tokenizer(location, loaded, None, ("unk_token",))
     counts = count_tokens(corpus, loaded, chunk_lines=chunk_lines, show_progress=progress)
     with _saving_output(output):
         output.parent.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ resumable: a restarted run keeps the lines already written and continues after t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -195,7 +196,6 @@ def augment_corpus(
         raise CsekitError(f"corpus {corpus} has no sentences (it is empty or holds only blank lines)")
     done, last_text = _resume_point(output)
     report.resumed = done
-    output.parent.mkdir(parents=True, exist_ok=True)
     stream = _sentences(corpus, report)
     for index in range(done):
         item = next(stream, None)
@@ -208,7 +208,8 @@ def augment_corpus(
             )
     total = done
     intact = f"the sentences written before are kept in {output}; the same command continues after them"
-    with guarded_save(output.name, output.parent, intact), open(output, "a", encoding="utf-8") as handle:
+    with guarded_save(output.name, output.parent, intact), contextlib.ExitStack() as files:
+        handle = None  # opened with the first chunk: an engine that fails to load leaves no empty file behind
         while limit is None or total < limit:
             size = chunk_size if limit is None else min(chunk_size, limit - total)
             chunk = [text for _, text in _take(stream, size)]
@@ -229,6 +230,9 @@ def augment_corpus(
                     report.dropped[reason] += 1
                 row = {"text": text, "negation": negation, "paraphrase": paraphrase}
                 lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+            if handle is None:
+                output.parent.mkdir(parents=True, exist_ok=True)
+                handle = files.enter_context(open(output, "a", encoding="utf-8"))
             handle.write("".join(lines))
             handle.flush()
             os.fsync(handle.fileno())
