@@ -181,3 +181,29 @@ def test_an_intact_fsmt_model_folder_still_translates(tmp_path: Path) -> None:
 
     engine = FsmtEngine(pivots=["ru"], models=_fsmt_with(lambda m: None, tmp_path), device="cpu")
     assert len(engine(["the man plays"])) == 1
+
+
+# --- model.templates against the model (issue #39) ---------------------------------------------------------
+
+
+def test_a_template_with_its_mask_before_the_sentence_is_refused_at_the_recipe_line(tmp_path: Path) -> None:
+    """It failed at step 1 (a traceback) and left the run folder behind, so the same command was then refused."""
+    from csekit.training.recipe import load_recipe
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model:\n  pooler: mask\n  templates: ['[MASK] means [X] .']\n", encoding="utf-8")
+    with pytest.raises(CsekitError, match=r"recipe.yaml:3: recipe key model.templates: .*\[MASK\] after the sentence"):
+        load_recipe(recipe)
+
+
+def test_a_template_longer_than_the_model_positions_is_refused_before_the_run_folder(
+    saved_model: Path, tmp_path: Path
+) -> None:
+    from csekit.training.trainer import train
+
+    template = "[X] " + "the " * 70 + "means [MASK] ."  # the tiny model has 64 positions
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=32)
+    recipe = tiny_recipe(saved_model, corpus, "model.pooler=mask", f"model.templates=['{template}']")
+    with pytest.raises(CsekitError, match=r"recipe key model.templates: .* takes 7\d tokens .* accepts 64"):
+        train(recipe, tmp_path / "run", show_progress=False)
+    assert not (tmp_path / "run").exists()

@@ -77,3 +77,15 @@ def test_a_real_file_size_limit_while_saving_is_one_line_and_keeps_the_last_good
     )
     assert finished.returncode == 0, finished.stderr  # the intact checkpoint resumes once there is space
     assert json.loads((run / "checkpoint" / "trainer_state.json").read_text())["step"] == 4
+
+
+def test_only_save_failures_are_reworded_around_a_training_loop() -> None:
+    """A RuntimeError of a forward pass inside the loop is not a full disk: it passes through unchanged."""
+    from csekit.core.save_guard import SaveFailed, guarded_save, saves_keep
+
+    with pytest.raises(RuntimeError, match="size of tensor"), saves_keep("the checkpoint is intact"):
+        raise RuntimeError("The size of tensor a (88) must match the size of tensor b (64)")
+    expected = r"cannot write x.pt in /run \(File too large\); the checkpoint is intact"
+    loop, save = saves_keep("the checkpoint is intact"), guarded_save("x.pt", "/run", "the previous x.pt is kept")
+    with pytest.raises(SaveFailed, match=expected), loop, save:
+        raise OSError(27, "File too large")

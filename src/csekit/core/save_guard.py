@@ -66,3 +66,16 @@ def guarded_save(what: str, folder: str | Path, intact: str | Callable[[], str])
 
 def _text(intact: str | Callable[[], str]) -> str:
     return intact if isinstance(intact, str) else intact()
+
+
+@contextlib.contextmanager
+def saves_keep(intact: str | Callable[[], str]) -> Iterator[None]:
+    """Around a long task whose saves are each guarded (a training loop): a save failure in it says `intact`.
+
+    Only `SaveFailed` is reworded; any other error passes through as it is (a RuntimeError of a forward
+    pass is not a full disk).
+    """
+    try:
+        yield
+    except SaveFailed as error:
+        raise SaveFailed(error.what, error.folder, error.reason, _text(intact)) from None

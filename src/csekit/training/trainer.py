@@ -34,10 +34,11 @@ from transformers import get_linear_schedule_with_warmup
 from csekit.core.atomic import atomic_write_text, recover_directory, remove_staging_leftovers, swap_in
 from csekit.core.errors import CsekitError
 from csekit.core.run_lock import hold_run_lock
-from csekit.core.save_guard import guarded_save
+from csekit.core.save_guard import guarded_save, saves_keep
 from csekit.data.corpus import TrainCollator, open_corpus
 from csekit.data.data_dir import resolve_data_dir
 from csekit.encoding.encoder import SentenceEncoder, non_finite_parameters
+from csekit.encoding.pooling import MaskPooler
 from csekit.evaluation.sts import evaluate_dev
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS
 from csekit.training.card_facts import training_card_facts
@@ -211,6 +212,11 @@ class Trainer:
                 f"recipe key model.max_length: {model_config.max_length} is more tokens than "
                 f"{model_config.backbone} accepts ({encoder.max_seq_length})"
             )
+        if isinstance(encoder.pooler, MaskPooler):  # before the run folder exists, not at the first batch
+            try:
+                encoder.pooler.check_room(encoder.tokenizer, encoder.max_seq_length)
+            except CsekitError as error:
+                raise CsekitError(f"recipe key model.templates: {error} ({model_config.backbone})") from None
         self.model, self.views = build_model(self.recipe, encoder)
         if model_config.head_at_test:
             encoder.head = self.model.head
@@ -311,7 +317,7 @@ class Trainer:
         checkpointing on the way; Ctrl-C stops after the current step with a checkpoint of it."""
         self._start_progress()
         self.model.train()
-        with self._saving("the run's files"), self._ctrl_c_stops_after_the_step():
+        with saves_keep(self._what_is_intact), self._ctrl_c_stops_after_the_step():
             for batch in self._batches():
                 if self.step(batch) and self._after_step():
                     break
