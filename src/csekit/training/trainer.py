@@ -56,6 +56,7 @@ from csekit.training.processes import (
 )
 from csekit.training.recipe import Recipe, tracker_names
 from csekit.training.run_folder import (
+    CHECKPOINT_RECIPE,
     SAVED_RECIPE,
     STATE_FILE,
     MetricsLog,
@@ -272,6 +273,11 @@ class Trainer:
             recover_directory(folder)
         if check_checkpoint(self.checkpoint_dir):
             self.state = read_trainer_state(self.checkpoint_dir / STATE_FILE)
+            if self.state.step > self.total_steps:  # the loop ends at total_steps: it would never stop
+                raise CsekitError(
+                    f"checkpoint file {self.checkpoint_dir / STATE_FILE}: step {self.state.step} is beyond this run's "
+                    f"{self.total_steps} steps (train.max_steps / train.epochs)"
+                )
             load_shared_state(
                 self.checkpoint_dir,
                 self.unwrapped,
@@ -296,6 +302,8 @@ class Trainer:
             print(line, file=sys.stderr)
         with self._saving(SAVED_RECIPE):
             atomic_write_text(self.output / SAVED_RECIPE, self.recipe.to_yaml())
+            if self.changes and self.checkpointed_step is not None:  # accepted with --allow-changes
+                atomic_write_text(self.output / CHECKPOINT_RECIPE, self.recipe.to_yaml())
         if not self.resume or self.state.step == 0:
             self.metrics.write(
                 {
@@ -521,6 +529,7 @@ class Trainer:
             self.accelerator.wait_for_everyone()
             if self.main:
                 atomic_write_text(staging / STATE_FILE, json.dumps(self.state.__dict__))
+                atomic_write_text(staging / SAVED_RECIPE, self.recipe.to_yaml())  # what a --resume must continue
                 swap_in(staging, self.checkpoint_dir)
         except BaseException:
             if self.main:  # a half-written staging folder takes the space a full disk lacks
