@@ -248,3 +248,165 @@ def test_no_function_in_src_is_longer_than_80_lines() -> None:
         and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert not long, "\n".join(long)
+
+
+# --- mechanism 4 (issue #39): every save goes through core/save_guard.py ---------------------------------
+
+SAVE_CALLS = {
+    "save",  # torch.save, np.save, SentenceEncoder.save
+    "savetxt",
+    "save_file",  # safetensors
+    "save_model",
+    "save_pretrained",
+    "write_text",
+    "write_bytes",
+    "atomic_write_text",
+    "atomic_directory",
+    "swap_in",
+}
+"""Calls that write a file or folder: a full disk makes each raise its own exception type."""
+WRITE_MODES = set("wax+")
+
+
+def _call_name(call: ast.Call) -> str | None:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None
+
+
+def _is_raw_save(call: ast.Call) -> bool:
+    name = _call_name(call)
+    if name in ("open", "fdopen"):  # open(path, "w"), os.fdopen(fd, "wb"), path.open("a")
+        modes = [arg for arg in call.args if isinstance(arg, ast.Constant) and isinstance(arg.value, str)]
+        modes += [k.value for k in call.keywords if k.arg == "mode" and isinstance(k.value, ast.Constant)]
+        return any(isinstance(m.value, str) and WRITE_MODES & set(m.value) for m in modes)
+    return name in SAVE_CALLS
+
+
+def _guard_names(trees: dict[str, ast.AST]) -> set[str]:
+    """`guarded_save` and the helpers that return it (`Trainer._saving`)."""
+    names = {"guarded_save"}
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef):
+                returns = [n for n in ast.walk(node) if isinstance(n, ast.Return) and isinstance(n.value, ast.Call)]
+                if any(_call_name(r.value) == "guarded_save" for r in returns):  # type: ignore[arg-type]
+                    names.add(node.name)
+    return names
+
+
+def _calls_by_function(tree: ast.AST, guards: set[str]) -> Iterator[tuple[str | None, ast.Call, bool]]:
+    """(enclosing function's name, call, whether a `with GUARD(...)` encloses it) for every call."""
+
+    def visit(node: ast.AST, function: str | None, guarded: bool) -> Iterator[tuple[str | None, ast.Call, bool]]:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            function, guarded = node.name, False
+        if isinstance(node, ast.With | ast.AsyncWith):
+            items = [item.context_expr for item in node.items]
+            is_guard = [isinstance(item, ast.Call) and _call_name(item) in guards for item in items]
+            if any(is_guard):  # `with guarded_save(...), open(...)`: the guard is entered first
+                for index, item in enumerate(items):
+                    yield from visit(item, function, guarded or any(is_guard[:index]))
+                for statement in node.body:
+                    yield from visit(statement, function, True)
+                return
+        if isinstance(node, ast.Call):
+            yield function, node, guarded
+        for child in ast.iter_child_nodes(node):
+            yield from visit(child, function, guarded)
+
+    yield from visit(tree, None, False)
+
+
+def _commands(trees: dict[str, ast.AST]) -> set[str]:
+    """Functions decorated `@app.command(...)`: called by typer, whatever else shares their name."""
+    return {
+        node.name
+        for tree in trees.values()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef)
+        and any("command" in ast.unparse(decorator) for decorator in node.decorator_list)
+    }
+
+
+def unguarded_saves(sources: dict[str, str]) -> list[str]:
+    """Save calls that no guard encloses, lexically or through every caller (by function name), in `sources`.
+
+    A function with an unguarded save is fine when every call of it is guarded (the trainer guards
+    `save_shared_state`); it is reported when nothing in `sources` calls it (a public method, a command:
+    those typer calls) or when a reported caller calls it.
+    """
+    trees = {label: ast.parse(text) for label, text in sources.items()}
+    guards = _guard_names(trees)
+    calls = [(label, *found) for label, tree in trees.items() for found in _calls_by_function(tree, guards)]
+    called = {_call_name(call) for _, _, call, _ in calls} - _commands(trees)
+    where: dict[str, str] = {}
+    for label, function, call, guarded in calls:
+        if _is_raw_save(call) and not guarded:
+            where.setdefault(function or "<module>", f"{label}:{call.lineno} {ast.unparse(call.func)}")
+    changed = True
+    while changed:  # a function that calls an unguarded saver unguarded is an unguarded saver too
+        changed = False
+        for label, function, call, guarded in calls:
+            name = _call_name(call)
+            if name in where and not guarded and (function or "<module>") not in where:
+                where[function or "<module>"] = f"{label}:{call.lineno} {name} -> {where[name]}"
+                changed = True
+    return sorted(f"{function}: {trace}" for function, trace in where.items() if function not in called)
+
+
+def test_every_save_in_src_goes_through_the_save_guard() -> None:
+    """A save outside `guarded_save` lets a full disk (RuntimeError, SafetensorError, OSError) end in a traceback."""
+    sources = {str(p.relative_to(SRC)): p.read_text(encoding="utf-8") for p in sorted((SRC / "csekit").rglob("*.py"))}
+    unguarded = unguarded_saves(sources)
+    assert not unguarded, "saves outside core/save_guard.py's guarded_save:\n" + "\n".join(unguarded)
+
+
+def test_the_save_guard_check_can_fail() -> None:
+    source = (
+        "def write_state(folder):\n    torch.save({}, folder / 'x.pt')\n"
+        "def guarded(folder):\n    with guarded_save('x', folder, 'kept'):\n        write_state(folder)\n"
+        "def write_report(path):\n    with open(path, 'w') as handle:\n        handle.write('x')\n"
+        "def indirect(folder):\n    write_state(folder)\n"
+        "def reader(path):\n    with open(path, 'rb') as handle:\n        return handle.read()\n"
+        "@app.command()\ndef encode(path):\n    np.save(path, 1)\n"
+        "def other(path):\n    with guarded_save('x', path, 'kept'):\n        encode(path)\n"
+    )
+    found = unguarded_saves({"m.py": source})
+    assert [line.split(":")[0] for line in found] == ["encode", "indirect", "write_report"], found
+
+
+# --- mechanism 5 (issue #39): every model-folder load goes through encoding/model_folder.py -------------------
+
+MODEL_FOLDER_MODULE = "csekit/encoding/model_folder.py"
+
+
+def model_loads_elsewhere(sources: dict[str, str]) -> list[str]:
+    """Calls of transformers' `X.from_pretrained(...)` outside `model_folder.from_pretrained` (which checks the
+    folder first: a vocabulary, sane config sizes, embeddings that match)."""
+    found = []
+    for label, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            is_load = isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "from_pretrained"
+            if is_load and label != MODEL_FOLDER_MODULE:
+                found.append(f"{label}:{node.lineno} {ast.unparse(node.func)}")  # type: ignore[attr-defined]
+    return found
+
+
+def test_every_model_folder_load_goes_through_the_model_folder_check() -> None:
+    """A load that bypasses it gives a model without a vocabulary a 5-token tokenizer (exit 0, wrong embeddings)."""
+    sources = {str(p.relative_to(SRC)): p.read_text(encoding="utf-8") for p in sorted((SRC / "csekit").rglob("*.py"))}
+    assert not model_loads_elsewhere(sources), "\n".join(model_loads_elsewhere(sources))
+    checked = ast.parse(sources[MODEL_FOLDER_MODULE])
+    calls = [
+        n for n in ast.walk(checked) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "from_pretrained"
+    ]
+    assert len(calls) == 1  # the one call, after check_model_folder, with trust_remote_code=False
+    keywords = {k.arg: k.value for k in calls[0].keywords}
+    assert isinstance(keywords.get("trust_remote_code"), ast.Constant) and keywords["trust_remote_code"].value is False
+
+
+def test_the_model_load_check_can_fail() -> None:
+    source = "def load(name):\n    return FSMTTokenizer.from_pretrained(name)\n"
+    assert model_loads_elsewhere({"csekit/prep/paraphrase.py": source}) == [
+        "csekit/prep/paraphrase.py:2 FSMTTokenizer.from_pretrained"
+    ]

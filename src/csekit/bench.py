@@ -38,6 +38,7 @@ from csekit.core.atomic import atomic_write_text
 from csekit.core.bounded_read import parse_yaml, read_bounded_text
 from csekit.core.errors import CsekitError, at
 from csekit.core.json_text import json_text
+from csekit.core.save_guard import guarded_save
 from csekit.evaluation.published import (
     PUBLISHED_COLUMNS,
     STS_AVERAGE,
@@ -274,7 +275,7 @@ def _run_one(
     corpus = open_corpus(config.data.corpus, root, config.data.max_chars, "skip", config.data.text_column)
     texts = [str(corpus[i]) for i in range(len(corpus))]
     sample = sample_sentences(texts, suite.sample_sentences, seed=seed)
-    np.save(folder / COSINES_FILE, pairwise_cosines(encode(sample)).astype(np.float32))
+    cosines = pairwise_cosines(encode(sample)).astype(np.float32)
     report: dict[str, Any] = {"recipe": recipe.name, "seed": seed, "steps": result.steps, "best_step": result.best_step}
     # Wall time of this call (training includes its dev evaluations); a resumed run counts only its last part.
     report["wall_seconds"] = {
@@ -286,7 +287,10 @@ def _run_one(
     for key in ("avg", "transfer_avg"):
         if key in scores:
             report[key] = scores[key]
-    atomic_write_text(folder / RESULTS_FILE, json_text(report, indent=2) + "\n")
+    intact = f"the run's checkpoint is intact; run the suite again to finish {folder}"
+    with guarded_save(f"{COSINES_FILE} and {RESULTS_FILE}", folder, intact):
+        np.save(folder / COSINES_FILE, cosines)
+        atomic_write_text(folder / RESULTS_FILE, json_text(report, indent=2) + "\n")
     return report
 
 
@@ -744,8 +748,9 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
         published = load_published(suite.published)
         papers = paper_comparisons(suite, runs, published)
         markdown += format_paper_markdown(suite, runs, published, papers)
-    atomic_write_text(output / "results.md", markdown)
-    atomic_write_text(output / "results.csv", format_csv(labels, rows, differences, papers))
+    with guarded_save("results.md and results.csv", output, "the runs' results.json files are intact"):
+        atomic_write_text(output / "results.md", markdown)
+        atomic_write_text(output / "results.csv", format_csv(labels, rows, differences, papers))
     plots = write_plots(output, suite, runs)
     if papers and any(STS_AVERAGE in columns for columns in papers.values()):
         plots.append(write_paper_plot(output, suite, runs, papers))

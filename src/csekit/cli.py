@@ -5,6 +5,7 @@ Every input mistake is a `CsekitError`: printed as one line on stderr, exit stat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -210,7 +211,8 @@ def evaluate(
     typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision_label}{whitening}, {elapsed:.1f} s)")
     if output is not None:
         report["seconds"] = round(elapsed, 2)
-        atomic_write_text(output, json_text(report, indent=2) + "\n")
+        with _saving_output(output):
+            atomic_write_text(output, json_text(report, indent=2) + "\n")
 
 
 @app.command()
@@ -311,14 +313,18 @@ def encode(
     encoder = SentenceEncoder.load(model, pooler=pooler)
     precision, precision_label = _choose_precision(precision, encoder)
     embeddings = encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
-    output.parent.mkdir(parents=True, exist_ok=True)
     temporary = output.with_name(f".{output.name}.tmp")
-    with open(temporary, "wb") as handle:
-        if output.suffix.lower() == ".npy":
-            np.save(handle, embeddings)
-        else:  # 9 significant digits: a float32 read back is the same float32
-            np.savetxt(handle, embeddings, fmt="%.9g", delimiter="\t")
-    os.replace(temporary, output)
+    try:
+        with _saving_output(output):
+            output.parent.mkdir(parents=True, exist_ok=True)
+            with open(temporary, "wb") as handle:
+                if output.suffix.lower() == ".npy":
+                    np.save(handle, embeddings)
+                else:  # 9 significant digits: a float32 read back is the same float32
+                    np.savetxt(handle, embeddings, fmt="%.9g", delimiter="\t")
+            os.replace(temporary, output)
+    finally:
+        temporary.unlink(missing_ok=True)
     typer.echo(f"wrote {embeddings.shape[0]} x {embeddings.shape[1]} embeddings to {output} ({precision_label})")
 
 
@@ -377,7 +383,8 @@ def probe(
     typer.echo(format_transformation_table(report["transformations"]))
     typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision_label}, {time.perf_counter() - started:.1f} s)")
     if output is not None:
-        atomic_write_text(output, json_text(report, indent=2) + "\n")
+        with _saving_output(output):
+            atomic_write_text(output, json_text(report, indent=2) + "\n")
 
 
 DEFAULT_COUNTS = "freq/bookcorpus_bert-base-uncased/labels.json"
@@ -515,7 +522,8 @@ def diagnose(
         "models": reports,
     }
     if output is not None:
-        atomic_write_text(output, json_text(report, indent=2) + "\n")
+        with _saving_output(output):
+            atomic_write_text(output, json_text(report, indent=2) + "\n")
 
 
 def _paraphrase_engine(engine: str, paraphrases: Path | None, pivots: str | None) -> Any:
@@ -608,6 +616,7 @@ def freq(
 
     from csekit.core.atomic import atomic_write_text
     from csekit.encoding.encoder import own_code_message, refuse_own_code, resolve_model_path
+    from csekit.encoding.model_folder import check_tokenizer, from_pretrained
     from csekit.prep.frequency import count_tokens, counts_by_token
 
     _require_at_least("--chunk-lines", chunk_lines)
@@ -616,14 +625,16 @@ def freq(
     if Path(location).is_dir():
         refuse_own_code(Path(location))
     try:
-        loaded = AutoTokenizer.from_pretrained(location, trust_remote_code=False)
+        loaded = from_pretrained(AutoTokenizer, location)
     except (OSError, ValueError) as error:
         if "trust_remote_code" in str(error):
             raise CsekitError(own_code_message(location, "custom code in its tokenizer")) from None
         raise CsekitError(f'--tokenizer: cannot load "{tokenizer}": {str(error).splitlines()[0]}') from None
+    check_tokenizer(location, loaded, None, ("unk_token",))
     counts = count_tokens(corpus, loaded, chunk_lines=chunk_lines, show_progress=progress)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(output, json.dumps(counts_by_token(counts, loaded), indent=0, ensure_ascii=False) + "\n")
+    with _saving_output(output):
+        output.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(output, json.dumps(counts_by_token(counts, loaded), indent=0, ensure_ascii=False) + "\n")
     typer.echo(f"counted {int(counts.sum())} tokens of {int((counts > 0).sum())} types; wrote {output}")
 
 
@@ -642,16 +653,27 @@ def download_data(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Download SentEval's STS, STS-B and SICK data, or with --corpus a papers' training corpus (needs a network)."""
+    from csekit.core.save_guard import guarded_save
+
     if corpus is not None:
         from csekit.data.corpus_download import corpus_source, download_corpus
 
-        written = download_corpus(dest, corpus_source(corpus), show_progress=progress)
+        with guarded_save("the corpus", dest, "a partial download is kept for resuming; run the command again"):
+            written = download_corpus(dest, corpus_source(corpus), show_progress=progress)
         typer.echo(f"corpus {written} checked; recipes find it with --data-dir {dest} or CSEKIT_DATA={dest}")
         return
     from csekit.data.data_dir import download_senteval_data
 
-    path = download_senteval_data(dest)
+    with guarded_save("the data", dest, "the files already in it are kept; run csekit download-data again"):
+        path = download_senteval_data(dest)
     typer.echo(f"data in {path}; export CSEKIT_DATA={path}")
+
+
+def _saving_output(output: Path) -> contextlib.AbstractContextManager[None]:
+    """A failed write of a command's --output file (a full disk) is one line; the file is written atomically."""
+    from csekit.core.save_guard import guarded_save
+
+    return guarded_save(output.name, output.parent, f"{output} was not written (a previous version is unchanged)")
 
 
 def _choose_precision(requested: str, encoder: object) -> tuple[str, str]:

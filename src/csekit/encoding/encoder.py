@@ -30,9 +30,11 @@ from csekit.core.bounded_read import read_json_file
 from csekit.core.errors import CsekitError
 from csekit.core.precision import DTYPES, resolve_precision
 from csekit.core.progress import progress
+from csekit.core.save_guard import guarded_save
 from csekit.core.version import __version__
 from csekit.encoding.kept_head import DenseTanh, ExportsAsDenseTanh
 from csekit.encoding.model_card import CARD_FILE, render_model_card
+from csekit.encoding.model_folder import ENCODER_SPECIAL_TOKENS, check_tokenizer, from_pretrained
 from csekit.encoding.pooling import POOLERS, MaskPooler, Pooler, PoolerOutputPooler, make_pooler, pad_ids
 
 CSEKIT_CONFIG = "csekit.json"
@@ -134,9 +136,7 @@ def _load_backbone(location: str, config: Any, local: bool) -> tuple[PreTrainedM
     transformers initialises weights a checkpoint lacks at random and goes on; from a local folder
     that means a damaged or wrong model, so missing weights (other than that pooler) are refused.
     """
-    backbone, info = AutoModel.from_pretrained(
-        location, config=config, output_loading_info=True, trust_remote_code=False
-    )
+    backbone, info = from_pretrained(AutoModel, location, config=config, output_loading_info=True)
     if local:
         missing = sorted(key for key in info["missing_keys"] if not key.startswith(UNREAD_WEIGHTS_PREFIX))
         if missing or info.get("error_msgs"):
@@ -358,11 +358,11 @@ class SentenceEncoder(nn.Module):
         try:
             with _quiet_transformers():
                 # Never a folder's own code, never a prompt asking whether to run it (see refuse_own_code).
-                config = AutoConfig.from_pretrained(transformer_dir, trust_remote_code=False, **overrides)
+                config = from_pretrained(AutoConfig, transformer_dir, **overrides)
                 config.output_hidden_states = False
                 backbone, missing = _load_backbone(transformer_dir, config, local)
-                tokenizer = AutoTokenizer.from_pretrained(transformer_dir, trust_remote_code=False)
-        except (OSError, ValueError, EOFError, SafetensorError, pickle.UnpicklingError) as error:
+                tokenizer = from_pretrained(AutoTokenizer, transformer_dir)
+        except (OSError, ValueError, RuntimeError, EOFError, SafetensorError, pickle.UnpicklingError) as error:
             if "trust_remote_code" in str(error):
                 raise CsekitError(own_code_message(location, "custom code in its config or tokenizer")) from None
             # A damaged file: truncated weights (SafetensorError, EOFError, UnpicklingError), a broken
@@ -374,6 +374,7 @@ class SentenceEncoder(nn.Module):
                 else "offline? use a local directory, or the alias minilm-l6"
             )
             raise CsekitError(f'cannot load model "{location}": {reason} ({hint})') from None
+        check_tokenizer(location, tokenizer, backbone.get_input_embeddings().num_embeddings, ENCODER_SPECIAL_TOKENS)
         chosen = pooler or saved_pooler or "cls"
         if chosen == PoolerOutputPooler.name and any(key.startswith("pooler.") for key in missing):
             raise CsekitError(
@@ -594,7 +595,8 @@ class SentenceEncoder(nn.Module):
             raise CsekitError(
                 f"refusing to save {path}: {len(bad)} weight tensors hold NaN or infinity (e.g. {bad[0]})"
             )
-        with atomic_directory(path) as tmp, _quiet_transformers():
+        intact = f"the previous {Path(path).name} (if any) is intact"
+        with guarded_save("the model", path, intact), atomic_directory(path) as tmp, _quiet_transformers():
             self._write(tmp)
 
     def _exportable_head(self) -> DenseTanh:

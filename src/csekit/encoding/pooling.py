@@ -223,6 +223,8 @@ class MaskPooler(Pooler):
         for template in templates:
             if template.count("[X]") != 1 or template.count("[MASK]") != 1:
                 raise CsekitError(f'prompt template "{template}" needs exactly one [X] and one [MASK]')
+            if template.index("[MASK]") < template.index("[X]"):  # the pooler reads the mask after the sentence
+                raise CsekitError(f'prompt template "{template}" needs its [MASK] after the sentence [X]')
         self.templates = tuple(templates)
         self.mask_token_id: int | None = None
         self._pieces: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
@@ -247,6 +249,21 @@ class MaskPooler(Pooler):
                 )
             self._pieces[key] = (prefix_ids, suffix_ids)
         return self._pieces[key]
+
+    def check_room(self, tokenizer: PreTrainedTokenizerBase, max_positions: int) -> None:
+        """Every template, with the special tokens, leaves room for a sentence in the backbone's positions.
+
+        Checked when the model is built, not at the first batch (a traceback there left a run folder behind).
+        """
+        head, tail = _special_tokens(tokenizer)
+        for view, template in enumerate(self.templates):
+            prefix, suffix = self._template_ids(tokenizer, view)
+            taken = len(prefix) + len(suffix) + len(head) + len(tail)
+            if taken >= max_positions:
+                raise CsekitError(
+                    f'prompt template "{template[:60]}" takes {taken} tokens with the special tokens; the model '
+                    f"accepts {max_positions}, which leaves no room for the sentence"
+                )
 
     def encode_ids(
         self,

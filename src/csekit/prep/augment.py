@@ -10,6 +10,7 @@ resumable: a restarted run keeps the lines already written and continues after t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from csekit.core.errors import CsekitError, at
+from csekit.core.save_guard import guarded_save
 from csekit.prep.match_error import mer
 from csekit.prep.paraphrase import ParaphraseEngine
 
@@ -158,8 +160,8 @@ def _resume_point(output: Path) -> tuple[int, str | None]:
         return 0, None
     data = output.read_bytes()
     end = data.rfind(b"\n") + 1
-    if end < len(data):
-        with open(output, "r+b") as handle:
+    if end < len(data):  # the cut-off line a killed run left
+        with guarded_save(output.name, output.parent, f"{output} is unchanged"), open(output, "r+b") as handle:
             handle.truncate(end)
     lines = data[:end].splitlines()
     if not lines:
@@ -194,7 +196,6 @@ def augment_corpus(
         raise CsekitError(f"corpus {corpus} has no sentences (it is empty or holds only blank lines)")
     done, last_text = _resume_point(output)
     report.resumed = done
-    output.parent.mkdir(parents=True, exist_ok=True)
     stream = _sentences(corpus, report)
     for index in range(done):
         item = next(stream, None)
@@ -206,7 +207,9 @@ def augment_corpus(
                 "corpus; remove it or pick another --output"
             )
     total = done
-    with open(output, "a", encoding="utf-8") as handle:
+    intact = f"the sentences written before are kept in {output}; the same command continues after them"
+    with guarded_save(output.name, output.parent, intact), contextlib.ExitStack() as files:
+        handle = None  # opened with the first chunk: an engine that fails to load leaves no empty file behind
         while limit is None or total < limit:
             size = chunk_size if limit is None else min(chunk_size, limit - total)
             chunk = [text for _, text in _take(stream, size)]
@@ -227,6 +230,9 @@ def augment_corpus(
                     report.dropped[reason] += 1
                 row = {"text": text, "negation": negation, "paraphrase": paraphrase}
                 lines.append(json.dumps(row, ensure_ascii=False) + "\n")
+            if handle is None:
+                output.parent.mkdir(parents=True, exist_ok=True)
+                handle = files.enter_context(open(output, "a", encoding="utf-8"))
             handle.write("".join(lines))
             handle.flush()
             os.fsync(handle.fileno())

@@ -17,9 +17,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from safetensors import SafetensorError
+
 from csekit.core.errors import CsekitError, at
 from csekit.core.lines import read_lines
 from csekit.core.registry import Registry
+from csekit.encoding.model_folder import check_tokenizer, from_pretrained
+
+TRANSLATION_SPECIAL_TOKENS = ("unk_token", "pad_token")
+"""What a translation model's tokenizer must define (FSMT's has no eos_token attribute: its </s> is sep_token)."""
 
 
 class ParaphraseEngine(Protocol):
@@ -98,6 +104,9 @@ class BackTranslationEngine:
                 tokenizer, model = self._load(name, source, target)
             except OSError as error:
                 raise CsekitError(f'cannot load "{name}": {str(error).splitlines()[0]} (needs a network)') from None
+            except (ValueError, RuntimeError, KeyError, EOFError, SafetensorError) as error:  # a damaged file
+                reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+                raise CsekitError(f'cannot load "{name}": {reason} (a file in it is missing or damaged)') from None
             self._models[name] = (tokenizer, model.to(self.device).eval())
         return self._models[name]
 
@@ -138,10 +147,12 @@ class FsmtEngine(BackTranslationEngine):
         from transformers import FSMTForConditionalGeneration, FSMTTokenizer
 
         try:
-            tokenizer = FSMTTokenizer.from_pretrained(name)
+            tokenizer = from_pretrained(FSMTTokenizer, name)
         except ImportError:
             raise CsekitError("the fsmt engine's tokenizer needs sacremoses: pip install 'csekit[fsmt]'") from None
-        return tokenizer, FSMTForConditionalGeneration.from_pretrained(name)
+        model = from_pretrained(FSMTForConditionalGeneration, name)
+        check_tokenizer(name, tokenizer, model.config.src_vocab_size, TRANSLATION_SPECIAL_TOKENS)
+        return tokenizer, model
 
 
 class MarianEngine(BackTranslationEngine):
@@ -154,7 +165,9 @@ class MarianEngine(BackTranslationEngine):
     def _load(self, name: str, source: str, target: str) -> tuple[Any, Any]:
         from transformers import MarianMTModel, MarianTokenizer
 
-        return MarianTokenizer.from_pretrained(name), MarianMTModel.from_pretrained(name)
+        tokenizer, model = from_pretrained(MarianTokenizer, name), from_pretrained(MarianMTModel, name)
+        check_tokenizer(name, tokenizer, model.config.vocab_size, TRANSLATION_SPECIAL_TOKENS)
+        return tokenizer, model
 
 
 class FileEngine:

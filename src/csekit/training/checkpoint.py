@@ -115,6 +115,13 @@ def load_shared_state(
     bad = non_finite_parameters(model)
     if bad:
         raise CsekitError(f"checkpoint file {model_path} holds weights that are NaN or infinite (e.g. {bad[0]})")
+    for name, module in model.named_modules():  # a part's own counters (ESimCSE's queue): `check_loaded_state`
+        check = getattr(module, "check_loaded_state", None)
+        if callable(check):
+            try:
+                check()
+            except ValueError as error:
+                raise CsekitError(f"checkpoint file {model_path} ({name}): {error}") from None
     for path, target in ((folder / OPTIMIZER_FILE, optimizer), (folder / SCHEDULER_FILE, scheduler)):
         _load_state_dict(path, target, device)
     if scaler is not None:

@@ -267,6 +267,10 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recip
     return recipe
 
 
+MAX_WORKERS = 64
+"""The most DataLoader worker processes a recipe may ask for (each is a process with its own memory)."""
+
+
 def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     """Checks the schema cannot express: value ranges and choices."""
     train = recipe.train
@@ -309,7 +313,11 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         ("model.length_group_size", recipe.model.length_group_size >= 0, "must be 0 (off) or a positive size"),
         ("data.bad_lines", recipe.data.bad_lines in ("error", "skip"), "must be error or skip"),
         ("data.max_chars", recipe.data.max_chars >= 1, "must be at least 1"),
-        ("data.num_workers", recipe.data.num_workers >= 0, "must be >= 0 (0 loads batches in the main process)"),
+        (
+            "data.num_workers",
+            0 <= recipe.data.num_workers <= MAX_WORKERS,
+            f"must be from 0 (batches in the main process) to {MAX_WORKERS}",
+        ),
         ("data.duplicates", recipe.data.duplicates in DUPLICATE_MODES, f"must be one of {', '.join(DUPLICATE_MODES)}"),
         ("objectives", len(recipe.objectives) >= 1, "must list at least one objective (e.g. - name: infonce)"),
     ]

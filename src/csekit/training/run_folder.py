@@ -6,6 +6,7 @@ Nothing is created before every input is checked; a folder that holds a run is o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import sys
@@ -19,11 +20,15 @@ from csekit.core.errors import CsekitError
 from csekit.core.json_text import json_text
 from csekit.core.lines import split_lines
 from csekit.core.run_lock import check_not_locked
+from csekit.core.save_guard import guarded_save
 from csekit.training.recipe import Recipe, load_recipe, recipe_changes
+from csekit.training.state_checks import LARGEST_COUNT
 
 STATE_FILE = "trainer_state.json"
 
 SAVED_RECIPE = "recipe.yaml"
+CHECKPOINT_RECIPE = f"checkpoint/{SAVED_RECIPE}"
+"""The recipe the checkpoint was written with, saved inside it: the reference a --resume is compared with."""
 
 SAME_UPDATE_KEYS = {"train.chunk_size"}
 """Recipe keys that change how a step is computed (memory, time) but not the update: a resume may change
@@ -52,8 +57,13 @@ class MetricsLog:
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
-            with open(self.path, "a", encoding="utf-8") as handle:
+            with self._saving(), open(self.path, "a", encoding="utf-8") as handle:
                 handle.write(json_text(record) + "\n")
+
+    def _saving(self) -> contextlib.AbstractContextManager[None]:
+        """A cut-off last line is dropped on --resume (`truncate_after`); the records before it are kept."""
+        intact = f"the records before the failed one are kept in {self.path}"
+        return guarded_save(self.path.name, self.path.parent, intact)
 
     def truncate_after(self, step: int) -> None:
         """On resume, drop records written after the saved state (they will be written again).
@@ -88,7 +98,8 @@ class MetricsLog:
                 raise CsekitError(f"{self.path}:{number}: not a metrics record (a JSON object with a step)")
             if record.get("step", 0) <= step:
                 kept.append(line)
-        atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+        with self._saving():
+            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
 
 
 def read_trainer_state(path: Path) -> TrainerState:
@@ -104,13 +115,16 @@ def read_trainer_state(path: Path) -> TrainerState:
             f"checkpoint file {path} is damaged (step, batches, skipped_steps or evaluations_without_improvement "
             "is not a count)"
         )
+    if state.step > state.batches:
+        raise CsekitError(f"checkpoint file {path} is damaged (step {state.step} is more than the batches consumed)")
     if not _is_score(state.best_score) or not (state.best_step is None or _is_count(state.best_step)):
         raise CsekitError(f"checkpoint file {path} is damaged (best_score is not a number or best_step not a step)")
     return state
 
 
 def _is_count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    """A whole number from 0 to LARGEST_COUNT (2^62: beyond it an epoch's seed overflows torch's generator)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= LARGEST_COUNT
 
 
 def _is_score(value: Any) -> bool:
@@ -159,18 +173,29 @@ def check_checkpoint(checkpoint: Path) -> bool:
 
 
 def recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bool) -> dict[str, list[Any]]:
-    """Keys whose value differs from the run's saved recipe; refused unless `allow_changes`.
+    """Keys whose value differs from the recipe the run's checkpoint was written with; refused unless `allow_changes`.
 
     A resumed run must continue the run that is in the folder: the same length, batch, precision
-    and parts; only `SAME_UPDATE_KEYS` (the chunk size) may change freely. The saved recipe is read like
-    any recipe (yaml.safe_load, then validated).
+    and parts; only `SAME_UPDATE_KEYS` (the chunk size) may change freely. The reference is the copy of the
+    recipe saved inside `checkpoint/` (`CHECKPOINT_RECIPE`), so an edit to the run's `recipe.yaml` after the
+    checkpoint is found too (it continued silently: a changed batch size, an lr written back but not used);
+    runs older than that copy compare with `recipe.yaml`. Both are read like any recipe (bounded YAML, validated).
     """
     saved_path = output_dir / SAVED_RECIPE
-    if not saved_path.exists():
+    copy_path = output_dir / CHECKPOINT_RECIPE
+    reference_path = copy_path if copy_path.is_file() else saved_path
+    if not reference_path.exists():
         return {}
-    changes = recipe_changes(load_recipe(saved_path), recipe)
+    reference = load_recipe(reference_path)
+    changes = recipe_changes(reference, recipe)
     refused = {key: change for key, change in changes.items() if key not in SAME_UPDATE_KEYS}
     if refused and not allow_changes:
+        edited = recipe_changes(reference, load_recipe(saved_path)) if reference_path == copy_path else {}
+        if edited:
+            raise CsekitError(
+                f"{saved_path} was edited after the run's checkpoint: {_named(edited)}; the checkpoint continues "
+                f"the recipe in {copy_path}. Restore that recipe, or pass --allow-changes to continue with the edits"
+            )
         key, (old, new) = next(iter(refused.items()))
         others = f" (and {', '.join(list(refused)[1:])})" if len(refused) > 1 else ""
         raise CsekitError(
@@ -178,6 +203,12 @@ def recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bo
             f"without a recipe and --set to continue it as saved ({saved_path}), or pass --allow-changes"
         )
     return {key: [old, new] for key, (old, new) in changes.items()}
+
+
+def _named(changes: dict[str, tuple[Any, Any]]) -> str:
+    """`train.batch_size 8 -> 16, train.lr ...` for a message (the first few keys)."""
+    named = [f"{key} {old!r} -> {new!r}" for key, (old, new) in list(changes.items())[:4]]
+    return ", ".join(named) + (f" and {len(changes) - 4} more" if len(changes) > 4 else "")
 
 
 def create_output(output_dir: Path, process: int) -> None:

@@ -34,10 +34,12 @@ from transformers import get_linear_schedule_with_warmup
 from csekit.core.atomic import atomic_write_text, recover_directory, remove_staging_leftovers, swap_in
 from csekit.core.errors import CsekitError
 from csekit.core.run_lock import hold_run_lock
+from csekit.core.save_guard import guarded_save, saves_keep
 from csekit.data.corpus import TrainCollator, open_corpus, sentence_text
 from csekit.data.data_dir import resolve_data_dir
 from csekit.data.duplicates import DuplicateReport, SentenceGroups, SeparatingSampler, check_separable
 from csekit.encoding.encoder import SentenceEncoder, non_finite_parameters
+from csekit.encoding.pooling import MaskPooler
 from csekit.evaluation.sts import evaluate_dev
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS
 from csekit.training.card_facts import training_card_facts
@@ -56,6 +58,7 @@ from csekit.training.processes import (
 )
 from csekit.training.recipe import Recipe, tracker_names
 from csekit.training.run_folder import (
+    CHECKPOINT_RECIPE,
     SAVED_RECIPE,
     STATE_FILE,
     MetricsLog,
@@ -164,6 +167,7 @@ class Trainer:
         self._open_output(held_until_the_end)  # every input is valid: only now is anything written
         self._set_up_optimization()
         self.state = TrainerState()
+        self.checkpointed_step: int | None = None  # the step of the last good checkpoint in checkpoint/
         self.metrics = MetricsLog(output / "metrics.jsonl", self.main)
         self.unwrapped: ContrastiveModel = self.accelerator.unwrap_model(self.model)
         if resume:
@@ -222,6 +226,11 @@ class Trainer:
                 f"recipe key model.max_length: {model_config.max_length} is more tokens than "
                 f"{model_config.backbone} accepts ({encoder.max_seq_length})"
             )
+        if isinstance(encoder.pooler, MaskPooler):  # before the run folder exists, not at the first batch
+            try:
+                encoder.pooler.check_room(encoder.tokenizer, encoder.max_seq_length)
+            except CsekitError as error:
+                raise CsekitError(f"recipe key model.templates: {error} ({model_config.backbone})") from None
         self.model, self.views = build_model(self.recipe, encoder)
         if model_config.head_at_test:
             encoder.head = self.model.head
@@ -292,6 +301,11 @@ class Trainer:
             recover_directory(folder)
         if check_checkpoint(self.checkpoint_dir):
             self.state = read_trainer_state(self.checkpoint_dir / STATE_FILE)
+            if self.state.step > self.total_steps:  # the loop ends at total_steps: it would never stop
+                raise CsekitError(
+                    f"checkpoint file {self.checkpoint_dir / STATE_FILE}: step {self.state.step} is beyond this run's "
+                    f"{self.total_steps} steps (train.max_steps / train.epochs)"
+                )
             load_shared_state(
                 self.checkpoint_dir,
                 self.unwrapped,
@@ -301,6 +315,7 @@ class Trainer:
                 self.accelerator.device,
             )
             load_rng_state(self.checkpoint_dir, self.accelerator.process_index)
+            self.checkpointed_step = self.state.step
             self.metrics.truncate_after(self.state.step)
         else:  # stopped before its first checkpoint: start over, without the old run's records
             self.metrics.truncate_after(-1)
@@ -314,7 +329,10 @@ class Trainer:
         for line in self.precision_note:
             print(line, file=sys.stderr)
         print(f"csekit: {self.duplicates.summary()}", file=sys.stderr)
-        atomic_write_text(self.output / SAVED_RECIPE, self.recipe.to_yaml())
+        with self._saving(SAVED_RECIPE):
+            atomic_write_text(self.output / SAVED_RECIPE, self.recipe.to_yaml())
+            if self.changes and self.checkpointed_step is not None:  # accepted with --allow-changes
+                atomic_write_text(self.output / CHECKPOINT_RECIPE, self.recipe.to_yaml())
         if not self.resume or self.state.step == 0:
             self.metrics.write(
                 {
@@ -337,7 +355,7 @@ class Trainer:
         checkpointing on the way; Ctrl-C stops after the current step with a checkpoint of it."""
         self._start_progress()
         self.model.train()
-        with self._ctrl_c_stops_after_the_step():
+        with saves_keep(self._what_is_intact), self._ctrl_c_stops_after_the_step():
             for batch in self._batches():
                 if self.step(batch) and self._after_step():
                     break
@@ -474,7 +492,7 @@ class Trainer:
     def evaluate(self) -> None:
         """Score on the dev task, keep the best model by the selection metric, save last/, then checkpoint."""
         self._check_weights_finite()
-        with self._writing("best/ and last/"):
+        with self._saving("best/ and last/"):
             self._score_and_keep()
         self.save_checkpoint()
 
@@ -505,7 +523,7 @@ class Trainer:
     def save_checkpoint(self) -> None:
         """The resumable state: weights, optimizer, scheduler, RNG states (every process's) and the step."""
         self._check_weights_finite()
-        with self._writing("checkpoint/"):
+        with self._saving("checkpoint/"):
             self._write_checkpoint()
 
     def _check_weights_finite(self) -> None:
@@ -518,32 +536,39 @@ class Trainer:
                 f"{self.checkpoint_dir} is kept; try a lower train.lr (it is {self.config.lr:g})"
             )
 
-    @contextlib.contextmanager
-    def _writing(self, what: str) -> Iterator[None]:
-        """A failed write (a full disk) is one line; the atomic writes keep the previous version of `what`."""
-        try:
-            yield
-        except OSError as error:
-            raise CsekitError(
-                f"cannot write {what} in {self.output} ({error.strerror or error}); the previous version is kept. "
-                f"Free the space, then: csekit train --output {self.output} --resume"
-            ) from None
+    def _saving(self, what: str) -> contextlib.AbstractContextManager[None]:
+        """A failed write of `what` (a full disk, a file-size limit) is one line saying the last good checkpoint is
+        intact: every write is atomic (core/atomic.py), so the previous checkpoint, best/ and last/ stay whole."""
+        return guarded_save(what, self.output, self._what_is_intact)
+
+    def _what_is_intact(self) -> str:
+        if self.checkpointed_step is None:
+            kept = f"no checkpoint had been written yet in {self.checkpoint_dir}"
+        else:
+            kept = f"the last good checkpoint ({self.checkpoint_dir}, step {self.checkpointed_step}) is intact"
+        return f"{kept}. Free the space, then: csekit train --output {self.output} --resume"
 
     def _write_checkpoint(self) -> None:
         staging = self.output / ".checkpoint.tmp"
         if self.main:
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
+        try:
+            self.accelerator.wait_for_everyone()
+            if self.main:
+                save_shared_state(staging, self.unwrapped, self.optimizer, self.scheduler, self.accelerator.scaler)
+            save_rng_state(staging, self.accelerator.process_index)
+            self.accelerator.wait_for_everyone()
+            if self.main:
+                atomic_write_text(staging / STATE_FILE, json.dumps(self.state.__dict__))
+                atomic_write_text(staging / SAVED_RECIPE, self.recipe.to_yaml())  # what a --resume must continue
+                swap_in(staging, self.checkpoint_dir)
+        except BaseException:
+            if self.main:  # a half-written staging folder takes the space a full disk lacks
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
         self.accelerator.wait_for_everyone()
-        if self.main:
-            save_shared_state(staging, self.unwrapped, self.optimizer, self.scheduler, self.accelerator.scaler)
-        save_rng_state(staging, self.accelerator.process_index)
-        self.accelerator.wait_for_everyone()
-        if self.main:
-            atomic_write_text(staging / STATE_FILE, json.dumps(self.state.__dict__))
-            swap_in(staging, self.checkpoint_dir)
-        self.accelerator.wait_for_everyone()
-        self.checkpointed_batches = self.state.batches
+        self.checkpointed_batches, self.checkpointed_step = self.state.batches, self.state.step
 
     def _patience_ran_out(self) -> bool:
         patience = self.config.patience

@@ -39,6 +39,8 @@ from csekit.parts.step_state import StepState
 
 QUEUE_HEADS = ("momentum", "online")
 """`queue_head`: a momentum copy of the training head, or the training head itself (without gradient)."""
+MAX_QUEUE_SIZE = 65536
+"""The longest queue csekit builds (MoCo's; ESimCSE's is 160 vectors): queue_size 1e12 allocated terabytes."""
 
 
 class MomentumQueue(nn.Module):
@@ -74,9 +76,14 @@ class MomentumQueue(nn.Module):
         if queue_size is None:
             if recipe is None:
                 raise ValueError("give queue_size (outside a recipe there is no batch size for queue_ratio)")
+            if not 0 < queue_ratio <= MAX_QUEUE_SIZE:  # NaN too
+                raise ValueError(f"option queue_ratio must be a number in (0, {MAX_QUEUE_SIZE}] (got {queue_ratio})")
             queue_size = math.floor(queue_ratio * int(recipe.train.batch_size))
-        if queue_size < 1:
-            raise ValueError(f"the queue must hold at least one vector (queue_size {queue_size})")
+        if not 1 <= queue_size <= MAX_QUEUE_SIZE:
+            raise ValueError(
+                f"the queue must hold from 1 to {MAX_QUEUE_SIZE} vectors (queue_size {queue_size}; the paper's is "
+                "2.5 batches)"
+            )
         self.momentum = float(momentum)
         self.view = view
         self.queue_head = queue_head
@@ -90,6 +97,16 @@ class MomentumQueue(nn.Module):
         self.register_buffer("queued", torch.zeros((), dtype=torch.long))  # vectors in the queue so far
         self.register_buffer("pointer", torch.zeros((), dtype=torch.long))  # where the next one goes
         self.train(True)
+
+    def check_loaded_state(self) -> None:
+        """The queue's counters as a checkpoint gave them: within the queue (a negative or oversized count would
+        silently drop or repeat negatives). Called by the checkpoint loader."""
+        size = self.queue.shape[0]
+        if not 0 <= int(self.queued) <= size or not 0 <= int(self.pointer) < size:
+            raise ValueError(
+                f"the momentum queue's counters (queued {int(self.queued)}, pointer {int(self.pointer)}) do not fit "
+                f"its {size} places"
+            )
 
     def train(self, mode: bool = True) -> MomentumQueue:
         """The momentum encoder and head always run without dropout (eval mode)."""
