@@ -14,7 +14,6 @@ import itertools
 import json
 import math
 import shlex
-import shutil
 import signal
 import sys
 import time
@@ -31,7 +30,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from csekit.core.atomic import atomic_write_text, recover_directory, remove_staging_leftovers, swap_in
+from csekit.core.atomic import atomic_write_text, fresh_folder, recover_directory, remove_staging_leftovers, swap_in
 from csekit.core.errors import CsekitError
 from csekit.core.run_lock import hold_run_lock
 from csekit.data.corpus import TrainCollator, open_corpus
@@ -54,6 +53,7 @@ from csekit.training.processes import (
 )
 from csekit.training.recipe import Recipe, tracker_names
 from csekit.training.run_folder import (
+    METRICS_FILE,
     SAVED_RECIPE,
     STATE_FILE,
     MetricsLog,
@@ -162,7 +162,7 @@ class Trainer:
         self._open_output(held_until_the_end)  # every input is valid: only now is anything written
         self._set_up_optimization()
         self.state = TrainerState()
-        self.metrics = MetricsLog(output / "metrics.jsonl", self.main)
+        self.metrics = MetricsLog(output / METRICS_FILE, self.main)
         self.unwrapped: ContrastiveModel = self.accelerator.unwrap_model(self.model)
         if resume:
             self._resume_from_checkpoint()
@@ -500,8 +500,7 @@ class Trainer:
     def _write_checkpoint(self) -> None:
         staging = self.output / ".checkpoint.tmp"
         if self.main:
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir()
+            fresh_folder(staging)
         self.accelerator.wait_for_everyone()
         if self.main:
             save_shared_state(staging, self.unwrapped, self.optimizer, self.scheduler, self.accelerator.scaler)
