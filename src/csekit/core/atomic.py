@@ -65,7 +65,7 @@ def refuse_unsafe_file(path: str | Path) -> None:
     path = Path(path)
     try:
         info = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # nothing there (a parent that is a file fails later)
         return
     if stat.S_ISLNK(info.st_mode):
         raise _link_error(path)
@@ -78,7 +78,7 @@ def refuse_unsafe_folder(path: str | Path) -> bool:
     path = Path(path)
     try:
         info = os.lstat(path)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return False
     if stat.S_ISLNK(info.st_mode):
         raise _link_error(path)

@@ -49,9 +49,15 @@ class CorpusReport:
         return text
 
 
+LINE_READ_FLOOR = 2**20
+"""Lines up to this many bytes are decoded whatever data.max_chars is, so that the error gives their length in
+characters; only a longer line is skipped unread (counted in bytes)."""
+
+
 def line_byte_limit(max_chars: int) -> int:
-    """The most bytes a line of `max_chars` characters can take (4 a character in UTF-8, and `\r\n`)."""
-    return 4 * max_chars + 2
+    """The most bytes of one line read into memory: what `max_chars` characters can take (4 bytes a character in
+    UTF-8, and `\r\n`), at least LINE_READ_FLOOR."""
+    return max(4 * max_chars + 2, LINE_READ_FLOOR)
 
 
 def _problem(raw: bytes | None, max_chars: int, size: int = 0) -> tuple[str | None, str | None]:
