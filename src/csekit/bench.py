@@ -25,19 +25,28 @@ from __future__ import annotations
 
 import csv
 import io
-import json
+import math
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
-from csekit.core.atomic import atomic_write_text
-from csekit.core.bounded_read import parse_yaml, read_bounded_text
+from csekit.core.atomic import atomic_write_text, write_file
+from csekit.core.bounded_read import (
+    bounded_lines,
+    open_regular,
+    parse_yaml,
+    read_bounded_text,
+    read_json_file,
+    read_with,
+)
 from csekit.core.errors import CsekitError, at
 from csekit.core.json_text import json_text
+from csekit.core.safe_names import check_name, child_path
 from csekit.core.save_guard import guarded_save
 from csekit.evaluation.published import (
     PUBLISHED_COLUMNS,
@@ -49,9 +58,14 @@ from csekit.evaluation.published import (
 )
 from csekit.evaluation.tasks import table_columns
 from csekit.training.recipe import MAX_SEED
+from csekit.training.run_folder import METRICS_FILE, METRICS_LINE_LIMIT, metrics_record
 
 RESULTS_FILE = "results.json"
 COSINES_FILE = "cosines.npy"
+RESULTS_LIMIT = 2**20
+"""The largest results.json read (bench writes a few KiB)."""
+COSINES_LIMIT = 2**28
+"""The largest cosines.npy read (bench writes 2 MB: 1000 sentences give 499,500 float32 pairs)."""
 SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline", "published"}
 RECIPE_KEYS = {"recipe", "name", "set", "control", "paper"}
 
@@ -187,7 +201,12 @@ def _suite_recipe(path: Path, text: str, entry: Any, taken: list[str]) -> SuiteR
     overrides = entry.get("set") or []
     if not isinstance(overrides, list):
         raise CsekitError(f"{at(path, _line_of(text, 'set'))}: set must be a list of key=value strings")
-    name = str(entry.get("name") or recipe_path.stem)
+    name = entry.get("name") or recipe_path.stem
+    if not isinstance(name, str | int | float) or isinstance(name, bool):
+        raise CsekitError(f"{at(path, _line_of(text, 'name'))}: a recipe name must be text")
+    name = str(name)
+    # The name becomes the run folder OUTPUT/NAME-seedK: it must stay one folder inside OUTPUT.
+    check_name(name, f"{at(path, _line_naming(text, 'name', name))}: recipe name", folder="--output")
     if name in taken:
         raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: two recipes are named {name!r}; give one a name")
     control = entry.get("control")
@@ -236,7 +255,8 @@ def _check_controls(path: Path, text: str, recipes: list[SuiteRecipe]) -> None:
 
 
 def run_dir(output: Path, recipe: SuiteRecipe, seed: int) -> Path:
-    return output / f"{recipe.name}-seed{seed}"
+    """`OUTPUT/NAME-seedK`, never outside OUTPUT (the name comes from the suite file, see `child_path`)."""
+    return child_path(output, f"{recipe.name}-seed{seed}", f"suite recipe name {recipe.name!r}")
 
 
 def _run_one(
@@ -289,7 +309,7 @@ def _run_one(
             report[key] = scores[key]
     intact = f"the run's checkpoint is intact; run the suite again to finish {folder}"
     with guarded_save(f"{COSINES_FILE} and {RESULTS_FILE}", folder, intact):
-        np.save(folder / COSINES_FILE, cosines)
+        write_file(folder / COSINES_FILE, lambda handle: np.save(handle, cosines))
         atomic_write_text(folder / RESULTS_FILE, json_text(report, indent=2) + "\n")
     return report
 
@@ -300,7 +320,7 @@ def _pending_runs(out: Path, suite: Suite) -> list[tuple[SuiteRecipe, int]]:
         (recipe, seed)
         for recipe in suite.recipes
         for seed in suite.seeds
-        if not (run_dir(out, recipe, seed) / RESULTS_FILE).exists()
+        if not os.path.lexists(run_dir(out, recipe, seed) / RESULTS_FILE)
     ]
 
 
@@ -420,9 +440,53 @@ def collect(output: Path, suite: Suite) -> dict[str, list[dict[str, Any]]]:
     for recipe in suite.recipes:
         for seed in suite.seeds:
             path = run_dir(output, recipe, seed) / RESULTS_FILE
-            if path.exists():
-                runs.setdefault(recipe.name, []).append(json.loads(path.read_text(encoding="utf-8")))
+            if os.path.lexists(path):
+                runs.setdefault(recipe.name, []).append(read_results(path))
     return runs
+
+
+def read_results(path: Path) -> dict[str, Any]:
+    """A run's results.json (bounded), checked to hold what the summary reads; anything else is one line."""
+    report = read_json_file(path, "run results", limit=RESULTS_LIMIT)
+    problem = _results_problem(report)
+    if problem is not None:
+        raise CsekitError(f"{path}: {problem}; it is not what csekit bench wrote (remove it to run that run again)")
+    report.setdefault("tasks", {})
+    return report
+
+
+def _results_problem(report: Any) -> str | None:
+    if not isinstance(report, dict):
+        return "not a JSON object"
+    tasks = report.get("tasks", {})
+    if not isinstance(tasks, dict) or not all(_is_scores(value) for value in tasks.values()):
+        return '"tasks" must map each task to a score or a mapping of scores'
+    if not all(_is_score(report.get(key)) for key in ("avg", "transfer_avg")):
+        return '"avg" and "transfer_avg" must be scores'
+    align = tasks.get("align")
+    if align is not None and not (isinstance(align, dict) and {"align", "uniform"} <= set(align)):
+        return '"tasks.align" must give "align" and "uniform"'
+    wall = report.get("wall_seconds")
+    if wall is not None and not (
+        isinstance(wall, dict) and all(_is_number(wall.get(k)) for k in ("train", "evaluate"))
+    ):
+        return '"wall_seconds" must give "train" and "evaluate" as numbers'
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_score(value: Any) -> bool:
+    """A finite number, or null (a score that was not a number, such as a Spearman correlation of constants)."""
+    return value is None or _is_number(value)
+
+
+def _is_scores(value: Any, depth: int = 0) -> bool:
+    if isinstance(value, dict):
+        return depth < 3 and all(isinstance(k, str) and _is_scores(v, depth + 1) for k, v in value.items())
+    return _is_score(value)
 
 
 def table_rows(runs: dict[str, list[dict[str, Any]]]) -> tuple[list[str], list[dict[str, Any]]]:
@@ -603,22 +667,74 @@ def _dev_curves(output: Path, suite: Suite) -> dict[str, dict[str, list[tuple[in
     for recipe in suite.recipes:
         per_metric: dict[str, dict[int, list[float]]] = {}
         for seed in suite.seeds:
-            path = run_dir(output, recipe, seed) / "metrics.jsonl"
-            if not path.exists():
-                continue
-            for line in path.read_text(encoding="utf-8").splitlines():
-                record = json.loads(line)
-                if "align" not in record:
-                    continue
-                dev_keys = [k for k in ("stsb-dev", "sick-dev") if k in record]
-                for key in [*dev_keys, "align", "uniform"]:
-                    per_metric.setdefault(key, {}).setdefault(int(record["step"]), []).append(float(record[key]))
+            path = run_dir(output, recipe, seed) / METRICS_FILE
+            if os.path.lexists(path):
+                for step, key, value in _evaluation_points(path):
+                    per_metric.setdefault(key, {}).setdefault(step, []).append(value)
         if per_metric:
             curves[recipe.name] = {
                 key: sorted((step, float(np.mean(vals))) for step, vals in steps.items())
                 for key, steps in per_metric.items()
             }
     return curves
+
+
+def _evaluation_points(path: Path) -> Iterator[tuple[int, str, float]]:
+    """(step, metric, value) of every evaluation record in a run's metrics.jsonl, streamed and bounded line by
+    line; a record that is not what csekit writes is one line naming the file and line."""
+    try:
+        source = open_regular(path)
+    except OSError as error:
+        raise CsekitError(f"{path}: cannot read it ({error.strerror or error})") from None
+    with source:
+        for number, (line, _) in enumerate(bounded_lines(source, METRICS_LINE_LIMIT), start=1):
+            if line is not None and not line.strip():
+                continue
+            record = None if line is None else metrics_record(line.rstrip(b"\r\n"))
+            if record is None:
+                if line is not None and not line.endswith(b"\n"):
+                    continue  # a last line cut off by a killed run
+                raise CsekitError(f"{path}:{number}: not a metrics record (a JSON object with a step)")
+            if "align" not in record:
+                continue
+            dev_keys = [k for k in ("stsb-dev", "sick-dev") if k in record]
+            for key in [*dev_keys, "align", "uniform"]:
+                value = record.get(key)
+                if value is None:  # a score that was not a number
+                    continue
+                if not _is_number(value):
+                    raise CsekitError(f"{path}:{number}: {key} is {str(value)[:40]!r}, not a number")
+                yield record["step"], key, float(value)
+
+
+def _cosines_header_checked(handle: BinaryIO) -> BinaryIO:
+    """`handle` back at its start once its .npy header says a 1-D float array that fits in the file (a header
+    claiming 10^12 values would otherwise make numpy allocate them before reading)."""
+    version = np.lib.format.read_magic(handle)  # numpy's own header parsers; np.save writes version 1.0
+    readers = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+    if version not in readers:
+        raise ValueError(f"npy format version {version}")
+    shape, _, dtype = readers[version](handle)
+    size = os.fstat(handle.fileno()).st_size
+    if len(shape) != 1 or dtype.kind != "f" or shape[0] * dtype.itemsize > size:
+        raise ValueError(f"holds a {dtype} array of shape {shape}, not a list of cosines")
+    handle.seek(0)
+    return handle
+
+
+def read_cosines(path: Path) -> np.ndarray:
+    """A run's cosines.npy: a 1-D float array of finite cosines, read without pickle (its header checked first)."""
+
+    try:
+        values = read_with(
+            path, lambda handle: np.load(_cosines_header_checked(handle), allow_pickle=False), "cosines", COSINES_LIMIT
+        )
+    except (ValueError, OSError, EOFError) as error:
+        reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+        raise CsekitError(f"{path}: not a cosine sample written by csekit bench ({reason})") from None
+    if not np.isfinite(values).all():
+        raise CsekitError(f"{path}: holds values that are not finite; not a cosine sample written by csekit bench")
+    return values
 
 
 def write_plots(output: Path, suite: Suite, runs: dict[str, list[dict[str, Any]]]) -> list[Path]:
@@ -637,7 +753,7 @@ def write_plots(output: Path, suite: Suite, runs: dict[str, list[dict[str, Any]]
 
     def _save(fig: Any, path: Path) -> Path:
         fig.tight_layout()
-        fig.savefig(path, dpi=100)
+        write_file(path, lambda handle: fig.savefig(handle, format="png", dpi=100))
         plt.close(fig)
         return path
 
@@ -661,7 +777,9 @@ def write_plots(output: Path, suite: Suite, runs: dict[str, list[dict[str, Any]]
 
     points = {
         method: [
-            (r["tasks"]["align"]["uniform"], r["tasks"]["align"]["align"]) for r in reports if "align" in r["tasks"]
+            (r["tasks"]["align"]["uniform"], r["tasks"]["align"]["align"])
+            for r in reports
+            if "align" in r["tasks"] and None not in (r["tasks"]["align"]["uniform"], r["tasks"]["align"]["align"])
         ]
         for method, reports in runs.items()
     }
@@ -682,9 +800,9 @@ def write_plots(output: Path, suite: Suite, runs: dict[str, list[dict[str, Any]]
     cosines = {}
     for recipe in suite.recipes:
         arrays = [
-            np.load(run_dir(output, recipe, seed) / COSINES_FILE)
+            read_cosines(run_dir(output, recipe, seed) / COSINES_FILE)
             for seed in suite.seeds
-            if (run_dir(output, recipe, seed) / COSINES_FILE).exists()
+            if os.path.lexists(run_dir(output, recipe, seed) / COSINES_FILE)
         ]
         if arrays:
             cosines[recipe.name] = np.concatenate(arrays)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shlex
 import signal
 import sys
@@ -292,7 +291,9 @@ def encode(
     batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
 ) -> None:
     """Write one embedding row per input line (a float32 .npy matrix, or tab-separated text for .txt/.tsv)."""
-    from csekit.core.lines import read_lines
+    from csekit.core.atomic import write_file
+    from csekit.core.bounded_read import TEXT_FILE_LIMIT, read_bounded_bytes
+    from csekit.core.lines import split_lines
     from csekit.encoding.encoder import SentenceEncoder
 
     _require_at_least("--batch-size", batch_size)
@@ -300,31 +301,25 @@ def encode(
     if output.suffix.lower() not in EMBEDDING_FORMATS:
         raise CsekitError(f"--output {output}: write .npy (a float32 matrix) or .txt/.tsv (tab-separated text)")
     try:
-        sentences = read_lines(input)
+        data = read_bounded_bytes(input, TEXT_FILE_LIMIT)
     except FileNotFoundError:
         raise CsekitError(f"input {input} does not exist") from None
-    except IsADirectoryError:
-        raise CsekitError(f"input {input} is a folder, not a text file") from None
     except OSError as error:
         raise CsekitError(f"input {input}: cannot read it ({error.strerror})") from None
+    try:
+        sentences = split_lines(data.decode("utf-8"))
     except UnicodeDecodeError as error:
-        line = input.read_bytes()[: error.start].count(b"\n") + 1
+        line = data[: error.start].count(b"\n") + 1
         raise CsekitError(f"{input}:{line}: not valid UTF-8") from None
     encoder = SentenceEncoder.load(model, pooler=pooler)
     precision, precision_label = _choose_precision(precision, encoder)
     embeddings = encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
-    temporary = output.with_name(f".{output.name}.tmp")
-    try:
-        with _saving_output(output):
-            output.parent.mkdir(parents=True, exist_ok=True)
-            with open(temporary, "wb") as handle:
-                if output.suffix.lower() == ".npy":
-                    np.save(handle, embeddings)
-                else:  # 9 significant digits: a float32 read back is the same float32
-                    np.savetxt(handle, embeddings, fmt="%.9g", delimiter="\t")
-            os.replace(temporary, output)
-    finally:
-        temporary.unlink(missing_ok=True)
+    with _saving_output(output):
+        output.parent.mkdir(parents=True, exist_ok=True)
+        if output.suffix.lower() == ".npy":
+            write_file(output, lambda handle: np.save(handle, embeddings))
+        else:  # 9 significant digits: a float32 read back is the same float32
+            write_file(output, lambda handle: np.savetxt(handle, embeddings, fmt="%.9g", delimiter="\t"))
     typer.echo(f"wrote {embeddings.shape[0]} x {embeddings.shape[1]} embeddings to {output} ({precision_label})")
 
 
@@ -615,6 +610,7 @@ def freq(
     from transformers import AutoTokenizer
 
     from csekit.core.atomic import atomic_write_text
+    from csekit.core.bounded_read import check_plain_files
     from csekit.encoding.encoder import own_code_message, refuse_own_code, resolve_model_path
     from csekit.encoding.model_folder import check_tokenizer, from_pretrained
     from csekit.prep.frequency import count_tokens, counts_by_token
@@ -623,6 +619,7 @@ def freq(
     _check_output_file(output)
     location = resolve_model_path(tokenizer)
     if Path(location).is_dir():
+        check_plain_files(location)
         refuse_own_code(Path(location))
     try:
         loaded = from_pretrained(AutoTokenizer, location)

@@ -1,10 +1,20 @@
 """Reading files someone else may have written: bounded in size, plain files only, one-line errors.
 
-A run folder, a model folder, a recipe or a suite may come from anyone. A file there may be a link
-to an endless device (`/dev/zero`), a FIFO that blocks the reader forever, a gigabyte of JSON, or a
-YAML document of a few hundred bytes whose nested aliases expand to billions of nodes. Every such
-file is read here: only regular files, at most `limit` bytes, and YAML composed once with its
-expanded size counted (aliases included) and duplicate keys refused before anything is built.
+A run folder, a model folder, a recipe, a suite, a corpus or a data folder may come from anyone. A file
+there may be a link to an endless device (`/dev/zero`), a FIFO that blocks the reader forever, a
+gigabyte of JSON, a line of gigabytes (decompressed from a few megabytes of `.gz`), or a YAML document
+of a few hundred bytes whose nested aliases expand to billions of nodes. Every file csekit did not
+write in this process is opened here (`tests/test_architecture.py` finds any other read in `src/`):
+
+* `open_regular` opens without blocking (`O_NONBLOCK`) and refuses anything but a regular file after
+  opening (`fstat`), so a FIFO, a device or a folder is one line, never a hang;
+* whole files are read with a byte limit checked before parsing (`read_bounded_bytes`, `read_json_file`,
+  `read_yaml_file`, `read_with` for a loader that takes a handle: numpy, torch, safetensors);
+* line by line, `bounded_lines` never holds more than one line's limit, however long the line is
+  (a `.gz` line included: the limit applies to the decompressed bytes);
+* YAML is composed once with its expanded size counted (aliases included) and duplicate keys refused
+  before anything is built.
+
 Every failure is a `CsekitError` naming the file (and line).
 """
 
@@ -13,8 +23,9 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, BinaryIO, TypeVar
 
 import yaml
 
@@ -26,6 +37,126 @@ METADATA_LIMIT = 16 * 2**20
 YAML_NODE_LIMIT = 100_000
 """The most nodes a YAML file may expand to, aliases counted each time they are used (a recipe has about 100)."""
 
+TEXT_FILE_LIMIT = 2**30
+"""The largest text file read whole (sentences to encode, an evaluation data set: SentEval's are at most 30 MiB)."""
+
+_READ_CHUNK = 2**20
+_T = TypeVar("_T")
+
+
+def open_regular(path: str | Path, limit: int | None = None, buffered: bool = True) -> BinaryIO:
+    """`path` opened for binary reading, if it is a regular file (of at most `limit` bytes when given).
+
+    Opened without blocking (a FIFO would wait for a writer forever), then checked with `fstat`, so a
+    link to a device, a FIFO or a folder is a CsekitError naming it; a missing or unreadable file is an
+    OSError for the caller to name.
+    """
+    path = Path(path)
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, FIFO or socket)"
+            raise CsekitError(f"{path} is {kind}; csekit reads only plain files there")
+        if limit is not None and info.st_size > limit:
+            raise CsekitError(f"{path} is {info.st_size} bytes, more than the {limit} csekit reads for such a file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)  # a regular file never blocks; reads after this are ordinary reads
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb") if buffered else os.fdopen(fd, "rb", buffering=0)
+
+
+def read_with(path: str | Path, read: Callable[[BinaryIO], _T], what: str, limit: int | None = None) -> _T:
+    """`read(handle)` on the regular file `path` (of at most `limit` bytes): for loaders that take a handle.
+
+    `read_with(p, lambda handle: np.load(handle, allow_pickle=False), "cosines", 2**30)`. A missing or
+    unreadable file is a CsekitError naming it; the loader's own exceptions are the caller's to name.
+    """
+    try:
+        handle = open_regular(path, limit)
+    except FileNotFoundError:
+        raise CsekitError(f"{what} {path} does not exist") from None
+    except OSError as error:
+        raise CsekitError(f"{what} {path}: cannot read it ({error.strerror or error})") from None
+    with handle:
+        return read(handle)
+
+
+def read_by_name(path: str | Path, read: Callable[[str], _T], what: str, limit: int | None = None) -> _T:
+    """`read(name)` for a loader that only takes a file name (safetensors): the regular file `path`, checked.
+
+    On Linux the loader gets `/proc/self/fd/N` of the descriptor that was checked, so the file it opens is
+    the one checked, even if the name is swapped meanwhile.
+    """
+    try:
+        handle = open_regular(path, limit)
+    except FileNotFoundError:
+        raise CsekitError(f"{what} {path} does not exist") from None
+    except OSError as error:
+        raise CsekitError(f"{what} {path}: cannot read it ({error.strerror or error})") from None
+    with handle:
+        by_descriptor = Path(f"/proc/self/fd/{handle.fileno()}")
+        return read(str(by_descriptor if by_descriptor.exists() else path))
+
+
+MODEL_TEXT_LIMIT = 2**26
+"""The largest tokenizer or config file of a model folder (XLM-R's tokenizer.json is 17 MB)."""
+
+MODEL_FILE_LIMITS: dict[str, int | None] = {
+    **dict.fromkeys(
+        (
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+            "added_tokens.json",
+            "vocab.txt",
+            "vocab.json",
+            "merges.txt",
+            "sentencepiece.bpe.model",
+            "spiece.model",
+            "source.spm",
+            "target.spm",
+            "generation_config.json",
+        ),
+        MODEL_TEXT_LIMIT,
+    ),
+    **dict.fromkeys(("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json"), None),
+}
+"""The files of a model folder that transformers reads itself, and the bytes csekit lets it read (None: any size)."""
+
+
+def check_plain_files(folder: str | Path, limits: dict[str, int | None] = MODEL_FILE_LIMITS) -> None:
+    """Before a library reads `folder`'s files itself (transformers' from_pretrained): each present file named in
+    `limits` must be a regular file within its limit; a FIFO (which would block it), a device (an endless read),
+    a folder or an oversized file is a CsekitError naming it."""
+    for name, limit in limits.items():
+        path = Path(folder) / name
+        if not os.path.lexists(path):
+            continue
+        try:
+            open_regular(path, limit).close()
+        except OSError as error:
+            raise CsekitError(f"{path}: cannot read it ({error.strerror or error})") from None
+
+
+def bounded_lines(handle: IO[bytes], limit: int) -> Iterator[tuple[bytes | None, int]]:
+    """Each line of `handle` with its line end, and its size in bytes; a line of more than `limit` bytes (line
+    end included) is `(None, size)`: the rest of it is read and counted in chunks, never held whole.
+
+    Only `\n` ends a line; the last line may lack it.
+    """
+    while chunk := handle.readline(limit + 1):
+        size, ended = len(chunk), chunk.endswith(b"\n")
+        if size <= limit:
+            yield chunk, size
+            continue
+        while not ended and (more := handle.readline(_READ_CHUNK)):
+            size, ended = size + len(more), more.endswith(b"\n")
+        yield None, size
+
 
 def read_bounded_bytes(path: str | Path, limit: int = METADATA_LIMIT) -> bytes:
     """The bytes of a regular file of at most `limit` bytes; OSError for a missing or unreadable file.
@@ -33,19 +164,8 @@ def read_bounded_bytes(path: str | Path, limit: int = METADATA_LIMIT) -> bytes:
     Opened without blocking (a FIFO would wait for a writer forever) and checked to be a regular file
     after opening, so a link to a device or a FIFO is refused, not read.
     """
-    path = Path(path)
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            kind = "a folder" if stat.S_ISDIR(info.st_mode) else "not a regular file (a device, FIFO or socket)"
-            raise CsekitError(f"{path} is {kind}; csekit reads only plain files there")
-        if info.st_size > limit:
-            raise CsekitError(f"{path} is {info.st_size} bytes, more than the {limit} csekit reads for such a file")
-        with os.fdopen(os.dup(fd), "rb") as handle:
-            data = handle.read(limit + 1)
-    finally:
-        os.close(fd)
+    with open_regular(path, limit) as handle:
+        data = handle.read(limit + 1)
     if len(data) > limit:
         raise CsekitError(f"{path} grew past {limit} bytes while it was read")
     return data

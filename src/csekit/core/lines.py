@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from csekit.core.bounded_read import TEXT_FILE_LIMIT, read_bounded_bytes
 
-def read_lines(path: str | Path) -> list[str]:
-    """The UTF-8 lines of a file (see `split_lines`); raises OSError or UnicodeDecodeError for the caller."""
-    return split_lines(Path(path).read_bytes().decode("utf-8"))
+
+def read_lines(path: str | Path, limit: int = TEXT_FILE_LIMIT) -> list[str]:
+    """The UTF-8 lines of a regular file of at most `limit` bytes (see `split_lines`); raises OSError or
+    UnicodeDecodeError for the caller (a FIFO, a device, a folder or a larger file is a CsekitError)."""
+    return split_lines(read_bounded_bytes(path, limit).decode("utf-8"))
 
 
 def split_lines(text: str) -> list[str]:

@@ -16,10 +16,10 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
+from csekit.core.bounded_read import read_bounded_bytes
 from csekit.core.errors import CsekitError
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -52,8 +52,8 @@ def cpu_model_and_flags() -> tuple[str, set[str]]:
     """
     name, flags = "unknown CPU", set()
     try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
+        text = read_bounded_bytes("/proc/cpuinfo", 2**24).decode("utf-8", errors="replace")
+    except (OSError, CsekitError):
         return name, flags
     for line in text.splitlines():
         key, _, value = line.partition(":")

@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from csekit.core.bounded_read import read_bounded_bytes
 from csekit.core.errors import CsekitError
 
 try:
@@ -30,9 +31,9 @@ _NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a run folder from someone else may 
 
 def _holder(path: Path) -> str:
     try:
-        info = json.loads(path.read_text(encoding="utf-8"))
+        info = json.loads(read_bounded_bytes(path, 2**12))
         return f"pid {int(info['pid'])} on {str(info['host'])[:100]}"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, CsekitError):
         return "another process"
 
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from csekit.core.bounded_read import bounded_lines, open_regular
 from csekit.core.errors import CsekitError
 
 HUB_PREFIX = "hf:"
@@ -48,8 +49,21 @@ class CorpusReport:
         return text
 
 
-def _problem(raw: bytes, max_chars: int) -> tuple[str | None, str | None]:
-    """Decode one line; return (text, None) or (None, reason)."""
+LINE_READ_FLOOR = 2**20
+"""Lines up to this many bytes are decoded whatever data.max_chars is, so that the error gives their length in
+characters; only a longer line is skipped unread (counted in bytes)."""
+
+
+def line_byte_limit(max_chars: int) -> int:
+    """The most bytes of one line read into memory: what `max_chars` characters can take (4 bytes a character in
+    UTF-8, and `\r\n`), at least LINE_READ_FLOOR."""
+    return max(4 * max_chars + 2, LINE_READ_FLOOR)
+
+
+def _problem(raw: bytes | None, max_chars: int, size: int = 0) -> tuple[str | None, str | None]:
+    """Decode one line (None: longer than `line_byte_limit`, `size` bytes); return (text, None) or (None, reason)."""
+    if raw is None:
+        return None, f"{size:,} bytes, more than data.max_chars={max_chars:,} characters can take"
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -97,14 +111,12 @@ class Corpus(Dataset):
         starts = array("q")  # compact while scanning: 12 bytes a line, not two Python ints
         lengths = array("i")
         lines: list[Any] = []
-        opener = gzip.open if compressed else open
-        try:
-            with opener(self.path, "rb") as handle:
+        try:  # bounded_lines: a line is never held beyond the bytes max_chars allows (decompressed, for .gz)
+            with open_regular(self.path) as file, gzip.GzipFile(fileobj=file) if compressed else file as handle:
                 offset = 0
-                for number, raw_line in enumerate(handle, start=1):
-                    size = len(raw_line)
-                    content = raw_line.rstrip(b"\r\n")
-                    text, reason = _problem(content, max_chars)
+                for number, (raw_line, size) in enumerate(bounded_lines(handle, line_byte_limit(max_chars)), 1):
+                    content = None if raw_line is None else raw_line.rstrip(b"\r\n")
+                    text, reason = _problem(content, max_chars, size)
                     if text is not None and jsonl and text.strip():
                         text, reason = self._json_text(text)
                     if reason is not None:
@@ -119,7 +131,7 @@ class Corpus(Dataset):
                         lines.append(text)
                     else:
                         starts.append(offset)
-                        lengths.append(len(content))
+                        lengths.append(len(content or b""))
                     offset += size
         except (OSError, EOFError, gzip.BadGzipFile) as error:
             raise CsekitError(f"corpus {self.path}: cannot read it ({error})") from None
@@ -156,7 +168,7 @@ class Corpus(Dataset):
             return self._lines[index]
         if self._handle is None:
             try:
-                self._handle = open(self.path, "rb", buffering=0)  # noqa: SIM115 (held for the corpus's life)
+                self._handle = open_regular(self.path, buffered=False)  # held for the corpus's life
             except OSError as error:
                 raise CsekitError(f"corpus {self.path}: cannot read it ({error.strerror})") from None
         # Checked before every read: one fstat, microseconds, next to a training step's milliseconds.

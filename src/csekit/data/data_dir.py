@@ -13,7 +13,6 @@ Transfer tasks live in ``<dir>/transfer/MR, CR, SUBJ, MPQA, SST2, TREC, MRPC`` (
 from __future__ import annotations
 
 import os
-import shutil
 import tarfile
 import tempfile
 import urllib.error
@@ -23,9 +22,12 @@ import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
+from csekit.core.atomic import atomic_write_text, move_file, refuse_unsafe_folder, swap_in, write_file
+from csekit.core.bounded_read import TEXT_FILE_LIMIT, read_bounded_bytes, read_bounded_text
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.data.senteval_checksums import SENTEVAL_FILES, mismatch
 
@@ -123,15 +125,19 @@ def _fetch(url: str, target: Path) -> None:
     """
     _require_https(url)
     try:
-        with urllib.request.urlopen(url, timeout=60) as response, target.open("wb") as out:
+        with urllib.request.urlopen(url, timeout=60) as response:
             _require_https(response.geturl())
             total = int(response.headers.get("Content-Length") or 0) or None
             with tqdm(total=total, unit="B", unit_scale=True, desc=target.name) as bar:
-                while chunk := response.read(1 << 16):
-                    out.write(chunk)
-                    bar.update(len(chunk))
+                write_file(target, lambda handle: _copy_stream(response, handle, bar))
     except (urllib.error.URLError, OSError) as exc:
         raise CsekitError(f"download of {url} failed ({exc}); the host may be offline, try again later") from exc
+
+
+def _copy_stream(response: Any, out: BinaryIO, bar: Any) -> None:
+    while chunk := response.read(1 << 16):
+        out.write(chunk)
+        bar.update(len(chunk))
 
 
 def _require_https(url: str) -> None:
@@ -143,7 +149,7 @@ def _verify(path: Path, relative: str, source: str) -> None:
     """Check one extracted file against its pinned checksum before anything reads it."""
     if not path.is_file():
         raise CsekitError(f"{source}: the archive has no {path.name} (for {relative}); nothing from it was used")
-    problem = mismatch(path.read_bytes(), SENTEVAL_FILES[relative])
+    problem = mismatch(read_bounded_bytes(path, TEXT_FILE_LIMIT), SENTEVAL_FILES[relative])
     if problem is not None:
         raise CsekitError(
             f"downloaded file {relative} (from {source}) does not match its pinned checksum ({problem}); "
@@ -185,12 +191,12 @@ def _moses_tokenizer() -> Callable[[str], str]:
 
 def _rewrite_columns(path: Path, columns: dict[int, Callable[[str], str]], header: bool = False) -> None:
     """Apply a function to some tab-separated columns of a file (like SentEval's cut | moses | paste)."""
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    lines = read_bounded_bytes(path, TEXT_FILE_LIMIT).decode("utf-8", errors="replace").splitlines()
     out = lines[:1] if header else []
     for line in lines[1:] if header else lines:
         fields = line.split("\t")
         out.append("\t".join(columns[i](f) if i in columns else f for i, f in enumerate(fields)))
-    path.write_text("\n".join(out) + "\n", encoding="utf-8")
+    atomic_write_text(path, "\n".join(out) + "\n")
 
 
 def download_senteval_data(dest: str | Path) -> Path:
@@ -220,14 +226,12 @@ def download_senteval_data(dest: str | Path) -> Path:
                     if year == "STS16":  # STS16 ships STS2016.*.txt names
                         renamed = folder / f"STS2016.{kind}.{subset}.txt"
                         if renamed.is_file():
-                            renamed.rename(folder / f"STS.{kind}.{subset}.txt")
+                            move_file(renamed, folder / f"STS.{kind}.{subset}.txt")
                     name = f"STS.{kind}.{subset}.txt"
                     _verify(folder / name, f"sts/{year}/{name}", url)
             for subset in STS_SUBSETS[year]:
                 _rewrite_columns(folder / f"STS.input.{subset}.txt", {0: tok_lower, 1: tok_lower})
-            target = sts_root / year
-            shutil.rmtree(target, ignore_errors=True)
-            shutil.move(str(folder), target)
+            swap_in(folder, sts_root / year)
 
         archive = tmp / "Stsbenchmark.tar.gz"
         _fetch(_STSB_URL, archive)
@@ -235,25 +239,21 @@ def download_senteval_data(dest: str | Path) -> Path:
         folder = tmp / "stsb" / "stsbenchmark"
         for split in ("train", "dev", "test"):
             _verify(folder / f"sts-{split}.csv", f"sts/STSBenchmark/sts-{split}.csv", _STSB_URL)
-        target = sts_root / "STSBenchmark"
-        shutil.rmtree(target, ignore_errors=True)
-        shutil.move(str(folder), target)
         for split in ("train", "dev", "test"):
-            csv = target / f"sts-{split}.csv"
-            rows = [line.split("\t") for line in csv.read_text(encoding="utf-8").splitlines()]
-            csv.write_text(
-                "".join("\t".join([*r[:5], tok_lower(r[5]), tok_lower(r[6])]) + "\n" for r in rows),
-                encoding="utf-8",
-            )
+            csv = folder / f"sts-{split}.csv"
+            rows = [line.split("\t") for line in read_bounded_text(csv, "STS-B file", TEXT_FILE_LIMIT).splitlines()]
+            atomic_write_text(csv, "".join("\t".join([*r[:5], tok_lower(r[5]), tok_lower(r[6])]) + "\n" for r in rows))
+        swap_in(folder, sts_root / "STSBenchmark")
 
         target = sts_root / "SICK"
-        target.mkdir(exist_ok=True)
+        if not refuse_unsafe_folder(target):
+            target.mkdir()
         for split in ("train", "trial", "test_annotated"):
             archive = tmp / f"sick_{split}.zip"
             url = _SICK_URL.format(split=split)
             _fetch(url, archive)
             _extract(archive, tmp / f"sick_{split}", url)
             _verify(tmp / f"sick_{split}" / f"SICK_{split}.txt", f"sts/SICK/SICK_{split}.txt", url)
-            shutil.move(str(tmp / f"sick_{split}" / f"SICK_{split}.txt"), target / f"SICK_{split}.txt")
+            move_file(tmp / f"sick_{split}" / f"SICK_{split}.txt", target / f"SICK_{split}.txt")
             _rewrite_columns(target / f"SICK_{split}.txt", {1: tok, 2: tok}, header=True)
     return dest

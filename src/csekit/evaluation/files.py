@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from csekit.core.bounded_read import TEXT_FILE_LIMIT, read_bounded_bytes
 from csekit.core.errors import CsekitError, at
 
 
 def read_text(path: Path, encoding: str = "utf-8") -> str:
     """Decode a whole file as SentEval does (`io.open(..., encoding=...).read()`)."""
     try:
-        data = path.read_bytes()
+        data = read_bounded_bytes(path, TEXT_FILE_LIMIT)
     except FileNotFoundError:
         raise CsekitError(f"{path}: file not found") from None
     except OSError as exc:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from csekit.core.atomic import open_for_append, refuse_unsafe_file, truncate_file
+from csekit.core.bounded_read import bounded_lines, open_regular
 from csekit.core.errors import CsekitError, at
 from csekit.core.save_guard import guarded_save
 from csekit.prep.match_error import mer
@@ -138,12 +140,18 @@ def choose_paraphrase(
     return None, reason
 
 
+AUGMENT_LINE_LIMIT = 2**20
+"""The longest line `csekit augment` reads, of the corpus or of its own output (1 MiB; sentences are far shorter)."""
+
+
 def _sentences(path: Path, report: AugmentReport) -> Iterator[tuple[int, str]]:
     """(line number, sentence) of each non-blank line, streamed; only \\n (or \\r\\n) ends a line."""
     try:
-        with open(path, encoding="utf-8", newline="\n") as handle:
-            for number, line in enumerate(handle, start=1):
-                text = line.rstrip("\r\n")
+        with open_regular(path) as handle:
+            for number, (line, size) in enumerate(bounded_lines(handle, AUGMENT_LINE_LIMIT), start=1):
+                if line is None:
+                    raise CsekitError(f"{at(path, number)}: a line of {size:,} bytes; csekit augment reads sentences")
+                text = line.decode("utf-8").rstrip("\r\n")
                 if text.strip():
                     yield number, text
                 else:
@@ -156,21 +164,26 @@ def _sentences(path: Path, report: AugmentReport) -> Iterator[tuple[int, str]]:
 
 def _resume_point(output: Path) -> tuple[int, str | None]:
     """Complete lines already in `output` (a cut-off last line is removed) and the last one's text."""
+    refuse_unsafe_file(output)
     if not output.exists():
         return 0, None
-    data = output.read_bytes()
-    end = data.rfind(b"\n") + 1
-    if end < len(data):  # the cut-off line a killed run left
-        with guarded_save(output.name, output.parent, f"{output} is unchanged"), open(output, "r+b") as handle:
-            handle.truncate(end)
-    lines = data[:end].splitlines()
+    lines, end, last_line = 0, 0, b""
+    with open_regular(output) as handle:  # streamed: only the last complete line is kept
+        for line, size in bounded_lines(handle, AUGMENT_LINE_LIMIT):
+            if line is None:
+                raise CsekitError(f"{at(output, lines + 1)}: not a line written by csekit augment; remove the file")
+            if line.endswith(b"\n"):
+                lines, end, last_line = lines + 1, end + size, line
+    if end < output.stat().st_size:  # the cut-off line a killed run left
+        with guarded_save(output.name, output.parent, f"{output} is unchanged"):
+            truncate_file(output, end)
     if not lines:
         return 0, None
     try:
-        last = json.loads(lines[-1])["text"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise CsekitError(f"{at(output, len(lines))}: not a line written by csekit augment; remove the file") from None
-    return len(lines), last
+        last = json.loads(last_line)["text"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        raise CsekitError(f"{at(output, lines)}: not a line written by csekit augment; remove the file") from None
+    return lines, last
 
 
 def augment_corpus(
@@ -232,7 +245,7 @@ def augment_corpus(
                 lines.append(json.dumps(row, ensure_ascii=False) + "\n")
             if handle is None:
                 output.parent.mkdir(parents=True, exist_ok=True)
-                handle = files.enter_context(open(output, "a", encoding="utf-8"))
+                handle = files.enter_context(open_for_append(output))
             handle.write("".join(lines))
             handle.flush()
             os.fsync(handle.fileno())

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,7 +35,14 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from csekit.core.bounded_read import bounded_lines, open_regular, read_json_file
 from csekit.core.errors import CsekitError
+
+FREQUENCY_LINE_LIMIT = 2**20
+"""The longest corpus line `csekit freq` tokenises (1 MiB; a sentence corpus's lines are under 1 KiB)."""
+
+COUNTS_LIMIT = 2**26
+"""The largest token counts file read (a 250,000-token vocabulary's counts take about 8 MiB)."""
 
 
 def table_size(tokenizer: PreTrainedTokenizerBase) -> int:
@@ -65,7 +71,7 @@ def count_tokens(
     totals = np.zeros(table_size(tokenizer), dtype=np.int64)
     line_number = 0
     with (
-        open(path, "rb") as handle,
+        open_regular(path) as handle,
         tqdm(
             total=path.stat().st_size,
             unit="B",
@@ -74,9 +80,14 @@ def count_tokens(
             disable=not show_progress,
         ) as bar,
     ):
-        while raw := list(itertools.islice(handle, chunk_lines)):
+        while raw := list(itertools.islice(bounded_lines(handle, FREQUENCY_LINE_LIMIT), chunk_lines)):
             lines = []
-            for offset, line in enumerate(raw):
+            for offset, (line, size) in enumerate(raw):
+                if line is None:
+                    raise CsekitError(
+                        f"{path}:{line_number + offset + 1}: a line of {size:,} bytes, more than the "
+                        f"{FREQUENCY_LINE_LIMIT:,} csekit freq counts in one line"
+                    )
                 try:
                     text = line.decode("utf-8").strip()
                 except UnicodeDecodeError:
@@ -90,7 +101,7 @@ def count_tokens(
                 )["input_ids"]
                 flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64)
                 totals += np.bincount(flat, minlength=len(totals))[: len(totals)]
-            bar.update(sum(len(line) for line in raw))
+            bar.update(sum(size for _, size in raw))
     if not totals.any():
         raise CsekitError(f"corpus {path}: no tokens to count ({line_number:,} lines, none with text)")
     return totals
@@ -127,10 +138,7 @@ def resolve_counts_path(counts: str | Path, data_dir: str | Path | None = None) 
 
 @functools.lru_cache(maxsize=4)
 def _read_counts_cached(path: str, modified: float) -> dict[str, int]:
-    try:
-        loaded = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CsekitError(f"{path}: cannot read token counts ({error})") from None
+    loaded = read_json_file(path, "token counts file", COUNTS_LIMIT)
     if isinstance(loaded, list):  # labels_sort.json: [[token, count], ...]
         try:
             loaded = {str(token): count for token, count in loaded}

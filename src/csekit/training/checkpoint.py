@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
+from csekit.core.atomic import write_by_name, write_file
+from csekit.core.bounded_read import read_by_name, read_with
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import non_finite_parameters
 from csekit.training.state_checks import StateMismatch, check_state
@@ -47,11 +49,13 @@ def save_shared_state(
 ) -> None:
     """What every process has in common (written by the main process): weights, optimizer, scheduler."""
     # save_model drops the second name of a tensor shared by two modules (a head kept at test time).
-    save_model(model, str(folder / MODEL_FILE), metadata={"format": "pt"}, force_contiguous=True)
-    torch.save(optimizer.state_dict(), folder / OPTIMIZER_FILE)
-    torch.save(scheduler.state_dict(), folder / SCHEDULER_FILE)
+    write_by_name(
+        folder / MODEL_FILE, lambda name: save_model(model, name, metadata={"format": "pt"}, force_contiguous=True)
+    )
+    write_file(folder / OPTIMIZER_FILE, lambda handle: torch.save(optimizer.state_dict(), handle))
+    write_file(folder / SCHEDULER_FILE, lambda handle: torch.save(scheduler.state_dict(), handle))
     if scaler is not None:
-        torch.save(scaler.state_dict(), folder / SCALER_FILE)
+        write_file(folder / SCALER_FILE, lambda handle: torch.save(scaler.state_dict(), handle))
 
 
 def save_rng_state(folder: Path, process: int) -> None:
@@ -65,7 +69,7 @@ def save_rng_state(folder: Path, process: int) -> None:
     }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save(state, folder / rng_file(process))
+    write_file(folder / rng_file(process), lambda handle: torch.save(state, handle))
 
 
 def _load_tensors(path: Path, device: torch.device | str = "cpu") -> Any:
@@ -73,7 +77,11 @@ def _load_tensors(path: Path, device: torch.device | str = "cpu") -> Any:
     if not path.is_file():
         raise CsekitError(f"checkpoint file {path} is missing; the checkpoint is incomplete")
     try:
-        state = torch.load(path, map_location=device, weights_only=True)
+        state = read_with(
+            path, lambda handle: torch.load(handle, map_location=device, weights_only=True), "checkpoint file"
+        )
+    except CsekitError as error:
+        reason = str(error)
     except pickle.UnpicklingError:
         reason = "it holds objects other than tensors and plain values"
     except Exception as error:  # any failure to read the file means it is unusable
@@ -106,7 +114,9 @@ def load_shared_state(
     if not model_path.is_file():
         raise CsekitError(f"checkpoint file {model_path} is missing; the checkpoint is incomplete")
     try:
-        load_model(model, str(model_path), strict=True, device=str(device))
+        read_by_name(
+            model_path, lambda name: load_model(model, name, strict=True, device=str(device)), "checkpoint file"
+        )
     except Exception as error:  # safetensors raises its own error type for a bad header
         reason = str(error).strip().splitlines()[0][:200]
         raise CsekitError(

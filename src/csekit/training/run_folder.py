@@ -12,13 +12,12 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from csekit.core.atomic import atomic_write_text
-from csekit.core.bounded_read import read_json_file
+from csekit.core.atomic import append_text, check_writable, refuse_unsafe_file, refuse_unsafe_folder, write_file
+from csekit.core.bounded_read import bounded_lines, open_regular, read_json_file
 from csekit.core.errors import CsekitError
 from csekit.core.json_text import json_text
-from csekit.core.lines import split_lines
 from csekit.core.run_lock import check_not_locked
 from csekit.core.save_guard import guarded_save
 from csekit.training.recipe import Recipe, load_recipe, recipe_changes
@@ -29,6 +28,11 @@ STATE_FILE = "trainer_state.json"
 SAVED_RECIPE = "recipe.yaml"
 CHECKPOINT_RECIPE = f"checkpoint/{SAVED_RECIPE}"
 """The recipe the checkpoint was written with, saved inside it: the reference a --resume is compared with."""
+
+METRICS_FILE = "metrics.jsonl"
+
+METRICS_LINE_LIMIT = 2**20
+"""The longest line of metrics.jsonl read on --resume (csekit's records are a few hundred bytes)."""
 
 SAME_UPDATE_KEYS = {"train.chunk_size"}
 """Recipe keys that change how a step is computed (memory, time) but not the update: a resume may change
@@ -57,8 +61,8 @@ class MetricsLog:
 
     def write(self, record: dict[str, Any]) -> None:
         if self.enabled:
-            with self._saving(), open(self.path, "a", encoding="utf-8") as handle:
-                handle.write(json_text(record) + "\n")
+            with self._saving():
+                append_text(self.path, json_text(record) + "\n")
 
     def _saving(self) -> contextlib.AbstractContextManager[None]:
         """A cut-off last line is dropped on --resume (`truncate_after`); the records before it are kept."""
@@ -68,28 +72,36 @@ class MetricsLog:
     def truncate_after(self, step: int) -> None:
         """On resume, drop records written after the saved state (they will be written again).
 
-        A run killed in the middle of a write leaves a last line cut off before its newline: it is
-        dropped, with a note. Any other line that is not a JSON record (a complete line, or one before
-        the last) means the file was edited or is not this run's log: an error naming the line.
+        The log is streamed line by line (each line bounded by METRICS_LINE_LIMIT) into its rewritten copy,
+        so a log of any size costs one line of memory. A run killed in the middle of a write leaves a last
+        line cut off before its newline: it is dropped, with a note. Any other line that is not a JSON
+        record (a complete line, or one before the last) means the file was edited or is not this run's
+        log: an error naming the line.
         """
-        if not (self.enabled and self.path.exists()):
+        if not self.enabled:
+            return
+        refuse_unsafe_file(self.path)  # a link there (even a dangling one) is neither read nor written through
+        if not self.path.exists():
             return
         try:
-            text = self.path.read_bytes().decode("utf-8")
-        except (OSError, UnicodeDecodeError) as error:
-            raise CsekitError(f"{self.path}: cannot read it ({error})") from None
-        lines = split_lines(text)
-        cut_off = not text.endswith("\n")
-        kept = []
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
+            source = open_regular(self.path)
+        except OSError as error:
+            raise CsekitError(f"{self.path}: cannot read it ({error.strerror or error})") from None
+        with source, self._saving():
+            write_file(self.path, lambda handle: self._copy_records(source, handle, step))
+
+    def _copy_records(self, source: BinaryIO, target: BinaryIO, step: int) -> None:
+        for number, (line, _) in enumerate(bounded_lines(source, METRICS_LINE_LIMIT), start=1):
+            if line is None:
+                raise CsekitError(
+                    f"{self.path}:{number}: a line longer than {METRICS_LINE_LIMIT} bytes is not a metrics record"
+                )
+            content = line.rstrip(b"\r\n")
+            if not content.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                record = None
-            if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
-                if number == len(lines) and cut_off:
+            record = metrics_record(content)
+            if record is None:
+                if not line.endswith(b"\n"):  # only the last line can lack its newline
                     print(
                         f"csekit: {self.path}:{number}: dropped a cut-off last line (a crash mid-write)",
                         file=sys.stderr,
@@ -97,9 +109,18 @@ class MetricsLog:
                     continue
                 raise CsekitError(f"{self.path}:{number}: not a metrics record (a JSON object with a step)")
             if record.get("step", 0) <= step:
-                kept.append(line)
-        with self._saving():
-            atomic_write_text(self.path, "".join(line + "\n" for line in kept))
+                target.write(content + b"\n")
+
+
+def metrics_record(content: bytes) -> dict[str, Any] | None:
+    """The JSON object of one metrics.jsonl line (without its line end) with an integer step (or none), else None."""
+    try:
+        record = json.loads(content.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
+        return None
+    return record
 
 
 def read_trainer_state(path: Path) -> TrainerState:
@@ -148,7 +169,11 @@ def check_run_in_folder(output_dir: Path, resume: bool) -> None:
     checkpoint = output_dir / "checkpoint"
     if checkpoint.is_symlink() or (checkpoint.exists() and not checkpoint.is_dir()):
         raise CsekitError(f"{checkpoint} is not a folder (csekit writes a folder there); move it away")
-    has_run = any((output_dir / name).exists() for name in ("metrics.jsonl", "checkpoint", "best", "last"))
+    for name in (METRICS_FILE, SAVED_RECIPE):  # a link (a dangling one too) would make csekit write elsewhere
+        refuse_unsafe_file(output_dir / name)
+    for name in ("best", "last"):
+        refuse_unsafe_folder(output_dir / name)
+    has_run = any((output_dir / name).exists() for name in (METRICS_FILE, "checkpoint", "best", "last"))
     if has_run and not resume:
         raise CsekitError(
             f"output folder {output_dir} already holds a run; pass --resume to continue it or choose a new folder"
@@ -214,8 +239,6 @@ def _named(changes: dict[str, tuple[Any, Any]]) -> str:
 def create_output(output_dir: Path, process: int) -> None:
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
-        probe = output_dir / f".csekit-write-test-{process}"
-        probe.write_text("", encoding="utf-8")
-        probe.unlink()
+        check_writable(output_dir, process)
     except OSError as error:
         raise CsekitError(f"output folder {output_dir} is not writable ({error.strerror})") from None

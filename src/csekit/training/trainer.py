@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from csekit.core.atomic import atomic_write_text, recover_directory, remove_staging_leftovers, swap_in
+from csekit.core.atomic import atomic_write_text, fresh_folder, recover_directory, remove_staging_leftovers, swap_in
 from csekit.core.errors import CsekitError
 from csekit.core.run_lock import hold_run_lock
 from csekit.core.save_guard import guarded_save, saves_keep
@@ -59,6 +59,7 @@ from csekit.training.processes import (
 from csekit.training.recipe import Recipe, tracker_names
 from csekit.training.run_folder import (
     CHECKPOINT_RECIPE,
+    METRICS_FILE,
     SAVED_RECIPE,
     STATE_FILE,
     MetricsLog,
@@ -168,7 +169,7 @@ class Trainer:
         self._set_up_optimization()
         self.state = TrainerState()
         self.checkpointed_step: int | None = None  # the step of the last good checkpoint in checkpoint/
-        self.metrics = MetricsLog(output / "metrics.jsonl", self.main)
+        self.metrics = MetricsLog(output / METRICS_FILE, self.main)
         self.unwrapped: ContrastiveModel = self.accelerator.unwrap_model(self.model)
         if resume:
             self._resume_from_checkpoint()
@@ -551,8 +552,7 @@ class Trainer:
     def _write_checkpoint(self) -> None:
         staging = self.output / ".checkpoint.tmp"
         if self.main:
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir()
+            fresh_folder(staging)
         try:
             self.accelerator.wait_for_everyone()
             if self.main:
