@@ -869,9 +869,10 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
     with guarded_save("results.md and results.csv", output, "the runs' results.json files are intact"):
         atomic_write_text(output / "results.md", markdown)
         atomic_write_text(output / "results.csv", format_csv(labels, rows, differences, papers))
-    plots = write_plots(output, suite, runs)
-    if papers and any(STS_AVERAGE in columns for columns in papers.values()):
-        plots.append(write_paper_plot(output, suite, runs, papers))
+    with guarded_save("the plots", output, "results.md, results.csv and the runs' results are intact"):
+        plots = write_plots(output, suite, runs)
+        if papers and any(STS_AVERAGE in columns for columns in papers.values()):
+            plots.append(write_paper_plot(output, suite, runs, papers))
     return {"table": markdown, "plots": [str(p) for p in plots], "finished": sum(len(r) for r in runs.values())}
 
 
@@ -995,6 +996,6 @@ def write_paper_plot(
     ax.legend(fontsize="small")
     fig.tight_layout()
     path = output / PAPER_PLOT
-    fig.savefig(path, dpi=100)
+    write_file(path, lambda handle: fig.savefig(handle, format="png", dpi=100))
     plt.close(fig)
     return path

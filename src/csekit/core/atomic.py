@@ -119,6 +119,12 @@ def open_for_append(path: str | Path) -> Iterator[TextIO]:
         yield handle
 
 
+def open_bytes_for_append(path: str | Path) -> BinaryIO:
+    """`path` opened to append bytes (created if missing; a download's staging file), never through a link or
+    into a special file (see `open_for_append`); the caller closes it."""
+    return os.fdopen(_open_in_folder(Path(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT), "ab")
+
+
 def append_text(path: str | Path, text: str) -> None:
     """Append `text` to `path` (created if missing), never through a link (see `open_for_append`)."""
     with open_for_append(path) as handle:

@@ -30,7 +30,8 @@ from typing import BinaryIO
 
 from tqdm import tqdm
 
-from csekit.core.atomic import commit_staged_file
+from csekit.core.atomic import commit_staged_file, open_bytes_for_append
+from csekit.core.bounded_read import open_regular
 from csekit.core.errors import CsekitError, did_you_mean
 
 CHUNK = 1 << 16
@@ -118,9 +119,8 @@ def _require_https(url: str) -> None:
 
 def _open_partial(partial: Path) -> BinaryIO:
     """The staging file for appending; a link there is refused (csekit writes only its own files)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        return os.fdopen(os.open(partial, flags, 0o666), "ab")
+        return open_bytes_for_append(partial)
     except OSError as error:
         raise CsekitError(f"{partial}: cannot write the download there ({error.strerror or error})") from None
 
@@ -174,7 +174,7 @@ class _HeadCheck:
 
     def __init__(self, source: CorpusSource, partial: Path, offset: int) -> None:
         self.source, self.seen, self.digest = source, 0, hashlib.sha256()
-        with partial.open("rb") as handle:
+        with open_regular(partial) as handle:
             self.feed(handle.read(min(offset, source.head_bytes)))
 
     def feed(self, data: bytes) -> None:
@@ -223,7 +223,7 @@ def _stream(
 def count_lines(path: Path, limit: int) -> int:
     """Lines of a file (a last line without a newline counts), reading at most `limit` bytes."""
     lines, last = 0, b"\n"
-    with path.open("rb") as handle:
+    with open_regular(path) as handle:
         for _ in range(limit // CHUNK + 2):
             chunk = handle.read(CHUNK)
             if not chunk:
@@ -236,7 +236,7 @@ def count_lines(path: Path, limit: int) -> int:
 def _check_complete(path: Path, source: CorpusSource, delete_on_failure: bool) -> None:
     """The head's digest and the line count of a complete file; a failure is _Refused (or one line if kept)."""
     size = path.stat().st_size
-    with path.open("rb") as handle:
+    with open_regular(path) as handle:
         head_ok = hashlib.sha256(handle.read(source.head_bytes)).hexdigest() == source.head_sha256
     problem = None if head_ok else _wrong_head(source)
     if problem is None and size > source.max_bytes:

@@ -25,7 +25,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from csekit.core.bounded_read import read_json_file
+from csekit.core.bounded_read import open_regular, read_json_file
 from csekit.core.errors import CsekitError
 
 CONFIG_LIMITS = {
@@ -152,11 +152,8 @@ def _check_embedding_rows(weights: Path, config: dict[str, Any], config_path: Pa
 def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
     """Tensor shapes from a safetensors file's header (8 bytes of length, then JSON); {} without the file."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # a FIFO must not block the open
-        with os.fdopen(fd, "rb") as handle:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise CsekitError(f"{path} is not a regular file; csekit reads only plain files")
-            size = os.fstat(fd).st_size
+        with open_regular(path) as handle:  # a FIFO or a device is refused, never blocks
+            size = os.fstat(handle.fileno()).st_size
             prefix = handle.read(8)
             length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
             if not 0 < length <= min(SAFETENSORS_HEADER_LIMIT, size - 8):
