@@ -243,3 +243,40 @@ def test_the_recipe_key_takes_auto_true_or_false(tiny_model_dir: Path) -> None:
         assert encoder.packed == expected
     with pytest.raises(CsekitError, match=r"model\.packed must be auto, true or false"):
         load_recipe(None, [f"model.backbone={tiny_model_dir}", "model.packed=always"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the flash kernel's variable-length form needs CUDA")
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
+def test_on_cuda_the_flash_pass_equals_the_padded_pass_and_drops_attention_at_p(
+    tmp_path: Path, model_type: str
+) -> None:
+    """bf16 under autocast (the flash kernel's precision): values and gradients to bf16 rounding, then the
+    attention-probability dropout rate read as in `test_every_dropout_site_drops_p_in_the_packed_pass`."""
+    encoder = tiny_encoder(tmp_path, model_type, "mean").cuda()
+    inputs = {key: value.cuda() for key, value in mixed_inputs(encoder).items()}
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        padded = run(encoder, inputs, packed=False, token_states=True)
+        packed = run(encoder, inputs, packed=True, token_states=True)
+    torch.testing.assert_close(packed[0], padded[0], rtol=2e-2, atol=2e-2)
+    for name, grad in padded[2].items():
+        scale = float(grad.abs().max()) + 1e-6
+        torch.testing.assert_close(packed[2][name], grad, rtol=5e-2, atol=5e-2 * scale, msg=name)
+    p = 0.25
+    attention = encoder.backbone.encoder.layer[0].attention.self
+    attention.dropout.p = p
+    with torch.no_grad():
+        attention.query.weight.zero_()
+        attention.query.bias.zero_()
+        attention.value.weight.zero_()
+        attention.value.bias.fill_(1.0)
+    contexts: list[Tensor] = []
+    output_block = encoder.backbone.encoder.layer[0].attention.output
+    handle = output_block.register_forward_pre_hook(lambda m, args: contexts.append(args[0].float()))
+    inputs = {key: value.cuda() for key, value in mixed_inputs(encoder, rows=256, seed=4).items()}
+    try:
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            encoder(inputs)
+    finally:
+        handle.remove()
+    dropped = 1 - float(contexts[0].mean()) * (1 - p)
+    assert abs(dropped - p) < 0.02, dropped
