@@ -45,8 +45,12 @@ PACKED_SETTINGS = ("auto", "true", "false")
 """`model.packed` values."""
 
 PACKED_BY_DEFAULT: dict[tuple[str, bool], bool] = {("cpu", True): False, ("cpu", False): False}
-"""What `auto` means per (device type, training): on only where measured faster (docs/performance.md,
-"Padding-free pass"). Not measured on a GPU yet, so off there."""
+"""What `auto` means per (device type, training); docs/performance.md, "Padding-free pass", has the figures.
+
+CPU evaluation: off, measured slower (`encode` sorts rows by length, so its batches carry about 2% padding,
+and the packed pass adds gathers around attention). CPU training: off, because it draws dropout masks in
+another shape, which changes every recorded loss trace (tests/test_recipe_losses.py). CUDA: not measured
+yet, so off."""
 
 
 def packing_refusal(backbone: nn.Module) -> str | None:
