@@ -294,7 +294,11 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
             "must be in [0, 1), or null for the backbone's own",
         ),
         ("model.length_group_size", recipe.model.length_group_size >= 0, "must be 0 (off) or a positive size"),
-        ("model.packed", recipe.model.packed in (True, False, "auto"), "must be auto, true or false"),
+        (
+            "model.packed",
+            isinstance(recipe.model.packed, bool) or recipe.model.packed == "auto",  # 1 == True: not a setting
+            "must be auto, true or false",
+        ),
         ("data.bad_lines", recipe.data.bad_lines in ("error", "skip"), "must be error or skip"),
         ("data.max_chars", recipe.data.max_chars >= 1, "must be at least 1"),
         ("data.num_workers", recipe.data.num_workers >= 0, "must be >= 0 (0 loads batches in the main process)"),
