@@ -53,9 +53,10 @@ class ModelConfig:
     # csekit.encoding.fast_dropout): about 4x cheaper masks; the drop probability is rounded to 1/65536.
     fast_dropout: bool = True
     # Padding-free encoder passes (csekit.encoding.packed): every row's real tokens concatenated, attention
-    # within rows; the same vectors and gradients as the padded pass. true | false | auto (on where measured
-    # faster for the device kind, in training and at evaluation: see docs/performance.md, "Padding-free pass").
-    # BERT-architecture and RoBERTa backbones; true refuses others, auto runs them padded.
+    # within rows; the same vectors and gradients as the padded pass (dropout masks are drawn in another shape).
+    # true | false | auto: auto is on per device kind only where measured faster and trace-preserving, which is
+    # nowhere yet (CPU training changes the loss traces, CPU evaluation was slower, GPUs are unmeasured; see
+    # docs/performance.md, "Padding-free pass"). BERT-architecture and RoBERTa backbones; true refuses others.
     packed: bool | str = "auto"
 
 
