@@ -14,6 +14,7 @@ bert-base-uncased's vocabulary), with which incomplete-sentence filtering masks 
     python benchmarks/train_throughput.py --steps 20            # the whole comparison, 3 rounds
     python benchmarks/train_throughput.py --steps 20 --no-methods   # csekit against sentence-transformers only
     python benchmarks/train_throughput.py --corpus-memory       # peak memory of 100k / 1M-line corpora
+    python benchmarks/train_throughput.py --packed --precision fp32   # padding-free pass against length groups
 
 After the rounds it prints the limit: each step's matrix-product FLOPs (forward and backward, counted by
 `torch.utils.flop_counter`) over its median time, as a fraction of the rate a large matrix product reaches
@@ -23,6 +24,10 @@ Method step-time ratios are measured twice: each recipe's real loop in its own p
 peak memory), and all recipes in one process taking turns, a few steps each on the same batches, for
 several turns (the reported ratio): this machine's speed drifts by 20-30% over minutes, which the
 separate runs, minutes apart, cannot cancel and the alternating ones do.
+
+`--packed` times csekit SimCSE (quickstart.yaml) three ways in one process, taking turns on the same batches:
+in length groups (`model.packed=false`, today's CPU default), padding-free (`model.packed=true`) and as one
+padded pass (`model.length_group_size=0`, `model.packed=false`).
 
 Figures depend on the machine and on what else runs on it: report them with both.
 """
@@ -252,8 +257,10 @@ def alternate_recipes(
         picks = random.Random(0).sample(range(20_000), batch * total)
         steps = {}
         for recipe in recipes:
-            overrides = [f"train.batch_size={batch}", f"model.max_length={max_length}", "model.pooler=cls"]
-            config = load_recipe(REPO / "recipes" / recipe, overrides)
+            # "recipe.yaml+key=value+...": the recipe with these overrides (the same batches, another setting)
+            name, *settings = recipe.split("+")
+            overrides = [f"train.batch_size={batch}", f"model.max_length={max_length}", "model.pooler=cls", *settings]
+            config = load_recipe(REPO / "recipes" / name, overrides)
             steady_state_objectives(config.objectives)
             if config.data.corpus.endswith(".jsonl") and not corpus_exists(config.data.corpus):
                 config.data.corpus = surrogate_augmented_corpus(Path(folder), 20_000)
@@ -420,6 +427,7 @@ def main() -> None:
     parser.add_argument("--steps-per-turn", type=int, default=2, help="steps a recipe takes in each turn")
     parser.add_argument("--no-methods", action="store_true", help="skip the method recipes")
     parser.add_argument("--corpus-memory", action="store_true", help="only the 100k / 1M-line corpus figures")
+    parser.add_argument("--packed", action="store_true", help="only the padding-free pass against length groups")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -441,11 +449,33 @@ def main() -> None:
                 f"(+{grown:.0f} MiB for the corpus)"
             )
         return
+    if args.packed:
+        compare_packing(args, precision)
+        return
     seconds = compare_with_sentence_transformers(args, precision)
     print_bound(args, precision, seconds)
     methods = [recipe for recipe in METHOD_RECIPES if (REPO / "recipes" / recipe).exists()]
     if methods and not args.no_methods:
         compare_methods(args, precision, methods)
+
+
+PACKING_SETTINGS = {
+    "length groups": "quickstart.yaml+model.packed=false",
+    "padding-free": "quickstart.yaml+model.packed=true",
+    "one padded pass": "quickstart.yaml+model.packed=false+model.length_group_size=0",
+}
+
+
+def compare_packing(args: argparse.Namespace, precision: str) -> None:
+    """The padding-free pass against length groups and one padded pass: one process, turns on the same batches."""
+    print(f"csekit SimCSE in one process, {args.turns} turns of {args.steps_per_turn} steps each ({precision}):")
+    r = measure(f"alternate:{precision}:" + ",".join(PACKING_SETTINGS.values()), args)
+    for label, recipe in PACKING_SETTINGS.items():
+        values = r["ratios"][recipe]
+        print(
+            f"  {label:<16} {statistics.median(r['seconds_per_step'][recipe]):.3f} s/step, "
+            f"{statistics.median(values):.3f}x the length groups' step (turns: {', '.join(f'{v:.2f}' for v in values)})"
+        )
 
 
 def compare_methods(args: argparse.Namespace, precision: str, methods: list[str]) -> None:

@@ -37,6 +37,7 @@ from csekit.core.version import __version__
 from csekit.encoding.kept_head import DenseTanh, ExportsAsDenseTanh
 from csekit.encoding.model_card import CARD_FILE, render_model_card
 from csekit.encoding.model_folder import ENCODER_SPECIAL_TOKENS, check_tokenizer, from_pretrained
+from csekit.encoding.packed import BACKBONE_INPUTS, packed_pass, packing_refusal, packs_by_default
 from csekit.encoding.pooling import POOLERS, MaskPooler, Pooler, PoolerOutputPooler, make_pooler, pad_ids
 
 CSEKIT_CONFIG = "csekit.json"
@@ -314,6 +315,8 @@ class SentenceEncoder(nn.Module):
         self.pooler = pooler
         self.head = head
         self.length_group_size = 0  # rows per backbone pass in training (see `forward`); set by build_model
+        #: Padding-free passes (`model.packed`): True, False or "auto" (see `packs`); set by build_model.
+        self.packed: bool | str = "auto"
         #: What the trainer knows about this model (recipe, corpus, step, dev scores) for the model card.
         self.card_facts: dict[str, Any] | None = None
         pooler.bind(tokenizer)
@@ -458,6 +461,8 @@ class SentenceEncoder(nn.Module):
         at those positions only (the same vectors and gradients, about 1/8 fewer matrix-product FLOPs
         for a 6-layer model), and the output's `last_layer_states` is None.
         """
+        if self.packs(inputs):
+            return self._forward_masked(inputs, token_states, packed=True)
         if length_group_size is None:
             length_group_size = self.length_group_size if self.training else 0
         rows = inputs["attention_mask"].shape[0]
@@ -490,12 +495,31 @@ class SentenceEncoder(nn.Module):
             inputs["input_ids"],
         )
 
-    def _forward_masked(self, inputs: dict[str, Tensor], token_states: bool) -> EncoderOutput:
+    def packs(self, inputs: dict[str, Tensor]) -> bool:
+        """Whether a pass on `inputs` runs padding-free (`csekit.encoding.packed`): `packed` True, or "auto"
+        where it was measured faster on this device kind, for a backbone and inputs it supports."""
+        if self.packed is False:
+            return False
+        unknown = sorted(set(inputs) - BACKBONE_INPUTS - {EMBEDDING_MASK})
+        if self.packed is True:
+            if unknown:
+                raise CsekitError(
+                    f"recipe key model.packed: true: the padding-free pass does not know the input {unknown[0]}; "
+                    "use model.packed: auto or false"
+                )
+            return True
+        if unknown:
+            return False
+        device = inputs["attention_mask"].device
+        return packs_by_default(device, self.training) and packing_refusal(self.backbone) is None
+
+    def _forward_masked(self, inputs: dict[str, Tensor], token_states: bool, packed: bool = False) -> EncoderOutput:
         """One backbone pass, with the optional embedding mask applied through a forward hook."""
         inputs = dict(inputs)
         mask = inputs.pop(EMBEDDING_MASK, None)
+        forward = self._forward_packed if packed else self._forward
         if mask is None:
-            return self._forward(inputs, token_states)
+            return forward(inputs, token_states)
         embeddings = getattr(self.backbone, "embeddings", None)
         if not isinstance(embeddings, nn.Module):
             raise CsekitError(
@@ -508,9 +532,19 @@ class SentenceEncoder(nn.Module):
 
         handle = embeddings.register_forward_hook(apply_mask)
         try:
-            return self._forward(inputs, token_states)
+            return forward(inputs, token_states)
         finally:
             handle.remove()
+
+    def _forward_packed(self, inputs: dict[str, Tensor], token_states: bool) -> EncoderOutput:
+        """One padding-free backbone pass; the pooler sees padded states, or the read positions' only."""
+        mask, ids = inputs["attention_mask"], inputs["input_ids"]
+        positions = None if token_states else self.pooler.read_positions(mask, ids)
+        output = packed_pass(self.backbone, inputs, self.pooler.needs_all_layers, positions)
+        if output.read_states is not None:
+            return EncoderOutput(self.pooler.pool_read_states(output.read_states), None, mask, ids)
+        states = output.hidden_states
+        return EncoderOutput(self.pooler(states, mask, ids), states[-1], mask, ids)
 
     def _forward(self, inputs: dict[str, Tensor], token_states: bool) -> EncoderOutput:
         backbone_inputs = dict(inputs)

@@ -15,8 +15,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.fast_dropout import enable_fast_dropout
+from csekit.encoding.packed import packing_refusal
 from csekit.encoding.pooling import DenoisedMaskPooler
 from csekit.parts.heads import HEADS
 from csekit.parts.hooks import MakesViews, reads_token_states
@@ -138,6 +140,10 @@ def build_model(recipe: Recipe, encoder: SentenceEncoder) -> tuple[ContrastiveMo
     encoder.length_group_size = recipe.model.length_group_size  # every training pass, objectives' own too
     if isinstance(encoder.pooler, DenoisedMaskPooler):  # PromptBERT's template pass (checked with the recipe)
         encoder.pooler.template_positions = recipe.model.template_positions
+    refusal = packing_refusal(encoder.backbone)
+    if recipe.model.packed is True and refusal is not None:
+        raise CsekitError(f"recipe key model.packed: true: {refusal}; use auto (runs it padded) or false")
+    encoder.packed = recipe.model.packed
     if recipe.model.fast_dropout:
         enable_fast_dropout(encoder.backbone)
     model = ContrastiveModel(encoder, head, views.num_views, objectives, negatives, weighting)

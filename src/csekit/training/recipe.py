@@ -57,6 +57,12 @@ class ModelConfig:
     # On CPU, dropout masks from 16 random bits an element and attention in plain ops (see
     # csekit.encoding.fast_dropout): about 4x cheaper masks; the drop probability is rounded to 1/65536.
     fast_dropout: bool = True
+    # Padding-free encoder passes (csekit.encoding.packed): every row's real tokens concatenated, attention
+    # within rows; the same vectors and gradients as the padded pass (dropout masks are drawn in another shape).
+    # true | false | auto: auto is on per device kind only where measured faster and trace-preserving, which is
+    # nowhere yet (CPU training changes the loss traces, CPU evaluation was slower, GPUs are unmeasured; see
+    # docs/performance.md, "Padding-free pass"). BERT-architecture and RoBERTa backbones; true refuses others.
+    packed: bool | str = "auto"
 
 
 @dataclass
@@ -311,6 +317,11 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
             "must be in [0, 1), or null for the backbone's own",
         ),
         ("model.length_group_size", recipe.model.length_group_size >= 0, "must be 0 (off) or a positive size"),
+        (
+            "model.packed",
+            isinstance(recipe.model.packed, bool) or recipe.model.packed == "auto",  # 1 == True: not a setting
+            "must be auto, true or false",
+        ),
         ("data.bad_lines", recipe.data.bad_lines in ("error", "skip"), "must be error or skip"),
         ("data.max_chars", recipe.data.max_chars >= 1, "must be at least 1"),
         (

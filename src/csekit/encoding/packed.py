@@ -1,0 +1,206 @@
+"""The padding-free encoder pass (`model.packed`): every row's real tokens concatenated, no padding computed.
+
+A padded batch of B rows of width L runs every linear and feed-forward product on B*L positions; in a
+random batch of STS sentences (two views, max length 32) about half of them are padding. Here the
+backbone's embedding layer runs on the padded inputs (so position ids restart in every row, RoBERTa's
+padding offset included, and embedding-level views such as ConSERT's cutoffs apply unchanged), then its
+real positions are gathered into one [T, d] sequence, and each transformer layer is driven module by
+module on it: the query, key and value projections, the attention output, the feed-forward and their
+LayerNorms see real tokens only. Attention stays within each row:
+
+* on CUDA in fp16/bf16, through the flash kernel's variable-length form (`aten::_flash_attention_forward`
+  with cumulative row lengths; `torch.nn.attention.varlen.varlen_attn` fixes its dropout at 0, and SimCSE's
+  views need attention-probability dropout);
+* elsewhere (a CPU, fp32), exactly as in the padded pass: queries, keys and values are scattered back to
+  [B, H, L, d_h] and the backbone's own attention function runs with the key-padding mask (csekit's CPU
+  attention with its cheap dropout masks where `model.fast_dropout` set it), then the result is gathered
+  again. Attention is a small part of a short sentence's arithmetic; the products around it are not.
+
+The last layer's states come back in the padded layout for poolers and parts that read token states;
+when only one position a row is read (cls, mask, pooler_output), the last layer's position-wise part
+runs at those positions only, as in the padded pass's shortcut.
+
+Supported: BERT-architecture models (BERT, MiniLM, ...) and RoBERTa, as transformers builds them
+(`encoder.layer[i].attention.self.query`, ...); `packing_refusal` says why another backbone is not.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers.masking_utils import create_bidirectional_mask
+
+PACKED_MODEL_TYPES = ("bert", "roberta")
+"""transformers model types whose layers `packed_pass` drives (their modules are checked too)."""
+
+BACKBONE_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds"})
+"""The inputs a packed pass knows what to do with; a view adding another backbone input runs padded."""
+
+PACKED_SETTINGS = ("auto", "true", "false")
+"""`model.packed` values."""
+
+PACKED_BY_DEFAULT: dict[tuple[str, bool], bool] = {("cpu", True): False, ("cpu", False): False}
+"""What `auto` means per (device type, training); docs/performance.md, "Padding-free pass", has the figures.
+
+CPU evaluation: off, measured slower (`encode` sorts rows by length, so its batches carry about 2% padding,
+and the packed pass adds gathers around attention). CPU training: off, because it draws dropout masks in
+another shape, which changes every recorded loss trace (tests/test_recipe_losses.py). CUDA: not measured
+yet, so off."""
+
+
+def packing_refusal(backbone: nn.Module) -> str | None:
+    """Why `backbone` cannot run padding-free, or None when it can."""
+    config = getattr(backbone, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in PACKED_MODEL_TYPES:
+        return f"the padding-free pass supports {' and '.join(PACKED_MODEL_TYPES)} backbones, not {model_type}"
+    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+        return "the padding-free pass runs bidirectional encoders only (this config is a decoder)"
+    if getattr(config, "chunk_size_feed_forward", 0):
+        return "the padding-free pass does not run chunked feed-forward layers (chunk_size_feed_forward)"
+    if not isinstance(getattr(backbone, "embeddings", None), nn.Module):
+        return f"{type(backbone).__name__} has no `embeddings` module"
+    layers = getattr(getattr(backbone, "encoder", None), "layer", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        return f"{type(backbone).__name__} has no `encoder.layer` list"
+    for layer in layers:
+        attention = getattr(getattr(layer, "attention", None), "self", None)
+        parts = [getattr(attention, name, None) for name in ("query", "key", "value")]
+        if not all(isinstance(part, nn.Linear) for part in parts) or not all(
+            isinstance(getattr(module, name, None), nn.Module)
+            for module, name in ((layer.attention, "output"), (layer, "intermediate"), (layer, "output"))
+        ):
+            return f"{type(layer).__name__} is not laid out as BERT's layers are"
+        if getattr(layer, "gradient_checkpointing", False):
+            return "the padding-free pass does not run with gradient checkpointing"
+    return None
+
+
+def packs_by_default(device: torch.device, training: bool) -> bool:
+    """What `model.packed: auto` means on `device` (see `PACKED_BY_DEFAULT`)."""
+    return PACKED_BY_DEFAULT.get((device.type, training), False)
+
+
+@dataclass
+class PackedRows:
+    """Where a padded batch's real tokens are: the layout shared by every layer of one pass."""
+
+    index: Tensor  # [T] positions of the real tokens in the flattened [B * L] batch, row by row
+    cumulative_lengths: Tensor  # [B + 1] int32: row r's tokens are index[cum[r] : cum[r + 1]]
+    batch: int
+    width: int
+    key_mask: Tensor  # [B, L] bool, True at real tokens
+
+    @classmethod
+    def of(cls, attention_mask: Tensor) -> PackedRows:
+        mask = attention_mask.bool()
+        lengths = mask.sum(dim=1, dtype=torch.int32)
+        cumulative = nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
+        index = mask.flatten().nonzero().squeeze(1)
+        return cls(index, cumulative, mask.shape[0], mask.shape[1], mask)
+
+    def pack(self, padded: Tensor) -> Tensor:
+        """[B, L, ...] -> [T, ...]."""
+        return padded.flatten(0, 1)[self.index]
+
+    def unpack(self, packed: Tensor) -> Tensor:
+        """[T, ...] -> [B, L, ...], zeros at padding (values at padding mean nothing)."""
+        flat = packed.new_zeros((self.batch * self.width, *packed.shape[1:]))
+        return flat.index_copy(0, self.index, packed).view(self.batch, self.width, *packed.shape[1:])
+
+    def packed_positions(self, positions: Tensor) -> Tensor:
+        """Each row's real position `positions[r]` (padded coordinates, [B]) as an index into the packed sequence."""
+        rank = self.key_mask.flatten().cumsum(0).view(self.batch, self.width) - 1
+        return rank[torch.arange(self.batch, device=positions.device), positions]
+
+
+def _uses_flash(query: Tensor) -> bool:
+    return query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] % 8 == 0
+
+
+def _attend(attention: nn.Module, hidden: Tensor, rows: PackedRows, padded_mask: Callable[[], Any]) -> Tensor:
+    """One self-attention block on packed states [T, d]: the context [T, H * d_h], attending within rows.
+
+    `padded_mask()` is the padded pass's own attention mask (built by transformers for the backbone's
+    attention function), used where attention runs on the padded layout.
+    """
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.bert.modeling_bert import eager_attention_forward
+
+    heads, head_size = attention.num_attention_heads, attention.attention_head_size
+    projections = (attention.query, attention.key, attention.value)
+    query, key, value = (projection(hidden).view(-1, heads, head_size) for projection in projections)
+    dropout = attention.dropout.p if attention.training else 0.0
+    if _uses_flash(query):
+        # The padded width bounds every row's length without reading the lengths on the host.
+        context = torch.ops.aten._flash_attention_forward(
+            query,
+            key,
+            value,
+            rows.cumulative_lengths,
+            rows.cumulative_lengths,
+            rows.width,
+            rows.width,
+            dropout,
+            False,
+            False,
+            scale=attention.scaling,
+        )[0]
+        return context.flatten(1)
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(attention.config._attn_implementation, eager_attention_forward)
+    padded = [rows.unpack(tensor).transpose(1, 2) for tensor in (query, key, value)]  # [B, H, L, d_h]
+    context, _ = attend(attention, *padded, padded_mask(), dropout=dropout, scaling=attention.scaling)
+    return rows.pack(context.reshape(rows.batch, rows.width, heads * head_size))
+
+
+@dataclass
+class PackedOutput:
+    """What a packed pass gives the encoder: padded states for the pooler, or the read positions' states."""
+
+    hidden_states: tuple[Tensor, ...]  # padded [B, L, d]: every layer's (embeddings first) or the last one only
+    read_states: Tensor | None  # [B, d], the last layer at `read_positions` when the pass ran the shortcut
+
+
+def packed_pass(
+    backbone: nn.Module,
+    inputs: dict[str, Tensor],
+    all_layers: bool = False,
+    read_positions: Tensor | None = None,
+) -> PackedOutput:
+    """Run a BERT-layout `backbone` padding-free on padded `inputs` (see the module's docstring).
+
+    `all_layers`: return every layer's states (a pooler that reads more than the last layer).
+    `read_positions` [B]: run the last layer's position-wise part at those positions only, returning
+    their states as `read_states` (and no token states).
+    """
+    rows = PackedRows.of(inputs["attention_mask"])
+    embedding_inputs = {key: inputs[key] for key in ("token_type_ids", "position_ids") if key in inputs}
+    if "inputs_embeds" in inputs:
+        embedding_inputs["inputs_embeds"] = inputs["inputs_embeds"]
+    else:
+        embedding_inputs["input_ids"] = inputs["input_ids"]
+    embedded = backbone.embeddings(**embedding_inputs)  # its forward hooks (ConSERT's cutoffs) apply here
+    hidden = rows.pack(embedded)
+    layers = backbone.encoder.layer
+    states: list[Tensor] = [embedded] if all_layers else []
+    read = rows.packed_positions(read_positions) if read_positions is not None else None
+    padded_mask = functools.cache(
+        lambda: create_bidirectional_mask(backbone.config, embedded, inputs["attention_mask"])
+    )
+    for number, layer in enumerate(layers):
+        context = _attend(layer.attention.self, hidden, rows, padded_mask)
+        if read is not None and number == len(layers) - 1:
+            context, hidden = context[read], hidden[read]  # only these positions are read
+        hidden = layer.attention.output(context, hidden)
+        hidden = layer.output(layer.intermediate(hidden), hidden)
+        if all_layers and number < len(layers) - 1:
+            states.append(rows.unpack(hidden))
+    if read is not None:
+        return PackedOutput((), hidden)
+    states.append(rows.unpack(hidden))
+    return PackedOutput(tuple(states), None)

@@ -1,0 +1,282 @@
+"""The padding-free encoder pass (`model.packed`, csekit/encoding/packed.py) against the padded pass.
+
+Dropout off: every pooler's vectors, the token states and every parameter's gradient equal the padded
+pass's (float32 sums in another order: 1e-5 on values, 1e-4 relative plus 1e-6 absolute on gradients), on
+tiny BERT and RoBERTa models, and the feed-forward products saw real tokens only (so a pass that silently
+ran padded fails). Dropout on: every dropout site drops a fraction p of what it sees (binomial tolerance).
+The chunked (GradCache) step with packing is tested in tests/test_chunked.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import WORDS, make_tiny_encoder
+from torch import Tensor, nn
+
+from csekit.core.errors import CsekitError
+from csekit.encoding.encoder import EMBEDDING_MASK, SentenceEncoder
+from csekit.encoding.fast_dropout import enable_fast_dropout
+from csekit.encoding.packed import packing_refusal, packs_by_default
+from csekit.training.model import build_model
+from csekit.training.recipe import load_recipe
+
+POOLERS = ["cls", "mean", "first_last_avg", "mask", "mask_denoised", "pooler_output"]
+
+
+def tiny_encoder(tmp_path: Path, model_type: str, pooler: str, dropout: float = 0.0) -> SentenceEncoder:
+    """A tiny encoder of `model_type` with weights far enough from their start that rows differ."""
+    encoder = make_tiny_encoder(tmp_path / model_type, pooler=pooler, model_type=model_type, initializer_range=0.2)
+    for module in encoder.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = dropout
+    return encoder.train()
+
+
+def mixed_inputs(encoder: SentenceEncoder, rows: int = 11, seed: int = 0) -> dict[str, Tensor]:
+    rng = np.random.default_rng(seed)
+    sentences = [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 14)))) for _ in range(rows)]
+    inputs = encoder.tokenize(sentences, max_length=40)
+    assert inputs["attention_mask"].sum(dim=1).unique().numel() > 3  # rows of many lengths
+    return inputs
+
+
+def feed_forward_positions(encoder: SentenceEncoder) -> tuple[list[int], torch.utils.hooks.RemovableHandle]:
+    """The number of positions the first layer's feed-forward computes, one entry a pass."""
+    seen: list[int] = []
+    feed_forward = encoder.backbone.encoder.layer[0].intermediate
+    handle = feed_forward.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[:-1].numel()))
+    return seen, handle
+
+
+def run(
+    encoder: SentenceEncoder, inputs: dict[str, Tensor], packed: bool, token_states: bool
+) -> tuple[Tensor, Tensor | None, dict[str, Tensor], list[int]]:
+    """Pooled vectors, real tokens' states, gradients of a loss on both, positions the feed-forward computed."""
+    encoder.packed = packed
+    encoder.zero_grad(set_to_none=True)
+    positions, handle = feed_forward_positions(encoder)
+    try:
+        output = encoder(inputs, 0, token_states=token_states)
+    finally:
+        handle.remove()
+    weights = torch.randn(output.pooled.shape, generator=torch.Generator().manual_seed(1))
+    loss = (output.pooled * weights).sum()
+    states = None
+    if token_states:
+        states = output.token_states * inputs["attention_mask"][..., None]
+        loss = loss + states.pow(2).sum()
+        states = states.detach()
+    loss.backward()
+    grads = {name: p.grad.clone() for name, p in encoder.named_parameters() if p.grad is not None}
+    return output.pooled.detach(), states, grads, positions
+
+
+def assert_same(padded: tuple, packed: tuple) -> None:
+    (pooled, states, grads, _), (packed_pooled, packed_states, packed_grads, _) = padded, packed
+    torch.testing.assert_close(packed_pooled, pooled, rtol=1e-5, atol=1e-5)
+    if states is not None:
+        torch.testing.assert_close(packed_states, states, rtol=1e-5, atol=1e-5)
+    assert packed_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
+@pytest.mark.parametrize("pooler", POOLERS)
+@pytest.mark.parametrize("token_states", [True, False])
+def test_packed_pass_equals_the_padded_pass(tmp_path: Path, model_type: str, pooler: str, token_states: bool) -> None:
+    """Same vectors, token states and gradients; the feed-forward computed real tokens only."""
+    encoder = tiny_encoder(tmp_path, model_type, pooler)
+    inputs = mixed_inputs(encoder)
+    real, width = int(inputs["attention_mask"].sum()), inputs["input_ids"].numel()
+    padded = run(encoder, inputs, packed=False, token_states=token_states)
+    packed = run(encoder, inputs, packed=True, token_states=token_states)
+    assert_same(padded, packed)
+    assert padded[3][0] == width and packed[3][0] == real < width
+    encoder.eval()  # evaluation and encode: the same vectors
+    with torch.no_grad():
+        encoder.packed = False
+        expected = encoder(inputs, token_states=False).pooled
+        encoder.packed = True
+        torch.testing.assert_close(encoder(inputs, token_states=False).pooled, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
+@pytest.mark.parametrize("view", ["token_cutoff", "feature_cutoff", "shuffle"])
+def test_consert_views_reach_the_packed_pass(tmp_path: Path, model_type: str, view: str) -> None:
+    """An embedding mask ([B, L, 1] or [B, 1, d]) and shuffled position ids act as in the padded pass."""
+    encoder = tiny_encoder(tmp_path, model_type, "mean")
+    inputs = mixed_inputs(encoder)
+    batch, width = inputs["input_ids"].shape
+    generator = torch.Generator().manual_seed(3)
+    if view == "token_cutoff":
+        inputs[EMBEDDING_MASK] = (torch.rand(batch, width, 1, generator=generator) > 0.2).float()
+    elif view == "feature_cutoff":
+        inputs[EMBEDDING_MASK] = (torch.rand(batch, 1, encoder.dim, generator=generator) > 0.2).float()
+    else:
+        first = encoder.backbone.embeddings.padding_idx + 1 if model_type == "roberta" else 0
+        lengths = inputs["attention_mask"].sum(dim=1)
+        positions = torch.full((batch, width), first, dtype=torch.long)
+        for row, length in enumerate(lengths.tolist()):
+            positions[row, :length] = first + torch.randperm(length, generator=generator)
+        inputs["position_ids"] = positions
+    padded = run(encoder, inputs, packed=False, token_states=True)
+    packed = run(encoder, inputs, packed=True, token_states=True)
+    assert_same(padded, packed)
+    assert packed[3] == [int(inputs["attention_mask"].sum())]
+    plain = run(encoder, {key: inputs[key] for key in ("input_ids", "attention_mask")}, packed=True, token_states=True)
+    assert not torch.allclose(plain[0], packed[0], atol=1e-4)  # the view changed the vectors
+
+
+def test_positions_restart_in_every_row(tmp_path: Path) -> None:
+    """A row's vector does not depend on the rows packed before it (RoBERTa numbers from padding_idx + 1)."""
+    encoder = tiny_encoder(tmp_path, "roberta", "mean").eval()
+    encoder.packed = True
+    inputs = mixed_inputs(encoder)
+    with torch.no_grad():
+        together = encoder(inputs).pooled
+        alone = torch.cat([encoder({k: v[row : row + 1] for k, v in inputs.items()}).pooled for row in range(11)])
+    torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
+
+
+def dropped_fraction(sites: list[tuple[Tensor, Tensor]]) -> tuple[float, int]:
+    """Over (input, output) pairs of a dropout site: the fraction of non-zero inputs it zeroed, and their count."""
+    seen = sum(int((before != 0).sum()) for before, _ in sites)
+    dropped = sum(int(((before != 0) & (after == 0)).sum()) for before, after in sites)
+    return dropped / seen, seen
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
+@pytest.mark.parametrize("fast", [False, True])
+def test_every_dropout_site_drops_p_in_the_packed_pass(tmp_path: Path, model_type: str, fast: bool) -> None:
+    """Hidden dropout (module sites) and attention-probability dropout each drop a fraction p.
+
+    Attention's site is read through its output: with zero query weights every real key gets weight 1/n and
+    with values all 1, a context element is (kept keys / n) / (1 - p), so its mean is (1 - dropped) / (1 - p).
+    Tolerance: 5 binomial standard deviations of the count measured (or of the rows' keys for attention).
+    """
+    p = 0.25
+    encoder = tiny_encoder(tmp_path, model_type, "mean", dropout=p)
+    if fast:
+        assert enable_fast_dropout(encoder.backbone)  # csekit's CPU masks and attention function
+    encoder.packed = True
+    attention = encoder.backbone.encoder.layer[0].attention.self
+    with torch.no_grad():
+        attention.query.weight.zero_()
+        attention.query.bias.zero_()
+        attention.value.weight.zero_()
+        attention.value.bias.fill_(1.0)
+    sites: dict[str, list[tuple[Tensor, Tensor]]] = {}
+    contexts: list[Tensor] = []
+    handles = [
+        module.register_forward_hook(lambda m, args, out, n=name: sites.setdefault(n, []).append((args[0], out)))
+        for name, module in encoder.backbone.named_modules()
+        if isinstance(module, nn.Dropout) and name != "encoder.layer.0.attention.self.dropout"
+    ]
+    output_block = encoder.backbone.encoder.layer[0].attention.output
+    handles.append(output_block.register_forward_pre_hook(lambda m, args: contexts.append(args[0].detach())))
+    inputs = mixed_inputs(encoder, rows=64, seed=4)
+    real = int(inputs["attention_mask"].sum())
+    try:
+        with torch.no_grad():  # the sites' rates do not depend on gradients; hooks then keep no graph
+            encoder(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(sites) == 1 + 2 * encoder.backbone.config.num_hidden_layers  # embeddings, two a layer
+    for name, recorded in sites.items():
+        fraction, count = dropped_fraction(recorded)
+        assert abs(fraction - p) < 5 * (p * (1 - p) / count) ** 0.5, (name, fraction)
+        if not name.startswith("embeddings"):
+            assert recorded[0][0].shape[0] == real  # hidden dropout on real tokens only
+    (context,) = contexts
+    heads = attention.num_attention_heads
+    draws = float((inputs["attention_mask"].sum(dim=1) ** 2).sum()) * heads  # one mask element per query and key
+    dropped = 1 - float(context.mean()) * (1 - p)
+    assert context.shape[0] == real
+    assert abs(dropped - p) < 5 * (p * (1 - p) / draws) ** 0.5 + 0.01, dropped
+
+
+def test_auto_runs_packed_only_where_measured_faster_and_supported(tmp_path: Path) -> None:
+    encoder = tiny_encoder(tmp_path, "bert", "mean")
+    inputs = mixed_inputs(encoder)
+    for training in (True, False):
+        encoder.train(training)
+        encoder.packed = "auto"
+        assert encoder.packs(inputs) == packs_by_default(torch.device("cpu"), training)
+    assert not packs_by_default(torch.device("cuda"), True)  # not measured on a GPU yet
+    assert not packs_by_default(torch.device("cuda"), False)
+    encoder.packed = False
+    assert not encoder.packs(inputs)
+    encoder.packed = True
+    assert encoder.packs(inputs)
+    with pytest.raises(CsekitError, match=r"model\.packed"):
+        encoder.packs({**inputs, "labels": inputs["input_ids"]})
+
+
+@pytest.mark.parametrize("model_type", ["mpnet", "distilbert", "electra"])
+def test_other_architectures_are_refused_under_true_and_run_padded_under_auto(
+    tmp_path: Path, tiny_model_dir: Path, model_type: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import csekit.encoding.packed as packed_module
+
+    monkeypatch.setitem(packed_module.PACKED_BY_DEFAULT, ("cpu", True), True)  # auto would pack a BERT here
+    encoder = make_tiny_encoder(tmp_path / model_type, pooler="mean", model_type=model_type).train()
+    assert packing_refusal(encoder.backbone) is not None
+    encoder.packed = "auto"
+    assert not encoder.packs(mixed_inputs(encoder))
+    recipe = load_recipe(None, [f"model.backbone={tiny_model_dir}", "model.packed=true"])
+    with pytest.raises(CsekitError, match=r"recipe key model\.packed: true: .*supports bert and roberta"):
+        build_model(recipe, encoder)
+
+
+def test_the_recipe_key_takes_auto_true_or_false(tiny_model_dir: Path) -> None:
+    for value, expected in (("auto", "auto"), ("true", True), ("false", False)):
+        recipe = load_recipe(None, [f"model.backbone={tiny_model_dir}", f"model.packed={value}"])
+        assert recipe.model.packed == expected
+        encoder = SentenceEncoder.load(tiny_model_dir)
+        build_model(recipe, encoder)
+        assert encoder.packed == expected
+    with pytest.raises(CsekitError, match=r"model\.packed must be auto, true or false"):
+        load_recipe(None, [f"model.backbone={tiny_model_dir}", "model.packed=always"])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the flash kernel's variable-length form needs CUDA")
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
+def test_on_cuda_the_flash_pass_equals_the_padded_pass_and_drops_attention_at_p(
+    tmp_path: Path, model_type: str
+) -> None:
+    """bf16 under autocast (the flash kernel's precision): values and gradients to bf16 rounding, then the
+    attention-probability dropout rate read as in `test_every_dropout_site_drops_p_in_the_packed_pass`."""
+    encoder = tiny_encoder(tmp_path, model_type, "mean").cuda()
+    inputs = {key: value.cuda() for key, value in mixed_inputs(encoder).items()}
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        padded = run(encoder, inputs, packed=False, token_states=True)
+        packed = run(encoder, inputs, packed=True, token_states=True)
+    torch.testing.assert_close(packed[0], padded[0], rtol=2e-2, atol=2e-2)
+    for name, grad in padded[2].items():
+        scale = float(grad.abs().max()) + 1e-6
+        torch.testing.assert_close(packed[2][name], grad, rtol=5e-2, atol=5e-2 * scale, msg=name)
+    p = 0.25
+    attention = encoder.backbone.encoder.layer[0].attention.self
+    attention.dropout.p = p
+    with torch.no_grad():
+        attention.query.weight.zero_()
+        attention.query.bias.zero_()
+        attention.value.weight.zero_()
+        attention.value.bias.fill_(1.0)
+    contexts: list[Tensor] = []
+    output_block = encoder.backbone.encoder.layer[0].attention.output
+    handle = output_block.register_forward_pre_hook(lambda m, args: contexts.append(args[0].float()))
+    inputs = {key: value.cuda() for key, value in mixed_inputs(encoder, rows=256, seed=4).items()}
+    try:
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            encoder(inputs)
+    finally:
+        handle.remove()
+    dropped = 1 - float(contexts[0].mean()) * (1 - p)
+    assert abs(dropped - p) < 0.02, dropped
