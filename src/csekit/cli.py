@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from csekit.core.errors import CsekitError, message_line
 from csekit.core.json_text import json_text
@@ -23,7 +24,31 @@ from csekit.core.json_text import json_text
 if TYPE_CHECKING:
     from csekit.evaluation.diagnose import DiagnoseData, DiagnoseSettings
 
+
+def _untyped_flags(params: list[Any]) -> list[Any]:
+    """The parameters, with no `<bool>` beside a flag in `--help` (it reads as if the flag took a value)."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""  # typer prints the metavar, when one is set, instead of the type
+    return params
+
+
+class Command(TyperCommand):
+    """typer's command; its `--help` shows a type beside options that take a value only."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _untyped_flags(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    """typer's group; its `--help` shows no `<bool>` beside `--help`."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _untyped_flags(super().get_params(ctx))
+
+
 app = typer.Typer(
+    cls=Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -74,7 +99,7 @@ def _require_at_least(option: str, value: int, minimum: int = 1) -> None:
         raise CsekitError(f"{option} must be at least {minimum}, got {value}")
 
 
-@app.command()
+@app.command(cls=Command)
 def train(
     output: Annotated[Path, typer.Option("--output", "-o", help="Output folder for the run.")],
     recipe: Annotated[
@@ -133,7 +158,7 @@ def train(
 TASK_GROUPS_HELP = "sts, dev, transfer, align, all (sts + transfer + align), or a comma list of task names."
 
 
-@app.command()
+@app.command(cls=Command)
 def evaluate(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
     tasks: Annotated[str, typer.Option(help=TASK_GROUPS_HELP)] = "sts",
@@ -213,7 +238,7 @@ def evaluate(
         atomic_write_text(output, json_text(report, indent=2) + "\n")
 
 
-@app.command()
+@app.command(cls=Command)
 def bench(
     suite: Annotated[Path, typer.Argument(help="Suite YAML file: recipes x seeds (see benchmarks/suites/).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the runs, tables and plots.")],
@@ -277,7 +302,7 @@ def _bench_command(suite: Path, output: Path, overrides: list[str], data_dir: Pa
     return shlex.join(words)
 
 
-@app.command()
+@app.command(cls=Command)
 def encode(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
     input: Annotated[Path, typer.Option("--input", "-i", help="Text file, one sentence per line.")],
@@ -322,7 +347,7 @@ def encode(
     typer.echo(f"wrote {embeddings.shape[0]} x {embeddings.shape[1]} embeddings to {output} ({precision_label})")
 
 
-@app.command()
+@app.command(cls=Command)
 def probe(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
     output: Annotated[
@@ -446,7 +471,7 @@ def _diagnose_models(
     return reports
 
 
-@app.command()
+@app.command(cls=Command)
 def diagnose(
     models: Annotated[list[str], typer.Argument(help="Model folders, hub names or aliases (minilm-l6), side by side.")],
     data_dir: DataDirOption = None,
@@ -537,7 +562,7 @@ def _paraphrase_engine(engine: str, paraphrases: Path | None, pivots: str | None
     return factory()
 
 
-@app.command()
+@app.command(cls=Command)
 def augment(
     corpus: Annotated[Path, typer.Option("--corpus", help="Text corpus, one sentence per line.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="The .jsonl to write (appended to on restart).")],
@@ -595,7 +620,7 @@ def augment(
     typer.echo(report.summary())
 
 
-@app.command()
+@app.command(cls=Command)
 def freq(
     corpus: Annotated[Path, typer.Option("--corpus", help="Text file, one sentence per line (any size).")],
     tokenizer: Annotated[str, typer.Option("--tokenizer", help="Model folder, hub name, or alias (minilm-l6).")],
@@ -607,7 +632,13 @@ def freq(
     from transformers import AutoTokenizer
 
     from csekit.core.atomic import atomic_write_text
-    from csekit.encoding.encoder import own_code_message, refuse_own_code, resolve_model_path
+    from csekit.encoding.encoder import (
+        hub_options,
+        own_code_message,
+        refuse_own_code,
+        resolve_model_path,
+        unreachable_hub_message,
+    )
     from csekit.prep.frequency import count_tokens, counts_by_token
 
     _require_at_least("--chunk-lines", chunk_lines)
@@ -615,11 +646,14 @@ def freq(
     location = resolve_model_path(tokenizer)
     if Path(location).is_dir():
         refuse_own_code(Path(location))
+    hub = hub_options(location)
     try:
-        loaded = AutoTokenizer.from_pretrained(location, trust_remote_code=False)
+        loaded = AutoTokenizer.from_pretrained(location, trust_remote_code=False, **hub)
     except (OSError, ValueError) as error:
         if "trust_remote_code" in str(error):
             raise CsekitError(own_code_message(location, "custom code in its tokenizer")) from None
+        if hub.get("local_files_only"):
+            raise CsekitError(f"--tokenizer: {unreachable_hub_message(tokenizer)}") from None
         raise CsekitError(f'--tokenizer: cannot load "{tokenizer}": {str(error).splitlines()[0]}') from None
     counts = count_tokens(corpus, loaded, chunk_lines=chunk_lines, show_progress=progress)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -627,7 +661,7 @@ def freq(
     typer.echo(f"counted {int(counts.sum())} tokens of {int((counts > 0).sum())} types; wrote {output}")
 
 
-@app.command("download-data")
+@app.command("download-data", cls=Command)
 def download_data(
     dest: Annotated[Path, typer.Argument(help="Folder to create (then set CSEKIT_DATA to it).")],
 ) -> None:
