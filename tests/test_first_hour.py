@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import re
 import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_one_line_error, run_main
+from conftest import add_sick_trial, assert_one_line_error, make_corpus, make_data_dir, run_main, tiny_recipe
 from typer.testing import CliRunner
 
 from csekit.cli import app
 from csekit.core.errors import CsekitError
 from csekit.encoding import encoder as encoder_module
 from csekit.encoding.encoder import SentenceEncoder, hub_reachable, looks_like_hub_id
+from csekit.parts.hooks import StartsLater
+from csekit.parts.objectives.slt_fai import AdversarialTuning, IncompleteSentenceFiltering
+from csekit.training.trainer import _progress_line, never_active_warnings, train
 
 
 @pytest.fixture
@@ -115,3 +119,82 @@ def test_help_shows_no_type_beside_a_flag(command: str) -> None:
     assert result.exit_code == 0
     assert "<bool>" not in result.output
     assert "<path>" in result.output or "<text>" in result.output  # options that take a value keep their type
+
+
+# ------------------------------------------------------------------ parts that start later; progress lines
+
+
+class StartsAtStep:
+    """A part of any kind that trains from `first` steps on (`csekit.parts.hooks.StartsLater`)."""
+
+    def __init__(self, first: int) -> None:
+        self.first = first
+
+    def first_active_step(self, steps_per_epoch: int) -> int:
+        return self.first
+
+
+def test_a_part_that_starts_after_the_run_gets_a_warning_naming_it() -> None:
+    parts: list[tuple[str, object]] = [
+        ("negatives[0] (later)", StartsAtStep(10)),
+        ("objectives[0] (infonce)", object()),  # no start step: always on
+        ("objectives[1] (soon)", StartsAtStep(9)),
+    ]
+    (warning,) = never_active_warnings(parts, steps_per_epoch=100, total_steps=10)
+    assert warning.startswith("csekit: warning: negatives[0] (later) switches on after 10 steps")
+    assert "this run has 10" in warning and "train.max_steps above 10" in warning
+    assert never_active_warnings(parts, steps_per_epoch=100, total_steps=11) == []
+
+
+def test_slt_fai_warns_at_the_start_when_its_warm_up_outlasts_the_run(
+    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README's SLT-FAI example trained 20 steps with a 28-step warm-up: plain SimCSE, silently."""
+    from test_slt_fai import write_counts
+    from transformers import AutoTokenizer
+
+    counts = write_counts(AutoTokenizer.from_pretrained(tiny_model_dir), tmp_path / "counts.json")
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)  # 4 steps an epoch at batch 16
+    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=3", "model.pooler=mean", "model.head.name=none")
+    common = {"counts": str(counts), "low_fraction": 0.2}
+    recipe.objectives += [
+        {"name": "slt_fai_at", "weight": 1.0, "start_after_epochs": 0.5, **common},  # on after 2 steps
+        {"name": "slt_fai_isf", "weight": 1.0, "mask_rate": 0.5, "start_after_epochs": 0.76, **common},  # after 4
+    ]
+    capsys.readouterr()
+    train(recipe, tmp_path / "run", show_progress=False)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [
+        "csekit: warning: objectives[2] (slt_fai_isf) switches on after 4 steps (4 steps an epoch), but this run "
+        "has 3: it never trains; give train.max_steps above 4"
+    ]
+    assert AdversarialTuning.first_active_step is not None and isinstance(
+        IncompleteSentenceFiltering.__new__(IncompleteSentenceFiltering), StartsLater
+    )
+
+
+def test_progress_lines_in_a_log_name_the_dev_metric_and_the_time_left(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = add_sick_trial(make_data_dir(tmp_path / "data"))
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        corpus,
+        *("train.max_steps=4", "train.log_every=2", "train.eval_every=2"),
+        *("train.dev_task=sts", "train.select_metric=avg_sts"),
+    )
+    capsys.readouterr()
+    train(recipe, tmp_path / "run", data_dir=data, show_progress=True)  # stderr captured: not a terminal
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in lines] == ["2/4", "4/4"]
+    assert all(re.search(r" sent/s, \d+:\d\d elapsed, \d+:\d\d left$", line) for line in lines), lines
+    assert " avg_sts " not in lines[0] and re.search(r" loss \d\.\d{4} avg_sts -?\d+\.\d\d ", lines[1]), lines
+    assert " dev " not in " ".join(lines)
+    assert lines[1].endswith(" 0:00 left")
+
+
+def test_the_time_left_is_the_pace_so_far() -> None:
+    record = {"step": 30, "loss": 0.5, "sentences_per_second": 12.0}
+    line = _progress_line(record, 300, "stsb-dev", 0.8123, elapsed=65.0, steps_run=10)  # 6.5 s a step since resume
+    assert line == "step 30/300 loss 0.5000 stsb-dev 81.23 12.0 sent/s, 1:05 elapsed, 29:15 left"
+    assert _progress_line(record, 300, "stsb-dev", None, 4000.0, 30).endswith("1:06:40 elapsed, 10:00:00 left")

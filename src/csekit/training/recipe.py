@@ -306,7 +306,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         if not (number and math.isfinite(weight) and weight >= 0):
             key = f"objectives[{index}].weight"
             raise CsekitError(f"{where(key)}: recipe key {key} must be a number >= 0, got {weight!r}")
-    for key, spec in _part_specs(recipe):
+    for key, spec in part_specs(recipe):
         if not isinstance(spec, Mapping) or "name" not in spec:
             raise CsekitError(f'{where(key)}: recipe key {key} must be a mapping with a "name"')
 
@@ -367,7 +367,8 @@ def _check_report_to(report_to: str, where: Any) -> None:
             )
 
 
-def _part_specs(recipe: Recipe) -> list[tuple[str, Any]]:
+def part_specs(recipe: Recipe) -> list[tuple[str, Any]]:
+    """Every part's recipe key and spec, in the order `build_model` builds them."""
     specs: list[tuple[str, Any]] = [("model.head", recipe.model.head), ("data.views", recipe.data.views)]
     specs += [(f"negatives[{i}]", spec) for i, spec in enumerate(recipe.negatives)]
     if recipe.weighting is not None:
