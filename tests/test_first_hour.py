@@ -198,3 +198,60 @@ def test_the_time_left_is_the_pace_so_far() -> None:
     line = _progress_line(record, 300, "stsb-dev", 0.8123, elapsed=65.0, steps_run=10)  # 6.5 s a step since resume
     assert line == "step 30/300 loss 0.5000 stsb-dev 81.23 12.0 sent/s, 1:05 elapsed, 29:15 left"
     assert _progress_line(record, 300, "stsb-dev", None, 4000.0, 30).endswith("1:06:40 elapsed, 10:00:00 left")
+
+
+# ------------------------------------------------------------------ an interrupted quickstart
+
+
+STAND_IN_CSEKIT = """#!{python}
+import json, os, sys
+from pathlib import Path
+
+args = sys.argv[1:]
+with open(os.environ["CALLS"], "a", encoding="utf-8") as calls:
+    calls.write(" ".join(args) + "\\n")
+output = Path(args[args.index("--output") + 1])
+if args[0] == "evaluate":
+    output.write_text(json.dumps({{"avg": 0.7 if args[1].endswith("best") else 0.6}}), encoding="utf-8")
+elif args[0] == "train":
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "recipe.yaml").write_text("the saved recipe", encoding="utf-8")
+    if os.environ.get("INTERRUPT"):
+        sys.exit(130)  # Ctrl-C: a checkpoint, no best/ yet
+    (output / "best").mkdir(exist_ok=True)
+"""
+
+
+def test_an_interrupted_quickstart_continues_on_a_second_run(tmp_path: Path) -> None:
+    """scripts/quickstart.sh in a checkout whose csekit is a stand-in that records its calls: interrupted in
+    training, the second run resumes it (not refusing the folder) and then evaluates the trained model."""
+    import shutil
+    import subprocess
+    import sys
+
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "quickstart.sh", checkout / "scripts")
+    bin_dir = checkout / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "csekit").write_text(STAND_IN_CSEKIT.format(python=sys.executable), encoding="utf-8")
+    (bin_dir / "csekit").chmod(0o755)
+    (bin_dir / "python").symlink_to(sys.executable)
+    calls = tmp_path / "calls.txt"
+    env = {"PATH": "/usr/bin:/bin", "CALLS": str(calls), "CSEKIT_DATA": str(tmp_path / "data")}
+
+    def quickstart(**extra: str) -> subprocess.CompletedProcess[str]:
+        script = str(checkout / "scripts" / "quickstart.sh")
+        return subprocess.run(["bash", script], capture_output=True, text=True, env={**env, **extra}, check=False)
+
+    first = quickstart(INTERRUPT="1")
+    assert first.returncode == 130, first.stderr
+    second = quickstart()
+    assert second.returncode == 0, second.stderr
+    assert calls.read_text(encoding="utf-8").splitlines() == [
+        "evaluate minilm-l6 --pooler cls --tasks sts --output runs/quickstart/before.json",
+        "train recipes/quickstart.yaml --output runs/quickstart/run",
+        "train --output runs/quickstart/run --resume",
+        "evaluate runs/quickstart/run/best --tasks sts --output runs/quickstart/after.json",
+    ]
+    assert "STS average (7 tasks, Spearman x 100): 60.00 -> 70.00" in second.stdout
