@@ -255,3 +255,46 @@ def test_an_interrupted_quickstart_continues_on_a_second_run(tmp_path: Path) -> 
         "evaluate runs/quickstart/run/best --tasks sts --output runs/quickstart/after.json",
     ]
     assert "STS average (7 tasks, Spearman x 100): 60.00 -> 70.00" in second.stdout
+
+
+# ------------------------------------------------------------------ torch's CPU wheel
+
+
+STAND_IN_PYTHON = """#!{python}
+import os, sys
+
+args = sys.argv[1:]
+with open(os.environ["CALLS"], "a", encoding="utf-8") as calls:
+    calls.write(" ".join(args) + "\\n")
+sys.exit(1 if args == ["-c", "import torch"] else 0)  # torch missing; everything else there
+"""
+
+
+@pytest.mark.parametrize("index", ["", "https://download.pytorch.org/whl/cpu"])
+def test_setup_installs_torch_from_the_index_torch_index_url_names(tmp_path: Path, index: str) -> None:
+    """scripts/setup.sh in a checkout whose .venv is a stand-in that records its calls."""
+    import shutil
+    import subprocess
+    import sys
+
+    checkout = tmp_path / "checkout"
+    (checkout / "scripts").mkdir(parents=True)
+    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "setup.sh", checkout / "scripts")
+    bin_dir = checkout / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text(STAND_IN_PYTHON.format(python=sys.executable), encoding="utf-8")
+    (bin_dir / "python").chmod(0o755)
+    (bin_dir / "activate").write_text(f'export PATH="{bin_dir}:$PATH"\n', encoding="utf-8")
+    tools = tmp_path / "tools"  # apertium "installed": setup.sh must not reach for apt-get here
+    tools.mkdir()
+    (tools / "apertium").write_text("#!/bin/sh\n", encoding="utf-8")
+    (tools / "apertium").chmod(0o755)
+    calls = tmp_path / "calls.txt"
+    env = {"PATH": f"{tools}:/usr/bin:/bin", "CALLS": str(calls), "TORCH_INDEX_URL": index}
+    setup = subprocess.run(
+        ["bash", str(checkout / "scripts" / "setup.sh")], capture_output=True, text=True, env=env, check=False
+    )
+    assert setup.returncode == 0, setup.stderr
+    torch_install = [line for line in calls.read_text(encoding="utf-8").splitlines() if line.endswith("torch==2.13.0")]
+    expected = f"--index-url {index} torch==2.13.0" if index else "torch==2.13.0"
+    assert torch_install == [f"-m pip install --quiet {expected}"]
