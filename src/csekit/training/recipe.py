@@ -30,6 +30,11 @@ from csekit.core.precision import PRECISIONS
 from csekit.core.registry import Registry
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS, dev_scores
+from csekit.parts.heads import HEADS
+from csekit.parts.negatives import NEGATIVES
+from csekit.parts.objectives import OBJECTIVES
+from csekit.parts.views import VIEWS
+from csekit.parts.weighting import WEIGHTINGS
 
 
 @dataclass
@@ -228,7 +233,7 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recip
     overridden = {item.split("=", 1)[0].strip() for item in overrides}
 
     def where_in_file(key: str) -> str:
-        if any(key == o or key.startswith(o + ".") for o in overridden):
+        if any(key == o or key.startswith((o + ".", o + "[")) for o in overridden):
             return f"--set {key}"
         line = lines.get(key)
         return f"{label}:{line}" if line else label
@@ -309,6 +314,9 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     for key, spec in part_specs(recipe):
         if not isinstance(spec, Mapping) or "name" not in spec:
             raise CsekitError(f'{where(key)}: recipe key {key} must be a mapping with a "name"')
+        # A mistyped name is reported here, with the file and line, not when the model is built.
+        PART_REGISTRIES[key.split("[")[0]].get(str(spec["name"]), f"{where(key + '.name')}: recipe key {key}.name")
+    POOLERS.get(recipe.model.pooler, f"{where('model.pooler')}: recipe key model.pooler")
 
 
 def _check_dev_selection(train: TrainConfig, where: Any) -> None:
@@ -365,6 +373,16 @@ def _check_report_to(report_to: str, where: Any) -> None:
                 f'{where("train.report_to")}: recipe key train.report_to: unknown tracker "{name}"'
                 f"{did_you_mean(name, choices)}; choose none or {', '.join(choices)}"
             )
+
+
+PART_REGISTRIES: dict[str, Registry[Any]] = {
+    "model.head": HEADS,
+    "data.views": VIEWS,
+    "negatives": NEGATIVES,
+    "weighting": WEIGHTINGS,
+    "objectives": OBJECTIVES,
+}
+"""The registry of each part key of a recipe (list keys without their index)."""
 
 
 def part_specs(recipe: Recipe) -> list[tuple[str, Any]]:
