@@ -298,3 +298,53 @@ def test_setup_installs_torch_from_the_index_torch_index_url_names(tmp_path: Pat
     torch_install = [line for line in calls.read_text(encoding="utf-8").splitlines() if line.endswith("torch==2.13.0")]
     expected = f"--index-url {index} torch==2.13.0" if index else "torch==2.13.0"
     assert torch_install == [f"-m pip install --quiet {expected}"]
+
+
+# ------------------------------------------------------------------ value typos
+
+
+@pytest.mark.parametrize(
+    ("line", "needles"),
+    [
+        ("model:\n  backbone: x\n  pooler: meen\n", ["recipe.yaml:3: recipe key model.pooler", '"meen"', '"mean"']),
+        (
+            "objectives:\n  - {name: infonce}\n  - {name: slt_fai_ats}\n",
+            ["recipe.yaml:3: recipe key objectives[1].name"],
+        ),
+        ("data:\n  corpus: c.txt\n  views:\n    name: dropuot\n", ["recipe.yaml:4: recipe key data.views.name"]),
+        ("model:\n  head: {name: mpl}\n", ["recipe.yaml:2: recipe key model.head.name", '"mlp"']),
+    ],
+)
+def test_a_mistyped_part_or_pooler_name_gets_the_file_and_line(tmp_path: Path, line: str, needles: list[str]) -> None:
+    from csekit.training.recipe import load_recipe
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(line, encoding="utf-8")
+    with pytest.raises(CsekitError) as error:
+        load_recipe(recipe)
+    for needle in needles:
+        assert needle in str(error.value), str(error.value)
+
+
+# ------------------------------------------------------------------ a one-seed bench
+
+
+def test_a_one_seed_bench_prints_no_spread_and_no_paired_test(tmp_path: Path) -> None:
+    from test_bench import _write_results
+
+    from csekit.bench import load_suite, summarise
+
+    (tmp_path / "a.yaml").write_text("name: a\n", encoding="utf-8")
+    suite_file = tmp_path / "suite.yaml"
+    suite_file.write_text(
+        "seeds: [1]\nbaseline: simcse\nrecipes:\n  - {recipe: a.yaml, name: simcse}\n"
+        "  - {recipe: a.yaml, name: other, control: simcse}\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "bench"
+    _write_results(out, "simcse", 1, sts12=0.70, average=0.71)
+    _write_results(out, "other", 1, sts12=0.72, average=0.73)
+    markdown = summarise(out, load_suite(suite_file))["table"]
+    assert "±" not in markdown.split("\n\n", 2)[2] and "| simcse | 1 | 70.00 | 71.00 |" in markdown
+    assert "paired" not in markdown.lower().replace("no paired comparison", "") and "p = " not in markdown
+    assert "One seed: no spread and no paired comparison" in markdown
