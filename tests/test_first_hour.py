@@ -348,3 +348,21 @@ def test_a_one_seed_bench_prints_no_spread_and_no_paired_test(tmp_path: Path) ->
     assert "±" not in markdown.split("\n\n", 2)[2] and "| simcse | 1 | 70.00 | 71.00 |" in markdown
     assert "paired" not in markdown.lower().replace("no paired comparison", "") and "p = " not in markdown
     assert "One seed: no spread and no paired comparison" in markdown
+
+
+# ------------------------------------------------------------------ freq's progress in a log
+
+
+def test_freq_writes_plain_progress_lines_into_a_log(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=40)
+    output = tmp_path / "counts.json"
+    args = ["freq", "--corpus", str(corpus), "--tokenizer", str(tiny_model_dir), "--output", str(output)]
+    code, err = run_main(monkeypatch, capsys, *args, "--chunk-lines", "4")  # stderr captured: not a terminal
+    assert code == 0 and output.is_file()
+    assert "\r" not in err, err
+    lines = [line for line in err.splitlines() if line.startswith("counting tokens: ")]
+    percents = [int(line.split()[2].rstrip("%")) for line in lines]  # 10 chunks: at most a line a tenth
+    assert 5 <= len(lines) <= 10 and percents == sorted(set(percents)) and percents[-1] == 100, err
+    assert lines[-1].startswith(f"counting tokens: 100% of {corpus.stat().st_size:,} B ("), err

@@ -33,10 +33,10 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from csekit.core.errors import CsekitError
+from csekit.core.progress import amount_progress
 
 
 def table_size(tokenizer: PreTrainedTokenizerBase) -> int:
@@ -66,13 +66,7 @@ def count_tokens(
     line_number = 0
     with (
         open(path, "rb") as handle,
-        tqdm(
-            total=path.stat().st_size,
-            unit="B",
-            unit_scale=True,
-            desc="counting tokens",
-            disable=not show_progress,
-        ) as bar,
+        amount_progress(path.stat().st_size, "counting tokens", "B", show_progress) as advance,
     ):
         while raw := list(itertools.islice(handle, chunk_lines)):
             lines = []
@@ -90,7 +84,7 @@ def count_tokens(
                 )["input_ids"]
                 flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64)
                 totals += np.bincount(flat, minlength=len(totals))[: len(totals)]
-            bar.update(sum(len(line) for line in raw))
+            advance(sum(len(line) for line in raw))
     if not totals.any():
         raise CsekitError(f"corpus {path}: no tokens to count ({line_number:,} lines, none with text)")
     return totals
