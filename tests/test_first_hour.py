@@ -366,3 +366,31 @@ def test_freq_writes_plain_progress_lines_into_a_log(
     percents = [int(line.split()[2].rstrip("%")) for line in lines]  # 10 chunks: at most a line a tenth
     assert 5 <= len(lines) <= 10 and percents == sorted(set(percents)) and percents[-1] == 100, err
     assert lines[-1].startswith(f"counting tokens: 100% of {corpus.stat().st_size:,} B ("), err
+
+
+# ------------------------------------------------------------------ another pooler than the trained one
+
+
+def test_encode_warns_when_a_trained_model_is_read_with_another_pooler(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=32)
+    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=1", "model.pooler=cls")
+    train(recipe, tmp_path / "run", show_progress=False)
+    best = str(tmp_path / "run" / "best")
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("a man plays the guitar .\n", encoding="utf-8")
+    capsys.readouterr()
+    encode = ["encode", best, "--input", str(sentences), "--output", str(tmp_path / "e.npy")]
+    code, err = run_main(monkeypatch, capsys, *encode, "--pooler", "mean")
+    assert code == 0
+    assert f"csekit: warning: {best} was trained with the cls pooler; --pooler mean reads another" in err
+    for same in (["--pooler", "cls"], []):  # its own pooler, asked for or not: nothing to warn about
+        code, err = run_main(monkeypatch, capsys, *encode, *same)
+        assert code == 0 and "warning" not in err, err
+    import shutil
+
+    plain = shutil.copytree(tiny_model_dir, tmp_path / "plain")
+    (plain / "csekit.json").unlink()  # a model csekit did not save (here: sentence-transformers') has none
+    code, err = run_main(monkeypatch, capsys, *encode[:1], str(plain), *encode[2:], "--pooler", "mean")
+    assert code == 0 and "warning" not in err, err

@@ -93,6 +93,18 @@ def _check_output_file(output: Path | None, option: str = "--output") -> None:
         raise CsekitError(f"{option} {output}: {parent} is a file, not a folder")
 
 
+def _warn_if_not_the_trained_pooler(model: str, encoder: Any) -> None:
+    """A csekit-trained model read with another pooler than its own gives embeddings it never learnt (as
+    `diagnose` warns when models are read with different poolers)."""
+    trained, used = encoder.trained_pooler, encoder.pooler.name
+    if trained is not None and trained != used:
+        typer.echo(
+            f"csekit: warning: {model} was trained with the {trained} pooler; --pooler {used} reads another "
+            f"representation, not the one it learnt (leave --pooler out to read {trained})",
+            err=True,
+        )
+
+
 def _require_at_least(option: str, value: int, minimum: int = 1) -> None:
     """Refuse an option below its minimum before anything is loaded or written."""
     if value < minimum:
@@ -202,6 +214,7 @@ def evaluate(
         whiten = True
     root = resolve_data_dir(data_dir)
     encoder = SentenceEncoder.load(model, pooler=pooler)
+    _warn_if_not_the_trained_pooler(model, encoder)
     precision, precision_label = _choose_precision(precision, encoder)
 
     def encode(sentences: list[str]) -> np.ndarray:
@@ -334,6 +347,7 @@ def encode(
         line = input.read_bytes()[: error.start].count(b"\n") + 1
         raise CsekitError(f"{input}:{line}: not valid UTF-8") from None
     encoder = SentenceEncoder.load(model, pooler=pooler)
+    _warn_if_not_the_trained_pooler(model, encoder)
     precision, precision_label = _choose_precision(precision, encoder)
     embeddings = encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -383,6 +397,7 @@ def probe(
     chosen = select_datasets(load_probe_datasets(data_dir), datasets)
     rows = load_transformation_probe(transformations)
     encoder = SentenceEncoder.load(model, pooler=pooler)
+    _warn_if_not_the_trained_pooler(model, encoder)
     precision, precision_label = _choose_precision(precision, encoder)
 
     def encode(sentences: list[str]) -> np.ndarray:

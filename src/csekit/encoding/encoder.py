@@ -374,6 +374,8 @@ class SentenceEncoder(nn.Module):
         self.length_group_size = 0  # rows per backbone pass in training (see `forward`); set by build_model
         #: What the trainer knows about this model (recipe, corpus, step, dev scores) for the model card.
         self.card_facts: dict[str, Any] | None = None
+        #: The pooler a csekit-trained model was saved with (the representation it learnt); None for other models.
+        self.trained_pooler: str | None = None
         pooler.bind(tokenizer)
         pooler.bind_backbone(backbone)
 
@@ -447,6 +449,8 @@ class SentenceEncoder(nn.Module):
                 "random), so the pooler_output pooler would read noise; choose another pooler"
             )
         encoder = cls(backbone, tokenizer, _make_pooler(chosen, templates, saved_templates))
+        if local and (path / CSEKIT_CONFIG).exists():
+            encoder.trained_pooler = saved_pooler
         if head_config is not None:
             encoder.head = _load_kept_head(path, head_config, encoder.dim)
         bad = non_finite_parameters(encoder)
