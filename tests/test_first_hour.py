@@ -394,3 +394,44 @@ def test_encode_warns_when_a_trained_model_is_read_with_another_pooler(
     (plain / "csekit.json").unlink()  # a model csekit did not save (here: sentence-transformers') has none
     code, err = run_main(monkeypatch, capsys, *encode[:1], str(plain), *encode[2:], "--pooler", "mean")
     assert code == 0 and "warning" not in err, err
+
+
+# ------------------------------------------------------------------ the README's recipe table
+
+
+def expand_braces(name: str) -> list[str]:
+    """`a-{x,y}-{1,2}.yaml` as the shell expands it: a-x-1, a-x-2, a-y-1, a-y-2."""
+    braces = re.search(r"\{([^}]*)\}", name)
+    if braces is None:
+        return [name]
+    head, tail = name[: braces.start()], name[braces.end() :]
+    return [full for option in braces.group(1).split(",") for full in expand_braces(head + option + tail)]
+
+
+def test_every_shipped_recipe_is_in_the_readme_recipe_table() -> None:
+    """A row names recipes as `a.yaml`, `a-{x,y}.yaml` or `*-minilm.yaml`; every file of recipes/ matches one."""
+    import fnmatch
+
+    repo = Path(__file__).resolve().parents[1]
+    section = (repo / "README.md").read_text(encoding="utf-8").split("## Recipes", 1)[1].split("\n\n", 2)[1]
+    names = [name for row in section.splitlines()[2:] for name in re.findall(r"`([^`]+\.yaml)`", row.split("|")[1])]
+    patterns = [pattern for name in names for pattern in expand_braces(name)]
+    recipes = sorted(path.name for path in (repo / "recipes").glob("*.yaml"))
+    missing = [name for name in recipes if not any(fnmatch.fnmatch(name, pattern) for pattern in patterns)]
+    assert len(patterns) > 20 and not missing, missing
+    assert expand_braces("a-{x,y}-{1,2}.yaml") == ["a-x-1.yaml", "a-x-2.yaml", "a-y-1.yaml", "a-y-2.yaml"]
+
+
+# ------------------------------------------------------------------ a recipe's inputs, checked without training
+
+
+def test_a_recipe_whose_corpus_is_missing_is_named_with_the_command_that_makes_it(tmp_path: Path) -> None:
+    """What `csekit bench` checks for every recipe of a suite before its first training."""
+    from csekit.training.inputs import check_recipe_inputs
+    from csekit.training.recipe import load_recipe
+
+    recipe = load_recipe(None, ["model.backbone=x", "data.corpus=corpus/missing.osscse.jsonl"])
+    with pytest.raises(CsekitError, match=r"missing\.osscse\.jsonl.*make it with: csekit augment"):
+        check_recipe_inputs(recipe, tmp_path, needs_data_dir=False)
+    text = make_corpus(tmp_path / "corpus.txt", lines=4)
+    check_recipe_inputs(load_recipe(None, ["model.backbone=x", f"data.corpus={text}"]), None, needs_data_dir=False)
