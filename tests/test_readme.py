@@ -86,6 +86,8 @@ def _localise(args: list[str], names: dict[str, str]) -> list[str]:
     out = []
     for arg in args:
         arg = os.path.expandvars(arg)
+        if arg.startswith(("../recipes/", "../benchmarks/")):  # the block's own folder is in the checkout
+            arg = arg.removeprefix("../")
         if arg.startswith(("recipes/", "benchmarks/")):
             arg = str(REPO / arg)
         out.append(names.get(arg, arg))
@@ -143,15 +145,23 @@ def _run_shell_line(line: str) -> None:
 
 
 def test_the_using_csekit_block_runs_as_written_after_the_quickstart(
-    after_quickstart: dict[str, str], tiny_model_dir: Path
+    after_quickstart: dict[str, str], tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Every line of the block, in order, as a new shell after `make quickstart` runs it: only minilm-l6 is
-    the tiny model here, and a new training run is kept tiny (short sentences, batches of 8, no dev task)."""
+    the tiny model here, and a new training run is kept tiny (short sentences, batches of 8, no dev task).
+    Every file it writes lands in the one folder it names."""
     if shutil.which("apertium") is None:
         pytest.skip("csekit augment's default engine needs Debian's apertium-eng-spa (scripts/setup.sh installs it)")
-    ran = []
+    checkout = Path.cwd()
+    before = sorted(checkout.rglob("*"))
+    ran, folders = [], []
     for line in using_csekit_block():
         words = shlex.split(line, comments=True)
+        if words[:2] == ["mkdir", "-p"] and words[3:5] == ["&&", "cd"] and words[2] == words[5]:
+            folders.append(words[2])  # the block's folder: made, and the rest of the block runs in it
+            Path(words[2]).mkdir(parents=True, exist_ok=True)
+            monkeypatch.chdir(words[2])
+            continue
         if words[0] != "csekit":
             _run_shell_line(line)
             continue
@@ -169,6 +179,9 @@ def test_the_using_csekit_block_runs_as_written_after_the_quickstart(
     assert np.load("embeddings.npy").shape == (64, 32)  # the head of a 64-line corpus
     assert json.loads(Path("results.json").read_text(encoding="utf-8"))["tasks"]
     assert json.loads(Path("runs/qs/metrics.jsonl").read_text(encoding="utf-8").splitlines()[-1])["step"] == 40
+    assert len(folders) == 1 and Path.cwd() == checkout / folders[0]
+    written = [path for path in sorted(checkout.rglob("*")) if path not in before]
+    assert written and all(path.is_relative_to(checkout / folders[0]) for path in written), written
 
 
 def test_readme_python_usage_snippet_runs(workspace: dict[str, str]) -> None:

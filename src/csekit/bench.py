@@ -508,7 +508,8 @@ def table_rows(runs: dict[str, list[dict[str, Any]]]) -> tuple[list[str], list[d
 
 
 def format_markdown(labels: list[str], rows: list[dict[str, Any]]) -> str:
-    """The papers' layout: one row per method, `mean ± std` over seeds (x 100 except align/uniform)."""
+    """The papers' layout: one row per method, `mean ± std` over seeds (x 100 except align/uniform); a method
+    with one seed shows its value alone (a spread of 0.00 would read as a measured one)."""
     heads = ["Method", "Seeds", *labels]
     lines = ["| " + " | ".join(heads) + " |", "|" + "|".join("---" for _ in heads) + "|"]
     for row in rows:
@@ -516,7 +517,8 @@ def format_markdown(labels: list[str], rows: list[dict[str, Any]]) -> str:
         for label in labels:
             value = row[label]
             digits = 3 if label in UNSCALED else 2
-            cells.append("-" if value is None else f"{value[0]:.{digits}f} ± {value[1]:.{digits}f}")
+            spread = f" ± {value[1]:.{digits}f}" if value is not None and row["seeds"] > 1 else ""
+            cells.append("-" if value is None else f"{value[0]:.{digits}f}{spread}")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -841,10 +843,16 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
     """Write results.md, results.csv and the plots from every finished run."""
     runs = collect(output, suite)
     labels, rows = table_rows(runs)
-    markdown = f"# {suite.name}\n\nMean ± standard deviation over seeds; x 100 except alignment and uniformity.\n\n"
+    one_seed = len(suite.seeds) == 1  # no spread, and nothing for a paired test to test
+    spread = (
+        "One seed: no spread and no paired comparison (both need at least two seeds)"
+        if one_seed
+        else "Mean ± standard deviation over seeds"
+    )
+    markdown = f"# {suite.name}\n\n{spread}; x 100 except alignment and uniformity.\n\n"
     markdown += format_markdown(labels, rows)
     differences = None
-    if suite.baseline is not None:
+    if suite.baseline is not None and not one_seed:
         differences = paired_differences(runs, suite.baseline)
         markdown += (
             f"\n## Paired difference against {suite.baseline}\n\n"
@@ -857,7 +865,8 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
             markdown += format_paired_markdown(suite.baseline, differences)
         else:
             markdown += "No other configuration has finished a seed that the baseline finished.\n"
-    markdown += _controls_markdown(suite, runs)
+    if not one_seed:
+        markdown += _controls_markdown(suite, runs)
     wall = format_wall_markdown(runs)
     if wall:
         markdown += "\n## Wall time per run\n\nSeconds; a resumed run counts only its last part.\n\n" + wall

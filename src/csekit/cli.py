@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import numpy as np
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from csekit.core.errors import CsekitError, message_line
 from csekit.core.json_text import json_text
@@ -23,7 +24,31 @@ from csekit.core.json_text import json_text
 if TYPE_CHECKING:
     from csekit.evaluation.diagnose import DiagnoseData, DiagnoseSettings
 
+
+def _untyped_flags(params: list[Any]) -> list[Any]:
+    """The parameters, with no `<bool>` beside a flag in `--help` (it reads as if the flag took a value)."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""  # typer prints the metavar, when one is set, instead of the type
+    return params
+
+
+class Command(TyperCommand):
+    """typer's command; its `--help` shows a type beside options that take a value only."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _untyped_flags(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    """typer's group; its `--help` shows no `<bool>` beside `--help`."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _untyped_flags(super().get_params(ctx))
+
+
 app = typer.Typer(
+    cls=Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -68,13 +93,25 @@ def _check_output_file(output: Path | None, option: str = "--output") -> None:
         raise CsekitError(f"{option} {output}: {parent} is a file, not a folder")
 
 
+def _warn_if_not_the_trained_pooler(model: str, encoder: Any) -> None:
+    """A csekit-trained model read with another pooler than its own gives embeddings it never learnt (as
+    `diagnose` warns when models are read with different poolers)."""
+    trained, used = encoder.trained_pooler, encoder.pooler.name
+    if trained is not None and trained != used:
+        typer.echo(
+            f"csekit: warning: {model} was trained with the {trained} pooler; --pooler {used} reads another "
+            f"representation, not the one it learnt (leave --pooler out to read {trained})",
+            err=True,
+        )
+
+
 def _require_at_least(option: str, value: int, minimum: int = 1) -> None:
     """Refuse an option below its minimum before anything is loaded or written."""
     if value < minimum:
         raise CsekitError(f"{option} must be at least {minimum}, got {value}")
 
 
-@app.command()
+@app.command(cls=Command)
 def train(
     output: Annotated[Path, typer.Option("--output", "-o", help="Output folder for the run.")],
     recipe: Annotated[
@@ -133,7 +170,7 @@ def train(
 TASK_GROUPS_HELP = "sts, dev, transfer, align, all (sts + transfer + align), or a comma list of task names."
 
 
-@app.command()
+@app.command(cls=Command)
 def evaluate(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
     tasks: Annotated[str, typer.Option(help=TASK_GROUPS_HELP)] = "sts",
@@ -177,6 +214,7 @@ def evaluate(
         whiten = True
     root = resolve_data_dir(data_dir)
     encoder = SentenceEncoder.load(model, pooler=pooler)
+    _warn_if_not_the_trained_pooler(model, encoder)
     precision, precision_label = _choose_precision(precision, encoder)
 
     def encode(sentences: list[str]) -> np.ndarray:
@@ -214,7 +252,7 @@ def evaluate(
             atomic_write_text(output, json_text(report, indent=2) + "\n")
 
 
-@app.command()
+@app.command(cls=Command)
 def bench(
     suite: Annotated[Path, typer.Argument(help="Suite YAML file: recipes x seeds (see benchmarks/suites/).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the runs, tables and plots.")],
@@ -278,7 +316,7 @@ def _bench_command(suite: Path, output: Path, overrides: list[str], data_dir: Pa
     return shlex.join(words)
 
 
-@app.command()
+@app.command(cls=Command)
 def encode(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
     input: Annotated[Path, typer.Option("--input", "-i", help="Text file, one sentence per line.")],
@@ -312,6 +350,7 @@ def encode(
         line = data[: error.start].count(b"\n") + 1
         raise CsekitError(f"{input}:{line}: not valid UTF-8") from None
     encoder = SentenceEncoder.load(model, pooler=pooler)
+    _warn_if_not_the_trained_pooler(model, encoder)
     precision, precision_label = _choose_precision(precision, encoder)
     embeddings = encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
     with _saving_output(output):
@@ -323,7 +362,7 @@ def encode(
     typer.echo(f"wrote {embeddings.shape[0]} x {embeddings.shape[1]} embeddings to {output} ({precision_label})")
 
 
-@app.command()
+@app.command(cls=Command)
 def probe(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
     output: Annotated[
@@ -359,6 +398,7 @@ def probe(
     chosen = select_datasets(load_probe_datasets(data_dir), datasets)
     rows = load_transformation_probe(transformations)
     encoder = SentenceEncoder.load(model, pooler=pooler)
+    _warn_if_not_the_trained_pooler(model, encoder)
     precision, precision_label = _choose_precision(precision, encoder)
 
     def encode(sentences: list[str]) -> np.ndarray:
@@ -448,7 +488,7 @@ def _diagnose_models(
     return reports
 
 
-@app.command()
+@app.command(cls=Command)
 def diagnose(
     models: Annotated[list[str], typer.Argument(help="Model folders, hub names or aliases (minilm-l6), side by side.")],
     data_dir: DataDirOption = None,
@@ -540,7 +580,7 @@ def _paraphrase_engine(engine: str, paraphrases: Path | None, pivots: str | None
     return factory()
 
 
-@app.command()
+@app.command(cls=Command)
 def augment(
     corpus: Annotated[Path, typer.Option("--corpus", help="Text corpus, one sentence per line.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="The .jsonl to write (appended to on restart).")],
@@ -598,7 +638,7 @@ def augment(
     typer.echo(report.summary())
 
 
-@app.command()
+@app.command(cls=Command)
 def freq(
     corpus: Annotated[Path, typer.Option("--corpus", help="Text file, one sentence per line (any size).")],
     tokenizer: Annotated[str, typer.Option("--tokenizer", help="Model folder, hub name, or alias (minilm-l6).")],
@@ -611,7 +651,13 @@ def freq(
 
     from csekit.core.atomic import atomic_write_text
     from csekit.core.bounded_read import check_plain_files
-    from csekit.encoding.encoder import own_code_message, refuse_own_code, resolve_model_path
+    from csekit.encoding.encoder import (
+        hub_options,
+        own_code_message,
+        refuse_own_code,
+        resolve_model_path,
+        unreachable_hub_message,
+    )
     from csekit.encoding.model_folder import check_tokenizer, from_pretrained
     from csekit.prep.frequency import count_tokens, counts_by_token
 
@@ -621,11 +667,14 @@ def freq(
     if Path(location).is_dir():
         check_plain_files(location)
         refuse_own_code(Path(location))
+    hub = hub_options(location)
     try:
-        loaded = from_pretrained(AutoTokenizer, location)
+        loaded = from_pretrained(AutoTokenizer, location, **hub)
     except (OSError, ValueError) as error:
         if "trust_remote_code" in str(error):
             raise CsekitError(own_code_message(location, "custom code in its tokenizer")) from None
+        if hub.get("local_files_only"):
+            raise CsekitError(f"--tokenizer: {unreachable_hub_message(tokenizer)}") from None
         raise CsekitError(f'--tokenizer: cannot load "{tokenizer}": {str(error).splitlines()[0]}') from None
     check_tokenizer(location, loaded, None, ("unk_token",))
     counts = count_tokens(corpus, loaded, chunk_lines=chunk_lines, show_progress=progress)
@@ -635,7 +684,7 @@ def freq(
     typer.echo(f"counted {int(counts.sum())} tokens of {int((counts > 0).sum())} types; wrote {output}")
 
 
-@app.command("download-data")
+@app.command("download-data", cls=Command)
 def download_data(
     dest: Annotated[Path, typer.Argument(help="Folder to create (then set CSEKIT_DATA to it).")],
     corpus: Annotated[

@@ -8,14 +8,18 @@ saves in the sentence-transformers layout so `SentenceTransformer(path)` loads a
 from __future__ import annotations
 
 import contextlib
+import difflib
 import itertools
 import json
 import os
 import pickle
+import re
+import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 import torch
@@ -66,6 +70,59 @@ def resolve_model_path(name_or_path: str | Path) -> str:
             ) from None
         return str(module.get_model_path())
     return name
+
+
+HUB_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
+"""A Hugging Face hub id: `name` or `owner/name` (huggingface_hub's `validate_repo_id`, less its length checks)."""
+HUB_PROBE_SECONDS = 3.0
+"""How long `hub_reachable` waits for the hub; huggingface_hub's own retries take about 25 s to give up."""
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """Whether a name that is no local folder may name a hub model (`bert-base-uncased`, `owner/name`)."""
+    return bool(HUB_ID.match(name)) and not name.startswith(".") and ".." not in name and "--" not in name
+
+
+def hub_reachable(timeout: float = HUB_PROBE_SECONDS) -> bool:
+    """Whether the Hugging Face hub can be reached, decided at once: False when an offline variable is set,
+    else one TCP connection to the hub's host with a short timeout. Behind a proxy the hub's client knows
+    the way (True). A False makes loading read the local cache only, so a mistyped name fails in a moment
+    with suggestions instead of after huggingface_hub's retries."""
+    if any(
+        os.environ.get(variable, "").strip().lower() in ("1", "true", "yes", "on") for variable in OFFLINE_VARIABLES
+    ):
+        return False
+    if any(os.environ.get(variable) for variable in PROXY_VARIABLES):
+        return True
+    endpoint = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = endpoint.port or (80 if endpoint.scheme == "http" else 443)
+    try:
+        with socket.create_connection((endpoint.hostname or "huggingface.co", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def hub_options(location: str) -> dict[str, Any]:
+    """`from_pretrained` options for a model that is no local folder: the cache only when the hub is out of reach."""
+    if Path(location).is_dir():
+        return {}
+    if not looks_like_hub_id(location):
+        raise CsekitError(f"model path {location} does not exist")
+    return {} if hub_reachable() else {"local_files_only": True}
+
+
+def unreachable_hub_message(name: str) -> str:
+    """What to do when `name` is neither a local folder nor in the cache and the hub is out of reach."""
+    close = difflib.get_close_matches(name, list(MODEL_ALIASES), n=1, cutoff=0.5)
+    guess = f"did you mean the alias {close[0]}? " if close else ""
+    aliases = ", ".join(MODEL_ALIASES)
+    return (
+        f'cannot load model "{name}": no folder of that name here, not in the Hugging Face cache, and the hub cannot '
+        f"be reached (offline); {guess}give a model folder (a run's best/ or last/) or an offline alias ({aliases})"
+    )
 
 
 @dataclass
@@ -133,7 +190,9 @@ def _quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _load_backbone(location: str, config: Any, local: bool) -> tuple[PreTrainedModel, set[str]]:
+def _load_backbone(
+    location: str, config: Any, local: bool, hub: dict[str, Any] | None = None
+) -> tuple[PreTrainedModel, set[str]]:
     """Load the backbone and the names of the weights its checkpoint lacked (initialised at random).
 
     Its NSP/pooler layer stays (so exports are complete) but is frozen: only the `pooler_output`
@@ -141,7 +200,7 @@ def _load_backbone(location: str, config: Any, local: bool) -> tuple[PreTrainedM
     transformers initialises weights a checkpoint lacks at random and goes on; from a local folder
     that means a damaged or wrong model, so missing weights (other than that pooler) are refused.
     """
-    backbone, info = from_pretrained(AutoModel, location, config=config, output_loading_info=True)
+    backbone, info = from_pretrained(AutoModel, location, config=config, output_loading_info=True, **(hub or {}))
     if local:
         missing = sorted(key for key in info["missing_keys"] if not key.startswith(UNREAD_WEIGHTS_PREFIX))
         if missing or info.get("error_msgs"):
@@ -319,6 +378,8 @@ class SentenceEncoder(nn.Module):
         self.packed: bool | str = "auto"
         #: What the trainer knows about this model (recipe, corpus, step, dev scores) for the model card.
         self.card_facts: dict[str, Any] | None = None
+        #: The pooler a csekit-trained model was saved with (the representation it learnt); None for other models.
+        self.trained_pooler: str | None = None
         pooler.bind(tokenizer)
         pooler.bind_backbone(backbone)
 
@@ -352,24 +413,30 @@ class SentenceEncoder(nn.Module):
                 st_dir, saved_pooler = _sentence_transformers_layout(path)
                 transformer_dir = str(st_dir)
             if not (Path(transformer_dir) / "config.json").exists():
+                if (path / "best").is_dir() or (path / "last").is_dir():
+                    raise CsekitError(
+                        f"{path} is a training run's folder, not a model: its best model is {path / 'best'} "
+                        f"(and the last one {path / 'last'})"
+                    )
                 raise CsekitError(f"{path}: not a model directory (no config.json found)")
             check_plain_files(transformer_dir)  # transformers reads these itself: no FIFO, device or huge file
             refuse_own_code(Path(transformer_dir))
-        elif os.sep in location or location.startswith("."):
-            raise CsekitError(f"model path {location} does not exist")
+        hub = hub_options(location)  # {} for a folder; refuses a path that does not exist
         overrides: dict[str, Any] = {}
         if dropout is not None:
             overrides = {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
         try:
             with _quiet_transformers():
                 # Never a folder's own code, never a prompt asking whether to run it (see refuse_own_code).
-                config = from_pretrained(AutoConfig, transformer_dir, **overrides)
+                config = from_pretrained(AutoConfig, transformer_dir, **hub, **overrides)
                 config.output_hidden_states = False
-                backbone, missing = _load_backbone(transformer_dir, config, local)
-                tokenizer = from_pretrained(AutoTokenizer, transformer_dir)
+                backbone, missing = _load_backbone(transformer_dir, config, local, hub)
+                tokenizer = from_pretrained(AutoTokenizer, transformer_dir, **hub)
         except (OSError, ValueError, RuntimeError, EOFError, SafetensorError, pickle.UnpicklingError) as error:
             if "trust_remote_code" in str(error):
                 raise CsekitError(own_code_message(location, "custom code in its config or tokenizer")) from None
+            if hub.get("local_files_only"):
+                raise CsekitError(unreachable_hub_message(location)) from None
             # A damaged file: truncated weights (SafetensorError, EOFError, UnpicklingError), a broken
             # tokenizer.json (a ValueError); OSError is also what transformers raises for a missing one.
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -388,6 +455,8 @@ class SentenceEncoder(nn.Module):
                 "random), so the pooler_output pooler would read noise; choose another pooler"
             )
         encoder = cls(backbone, tokenizer, _make_pooler(chosen, templates, saved_templates))
+        if local and (path / CSEKIT_CONFIG).exists():
+            encoder.trained_pooler = saved_pooler
         if head_config is not None:
             encoder.head = _load_kept_head(path, head_config, encoder.dim)
         bad = non_finite_parameters(encoder)

@@ -40,6 +40,17 @@ class OwnLearningRate(Protocol):
     learning_rate: float | None
 
 
+@runtime_checkable
+class StartsLater(Protocol):
+    """A part that does nothing before some step (SLT-FAI's adversary and filter, after their warm-up).
+
+    `first_active_step` is the number of optimizer steps done before the part first trains (0: from the
+    start). The trainer warns at the start of a run that ends before it: the part would never switch on.
+    """
+
+    def first_active_step(self, steps_per_epoch: int) -> int: ...
+
+
 def reads_token_states(part: object) -> bool:
     return isinstance(part, ReadsTokenStates) and bool(part.reads_token_states)
 
@@ -57,6 +68,7 @@ __all__ = [
     "MakesViews",
     "OwnLearningRate",
     "ReadsTokenStates",
+    "StartsLater",
     "own_learning_rate",
     "reads_token_states",
 ]

@@ -32,11 +32,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from csekit.core.bounded_read import bounded_lines, open_regular, read_json_file
 from csekit.core.errors import CsekitError
+from csekit.core.progress import amount_progress
 
 FREQUENCY_LINE_LIMIT = 2**20
 """The longest corpus line `csekit freq` tokenises (1 MiB; a sentence corpus's lines are under 1 KiB)."""
@@ -72,13 +72,7 @@ def count_tokens(
     line_number = 0
     with (
         open_regular(path) as handle,
-        tqdm(
-            total=path.stat().st_size,
-            unit="B",
-            unit_scale=True,
-            desc="counting tokens",
-            disable=not show_progress,
-        ) as bar,
+        amount_progress(path.stat().st_size, "counting tokens", "B", show_progress) as advance,
     ):
         while raw := list(itertools.islice(bounded_lines(handle, FREQUENCY_LINE_LIMIT), chunk_lines)):
             lines = []
@@ -101,7 +95,7 @@ def count_tokens(
                 )["input_ids"]
                 flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64)
                 totals += np.bincount(flat, minlength=len(totals))[: len(totals)]
-            bar.update(sum(size for _, size in raw))
+            advance(sum(size for _, size in raw))
     if not totals.any():
         raise CsekitError(f"corpus {path}: no tokens to count ({line_number:,} lines, none with text)")
     return totals

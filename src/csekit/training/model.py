@@ -27,7 +27,7 @@ from csekit.parts.objectives import OBJECTIVES
 from csekit.parts.step_state import StepState
 from csekit.parts.views import VIEWS
 from csekit.parts.weighting import WEIGHTINGS
-from csekit.training.recipe import Recipe, build_part
+from csekit.training.recipe import Recipe, build_part, part_specs
 
 
 class ContrastiveModel(nn.Module):
@@ -53,6 +53,8 @@ class ContrastiveModel(nn.Module):
         self.objectives = nn.ModuleList([objective for objective, _ in objectives])
         self.objective_weights = [float(weight) for _, weight in objectives]
         parts = [head, weighting, *self.negatives, *self.objectives]
+        #: Each part with the recipe key and name it came from (`objectives[1] (slt_fai_isf)`), set by `build_model`.
+        self.part_names: list[tuple[str, object]] = []
         #: Whether some part reads the last layer's token states; if none does, the encoder computes the
         #: last layer only where the pooler reads it (see `SentenceEncoder.forward`).
         self.reads_token_states = any(reads_token_states(part) for part in parts)
@@ -147,4 +149,8 @@ def build_model(recipe: Recipe, encoder: SentenceEncoder) -> tuple[ContrastiveMo
     if recipe.model.fast_dropout:
         enable_fast_dropout(encoder.backbone)
     model = ContrastiveModel(encoder, head, views.num_views, objectives, negatives, weighting)
+    built = [head, views, *negatives, *([weighting] if weighting is not None else []), *(o for o, _ in objectives)]
+    model.part_names = [
+        (f"{key} ({spec['name']})", part) for (key, spec), part in zip(part_specs(recipe), built, strict=True)
+    ]
     return model, views

@@ -31,6 +31,11 @@ from csekit.core.registry import Registry
 from csekit.data.duplicates import DUPLICATE_MODES
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS, dev_scores
+from csekit.parts.heads import HEADS
+from csekit.parts.negatives import NEGATIVES
+from csekit.parts.objectives import OBJECTIVES
+from csekit.parts.views import VIEWS
+from csekit.parts.weighting import WEIGHTINGS
 
 
 @dataclass
@@ -252,7 +257,7 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recip
     overridden = {item.split("=", 1)[0].strip() for item in overrides}
 
     def where_in_file(key: str) -> str:
-        if any(key == o or key.startswith(o + ".") for o in overridden):
+        if any(key == o or key.startswith((o + ".", o + "[")) for o in overridden):
             return f"--set {key}"
         line = lines.get(key)
         return f"{label}:{line}" if line else label
@@ -345,9 +350,12 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         if not (number and math.isfinite(weight) and weight >= 0):
             key = f"objectives[{index}].weight"
             raise CsekitError(f"{where(key)}: recipe key {key} must be a number >= 0, got {weight!r}")
-    for key, spec in _part_specs(recipe):
+    for key, spec in part_specs(recipe):
         if not isinstance(spec, Mapping) or "name" not in spec:
             raise CsekitError(f'{where(key)}: recipe key {key} must be a mapping with a "name"')
+        # A mistyped name is reported here, with the file and line, not when the model is built.
+        PART_REGISTRIES[key.split("[")[0]].get(str(spec["name"]), f"{where(key + '.name')}: recipe key {key}.name")
+    POOLERS.get(recipe.model.pooler, f"{where('model.pooler')}: recipe key model.pooler")
 
 
 def _check_dev_selection(train: TrainConfig, where: Any) -> None:
@@ -441,7 +449,18 @@ def _check_report_to(report_to: str, where: Any) -> None:
             )
 
 
-def _part_specs(recipe: Recipe) -> list[tuple[str, Any]]:
+PART_REGISTRIES: dict[str, Registry[Any]] = {
+    "model.head": HEADS,
+    "data.views": VIEWS,
+    "negatives": NEGATIVES,
+    "weighting": WEIGHTINGS,
+    "objectives": OBJECTIVES,
+}
+"""The registry of each part key of a recipe (list keys without their index)."""
+
+
+def part_specs(recipe: Recipe) -> list[tuple[str, Any]]:
+    """Every part's recipe key and spec, in the order `build_model` builds them."""
     specs: list[tuple[str, Any]] = [("model.head", recipe.model.head), ("data.views", recipe.data.views)]
     specs += [(f"negatives[{i}]", spec) for i, spec in enumerate(recipe.negatives)]
     if recipe.weighting is not None:

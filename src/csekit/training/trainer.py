@@ -42,6 +42,7 @@ from csekit.encoding.encoder import SentenceEncoder, non_finite_parameters
 from csekit.encoding.pooling import MaskPooler
 from csekit.evaluation.sts import evaluate_dev
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS
+from csekit.parts.hooks import StartsLater
 from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import load_rng_state, load_shared_state, save_rng_state, save_shared_state
 from csekit.training.chunked import check_chunk_size
@@ -330,6 +331,8 @@ class Trainer:
         for line in self.precision_note:
             print(line, file=sys.stderr)
         print(f"csekit: {self.duplicates.summary()}", file=sys.stderr)
+        for line in never_active_warnings(self.unwrapped.part_names, self.steps_per_epoch, self.total_steps):
+            print(line, file=sys.stderr)
         with self._saving(SAVED_RECIPE):
             atomic_write_text(self.output / SAVED_RECIPE, self.recipe.to_yaml())
             if self.changes and self.checkpointed_step is not None:  # accepted with --allow-changes
@@ -381,6 +384,7 @@ class Trainer:
         self.checkpointed_batches: int | None = None  # the data position of the latest checkpoint this run wrote
         self.window: dict[str, float] = {}  # loss sums since the last log record
         self.window_steps, self.window_start, self.bad_in_a_row = 0, time.perf_counter(), 0
+        self.run_started, self.run_first_step = time.perf_counter(), self.state.step  # for the time left
 
     def _after_step(self) -> bool:
         """Log and evaluate when due; True when the run is over (its last step, or patience ran out)."""
@@ -469,9 +473,11 @@ class Trainer:
         }
         self.metrics.write(record)
         self._report("train", record)
-        self.bar.set_postfix_str(_postfix(self.last_loss, self.last_score))
+        self.bar.set_postfix_str(_postfix(self.last_loss, self.config.select_metric, self.last_score))
         if self.plain_lines:
-            print(_progress_line(record, self.total_steps, self.last_score), file=sys.stderr, flush=True)
+            elapsed, steps = time.perf_counter() - self.run_started, self.state.step - self.run_first_step
+            line = _progress_line(record, self.total_steps, self.config.select_metric, self.last_score, elapsed, steps)
+            print(line, file=sys.stderr, flush=True)
         self.window, self.window_steps = {}, 0
         self.window_start = time.perf_counter()
 
@@ -519,7 +525,7 @@ class Trainer:
                 self.state.evaluations_without_improvement += 1
             self.unwrapped.encoder.save(self.output / "last")
             self.last_score = score
-            self.bar.set_postfix_str(_postfix(self.last_loss, self.last_score))
+            self.bar.set_postfix_str(_postfix(self.last_loss, self.config.select_metric, self.last_score))
 
     def save_checkpoint(self) -> None:
         """The resumable state: weights, optimizer, scheduler, RNG states (every process's) and the step."""
@@ -679,13 +685,40 @@ def _flat_hyperparameters(recipe: Recipe) -> dict[str, str | int | float | bool]
     return flat
 
 
-def _progress_line(record: dict[str, Any], total_steps: int, score: float | None) -> str:
-    """A plain progress line for logs written to a file: step, loss, last dev score, throughput."""
-    dev = f" dev {100 * score:.2f}" if score is not None else ""
+def never_active_warnings(named_parts: list[tuple[str, object]], steps_per_epoch: int, total_steps: int) -> list[str]:
+    """A warning for each part that starts later (`StartsLater`) than the run's last step: it would never train."""
+    warnings = []
+    for name, part in named_parts:
+        if not isinstance(part, StartsLater):
+            continue
+        first = part.first_active_step(steps_per_epoch)
+        if first >= total_steps:
+            warnings.append(
+                f"csekit: warning: {name} switches on after {first:,} steps ({steps_per_epoch:,} steps an epoch), "
+                f"but this run has {total_steps:,}: it never trains; give train.max_steps above {first:,}"
+            )
+    return warnings
+
+
+def _progress_line(
+    record: dict[str, Any], total_steps: int, metric: str, score: float | None, elapsed: float, steps_run: int
+) -> str:
+    """A plain progress line for logs written to a file: step, loss, the latest dev score of the selection
+    metric (named), throughput, the time this process has trained and the time left at its pace so far
+    (`steps_run` steps in `elapsed` seconds, evaluations included)."""
+    dev = f" {metric} {100 * score:.2f}" if score is not None else ""
+    left = elapsed / steps_run * (total_steps - record["step"]) if steps_run > 0 else 0.0
     return (
         f"step {record['step']}/{total_steps} loss {record['loss']:.4f}{dev} "
-        f"{record['sentences_per_second']:.1f} sent/s"
+        f"{record['sentences_per_second']:.1f} sent/s, {_clock(elapsed)} elapsed, {_clock(left)} left"
     )
+
+
+def _clock(seconds: float) -> str:
+    """`m:ss`, or `h:mm:ss` from an hour on (tqdm's way)."""
+    minutes, second = divmod(round(seconds), 60)
+    hours, minute = divmod(minutes, 60)
+    return f"{hours}:{minute:02d}:{second:02d}" if hours else f"{minute}:{second:02d}"
 
 
 def _improves(score: float | None, best: float | None) -> bool:
@@ -697,8 +730,8 @@ def _improves(score: float | None, best: float | None) -> bool:
     return best is None or math.isnan(best) or score > best
 
 
-def _postfix(loss: float | None, score: float | None) -> str:
+def _postfix(loss: float | None, metric: str, score: float | None) -> str:
     text = f"loss={loss:.4f}" if loss is not None else ""
     if score is not None:
-        text += f" dev={score * 100:.2f}"
+        text += f" {metric}={score * 100:.2f}"
     return text

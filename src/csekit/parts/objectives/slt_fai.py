@@ -21,6 +21,7 @@ exported sentence encoder.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -70,6 +71,11 @@ def warmed_up(state: StepState, start_after_epochs: float) -> bool:
     return state.step >= start_after_epochs * state.steps_per_epoch
 
 
+def warm_up_steps(start_after_epochs: float, steps_per_epoch: int) -> int:
+    """The steps done before `warmed_up` holds: the first step (counted from 0) on which a term trains."""
+    return 0 if start_after_epochs <= 0 else math.ceil(start_after_epochs * steps_per_epoch)
+
+
 def zero_through(module: nn.Module) -> Tensor:
     """A scalar 0 that depends on every parameter of `module` (keeps DDP's used-parameter check happy)."""
     parameters = list(module.parameters())
@@ -117,6 +123,10 @@ class AdversarialTuning(nn.Module):
         self.start_after_epochs = start_after_epochs
         self.reversal_scale = reversal_scale
         self.views = views
+
+    def first_active_step(self, steps_per_epoch: int) -> int:
+        """After the warm-up (the trainer warns when a run ends before it; `csekit.parts.hooks.StartsLater`)."""
+        return warm_up_steps(self.start_after_epochs, steps_per_epoch)
 
     def forward(self, state: StepState) -> dict[str, Tensor]:
         if not warmed_up(state, self.start_after_epochs):
@@ -230,6 +240,10 @@ class IncompleteSentenceFiltering(nn.Module):
         self.start_after_epochs = start_after_epochs
         self.view = view
         self.min_masked_words = min_masked_words
+
+    def first_active_step(self, steps_per_epoch: int) -> int:
+        """After the warm-up (the trainer warns when a run ends before it; `csekit.parts.hooks.StartsLater`)."""
+        return warm_up_steps(self.start_after_epochs, steps_per_epoch)
 
     def tokenize(self, sentences: list[str]) -> tuple[dict[str, Tensor], Tensor]:
         """Padded inputs of the sentences and each token's word index [n, L] (-1: special or padding)."""
