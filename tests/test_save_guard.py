@@ -54,7 +54,9 @@ def test_a_real_file_size_limit_while_saving_is_one_line_and_keeps_the_last_good
     finished_run: Path, tmp_path: Path, writer: str
 ) -> None:
     """safetensors: best/'s weights are the first file past the limit (SafetensorError); torch.save: the limit lets
-    every weight file through and stops the optimizer state, twice their size (RuntimeError). Both were tracebacks."""
+    every weight file through and stops the optimizer state, twice their size. Both were tracebacks. torch.save
+    now writes into core/atomic's handle, so its failure reaches the guard as the OSError of that handle (EFBIG,
+    "File too large"); torch's own RuntimeError of a path-based save is the next test's case."""
     run = Path(shutil.copytree(finished_run / "run", tmp_path / "run"))
     weights = (run / "checkpoint" / "model.safetensors").stat().st_size
     limit = weights // 2 if writer == "safetensors" else weights + weights // 2
@@ -66,7 +68,7 @@ def test_a_real_file_size_limit_while_saving_is_one_line_and_keeps_the_last_good
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("csekit: error: cannot write "), result.stderr
     assert str(run) in last and f"the last good checkpoint ({run / 'checkpoint'}, step 2) is intact" in last
-    assert "--resume" in last and ("RuntimeError" if writer == "torch.save" else "SafetensorError") in last
+    assert "--resume" in last and ("File too large" if writer == "torch.save" else "SafetensorError") in last
     assert checkpoint_bytes(run) == before  # intact, and it is
     assert not (run / ".checkpoint.tmp").exists()  # no half-written staging folder left taking the space
     finished = subprocess.run(
@@ -89,3 +91,13 @@ def test_only_save_failures_are_reworded_around_a_training_loop() -> None:
     loop, save = saves_keep("the checkpoint is intact"), guarded_save("x.pt", "/run", "the previous x.pt is kept")
     with pytest.raises(SaveFailed, match=expected), loop, save:
         raise OSError(27, "File too large")
+
+
+def test_torch_saves_own_failure_is_one_line_too() -> None:
+    """torch.save to a path fails inside its zip writer with a RuntimeError, not an OSError (a full disk)."""
+    from csekit.core.save_guard import SaveFailed, guarded_save
+
+    message = "[enforce fail at inline_container.cc:595] . unexpected pos 576 vs 534"
+    with pytest.raises(SaveFailed, match=r"cannot write x.pt in /run \(.*unexpected pos 576 vs 534"):
+        with guarded_save("x.pt", "/run", "the previous x.pt is kept"):
+            raise RuntimeError(message)

@@ -59,7 +59,6 @@ from csekit.training.processes import (
 )
 from csekit.training.recipe import Recipe, tracker_names
 from csekit.training.run_folder import (
-    CHECKPOINT_RECIPE,
     METRICS_FILE,
     SAVED_RECIPE,
     STATE_FILE,
@@ -333,10 +332,10 @@ class Trainer:
         print(f"csekit: {self.duplicates.summary()}", file=sys.stderr)
         for line in never_active_warnings(self.unwrapped.part_names, self.steps_per_epoch, self.total_steps):
             print(line, file=sys.stderr)
+        # An accepted change (--allow-changes) reaches the checkpoint's own copy of the recipe with the next
+        # checkpoint, which is written as a whole: until then checkpoint/ stays exactly the last good one.
         with self._saving(SAVED_RECIPE):
             atomic_write_text(self.output / SAVED_RECIPE, self.recipe.to_yaml())
-            if self.changes and self.checkpointed_step is not None:  # accepted with --allow-changes
-                atomic_write_text(self.output / CHECKPOINT_RECIPE, self.recipe.to_yaml())
         if not self.resume or self.state.step == 0:
             self.metrics.write(
                 {
