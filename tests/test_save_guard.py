@@ -98,6 +98,6 @@ def test_torch_saves_own_failure_is_one_line_too() -> None:
     from csekit.core.save_guard import SaveFailed, guarded_save
 
     message = "[enforce fail at inline_container.cc:595] . unexpected pos 576 vs 534"
-    with pytest.raises(SaveFailed, match=r"cannot write x.pt in /run \(.*unexpected pos 576 vs 534"):
-        with guarded_save("x.pt", "/run", "the previous x.pt is kept"):
-            raise RuntimeError(message)
+    expected = r"cannot write x.pt in /run \(.*unexpected pos 576 vs 534"
+    with pytest.raises(SaveFailed, match=expected), guarded_save("x.pt", "/run", "the previous x.pt is kept"):
+        raise RuntimeError(message)
