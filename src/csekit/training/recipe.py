@@ -30,6 +30,7 @@ from csekit.core.precision import PRECISIONS
 from csekit.core.registry import Registry
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS, dev_scores
+from csekit.training.sync_free import SYNC_FREE_CHOICES
 
 
 @dataclass
@@ -99,6 +100,12 @@ class TrainConfig:
     # second encoder pass (see csekit.training.chunked). Must divide each process's share of batch_size;
     # a run may be resumed with another chunk_size.
     chunk_size: int | None = None
+    # auto | true | false. True: between log points a step never waits for the device (no copy of a step's
+    # value to the host): a non-finite loss or gradient skips the step on the device (AdamW's found_inf),
+    # and skipped steps, max_bad_steps and the logged values are read at log points (see
+    # csekit.training.sync_free). The same weights; needs optimizer adamw and not precision fp16. auto: off
+    # everywhere for now (no faster on the CPU measured, unmeasured on a GPU; docs/performance.md).
+    sync_free: str = "auto"
 
 
 @dataclass
@@ -282,6 +289,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
             "must be at least 1 (evaluations without improvement), or null for no early stopping",
         ),
         ("train.seed", 0 <= train.seed <= MAX_SEED, seed_range),
+        ("train.sync_free", train.sync_free.lower() in SYNC_FREE_CHOICES, "must be auto, true or false"),
         ("model.max_length", recipe.model.max_length >= 4, "must be at least 4"),
         (
             "model.dropout",

@@ -25,7 +25,7 @@ STATE_FILE = "trainer_state.json"
 
 SAVED_RECIPE = "recipe.yaml"
 
-SAME_UPDATE_KEYS = {"train.chunk_size"}
+SAME_UPDATE_KEYS = {"train.chunk_size", "train.sync_free"}
 """Recipe keys that change how a step is computed (memory, time) but not the update: a resume may change
 them without --allow-changes (the change is still recorded in metrics.jsonl)."""
 
@@ -162,8 +162,8 @@ def recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bo
     """Keys whose value differs from the run's saved recipe; refused unless `allow_changes`.
 
     A resumed run must continue the run that is in the folder: the same length, batch, precision
-    and parts; only `SAME_UPDATE_KEYS` (the chunk size) may change freely. The saved recipe is read like
-    any recipe (yaml.safe_load, then validated).
+    and parts; only `SAME_UPDATE_KEYS` (the chunk size, sync-free steps) may change freely. The saved
+    recipe is read like any recipe (yaml.safe_load, then validated).
     """
     saved_path = output_dir / SAVED_RECIPE
     if not saved_path.exists():
