@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,6 +148,41 @@ def test_a_poisoned_batch_is_skipped_as_the_plain_loop_skips_it(
     skips = [r for r in read_metrics(runs["true"]) if r.get("event") == "non_finite_step"]
     assert skips[-1]["skipped_steps"] == 3
     assert {r["reason"] for r in skips} == {"gradient" if gradient_only else "loss"}
+
+
+def test_two_processes_skip_the_step_one_of_them_poisoned_as_the_plain_loop(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """DDP: process 1's loss is NaN at its 3rd step; both processes skip it (the flag is the all-reduced loss)."""
+    from parts_for_tests import write_entry_points
+    from test_distributed import free_port
+
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    tests = Path(__file__).resolve().parent
+    path = [str(tests), str(write_entry_points(tmp_path / "plugin")), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
+    for sync_free in ("false", "true"):
+        recipe = tiny_recipe(
+            tiny_model_dir,
+            corpus,
+            "train.max_steps=5",
+            "train.log_every=2",
+            "train.warmup_ratio=0.3",
+            "objectives=[{name: infonce}, {name: nan_at, calls: [3], only_rank: 1}]",
+            f"train.sync_free={sync_free}",
+        )
+        recipe_file = tmp_path / f"{sync_free}.yaml"
+        recipe_file.write_text(recipe.to_yaml(), encoding="utf-8")
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+        command += ["--master_port", str(free_port()), "-m", "csekit.cli", "train", str(recipe_file)]
+        command += ["--output", str(tmp_path / sync_free), "--no-progress"]
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        skips = [r for r in read_metrics(tmp_path / sync_free) if r.get("event") == "non_finite_step"]
+        assert skips[-1]["skipped_steps"] == 1
+    plain, ours = weights(tmp_path / "false"), weights(tmp_path / "true")
+    for name, tensor in plain.items():
+        torch.testing.assert_close(ours[name], tensor, rtol=0, atol=0, msg=name)
 
 
 def test_too_many_bad_steps_in_a_row_stop_at_the_next_read(

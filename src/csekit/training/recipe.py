@@ -30,6 +30,7 @@ from csekit.core.precision import PRECISIONS
 from csekit.core.registry import Registry
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS, dev_scores
+from csekit.training.compiled import COMPILE_MODES
 from csekit.training.sync_free import SYNC_FREE_CHOICES
 
 
@@ -106,6 +107,11 @@ class TrainConfig:
     # csekit.training.sync_free). The same weights; needs optimizer adamw and not precision fp16. auto: off
     # everywhere for now (no faster on the CPU measured, unmeasured on a GPU; docs/performance.md).
     sync_free: str = "auto"
+    # none | default | reduce-overhead | max-autotune: the backbone's training forward through torch.compile
+    # in that mode (fused element-wise chains; reduce-overhead: CUDA graphs), once a run per length bucket
+    # (see csekit.training.compiled). The same training up to float rounding; the first steps take the
+    # compile's time (minutes on a CPU). Not with ConSERT's views (their per-token embedding masks).
+    compile: str = "none"
 
 
 @dataclass
@@ -290,6 +296,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         ),
         ("train.seed", 0 <= train.seed <= MAX_SEED, seed_range),
         ("train.sync_free", train.sync_free.lower() in SYNC_FREE_CHOICES, "must be auto, true or false"),
+        ("train.compile", train.compile in COMPILE_MODES, f"must be one of {', '.join(COMPILE_MODES)}"),
         ("model.max_length", recipe.model.max_length >= 4, "must be at least 4"),
         (
             "model.dropout",

@@ -42,6 +42,7 @@ from csekit.evaluation.tasks import TRAINING_DEV_TASKS
 from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import load_rng_state, load_shared_state, save_rng_state, save_shared_state
 from csekit.training.chunked import check_chunk_size
+from csekit.training.compiled import compile_backbone
 from csekit.training.model import ContrastiveModel, build_model
 from csekit.training.optimization import forward_backward, make_optimizer
 from csekit.training.processes import (
@@ -216,6 +217,10 @@ class Trainer:
         self.model, self.views = build_model(self.recipe, encoder)
         if model_config.head_at_test:
             encoder.head = self.model.head
+        if self.config.compile != "none":
+            if self.recipe.data.views.get("name") == "consert":
+                raise CsekitError("recipe key train.compile: ConSERT's views (per-token embedding masks) need none")
+            compile_backbone(encoder.backbone, self.config.compile, model_config.max_length)
 
     def _make_loader(self) -> None:
         """Shuffled batches of `batch_size` sentences in all, split evenly over the processes."""
