@@ -35,8 +35,9 @@ SYNC_FREE_CHOICES = ("auto", "true", "false")
 """`train.sync_free` values: auto (on where measured faster, see `SYNC_FREE_AUTO_DEVICES`), true, false."""
 
 SYNC_FREE_AUTO_DEVICES: tuple[str, ...] = ()
-"""Device kinds where `train.sync_free: auto` turns it on. None yet: on a CPU a read costs no wait, and the
-measured difference was within noise (docs/performance.md); on a GPU it is unmeasured."""
+"""Device kinds where `train.sync_free: auto` turns it on. None yet: on a CPU a read costs no wait and the
+rounds measured there were dominated by the shared machine's load (docs/performance.md); on a GPU it is
+unmeasured."""
 
 
 def read_on_host(tensor: Tensor) -> list[float]:
