@@ -1,35 +1,51 @@
-"""Where a training step's time goes: csekit's step against the matrix-product bound (and a plain bf16 loop).
+"""Where a training step's time goes: a short summary of the loop's own step on a CPU or a GPU, in under a minute.
 
-    python benchmarks/profile_step.py                 # quickstart recipe (MiniLM, cls, batch 64, length 32)
-    python benchmarks/profile_step.py --table 25      # longer operator tables
+    python benchmarks/profile_step.py --device cuda --batch 64 --out profile-64.md
+    python benchmarks/profile_step.py --device cuda --batch 512 --out profile-512.md --assets .gpu/assets
+    python benchmarks/profile_step.py --device cpu --batch 16 --out profile-cpu.md --set train.sync_free=true
 
-For each variant it times `--steps` steps after `--warmup` steps and prints seconds per step, the
-step's matrix-product FLOPs (counted by `torch.utils.flop_counter`) and the rate they imply, next to
-the matrix-product rate this CPU reaches on a large product at the same precision (the bound). Then it prints the
-torch profiler's operators by self CPU time for csekit's step, so the rest of the time is named.
+It sets up `csekit.training.trainer.Trainer` on the quickstart recipe (MiniLM, [CLS], max length 32; with
+`--assets DIR`, a random BERT-base with DIR/tokenizer-bert and DIR/corpus.txt, as gpu_throughput.py) and
+runs the loop's own step (`Trainer.step`, then what follows it) on its batches: `--warmup` steps, then
+`--steps` timed steps, then 3 profiled steps. The summary (printed and written to `--out`):
 
-Variants (same model, same batch of real corpus sentences, same loss):
-  csekit (--precision)        the trainer's own step: accelerate's autocast, backward, clip, AdamW; the
-                              native precision by default (bf16 where the CPU has it, else fp32)
-  plain bf16                  the model cast to bf16 (weights, gradients and AdamW state in bf16); only
-                              when the precision is bf16
+- the step time (wall clock, the device synchronised after the timed steps only, as the loop runs);
+- kernel launches per step (GPU kernels the profiler saw; on a CPU, operator calls) and host syncs per
+  step: reads of a tensor's value on the host (`.item()`, `.tolist()`, `bool()`, `float()`, `int()` from
+  Python) and, on a GPU, every synchronising CUDA call torch reports (`torch.cuda.set_sync_debug_mode`);
+- the top 25 kernels by device time (on a CPU the operators by self time: the CPU runs the kernels) and
+  the top 25 host operators by self CPU time.
+
+`--set KEY=VALUE` overrides recipe keys (e.g. train.sync_free=true, train.compile=reduce-overhead, model.packed=true).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import random
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from torch.utils.flop_counter import FlopCounterMode
 
-from csekit.core.precision import DTYPES, resolve_precision
+from csekit.core.precision import resolve_precision
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+
+def cpu_name() -> str:
+    from csekit.core.precision import cpu_model_and_flags
+
+    return cpu_model_and_flags()[0]
 
 
 def matmul_bound(dtype: torch.dtype, size: int = 2048, repeats: int = 10) -> float:
@@ -89,75 +105,158 @@ def csekit_step(recipe_path: Path, precision: str, batch_size: int, max_length: 
     return step
 
 
-def plain_bf16_step(recipe_path: Path, batch_size: int, max_length: int) -> Callable[[], None]:
-    """The same model and loss with every weight in bf16 and no autocast: the fastest, least accurate step."""
-    model, views, _, sentences, _ = build(recipe_path, batch_size, max_length)
-    model.to(torch.bfloat16).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-5, fused=True)
-
-    def step() -> None:
-        loss, _ = model(views(sentences), sentences)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
-
-
 def native_precision() -> str:
     """bf16 where this CPU runs it natively, else fp32 (what `precision: auto` picks)."""
     return resolve_precision("auto", "cpu")[0]
 
 
-def seconds_per_step(step: Callable[[], None], warmup: int, steps: int) -> float:
-    for _ in range(warmup):
-        step()
-    started = time.perf_counter()
-    for _ in range(steps):
-        step()
-    return (time.perf_counter() - started) / steps
+HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__")
+"""The Tensor methods that copy a value to the host (on a GPU, each waits for the device)."""
 
 
-def matmul_flops(step: Callable[[], None]) -> int:
-    with FlopCounterMode(display=False) as counter:
-        step()
-    return counter.get_total_flops()
+@contextlib.contextmanager
+def counting_syncs(device: torch.device) -> Iterator[list[str]]:
+    """Inside the block, every host read of a tensor value (and on CUDA, every synchronising call torch reports)."""
+    seen: list[str] = []
+    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def counting(name: str) -> Callable[..., Any]:
+        def read(self: torch.Tensor, *args: Any) -> Any:
+            seen.append(name)
+            return originals[name](self, *args)
+
+        return read
+
+    for name in HOST_READS:
+        setattr(torch.Tensor, name, counting(name))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                yield seen
+            finally:
+                if device.type == "cuda":
+                    torch.cuda.set_sync_debug_mode("default")
+        seen.extend("cuda sync" for warning in caught if "synchroniz" in str(warning.message))
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+
+
+def trainer_for(args: argparse.Namespace, folder: Path) -> Any:
+    """A Trainer on the quickstart recipe (or a random BERT-base from --assets) on `args.device`."""
+    from csekit.training.processes import own_accelerator_state
+    from csekit.training.recipe import load_recipe
+    from csekit.training.trainer import Trainer
+
+    overrides = [
+        f"train.batch_size={args.batch}",
+        f"model.max_length={args.max_length}",
+        "model.pooler=cls",
+        "train.max_steps=100000",
+        "train.dev_task=none",
+        "train.eval_every=0",
+        "train.log_every=100000",
+        f"train.precision={args.precision}",
+    ]
+    if args.assets is not None:
+        from gpu_throughput import random_bert_base  # benchmarks/ is on the path of a script run from it
+
+        model_dir = random_bert_base(args.assets, folder / "bert-base-random")
+        overrides += [f"model.backbone={model_dir}", f"data.corpus={args.assets / 'corpus.txt'}"]
+    recipe = load_recipe(args.recipe, [*overrides, *args.set])
+    held = contextlib.ExitStack()
+    held.enter_context(own_accelerator_state())
+    trainer = Trainer(recipe, folder / "run", None, False, False, False, held)
+    trainer._start_progress()
+    trainer.model.train()
+    return trainer, held
+
+
+def summary(args: argparse.Namespace, trainer: Any, seconds: float, syncs: list[str], profiler: Any) -> str:
+    """The markdown summary: step time, launches and syncs per step, the top kernels and host operators."""
+    device = trainer.accelerator.device
+    averages = profiler.key_averages()
+    on_gpu = device.type == "cuda"
+    kernels = [e for e in profiler.events() if on_gpu and e.device_type == torch.autograd.DeviceType.CUDA]
+    launches = len(kernels) if on_gpu else sum(a.count for a in averages)
+    name = torch.cuda.get_device_name(device) if on_gpu else cpu_name()
+    recipe = trainer.recipe
+    lines = [
+        f"# csekit step profile: {recipe.model.backbone}, batch {args.batch}, max length {args.max_length}",
+        "",
+        f"- device: {name}; torch {torch.__version__}; precision {trainer.precision}; "
+        f"{torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}",
+        f"- keys: {', '.join(args.set) or 'defaults'} (sync-free {'on' if trainer.sync_free is not None else 'off'}, "
+        f"compile {recipe.train.compile})",
+        f"- step time: {seconds * 1e3:.1f} ms ({args.batch / seconds:,.0f} sentences/s), mean of {args.steps} steps",
+        f"- {'kernel launches' if on_gpu else 'operator calls'} per step: {launches / PROFILED_STEPS:.0f}",
+        f"- host syncs per step: {len(syncs) / args.steps:.1f} "
+        f"({', '.join(f'{n} {syncs.count(n) / args.steps:.1f}' for n in sorted(set(syncs))) or 'none'})",
+        "",
+    ]
+    if on_gpu:
+        lines += [f"## Top {args.table} kernels by device time ({PROFILED_STEPS} steps)", "", "```"]
+        lines.append(averages.table(sort_by="device_time_total", row_limit=args.table, max_name_column_width=60))
+    else:
+        lines += [f"## Top {args.table} kernels: on a CPU, operators by self CPU time ({PROFILED_STEPS} steps)"]
+        lines += ["", "```", averages.table(sort_by="self_cpu_time_total", row_limit=args.table)]
+    lines += ["```", "", f"## Top {args.table} host operators by self CPU time ({PROFILED_STEPS} steps)", "", "```"]
+    host = averages.table(sort_by="self_cpu_time_total", row_limit=args.table, max_name_column_width=60)
+    return "\n".join([*lines, host, "```", ""])
+
+
+PROFILED_STEPS = 3
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--out", type=Path, help="write the summary here too (markdown)")
     parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "quickstart.yaml")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--assets", type=Path, help="a random BERT-base from DIR/tokenizer-bert, DIR/corpus.txt")
     parser.add_argument("--max-length", type=int, default=32)
+    parser.add_argument("--precision", default="auto", help="auto (bf16 where native, else fp32), fp32 or bf16")
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument(
-        "--precision",
-        default="native",
-        help="csekit's precision: native (bf16 where the CPU runs it natively, else fp32), bf16 or fp32",
-    )
-    parser.add_argument("--table", type=int, default=15, help="operators shown in each profile table")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps")
+    parser.add_argument("--table", type=int, default=25, help="rows of each table")
+    parser.add_argument("--set", action="append", default=[], help="a recipe override KEY=VALUE (repeatable)")
     args = parser.parse_args()
-    precision = native_precision() if args.precision == "native" else args.precision
-    shape = (args.recipe, args.batch_size, args.max_length)
-    bound = matmul_bound(DTYPES[precision])
-    print(f"{torch.get_num_threads()} threads; {precision} 2048x2048 matrix product: {bound:.0f} GFLOP/s (the bound)")
-    csekit = f"csekit {precision}"
-    variants = {csekit: csekit_step(args.recipe, precision, args.batch_size, args.max_length)}
-    if precision == "bf16":  # on a CPU that only emulates bf16 this loop would take minutes a step
-        variants["plain bf16"] = plain_bf16_step(*shape)
-    flops = matmul_flops(variants[csekit])
-    print(f"matrix-product FLOPs a step: {flops / 1e9:.1f} G; at the bound a step takes {flops / bound / 1e9:.3f} s")
-    for name, step in variants.items():
-        seconds = seconds_per_step(step, args.warmup, args.steps)
-        rate = flops / seconds / 1e9
-        print(f"{name:<12} {seconds:.3f} s/step  {rate:5.0f} GFLOP/s  {rate / bound:.0%} of the bound")
-    for name in variants:
-        with profile(activities=[ProfilerActivity.CPU]) as profiler:
-            for _ in range(3):
-                variants[name]()
-        print(f"\n{name}: operators by self CPU time over 3 steps")
-        print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.table))
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""  # accelerate takes the GPU when there is one
+    elif not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here")
+    with tempfile.TemporaryDirectory() as folder:
+        trainer, held = trainer_for(args, Path(folder))
+        with held:
+            batches = trainer._batches()
+
+            def step() -> None:
+                trainer.step(next(batches))
+                trainer._after_step()
+
+            for _ in range(args.warmup):
+                step()
+            synchronize = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
+            synchronize()
+            with counting_syncs(trainer.accelerator.device) as syncs:
+                started = time.perf_counter()
+                for _ in range(args.steps):
+                    step()
+                synchronize()
+                seconds = (time.perf_counter() - started) / args.steps
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+            with profile(activities=activities) as profiler:
+                for _ in range(PROFILED_STEPS):
+                    step()
+                synchronize()
+            text = summary(args, trainer, seconds, syncs, profiler)
+    print(text)
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@ bert-base-uncased's vocabulary), with which incomplete-sentence filtering masks 
     python benchmarks/train_throughput.py --steps 20 --no-methods   # csekit against sentence-transformers only
     python benchmarks/train_throughput.py --corpus-memory       # peak memory of 100k / 1M-line corpora
     python benchmarks/train_throughput.py --packed --precision fp32   # padding-free pass against length groups
+    python benchmarks/train_throughput.py --steps 20 --variants train.sync_free=false train.sync_free=true
+                                    # csekit's loop with each variant's recipe keys (';' joins several),
+                                    # in turn each round; ratios to the first variant
 
 After the rounds it prints the limit: each step's matrix-product FLOPs (forward and backward, counted by
 `torch.utils.flop_counter`) over its median time, as a fraction of the rate a large matrix product reaches
@@ -53,7 +56,7 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_csekit(recipe: str, precision: str, steps: int, batch: int, max_length: int) -> dict:
+def run_csekit(recipe: str, precision: str, steps: int, batch: int, max_length: int, extra: list[str]) -> dict:
     """Train `steps` steps; throughput from metrics.jsonl after the first logging window (warm-up)."""
     from csekit.training.recipe import load_recipe
     from csekit.training.trainer import train
@@ -67,6 +70,7 @@ def run_csekit(recipe: str, precision: str, steps: int, batch: int, max_length: 
         f"train.batch_size={batch}",
         f"model.max_length={max_length}",
         "model.pooler=cls",
+        *extra,
     ]
     config = load_recipe(REPO / "recipes" / recipe, overrides)
     steady_state_objectives(config.objectives)
@@ -331,13 +335,14 @@ def one(kind: str, args: argparse.Namespace) -> None:
     elif name == "corpus":
         result = corpus_memory(int(precision))
     else:
-        result = run_csekit(name, precision, args.steps, args.batch_size, args.max_length)
+        extra = [item for item in args.keys.split(";") if item]
+        result = run_csekit(name, precision, args.steps, args.batch_size, args.max_length, extra)
     result["peak_rss_mib"] = max(result.get("peak_rss_mib", 0), peak_rss_mib())
     print(json.dumps({"kind": kind, **result}))
 
 
-def measure(kind: str, args: argparse.Namespace) -> dict:
-    command = [sys.executable, __file__, "--one", kind, "--steps", str(args.steps)]
+def measure(kind: str, args: argparse.Namespace, keys: str = "") -> dict:
+    command = [sys.executable, __file__, "--one", kind, "--steps", str(args.steps), "--keys", keys]
     command += ["--batch-size", str(args.batch_size), "--max-length", str(args.max_length)]
     command += ["--turns", str(args.turns), "--steps-per-turn", str(args.steps_per_turn)]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -387,6 +392,26 @@ def compare_with_sentence_transformers(args: argparse.Namespace, precision: str)
     return seconds
 
 
+def compare_variants(args: argparse.Namespace, precision: str) -> None:
+    """csekit's loop (quickstart) with each variant's recipe keys, in turn each round; step-time ratios to the first."""
+    ratios: dict[str, list[float]] = {}
+    for round_number in range(1, args.rounds + 1):
+        times = {}
+        for keys in args.variants:
+            times[keys] = measure(f"quickstart.yaml:{precision}", args, keys)["seconds_per_step"]
+        first = times[args.variants[0]]
+        print(
+            f"round {round_number} (load {os.getloadavg()[0]:.1f}): "
+            + "; ".join(f"{keys} {t:.3f} s/step ({t / first:.3f}x)" for keys, t in times.items()),
+            flush=True,
+        )
+        for keys, t in times.items():
+            ratios.setdefault(keys, []).append(t / first)
+    print(f"median step-time ratio to {args.variants[0]} over {args.rounds} rounds:")
+    for keys, values in ratios.items():
+        print(f"  {keys:<40} {statistics.median(values):.3f}x  (rounds: {', '.join(f'{v:.3f}' for v in values)})")
+
+
 def print_bound(args: argparse.Namespace, precision: str, seconds: dict[str, list[float]]) -> None:
     """The step's matrix-product FLOPs over its time, as a fraction of the measured dense-matmul rate."""
     r = measure(f"flops:{precision}", args)
@@ -428,6 +453,8 @@ def main() -> None:
     parser.add_argument("--no-methods", action="store_true", help="skip the method recipes")
     parser.add_argument("--corpus-memory", action="store_true", help="only the 100k / 1M-line corpus figures")
     parser.add_argument("--packed", action="store_true", help="only the padding-free pass against length groups")
+    parser.add_argument("--variants", nargs="+", help="recipe keys of each variant of csekit's loop (';' joins)")
+    parser.add_argument("--keys", default="", help=argparse.SUPPRESS)
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -451,6 +478,8 @@ def main() -> None:
         return
     if args.packed:
         compare_packing(args, precision)
+    elif args.variants:
+        compare_variants(args, precision)
         return
     seconds = compare_with_sentence_transformers(args, precision)
     print_bound(args, precision, seconds)

@@ -78,6 +78,27 @@ class NanAfter(nn.Module):
         return {"nan_after": anchors.sum() * float("nan")}
 
 
+class NanAt(nn.Module):
+    """A loss that is NaN at the listed calls only (poisoned batches), else 0 with a gradient of 0."""
+
+    def __init__(self, calls: list[int], gradient_only: bool = False, only_rank: int | None = None) -> None:
+        super().__init__()
+        self.poisoned = set(calls)
+        self.gradient_only = gradient_only
+        self.only_rank = only_rank  # with several processes, poison only this process's batches
+        self.calls = 0
+
+    def forward(self, state: StepState) -> dict[str, Tensor]:
+        self.calls += 1
+        anchors = state.embeddings[0]
+        other_rank = self.only_rank is not None and torch.distributed.get_rank() != self.only_rank
+        if self.calls not in self.poisoned or other_rank:
+            return {"nan_at": anchors.sum() * 0.0}
+        if self.gradient_only:
+            return {"nan_at": torch.sqrt(anchors.sum() * 0.0)}
+        return {"nan_at": anchors.sum() * float("nan")}
+
+
 class NanWeightsAfter(nn.Module):
     """Contributes nothing; from its `after`-th call on its own weight is NaN (a diverged model, its loss fine)."""
 
@@ -114,6 +135,7 @@ TEST_PARTS = {
     "raise_once": RaiseOnce,
     "interrupt_once": InterruptOnce,
     "nan_after": NanAfter,
+    "nan_at": NanAt,
     "nan_weights_after": NanWeightsAfter,
     "record_batches": RecordBatches,
 }

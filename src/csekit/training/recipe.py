@@ -36,6 +36,8 @@ from csekit.parts.negatives import NEGATIVES
 from csekit.parts.objectives import OBJECTIVES
 from csekit.parts.views import VIEWS
 from csekit.parts.weighting import WEIGHTINGS
+from csekit.training.compiled import COMPILE_MODES
+from csekit.training.sync_free import SYNC_FREE_CHOICES
 
 
 @dataclass
@@ -128,6 +130,17 @@ class TrainConfig:
     dev_with_head: bool = False
     dev_denoise: bool = False
     dev_precision: str = "fp32"
+    # auto | true | false. True: between log points a step never waits for the device (no copy of a step's
+    # value to the host): a non-finite loss or gradient skips the step on the device (AdamW's found_inf),
+    # and skipped steps, max_bad_steps and the logged values are read at log points (see
+    # csekit.training.sync_free). The same weights; needs optimizer adamw and not precision fp16. auto: off
+    # everywhere for now (no faster on the CPU measured, unmeasured on a GPU; docs/performance.md).
+    sync_free: str = "auto"
+    # none | default | reduce-overhead | max-autotune: the backbone's training forward through torch.compile
+    # in that mode (fused element-wise chains; reduce-overhead: CUDA graphs), once a run per length bucket
+    # (see csekit.training.compiled). The same training up to float rounding; the first steps take the
+    # compile's time (minutes on a CPU). Not with ConSERT's views (their per-token embedding masks).
+    compile: str = "none"
 
 
 @dataclass
@@ -315,6 +328,8 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
             "must be at least 1 (evaluations without improvement), or null for no early stopping",
         ),
         ("train.seed", 0 <= train.seed <= MAX_SEED, seed_range),
+        ("train.sync_free", train.sync_free.lower() in SYNC_FREE_CHOICES, "must be auto, true or false"),
+        ("train.compile", train.compile in COMPILE_MODES, f"must be one of {', '.join(COMPILE_MODES)}"),
         ("model.max_length", recipe.model.max_length >= 4, "must be at least 4"),
         (
             "model.dropout",

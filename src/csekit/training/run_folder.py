@@ -34,7 +34,7 @@ METRICS_FILE = "metrics.jsonl"
 METRICS_LINE_LIMIT = 2**20
 """The longest line of metrics.jsonl read on --resume (csekit's records are a few hundred bytes)."""
 
-SAME_UPDATE_KEYS = {"train.chunk_size"}
+SAME_UPDATE_KEYS = {"train.chunk_size", "train.sync_free"}
 """Recipe keys that change how a step is computed (memory, time) but not the update: a resume may change
 them without --allow-changes (the change is still recorded in metrics.jsonl)."""
 
@@ -201,10 +201,11 @@ def recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bo
     """Keys whose value differs from the recipe the run's checkpoint was written with; refused unless `allow_changes`.
 
     A resumed run must continue the run that is in the folder: the same length, batch, precision
-    and parts; only `SAME_UPDATE_KEYS` (the chunk size) may change freely. The reference is the copy of the
-    recipe saved inside `checkpoint/` (`CHECKPOINT_RECIPE`), so an edit to the run's `recipe.yaml` after the
-    checkpoint is found too (it continued silently: a changed batch size, an lr written back but not used);
-    runs older than that copy compare with `recipe.yaml`. Both are read like any recipe (bounded YAML, validated).
+    and parts; only `SAME_UPDATE_KEYS` (the chunk size, sync-free steps) may change freely. The reference is the
+    copy of the recipe saved inside `checkpoint/` (`CHECKPOINT_RECIPE`), so an edit to the run's `recipe.yaml`
+    after the checkpoint is found too (it continued silently: a changed batch size, an lr written back but not
+    used); runs older than that copy compare with `recipe.yaml`. Both are read like any recipe (bounded YAML,
+    validated).
     """
     saved_path = output_dir / SAVED_RECIPE
     copy_path = output_dir / CHECKPOINT_RECIPE

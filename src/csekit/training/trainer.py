@@ -46,6 +46,7 @@ from csekit.parts.hooks import StartsLater
 from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import load_rng_state, load_shared_state, save_rng_state, save_shared_state
 from csekit.training.chunked import check_chunk_size
+from csekit.training.compiled import compile_backbone
 from csekit.training.dev_scoring import dev_precision, dev_representation
 from csekit.training.model import ContrastiveModel, build_model
 from csekit.training.optimization import forward_backward, make_optimizer
@@ -71,6 +72,7 @@ from csekit.training.run_folder import (
     read_trainer_state,
     recipe_changes_on_resume,
 )
+from csekit.training.sync_free import SyncFreeSteps, read_on_host, set_schedule_step, use_sync_free
 
 TRACKER_LOGS = "logs"
 """The run folder's subfolder where file-based trackers (TensorBoard) write, one folder per recipe name."""
@@ -173,6 +175,7 @@ class Trainer:
         self.unwrapped: ContrastiveModel = self.accelerator.unwrap_model(self.model)
         if resume:
             self._resume_from_checkpoint()
+        self.sync_free = self._sync_free_steps()
         self._announce_start()
 
     # -- setting up ------------------------------------------------------------------------------
@@ -193,6 +196,8 @@ class Trainer:
         if self.accelerator.device.type == "cpu" and self.config.keep_freed_memory:
             keep_freed_memory()
         self.main = self.accelerator.is_main_process
+        config = self.config
+        self.sync_free_on = use_sync_free(config.sync_free, self.accelerator.device, self.precision, config.optimizer)
 
     def _check_output_and_recipe(self, allow_changes: bool) -> None:
         check_output(self.output, self.resume)
@@ -235,6 +240,10 @@ class Trainer:
         self.model, self.views = build_model(self.recipe, encoder)
         if model_config.head_at_test:
             encoder.head = self.model.head
+        if self.config.compile != "none":
+            if self.recipe.data.views.get("name") == "consert":
+                raise CsekitError("recipe key train.compile: ConSERT's views (per-token embedding masks) need none")
+            compile_backbone(encoder.backbone, self.config.compile, model_config.max_length)
 
     def _make_loader(self) -> None:
         """Shuffled batches of `batch_size` sentences in all, split evenly over the processes.
@@ -293,8 +302,8 @@ class Trainer:
             raise CsekitError(f"corpus {self.recipe.data.corpus} gives no full batch of {self.config.batch_size}")
         # As in the transformers Trainer, max_steps (when set) replaces epochs as the length of the run.
         self.total_steps = self.config.max_steps or self.steps_per_epoch * self.config.epochs
-        warmup_steps = math.ceil(self.config.warmup_ratio * self.total_steps)
-        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, warmup_steps, self.total_steps)
+        self.warmup_steps = math.ceil(self.config.warmup_ratio * self.total_steps)
+        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, self.warmup_steps, self.total_steps)
 
     def _resume_from_checkpoint(self) -> None:
         """Weights, optimizer, schedule, RNG states and position from checkpoint/; the log cut back to it."""
@@ -322,6 +331,14 @@ class Trainer:
             self.metrics.truncate_after(-1)
         if self.changes:
             self.metrics.write({"event": "recipe_changed", "step": self.state.step, "changes": self.changes})
+
+    def _sync_free_steps(self) -> SyncFreeSteps | None:
+        """The device side of sync-free steps (`train.sync_free`), from the run's step (on resume, the checkpoint's)."""
+        if not self.sync_free_on:
+            return None
+        base_lrs = self.scheduler.base_lrs
+        device = self.accelerator.device
+        return SyncFreeSteps(self.optimizer, base_lrs, self.warmup_steps, self.total_steps, self.state.step, device)
 
     def _announce_start(self) -> None:
         """Every input, the checkpoint included, has been read: say the precision, save the recipe, log the start."""
@@ -362,7 +379,7 @@ class Trainer:
             for batch in self._batches():
                 if self.step(batch) and self._after_step():
                     break
-                if self._any_process(self.interrupt_requested):
+                if self._interrupt_check_due() and self._any_process(self.interrupt_requested):
                     self._stop_at_interrupt()
         return self.finish()
 
@@ -384,9 +401,21 @@ class Trainer:
         self.window: dict[str, float] = {}  # loss sums since the last log record
         self.window_steps, self.window_start, self.bad_in_a_row = 0, time.perf_counter(), 0
         self.run_started, self.run_first_step = time.perf_counter(), self.state.step  # for the time left
+        self.read_step = self.state.step  # the step the latest read of a sync-free run found
 
     def _after_step(self) -> bool:
-        """Log and evaluate when due; True when the run is over (its last step, or patience ran out)."""
+        """Log and evaluate when due; True when the run is over (its last step, or patience ran out).
+
+        Sync-free steps are read at the steps where that may be due; there the step count is corrected
+        for skipped steps, and nothing is due unless some step was taken since the previous read.
+        """
+        if self.sync_free is not None:
+            if not self._read_due():
+                return False
+            before = self.read_step
+            self._read_device()
+            if self.state.step == before:
+                return False
         if self.state.step % self.config.log_every == 0 or self.state.step == self.total_steps:
             self._log_window()
         eval_due = self.config.eval_every > 0 and self.state.step % self.config.eval_every == 0
@@ -409,7 +438,11 @@ class Trainer:
             yield from (self.accelerator.skip_first_batches(self.loader, skip) if skip > 0 else self.loader)
 
     def step(self, batch: dict[str, Any]) -> bool:
-        """One optimizer step on `batch`; False when it was skipped for a non-finite loss or gradient."""
+        """One optimizer step on `batch`; False when it was skipped for a non-finite loss or gradient.
+
+        Sync-free (`train.sync_free`), the device decides and counts a skip, and the step is taken as done
+        until the next read (`_read_device`) says otherwise: it returns True.
+        """
         self.state.batches += 1
         # Always back-propagate (every process must join DDP's gradient all-reduce), then decide
         # together: a step is skipped everywhere when any process's loss or the gradient is not finite.
@@ -425,9 +458,16 @@ class Trainer:
         # One all-reduce gives the mean loss and parts over processes (for the log) and, since a NaN
         # anywhere makes the mean NaN, whether every process's loss is finite.
         names = ["loss", *parts]
-        values = self.accelerator.reduce(torch.stack([loss.detach(), *parts.values()]).float(), "mean").tolist()
+        reduced = self.accelerator.reduce(torch.stack([loss.detach(), *parts.values()]).float(), "mean")
+        if self.sync_free is not None:
+            self.sync_free.step(names, reduced, grad_norm)
+            self.optimizer.zero_grad(set_to_none=True)
+            self.state.step += 1  # as if taken; the next read corrects it for skipped steps
+            self.bar.update(1)
+            return True
+        values = read_on_host(reduced)
         loss_finite = math.isfinite(values[0])
-        if not (loss_finite and bool(torch.isfinite(torch.as_tensor(grad_norm)))):
+        if not (loss_finite and math.isfinite(read_on_host(torch.as_tensor(grad_norm).reshape(1))[0])):
             self._skip_step("loss" if not loss_finite else "gradient")
             return False
         self.optimizer.step()
@@ -441,6 +481,54 @@ class Trainer:
             self.window[name] = self.window.get(name, 0.0) + value
         self.window_steps += 1
         return True
+
+    def _read_due(self) -> bool:
+        """Whether a log record, an evaluation or the run's end may be due at this step (sync-free runs read then)."""
+        step, eval_every = self.state.step, self.config.eval_every
+        return (
+            step % self.config.log_every == 0 or (eval_every > 0 and step % eval_every == 0) or step >= self.total_steps
+        )
+
+    def _read_device(self) -> None:
+        """Read what the sync-free steps since the last read counted: the true step, skips and logged sums.
+
+        Skipped steps get one record a read; `train.max_bad_steps` is checked here, so a run of bad steps
+        stops at the first read after it reaches the limit.
+        """
+        assert self.sync_free is not None
+        reading = self.sync_free.read()
+        self.bar.update(reading.steps_taken - self.state.step)
+        self.state.step = self.read_step = reading.steps_taken
+        set_schedule_step(self.scheduler, self.state.step)
+        for name, total in reading.sums.items():
+            self.window[name] = self.window.get(name, 0.0) + total
+        self.window_steps += reading.good_steps
+        if reading.last_loss is not None:
+            self.last_loss = reading.last_loss
+        self.bad_in_a_row = reading.bad_in_a_row
+        if reading.skipped:
+            self.state.skipped_steps += reading.skipped
+            self.metrics.write(
+                {
+                    "step": self.state.step,
+                    "event": "non_finite_step",
+                    "reason": reading.reason,
+                    "skipped_steps": self.state.skipped_steps,
+                    "skipped_since_last_read": reading.skipped,
+                }
+            )
+        if reading.longest_bad_run >= self.config.max_bad_steps:
+            raise CsekitError(
+                f"{reading.longest_bad_run} steps in a row had a non-finite {reading.reason} (after step "
+                f"{self.state.step}); stopped. The best model in {self.output / 'best'} is intact; try a lower train.lr"
+            )
+
+    def _interrupt_check_due(self) -> bool:
+        """Whether to ask every process about Ctrl-C now: every step, except in sync-free runs on several
+        processes (the question is an all-reduce read on the host), which ask at each log point."""
+        if self.sync_free is None or self.accelerator.num_processes == 1:
+            return True
+        return self.state.step % self.config.log_every == 0
 
     def _skip_step(self, reason: str) -> None:
         """Drop the step's gradients and record it; too many in a row stop the run."""
@@ -635,6 +723,8 @@ class Trainer:
 
     def _stop_at_interrupt(self) -> None:
         """Checkpoint the step just taken (unless its evaluation did), end the trackers, raise TrainingInterrupted."""
+        if self.sync_free is not None:
+            self._read_device()
         if self.checkpointed_batches != self.state.batches:
             self.save_checkpoint()
         self.bar.close()
@@ -649,6 +739,8 @@ class Trainer:
 
     def finish(self) -> TrainResult:
         """Close the bar, wait for every process and end accelerate's run."""
+        if self.sync_free is not None:
+            self._read_device()
         self.bar.close()
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()

@@ -1,0 +1,98 @@
+"""The compiled encoder pass (`train.compile`): the backbone's training forward through `torch.compile`.
+
+At batch 64 a GPU step is paced by the host: about 1,000 kernel launches (docs/performance.md). The
+compiler fuses each layer's element-wise chains (bias and GELU, dropout, residual and LayerNorm, the
+attention's scaling and mask) into few kernels, and `reduce-overhead` replays the whole pass as one CUDA
+graph. It is compiled once a run, for each shape it meets: CUDA graphs need fixed shapes, so every
+training pass is padded to a length bucket (`bucket_width`: at most `MAX_BUCKETS` widths up to
+`model.max_length`) and cut back afterwards; padded positions are masked out, so the real positions'
+states are those of the unpadded pass up to float rounding (tests/test_compiled.py). Evaluation and
+passes without gradients run the eager forward (they would only add shapes to compile).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
+"""`train.compile` choices: none, or a `torch.compile` mode."""
+
+COMPILE_BACKEND = "inductor"
+"""torch.compile's backend for `train.compile` (tests use a cheaper one where inductor's C++ builds take minutes)."""
+
+MAX_BUCKETS = 8
+"""Training passes come in at most this many widths (torch.compile's default recompile limit is 8)."""
+
+SEQUENCE_INPUTS = ("input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds")
+"""The backbone inputs that have one entry per position (dimension 1), padded to the bucket."""
+
+
+def bucket_width(max_length: int) -> int:
+    """The bucket step: a multiple of 8 that splits `max_length` into at most `MAX_BUCKETS` widths."""
+    return 8 * math.ceil(max_length / (8 * MAX_BUCKETS))
+
+
+def pad_to_bucket(inputs: dict[str, Any], bucket: int, pad_token_id: int) -> tuple[dict[str, Any], int]:
+    """`inputs` right-padded along the positions to the next multiple of `bucket`, and the original width."""
+    reference = inputs.get("attention_mask", inputs.get("input_ids", inputs.get("inputs_embeds")))
+    if not isinstance(reference, Tensor) or reference.dim() < 2:
+        return inputs, -1
+    width = reference.shape[1]
+    extra = -width % bucket
+    if extra == 0:
+        return inputs, width
+    padded = dict(inputs)
+    for key in SEQUENCE_INPUTS:
+        value = padded.get(key)
+        if isinstance(value, Tensor) and value.dim() >= 2 and value.shape[1] == width:
+            fill = pad_token_id if key == "input_ids" else 0
+            # (0, 0) per trailing dimension, then the positions' (0, extra)
+            padded[key] = nn.functional.pad(value, (0, 0) * (value.dim() - 2) + (0, extra), value=fill)
+    return padded, width
+
+
+def _cut(value: Any, width: int, padded_width: int) -> Any:
+    """A backbone output's tensors cut back from `padded_width` positions to `width` (others unchanged)."""
+    if isinstance(value, Tensor):
+        return value[:, :width] if value.dim() >= 2 and value.shape[1] == padded_width else value
+    if isinstance(value, tuple):
+        return tuple(_cut(item, width, padded_width) for item in value)
+    return value
+
+
+class CompiledTrainingForward:
+    """Stands in for a backbone's `forward`: in training with gradients, the compiled forward on inputs padded
+    to a length bucket (outputs cut back); otherwise the eager forward."""
+
+    def __init__(self, backbone: nn.Module, mode: str, bucket: int, backend: str | Callable[..., Any]) -> None:
+        self.backbone = backbone
+        self.eager = backbone.forward
+        self.bucket = bucket
+        self.pad_token_id = int(getattr(backbone.config, "pad_token_id", None) or 0)
+        options = {"mode": mode} if backend == "inductor" else {}
+        self.compiled = torch.compile(self.eager, backend=backend, dynamic=False, **options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if args or not (self.backbone.training and torch.is_grad_enabled()):
+            return self.eager(*args, **kwargs)
+        padded, width = pad_to_bucket(kwargs, self.bucket, self.pad_token_id)
+        outputs = self.compiled(**padded)
+        padded_width = padded.get("attention_mask", padded.get("input_ids", padded.get("inputs_embeds"))).shape[1]
+        if width == padded_width or width < 0:
+            return outputs
+        for key, value in list(outputs.items()):
+            outputs[key] = _cut(value, width, padded_width)
+        return outputs
+
+
+def compile_backbone(
+    backbone: nn.Module, mode: str, max_length: int, backend: str | Callable[..., Any] | None = None
+) -> None:
+    """Compile `backbone`'s training forward (`train.compile`: `mode`); parameters and saved weights unchanged."""
+    compiled = CompiledTrainingForward(backbone, mode, bucket_width(max_length), backend or COMPILE_BACKEND)
+    backbone.forward = compiled  # type: ignore[method-assign]

@@ -1,0 +1,195 @@
+"""Steps that never wait for the device (`train.sync_free`): skipping, counting and logging done on the device.
+
+On a GPU, reading a step's value on the host (`.item()`, `.tolist()`, `bool(tensor)`) waits until the
+device has finished all the work queued before it, so the host cannot queue the next step while this
+one runs. The plain loop reads twice a step: the all-reduced loss (for the log, and to skip a NaN step)
+and the gradient norm (to skip a non-finite gradient). A sync-free step instead
+
+- decides on the device whether it is finite: the loss all-reduced over the processes (a NaN on any one
+  makes the mean NaN) and the norm of the all-reduced gradients (the same on every process), so every
+  process skips the same steps;
+- hands that flag to torch's fused AdamW as `found_inf`, as `GradScaler` does: a flagged step changes no
+  weight, no moment and no step count;
+- takes the learning rate from the linear schedule evaluated on the device at the count of steps taken,
+  so that a skipped step does not advance the schedule (the plain loop does not step its scheduler then);
+- sums the logged values and counts skipped steps (and the longest run of them) on the device.
+
+The loop reads all of it in one copy (`read_on_host`) at its read points (log, evaluation, the run's end),
+where it learns the true step count, writes the records and checks `train.max_bad_steps`. The weights
+are those of the plain loop, bit for bit (tests/test_sync_free.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from torch.optim.lr_scheduler import LambdaLR
+
+from csekit.core.errors import CsekitError
+
+SYNC_FREE_CHOICES = ("auto", "true", "false")
+"""`train.sync_free` values: auto (on where measured faster, see `SYNC_FREE_AUTO_DEVICES`), true, false."""
+
+SYNC_FREE_AUTO_DEVICES: tuple[str, ...] = ()
+"""Device kinds where `train.sync_free: auto` turns it on. None yet: on a CPU a read costs no wait and the
+rounds measured there were dominated by the shared machine's load (docs/performance.md); on a GPU it is
+unmeasured."""
+
+
+def read_on_host(tensor: Tensor) -> list[float]:
+    """The training loop's one copy of step values from the device to the host (on a GPU: a wait).
+
+    Every read of the loop's step values goes through here, so tests can count them.
+    """
+    return tensor.tolist()
+
+
+def use_sync_free(setting: str, device: torch.device, precision: str, optimizer: str) -> bool:
+    """Whether the run's steps are sync-free: the recipe's `train.sync_free` on this device, precision and optimizer.
+
+    fp16 keeps the plain loop (its loss scaler reads the scale on the host each step), and so does the
+    uncorrected AdamW (torch's fused AdamW is what takes `found_inf` and a learning rate on the device).
+    """
+    setting = setting.lower()
+    supported = precision != "fp16" and optimizer == "adamw"
+    if setting == "true" and not supported:
+        needs = "train.precision fp32 or bf16" if precision == "fp16" else "train.optimizer adamw"
+        raise CsekitError(f"recipe key train.sync_free: true needs {needs}; set it to auto or false")
+    if setting == "auto":
+        return supported and device.type in SYNC_FREE_AUTO_DEVICES
+    return setting == "true"
+
+
+def linear_schedule_factor(step: Tensor, warmup_steps: int, total_steps: int) -> Tensor:
+    """transformers' `get_linear_schedule_with_warmup` factor at `step`, on the device (float64: the same values)."""
+    warming = step / max(1, warmup_steps)
+    decaying = torch.clamp((total_steps - step) / max(1, total_steps - warmup_steps), min=0.0)
+    return torch.where(step < warmup_steps, warming, decaying)
+
+
+def set_schedule_step(scheduler: LambdaLR, step: int) -> None:
+    """Put `scheduler` where stepping it `step` times from the start leaves it (its lrs in the optimizer too)."""
+    scheduler.last_epoch = step
+    scheduler._step_count = step + 1
+    lrs = [base * schedule(step) for schedule, base in zip(scheduler.lr_lambdas, scheduler.base_lrs, strict=True)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
+
+
+@dataclass
+class Reading:
+    """What the device counted since the previous read."""
+
+    steps_taken: int  # optimizer steps of the run so far (the true step)
+    good_steps: int  # steps taken in this window
+    skipped: int  # steps skipped in this window
+    skipped_for_the_loss: int  # of those, the ones whose loss was not finite (the others: the gradient)
+    bad_in_a_row: int  # skipped steps in a row at the read
+    longest_bad_run: int  # the longest run of skipped steps in the window (with those before it)
+    last_loss: float | None  # the loss of the window's last step taken
+    sums: dict[str, float] = field(default_factory=dict)  # logged values summed over the steps taken
+
+    @property
+    def reason(self) -> str:
+        if self.skipped_for_the_loss == self.skipped:
+            return "loss"
+        return "gradient" if self.skipped_for_the_loss == 0 else "loss and gradient"
+
+
+class SyncFreeSteps:
+    """The device side of sync-free steps: the learning rate, the skip decision and the window's sums and counts.
+
+    `optimizer` is torch's fused AdamW (or accelerate's wrapper of it); `base_lrs` the schedule's base rates
+    of its groups, `warmup_steps` and `total_steps` the linear schedule's; `step` the run's step (on resume).
+    """
+
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        base_lrs: Sequence[float],
+        warmup_steps: int,
+        total_steps: int,
+        step: int,
+        device: torch.device,
+    ) -> None:
+        self.optimizer = optimizer
+        self.torch_optimizer: torch.optim.Optimizer = getattr(optimizer, "optimizer", optimizer)
+        if not self.torch_optimizer.defaults.get("fused"):
+            raise ValueError("sync-free steps need torch's fused AdamW (it takes found_inf and a tensor lr)")
+        # float64 reproduces the host schedule's values exactly; CUDA's fused kernel reads a float32 lr.
+        lr_dtype = torch.float32 if device.type == "cuda" else torch.float64
+        self.base_lrs = torch.tensor(list(base_lrs), dtype=torch.float64, device=device)
+        self.lr_dtype = lr_dtype
+        self.warmup_steps, self.total_steps = warmup_steps, total_steps
+        self.steps_taken = torch.tensor(float(step), dtype=torch.float64, device=device)
+        self.bad_in_a_row = torch.zeros((), dtype=torch.float64, device=device)
+        self.device = device
+        self._new_window()
+
+    def _new_window(self) -> None:
+        # good steps, skipped steps, skipped for the loss, longest run of skipped steps
+        self.counters = torch.zeros(4, dtype=torch.float64, device=self.device)
+        self.sums: dict[tuple[str, ...], Tensor] = {}  # by the step's names (parts may differ between steps)
+        self.last_loss: Tensor | None = None
+
+    def step(self, names: Sequence[str], values: Tensor, grad_norm: Tensor) -> None:
+        """AdamW's step unless the loss (`values[0]`, all-reduced) or the gradient norm is not finite; counted.
+
+        `values` are the step's logged values (loss and parts, averaged over processes) in the order of `names`.
+        """
+        values = values.detach().double()
+        loss_finite = torch.isfinite(values[0])
+        good = loss_finite & torch.isfinite(torch.as_tensor(grad_norm, device=self.device))
+        lrs = self.base_lrs * linear_schedule_factor(self.steps_taken, self.warmup_steps, self.total_steps)
+        with self._update_only_if(good, lrs.to(self.lr_dtype)):
+            self.optimizer.step()
+        taken = good.double()
+        self.steps_taken += taken
+        self.bad_in_a_row = (self.bad_in_a_row + 1.0) * (1.0 - taken)
+        counted = torch.stack([taken, 1.0 - taken, (~loss_finite).double(), self.bad_in_a_row])
+        self.counters = torch.cat([self.counters[:3] + counted[:3], torch.maximum(self.counters[3:], counted[3:])])
+        key = tuple(names)
+        masked = torch.where(good, values, 0.0)
+        self.sums[key] = self.sums[key] + masked if key in self.sums else masked
+        self.last_loss = values[0] if self.last_loss is None else torch.where(good, values[0], self.last_loss)
+
+    @contextlib.contextmanager
+    def _update_only_if(self, good: Tensor, lrs: Tensor) -> Iterator[None]:
+        """During the block, the fused AdamW skips its update unless `good` and uses the device's `lrs`."""
+        optimizer = self.torch_optimizer
+        groups = optimizer.param_groups
+        host_lrs = [group["lr"] for group in groups]
+        for group, lr in zip(groups, lrs.unbind(), strict=True):
+            group["lr"] = lr
+        # The attributes GradScaler sets for optimizers that take them (torch.optim.Adam(W).step reads them).
+        optimizer.grad_scale, optimizer.found_inf = None, (~good).float()  # type: ignore[attr-defined]
+        try:
+            yield
+        finally:
+            del optimizer.grad_scale, optimizer.found_inf  # type: ignore[attr-defined]
+            for group, lr in zip(groups, host_lrs, strict=True):
+                group["lr"] = lr
+
+    def read(self) -> Reading:
+        """Everything counted since the last read, in one copy to the host; the window starts again."""
+        keys = list(self.sums)
+        last = self.last_loss.reshape(1) if self.last_loss is not None else self.counters[:0]
+        flat = torch.cat(
+            [self.steps_taken.reshape(1), self.counters, self.bad_in_a_row.reshape(1), last, *self.sums.values()]
+        )
+        host = read_on_host(flat)
+        steps_taken, good, skipped, for_loss, longest, in_a_row = (int(value) for value in host[:6])
+        position = 6 + len(last)
+        sums: dict[str, float] = {}
+        for key in keys:
+            for name, value in zip(key, host[position : position + len(key)], strict=True):
+                sums[name] = sums.get(name, 0.0) + value
+            position += len(key)
+        reading = Reading(steps_taken, good, skipped, for_loss, in_a_row, longest, host[6] if len(last) else None, sums)
+        self._new_window()  # a run of skipped steps goes on across reads in `bad_in_a_row`
+        return reading

@@ -1,0 +1,111 @@
+"""The compiled encoder pass (train.compile): length buckets, eager losses, exact resume, fused layers.
+
+Inductor builds C++ for each graph, which takes minutes for a whole model on the 2-core development
+machine; the training tests use the aot_eager backend (the same TorchDynamo capture and AOT autograd
+graphs, run by eager kernels), and one test compiles a layer's position-wise blocks with inductor.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import assert_same_checkpoint_weights, make_corpus, make_tiny_encoder, read_metrics, tiny_recipe
+from transformers import BertConfig
+from transformers.models.bert.modeling_bert import BertLayer
+
+import csekit.training.compiled as compiled
+from csekit.core.errors import CsekitError
+from csekit.training.compiled import CompiledTrainingForward, bucket_width, pad_to_bucket
+from csekit.training.recipe import load_recipe
+from csekit.training.trainer import train
+
+
+def test_buckets_bound_the_widths() -> None:
+    assert [bucket_width(n) for n in (16, 32, 64, 65, 512)] == [8, 8, 8, 16, 64]
+    for max_length in (32, 128, 512):
+        widths = {-w % bucket_width(max_length) + w for w in range(1, max_length + 1)}
+        assert len(widths) <= compiled.MAX_BUCKETS and max(widths) == max_length
+
+
+def test_padded_to_a_bucket_and_cut_back_the_states_are_the_unpadded_ones(tmp_path: Path) -> None:
+    encoder = make_tiny_encoder(tmp_path / "tokenizer", pooler="mean")
+    backbone = encoder.backbone.train()
+    for module in backbone.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    inputs = encoder.tokenize(["a man plays the guitar", "a dog"])
+    assert inputs["attention_mask"].shape[1] % 8 != 0
+    padded, width = pad_to_bucket(dict(inputs), 8, 0)
+    assert width == inputs["attention_mask"].shape[1] and padded["input_ids"].shape[1] % 8 == 0
+    wrapper = CompiledTrainingForward(backbone, "default", 8, backend="eager")
+    wrapper.compiled = wrapper.eager  # the bucketing alone, without the compiler
+    plain = backbone(**inputs, output_hidden_states=True)
+    bucketed = wrapper(**inputs, output_hidden_states=True)
+    assert bucketed.last_hidden_state.shape == plain.last_hidden_state.shape
+    for ours, theirs in zip(bucketed.hidden_states, plain.hidden_states, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def run_recipe(model_dir: Path, corpus: Path, mode: str, *extra: str):  # type: ignore[no-untyped-def]
+    return tiny_recipe(model_dir, corpus, "train.max_steps=3", "train.eval_every=2", f"train.compile={mode}", *extra)
+
+
+def test_compiled_steps_give_the_eager_losses_and_resume_exactly(
+    tmp_path: Path, tiny_model_dir: Path, test_parts: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(compiled, "COMPILE_BACKEND", "aot_eager")
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    # Dropout off: a pass padded to its bucket draws its dropout masks over more positions than the
+    # unpadded pass, so with dropout the two draw different masks (the same training, not the same numbers).
+    no_dropout = "model.dropout=0.0"
+    train(run_recipe(tiny_model_dir, corpus, "none", no_dropout), tmp_path / "eager", show_progress=False)
+    train(run_recipe(tiny_model_dir, corpus, "default", no_dropout), tmp_path / "compiled", show_progress=False)
+    eager, ours = ([r["loss"] for r in read_metrics(tmp_path / run) if "loss" in r] for run in ("eager", "compiled"))
+    assert len(eager) == 3 and ours == pytest.approx(eager, rel=1e-5)
+
+    marker = tmp_path / "raised"
+    crash = f"objectives=[{{name: infonce}}, {{name: raise_once, weight: 0.0, at_call: 3, marker: '{marker}'}}]"
+    recipe = run_recipe(tiny_model_dir, corpus, "default", crash)
+    marker.write_text("not this run", encoding="utf-8")
+    train(recipe, tmp_path / "straight", show_progress=False)
+    marker.unlink()
+    with pytest.raises(RuntimeError, match="crash for the test"):
+        train(recipe, tmp_path / "resumed", show_progress=False)
+    train(recipe, tmp_path / "resumed", resume=True, show_progress=False)
+    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "resumed")
+
+
+def test_compile_choices() -> None:
+    with pytest.raises(CsekitError, match=r"train\.compile must be one of none, default"):
+        load_recipe(None, ["train.compile=fast"])
+    assert load_recipe(None, ["train.compile=reduce-overhead"]).train.compile == "reduce-overhead"
+
+
+def test_inductor_fuses_a_layers_position_wise_blocks_to_the_eager_values() -> None:
+    """Bias and GELU, dropout, residual and LayerNorm as inductor fuses them: the eager layer's values and gradients."""
+    config = BertConfig(hidden_size=32, num_attention_heads=2, intermediate_size=64, hidden_dropout_prob=0.1)
+    torch.manual_seed(0)
+    layer = BertLayer(config).train()
+    attention_output = torch.randn(4, 8, 32)
+    blocks = (layer.intermediate, layer.output)
+
+    def position_wise(states: torch.Tensor) -> torch.Tensor:
+        return blocks[1](blocks[0](states), states)
+
+    fused = torch.compile(position_wise, backend="inductor", dynamic=False)
+    results = []
+    for function in (position_wise, fused):
+        states = attention_output.clone().requires_grad_()
+        torch.manual_seed(1)
+        with torch._inductor.config.patch(fallback_random=True):  # eager's dropout masks
+            out = function(states)
+        out.square().sum().backward()
+        grads = [states.grad, *(p.grad for block in blocks for p in block.parameters())]
+        results.append((out.detach(), grads))
+        layer.zero_grad()
+    (eager_out, eager_grads), (fused_out, fused_grads) = results
+    torch.testing.assert_close(fused_out, eager_out, rtol=1e-5, atol=1e-5)
+    for ours, theirs in zip(fused_grads, eager_grads, strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)

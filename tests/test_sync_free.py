@@ -1,0 +1,238 @@
+"""Sync-free steps (train.sync_free): no read on the host between log points, and the plain loop's weights."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import make_corpus, read_metrics, tiny_recipe
+from safetensors.torch import load_file
+from transformers import get_linear_schedule_with_warmup
+
+from csekit.core.errors import CsekitError
+from csekit.training.recipe import Recipe, load_recipe
+from csekit.training.sync_free import linear_schedule_factor, set_schedule_step, use_sync_free
+from csekit.training.trainer import Trainer, train
+
+HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__")
+"""The Tensor methods that copy a value to the host (on a GPU, each waits for the device).
+
+Reads inside transformers are not counted: its SDPA mask asks `padding_mask.all()` once per encoder pass
+(to drop a mask without padding), which the padded encoder pass inherits (the CUDA test uses eager attention).
+"""
+
+
+@contextlib.contextmanager
+def counting_host_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Inside the block every Python-level read of a tensor's value on the host is recorded by name."""
+    reads: list[str] = []
+    with monkeypatch.context() as patch:
+        for name in HOST_READS:
+            original = getattr(torch.Tensor, name)
+
+            def counted(self: torch.Tensor, *args: Any, _name: str = name, _original: Any = original) -> Any:
+                caller = sys._getframe(1).f_code.co_filename
+                if f"{os.sep}transformers{os.sep}" not in caller:
+                    reads.append(_name)
+                return _original(self, *args)
+
+            patch.setattr(torch.Tensor, name, counted)
+        yield reads
+
+
+@contextlib.contextmanager
+def started_trainer(recipe: Recipe, output: Path) -> Iterator[Trainer]:
+    """A Trainer set up as `train` sets it up, its progress started and its model in training mode."""
+    with contextlib.ExitStack() as held:
+        from csekit.training.processes import own_accelerator_state
+
+        held.enter_context(own_accelerator_state())
+        trainer = Trainer(recipe, output, None, False, False, False, held)
+        trainer._start_progress()
+        trainer.model.train()
+        yield trainer
+
+
+def gpu_path_recipe(model_dir: Path, corpus: Path, *extra: str) -> Recipe:
+    """The tiny recipe on the path a GPU takes: one encoder pass (no length groups), torch's dropout."""
+    return tiny_recipe(
+        model_dir, corpus, "model.length_group_size=0", "model.fast_dropout=false", "train.log_every=4", *extra
+    )
+
+
+@pytest.mark.parametrize("sync_free", [True, False])
+def test_steps_between_log_points_read_nothing_on_the_host(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, sync_free: bool
+) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    recipe = gpu_path_recipe(tiny_model_dir, corpus, "train.max_steps=8", f"train.sync_free={str(sync_free).lower()}")
+    with started_trainer(recipe, tmp_path / "run") as trainer:
+        batches = trainer._batches()
+        for _ in range(3):  # steps 1-3: no log point
+            batch = next(batches)
+            with counting_host_reads(monkeypatch) as reads:
+                assert trainer.step(batch)
+                assert not trainer._after_step()
+            if sync_free:
+                assert reads == []
+            else:  # the plain loop reads the loss and the gradient norm each step
+                assert reads.count("tolist") == 2
+        with counting_host_reads(monkeypatch) as reads:
+            assert trainer.step(next(batches))
+            trainer._after_step()  # step 4: the log point reads
+        assert trainer.state.step == 4 and trainer.window_steps == 0 and "tolist" in reads
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_three_cuda_steps_between_log_points_never_synchronise(tmp_path: Path, tiny_model_dir: Path) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    recipe = gpu_path_recipe(tiny_model_dir, corpus, "train.max_steps=8", "train.sync_free=true")
+    with started_trainer(recipe, tmp_path / "run") as trainer:
+        trainer.unwrapped.encoder.backbone.set_attn_implementation("eager")  # see HOST_READS
+        batches = trainer._batches()
+        trainer.step(next(batches))  # the first step sets up AdamW's state
+        trainer._after_step()
+        for _ in range(3):
+            batch = next(batches)
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                trainer.step(batch)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+            trainer._after_step()
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "last" / "model.safetensors")
+
+
+@pytest.mark.parametrize(
+    ("gradient_only", "chunk_size"), [(False, None), (True, None), (False, 8)], ids=["loss", "gradient", "chunked"]
+)
+def test_a_poisoned_batch_is_skipped_as_the_plain_loop_skips_it(
+    tmp_path: Path, tiny_model_dir: Path, test_parts: None, gradient_only: bool, chunk_size: int | None
+) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    poison = f"{{name: nan_at, calls: [3, 6, 7], gradient_only: {str(gradient_only).lower()}}}"
+    runs = {}
+    for sync_free in ("false", "true"):
+        recipe = tiny_recipe(
+            tiny_model_dir,
+            corpus,
+            "train.max_steps=9",
+            "train.log_every=4",
+            "train.warmup_ratio=0.3",  # the schedule must not advance on a skipped step
+            f"train.chunk_size={chunk_size or 'null'}",
+            f"objectives=[{{name: infonce}}, {poison}]",
+            f"train.sync_free={sync_free}",
+        )
+        result = train(recipe, tmp_path / sync_free, show_progress=False)
+        assert result.steps == 9 and result.skipped_steps == 3
+        runs[sync_free] = tmp_path / sync_free
+    plain, sync_free_run = weights(runs["false"]), weights(runs["true"])
+    assert set(plain) == set(sync_free_run)
+    for name, tensor in plain.items():
+        torch.testing.assert_close(sync_free_run[name], tensor, rtol=0, atol=0, msg=name)
+    logged = {run: [r for r in read_metrics(path) if "loss" in r] for run, path in runs.items()}
+    assert [r["step"] for r in logged["true"]] == [r["step"] for r in logged["false"]] == [4, 8, 9]
+    for ours, theirs in zip(logged["true"], logged["false"], strict=True):
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-12)
+        assert ours["lr"] == theirs["lr"]
+    skips = [r for r in read_metrics(runs["true"]) if r.get("event") == "non_finite_step"]
+    assert skips[-1]["skipped_steps"] == 3
+    assert {r["reason"] for r in skips} == {"gradient" if gradient_only else "loss"}
+
+
+def test_two_processes_skip_the_step_one_of_them_poisoned_as_the_plain_loop(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """DDP: process 1's loss is NaN at its 3rd step; both processes skip it (the flag is the all-reduced loss)."""
+    from parts_for_tests import write_entry_points
+    from test_distributed import free_port
+
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    tests = Path(__file__).resolve().parent
+    path = [str(tests), str(write_entry_points(tmp_path / "plugin")), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
+    for sync_free in ("false", "true"):
+        recipe = tiny_recipe(
+            tiny_model_dir,
+            corpus,
+            "train.max_steps=5",
+            "train.log_every=2",
+            "train.warmup_ratio=0.3",
+            "objectives=[{name: infonce}, {name: nan_at, calls: [3], only_rank: 1}]",
+            f"train.sync_free={sync_free}",
+        )
+        recipe_file = tmp_path / f"{sync_free}.yaml"
+        recipe_file.write_text(recipe.to_yaml(), encoding="utf-8")
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+        command += ["--master_port", str(free_port()), "-m", "csekit.cli", "train", str(recipe_file)]
+        command += ["--output", str(tmp_path / sync_free), "--no-progress"]
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        skips = [r for r in read_metrics(tmp_path / sync_free) if r.get("event") == "non_finite_step"]
+        assert skips[-1]["skipped_steps"] == 1
+    plain, ours = weights(tmp_path / "false"), weights(tmp_path / "true")
+    for name, tensor in plain.items():
+        torch.testing.assert_close(ours[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_too_many_bad_steps_in_a_row_stop_at_the_next_read(
+    tmp_path: Path, tiny_model_dir: Path, test_parts: None
+) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        corpus,
+        "train.max_steps=40",
+        "train.log_every=4",
+        "train.max_bad_steps=5",
+        "objectives=[{name: infonce}, {name: nan_after, after: 3}]",
+        "train.sync_free=true",
+    )
+    with pytest.raises(CsekitError, match="6 steps in a row had a non-finite loss"):
+        train(recipe, tmp_path / "run", show_progress=False)
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records if "loss" in r] == []  # steps 1-2 taken, then only skips: no log point
+    skips = [r for r in records if r.get("event") == "non_finite_step"]
+    # Steps 1-2 taken, 3-4 skipped: the read at step 4 finds step 2. Counting again from step 2, the next
+    # read is 2 steps later, and so on: 2, 4, then 6 skipped in a row, past max_bad_steps.
+    assert [r["skipped_steps"] for r in skips] == [2, 4, 6]
+
+
+def test_the_device_schedule_is_transformers_linear_schedule() -> None:
+    for warmup, total in ((0, 10), (3, 10), (10, 10)):
+        parameter = torch.nn.Parameter(torch.zeros(1))
+        optimizer = torch.optim.AdamW([parameter], lr=3e-5)
+        scheduler = get_linear_schedule_with_warmup(optimizer, warmup, total)
+        for step in range(total + 2):
+            on_device = 3e-5 * linear_schedule_factor(torch.tensor(float(step), dtype=torch.float64), warmup, total)
+            assert on_device.item() == scheduler.get_last_lr()[0], (warmup, step)
+            expected = scheduler.state_dict()
+            set_schedule_step(scheduler, step)
+            assert scheduler.state_dict()["last_epoch"] == expected["last_epoch"]
+            assert scheduler.get_last_lr() == expected["_last_lr"] == [optimizer.param_groups[0]["lr"]]
+            optimizer.step()
+            scheduler.step()
+
+
+def test_sync_free_choices_and_what_it_needs() -> None:
+    with pytest.raises(CsekitError, match=r"train\.sync_free must be auto, true or false"):
+        load_recipe(None, ["train.sync_free=sometimes"])
+    assert load_recipe(None, ["train.sync_free=true"]).train.sync_free == "True"  # YAML's true, taken as on
+    cpu = torch.device("cpu")
+    assert use_sync_free("True", cpu, "fp32", "adamw")
+    assert not use_sync_free("false", cpu, "fp32", "adamw")
+    assert not use_sync_free("auto", torch.device("cuda"), "bf16", "adamw")  # unmeasured on a GPU: off
+    with pytest.raises(CsekitError, match=r"needs train\.optimizer adamw"):
+        use_sync_free("true", cpu, "fp32", "adamw_uncorrected")
+    with pytest.raises(CsekitError, match=r"needs train\.precision fp32 or bf16"):
+        use_sync_free("true", cpu, "fp16", "adamw")
