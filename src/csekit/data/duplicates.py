@@ -166,6 +166,8 @@ class DuplicateReport:
 
     def summary(self) -> str:
         compared = " after normalisation" if self.normalise else ""
+        if self.distinct == self.sentences:
+            return f"duplicates: none among {self.sentences:,} sentences{compared} (data.duplicates: {self.mode})"
         shown = self.most_repeated if len(self.most_repeated) <= 80 else self.most_repeated[:77] + "..."
         text = (
             f"duplicates: {self.distinct:,} distinct sentences among {self.sentences:,}{compared}; the most repeated "
