@@ -135,3 +135,14 @@ def test_an_unedited_saved_recipe_still_resumes_and_allow_changes_accepts_an_edi
     assert json.loads((run / "checkpoint" / "trainer_state.json").read_text())["step"] == 6
     code, err = resume(monkeypatch, capsys, run)  # nothing edited since: resumes (and has nothing left to do)
     assert code == 0, err
+
+
+def test_allow_changes_refuses_a_change_the_checkpoint_would_override(
+    run: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """With --allow-changes an edited lr was accepted, logged and written back, but the optimizer and schedule
+    state loaded from the checkpoint kept the old rate: the change silently did nothing."""
+    before = (run / "checkpoint" / "model.safetensors").read_bytes()
+    code, err = resume(monkeypatch, capsys, run, "--set", "train.lr=0.5", "--allow-changes")
+    assert_one_line_error(code, err, "train.lr", "0.5", "checkpoint's optimizer and schedule state", "new run")
+    assert (run / "checkpoint" / "model.safetensors").read_bytes() == before

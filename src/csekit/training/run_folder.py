@@ -34,6 +34,9 @@ METRICS_FILE = "metrics.jsonl"
 METRICS_LINE_LIMIT = 2**20
 """The longest line of metrics.jsonl read on --resume (csekit's records are a few hundred bytes)."""
 
+FIXED_BY_CHECKPOINT = {"train.lr", "train.weight_decay", "train.optimizer"}
+"""Recipe keys whose value a resumed run takes from the checkpoint's optimizer and schedule state, not the recipe:
+a change to them cannot take effect on --resume, so even --allow-changes refuses it rather than ignore it."""
 SAME_UPDATE_KEYS = {"train.chunk_size", "train.sync_free"}
 """Recipe keys that change how a step is computed (memory, time) but not the update: a resume may change
 them without --allow-changes (the change is still recorded in metrics.jsonl)."""
@@ -215,6 +218,13 @@ def recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bo
     reference = load_recipe(reference_path)
     changes = recipe_changes(reference, recipe)
     refused = {key: change for key, change in changes.items() if key not in SAME_UPDATE_KEYS}
+    fixed = {key: change for key, change in refused.items() if key in FIXED_BY_CHECKPOINT}
+    if fixed and allow_changes:
+        raise CsekitError(
+            f"{_named(fixed)}: a resumed run takes this from its checkpoint's optimizer and schedule state in "
+            f"{output_dir / 'checkpoint'}, so the change could not take effect; resume with the saved value, or "
+            "start a new run with the new one"
+        )
     if refused and not allow_changes:
         edited = recipe_changes(reference, load_recipe(saved_path)) if reference_path == copy_path else {}
         if edited:
