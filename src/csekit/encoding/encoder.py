@@ -279,6 +279,28 @@ def own_code_message(location: str, source: str) -> str:
     )
 
 
+def _local_model_layout(path: Path) -> tuple[str, str | None, Any, list[str] | None]:
+    """Where a local model folder keeps its transformer (a csekit, sentence-transformers or plain transformers
+    layout) and what csekit saved with it (pooler, kept head, templates); the folder's files checked first."""
+    saved_pooler, head_config, saved_templates = None, None, None
+    transformer_dir = str(path)
+    if (path / CSEKIT_CONFIG).exists():
+        saved_pooler, head_config, saved_templates = _csekit_metadata(path / CSEKIT_CONFIG)
+    elif (path / "modules.json").exists():
+        st_dir, saved_pooler = _sentence_transformers_layout(path)
+        transformer_dir = str(st_dir)
+    if not (Path(transformer_dir) / "config.json").exists():
+        if (path / "best").is_dir() or (path / "last").is_dir():
+            raise CsekitError(
+                f"{path} is a training run's folder, not a model: its best model is {path / 'best'} "
+                f"(and the last one {path / 'last'})"
+            )
+        raise CsekitError(f"{path}: not a model directory (no config.json found)")
+    check_plain_files(transformer_dir)  # transformers reads these itself: no FIFO, device or huge file
+    refuse_own_code(Path(transformer_dir))
+    return transformer_dir, saved_pooler, head_config, saved_templates
+
+
 def _sentence_transformers_layout(path: Path) -> tuple[Path, str | None]:
     """For a sentence-transformers directory: the transformer's folder and its pooling mode."""
     modules_file = path / "modules.json"
@@ -407,20 +429,7 @@ class SentenceEncoder(nn.Module):
         transformer_dir: str = location
         local = path.is_dir()
         if local:
-            if (path / CSEKIT_CONFIG).exists():
-                saved_pooler, head_config, saved_templates = _csekit_metadata(path / CSEKIT_CONFIG)
-            elif (path / "modules.json").exists():
-                st_dir, saved_pooler = _sentence_transformers_layout(path)
-                transformer_dir = str(st_dir)
-            if not (Path(transformer_dir) / "config.json").exists():
-                if (path / "best").is_dir() or (path / "last").is_dir():
-                    raise CsekitError(
-                        f"{path} is a training run's folder, not a model: its best model is {path / 'best'} "
-                        f"(and the last one {path / 'last'})"
-                    )
-                raise CsekitError(f"{path}: not a model directory (no config.json found)")
-            check_plain_files(transformer_dir)  # transformers reads these itself: no FIFO, device or huge file
-            refuse_own_code(Path(transformer_dir))
+            transformer_dir, saved_pooler, head_config, saved_templates = _local_model_layout(path)
         hub = hub_options(location)  # {} for a folder; refuses a path that does not exist
         overrides: dict[str, Any] = {}
         if dropout is not None:
