@@ -346,7 +346,8 @@ class Trainer:
             return
         for line in self.precision_note:
             print(line, file=sys.stderr)
-        print(f"csekit: {self.duplicates.summary()}", file=sys.stderr)
+        if self.duplicates.distinct < self.duplicates.sentences:  # always in metrics.jsonl's start event
+            print(f"csekit: {self.duplicates.summary()}", file=sys.stderr)
         for line in never_active_warnings(self.unwrapped.part_names, self.steps_per_epoch, self.total_steps):
             print(line, file=sys.stderr)
         # An accepted change (--allow-changes) reaches the checkpoint's own copy of the recipe with the next
