@@ -151,7 +151,7 @@ def test_a_poisoned_batch_is_skipped_as_the_plain_loop_skips_it(
 
 
 def test_two_processes_skip_the_step_one_of_them_poisoned_as_the_plain_loop(
-    tmp_path: Path, tiny_model_dir: Path
+    tmp_path: Path, tiny_model_dir: Path, test_parts: None
 ) -> None:
     """DDP: process 1's loss is NaN at its 3rd step; both processes skip it (the flag is the all-reduced loss)."""
     from parts_for_tests import write_entry_points
