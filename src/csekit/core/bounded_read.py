@@ -68,18 +68,23 @@ def open_regular(path: str | Path, limit: int | None = None, buffered: bool = Tr
     return os.fdopen(fd, "rb") if buffered else os.fdopen(fd, "rb", buffering=0)
 
 
+def _open_named(path: str | Path, what: str, limit: int | None) -> BinaryIO:
+    """`open_regular(path, limit)`, a missing or unreadable file a CsekitError naming it as `what`."""
+    try:
+        return open_regular(path, limit)
+    except FileNotFoundError:
+        raise CsekitError(f"{what} {path} does not exist") from None
+    except OSError as error:
+        raise CsekitError(f"{what} {path}: cannot read it ({error.strerror or error})") from None
+
+
 def read_with(path: str | Path, read: Callable[[BinaryIO], _T], what: str, limit: int | None = None) -> _T:
     """`read(handle)` on the regular file `path` (of at most `limit` bytes): for loaders that take a handle.
 
     `read_with(p, lambda handle: np.load(handle, allow_pickle=False), "cosines", 2**30)`. A missing or
     unreadable file is a CsekitError naming it; the loader's own exceptions are the caller's to name.
     """
-    try:
-        handle = open_regular(path, limit)
-    except FileNotFoundError:
-        raise CsekitError(f"{what} {path} does not exist") from None
-    except OSError as error:
-        raise CsekitError(f"{what} {path}: cannot read it ({error.strerror or error})") from None
+    handle = _open_named(path, what, limit)
     with handle:
         return read(handle)
 
@@ -90,12 +95,7 @@ def read_by_name(path: str | Path, read: Callable[[str], _T], what: str, limit: 
     On Linux the loader gets `/proc/self/fd/N` of the descriptor that was checked, so the file it opens is
     the one checked, even if the name is swapped meanwhile.
     """
-    try:
-        handle = open_regular(path, limit)
-    except FileNotFoundError:
-        raise CsekitError(f"{what} {path} does not exist") from None
-    except OSError as error:
-        raise CsekitError(f"{what} {path}: cannot read it ({error.strerror or error})") from None
+    handle = _open_named(path, what, limit)
     with handle:
         by_descriptor = Path(f"/proc/self/fd/{handle.fileno()}")
         return read(str(by_descriptor if by_descriptor.exists() else path))
