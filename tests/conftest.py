@@ -313,6 +313,18 @@ def write_recipe(tmp_path: Path, model: Path, corpus: Path | str, extra: str = "
     return path
 
 
+def train_finished_run(root: Path, extra: str = "  max_steps: 2\n  eval_every: 2\n") -> Path:
+    """In `root`: a tiny model, a 64-line corpus and a recipe with `extra` train keys, trained into `root/run`
+    (a checkpoint at its last step); returns `root`. The run fixtures of the resume and hostile-file tests."""
+    from csekit.training.trainer import train
+
+    model = root / "tiny-model"
+    make_tiny_encoder(root / "tokenizer").save(model)
+    recipe = write_recipe(root, model, make_corpus(root / "corpus.txt", lines=64), extra)
+    train(load_recipe(recipe), root / "run", show_progress=False)
+    return root
+
+
 def assert_one_line_error(code: int, err: str, *needles: str) -> None:
     """Exit status 2 and one `csekit: error:` line that contains every needle."""
     assert code == 2

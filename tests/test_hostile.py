@@ -19,7 +19,16 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import REPO, assert_one_line_error, make_corpus, make_tiny_encoder, run_cli, run_main, write_recipe
+from conftest import (
+    REPO,
+    assert_one_line_error,
+    make_corpus,
+    make_tiny_encoder,
+    run_cli,
+    run_main,
+    train_finished_run,
+    write_recipe,
+)
 from test_untrusted import resume  # the one way these tests resume a run (`csekit train --resume`)
 
 from csekit.core.errors import CsekitError
@@ -33,12 +42,7 @@ CaptureErr = pytest.CaptureFixture[str]
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-step run with a checkpoint at step 2 (copy it before changing it)."""
-    root = tmp_path_factory.mktemp("finished")
-    model = root / "tiny-model"
-    make_tiny_encoder(root / "tokenizer").save(model)
-    recipe = write_recipe(root, model, make_corpus(root / "corpus.txt", lines=64), "  max_steps: 2\n  eval_every: 2\n")
-    train(load_recipe(recipe), root / "run", show_progress=False)
-    return root
+    return train_finished_run(tmp_path_factory.mktemp("finished"))
 
 
 @pytest.fixture

@@ -16,11 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, make_corpus, make_tiny_encoder, run_main, write_recipe
+from conftest import assert_one_line_error, make_corpus, run_main, train_finished_run, write_recipe
 
 from csekit.core.errors import CsekitError
-from csekit.training.recipe import load_recipe
-from csekit.training.trainer import train
 
 CaptureErr = pytest.CaptureFixture[str]
 HANG_LIMIT_S = 120
@@ -30,12 +28,7 @@ HANG_LIMIT_S = 120
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-step run with a checkpoint at step 2, and its recipe file (copy the run before changing it)."""
-    root = tmp_path_factory.mktemp("finished")
-    model = root / "tiny-model"
-    make_tiny_encoder(root / "tokenizer").save(model)
-    recipe = write_recipe(root, model, make_corpus(root / "corpus.txt", lines=64), "  max_steps: 2\n  eval_every: 2\n")
-    train(load_recipe(recipe), root / "run", show_progress=False)
-    return root
+    return train_finished_run(tmp_path_factory.mktemp("finished"))
 
 
 @pytest.fixture

@@ -11,13 +11,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_one_line_error, make_corpus, make_tiny_encoder, run_main, tiny_recipe, write_recipe
+from conftest import (
+    assert_one_line_error,
+    make_corpus,
+    make_tiny_encoder,
+    run_main,
+    tiny_recipe,
+    train_finished_run,
+    write_recipe,
+)
 from safetensors.torch import load_file, save_file
 from test_untrusted import resume
 
 from csekit.core.errors import CsekitError
-from csekit.training.recipe import load_recipe
-from csekit.training.trainer import train
 
 CaptureErr = pytest.CaptureFixture[str]
 QUEUE = "  max_steps: 2\n  eval_every: 2\nnegatives:\n  - name: momentum_queue\n    queue_size: 12\n"
@@ -26,12 +32,7 @@ QUEUE = "  max_steps: 2\n  eval_every: 2\nnegatives:\n  - name: momentum_queue\n
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-step ESimCSE-style run (a momentum queue of 12) with a checkpoint at step 2 (copy it before changing it)."""
-    root = tmp_path_factory.mktemp("finished")
-    model = root / "tiny-model"
-    make_tiny_encoder(root / "tokenizer").save(model)
-    recipe = write_recipe(root, model, make_corpus(root / "corpus.txt", lines=64), QUEUE)
-    train(load_recipe(recipe), root / "run", show_progress=False)
-    return root
+    return train_finished_run(tmp_path_factory.mktemp("finished"), QUEUE)
 
 
 @pytest.fixture

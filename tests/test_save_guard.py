@@ -12,10 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import make_corpus, make_tiny_encoder, write_recipe
-
-from csekit.training.recipe import load_recipe
-from csekit.training.trainer import train
+from conftest import train_finished_run
 
 UNDER_A_FILE_SIZE_LIMIT = """
 import resource, signal, sys
@@ -37,12 +34,7 @@ def run_under_file_size_limit(limit: int, *args: str, cwd: Path) -> subprocess.C
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-step run with a checkpoint at step 2 (copy it before changing it)."""
-    root = tmp_path_factory.mktemp("finished")
-    model = root / "tiny-model"
-    make_tiny_encoder(root / "tokenizer").save(model)
-    recipe = write_recipe(root, model, make_corpus(root / "corpus.txt", lines=64), "  max_steps: 2\n  eval_every: 2\n")
-    train(load_recipe(recipe), root / "run", show_progress=False)
-    return root
+    return train_finished_run(tmp_path_factory.mktemp("finished"))
 
 
 def checkpoint_bytes(run: Path) -> dict[str, bytes]:
