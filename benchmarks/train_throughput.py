@@ -478,7 +478,8 @@ def main() -> None:
         return
     if args.packed:
         compare_packing(args, precision)
-    elif args.variants:
+        return
+    if args.variants:
         compare_variants(args, precision)
         return
     seconds = compare_with_sentence_transformers(args, precision)
