@@ -56,6 +56,15 @@ def test_compiled_steps_give_the_eager_losses_and_resume_exactly(
     tmp_path: Path, tiny_model_dir: Path, test_parts: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(compiled, "COMPILE_BACKEND", "aot_eager")
+    compiled_passes: list[int] = []
+    original_call = CompiledTrainingForward.__call__
+
+    def counting_call(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        compiled_passes.append(1)
+        return original_call(self, *args, **kwargs)
+
+    # Every training pass must go through the compiled forward (a packed pass would bypass it).
+    monkeypatch.setattr(CompiledTrainingForward, "__call__", counting_call)
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
     # Dropout off: a pass padded to its bucket draws its dropout masks over more positions than the
     # unpadded pass, so with dropout the two draw different masks (the same training, not the same numbers).
@@ -63,6 +72,7 @@ def test_compiled_steps_give_the_eager_losses_and_resume_exactly(
     train(run_recipe(tiny_model_dir, corpus, "none", no_dropout), tmp_path / "eager", show_progress=False)
     train(run_recipe(tiny_model_dir, corpus, "default", no_dropout), tmp_path / "compiled", show_progress=False)
     eager, ours = ([r["loss"] for r in read_metrics(tmp_path / run) if "loss" in r] for run in ("eager", "compiled"))
+    assert len(compiled_passes) >= 3  # a pass a step at least (both views in one batch), three steps
     assert len(eager) == 3 and ours == pytest.approx(eager, rel=1e-5)
 
     marker = tmp_path / "raised"
@@ -81,6 +91,9 @@ def test_compile_choices() -> None:
     with pytest.raises(CsekitError, match=r"train\.compile must be one of none, default"):
         load_recipe(None, ["train.compile=fast"])
     assert load_recipe(None, ["train.compile=reduce-overhead"]).train.compile == "reduce-overhead"
+    with pytest.raises(CsekitError, match=r"model\.packed cannot be true with train\.compile"):
+        load_recipe(None, ["train.compile=default", "model.packed=true"])
+    assert load_recipe(None, ["train.compile=default", "model.packed=auto"]).model.packed == "auto"
 
 
 def test_inductor_fuses_a_layers_position_wise_blocks_to_the_eager_values() -> None:

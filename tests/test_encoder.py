@@ -163,6 +163,7 @@ def test_length_groups_give_the_whole_batch_results_and_gradients(
     from csekit.encoding.encoder import EMBEDDING_MASK
 
     encoder = SentenceEncoder.load(tiny_model_dir, pooler=pooler, dropout=0.0).train()
+    encoder.packed = False  # the padded pass is under test (CPU training packs under `auto`)
     rng = np.random.default_rng(0)
     sentences = [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 12)))) for _ in range(21)]
     inputs = encoder.tokenize(sentences, max_length=40)
@@ -172,6 +173,7 @@ def test_length_groups_give_the_whole_batch_results_and_gradients(
     elif embedding_mask == "features":  # feature cutoff: [B, 1, d]
         inputs[EMBEDDING_MASK] = torch.from_numpy(rng.random((batch, 1, encoder.dim)) > 0.2).float()
     assert inputs["attention_mask"].sum(dim=1).unique().numel() > 3  # rows of many lengths
+    assert not encoder.packs(inputs)  # length groups run only where the pass is padded
 
     def run(group_size: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         encoder.zero_grad(set_to_none=True)
@@ -216,6 +218,7 @@ def test_length_groups_run_on_a_cpu_only(tiny_model_dir: Path, monkeypatch: pyte
     assert not encoder_module.groups_by_length(torch.device("cuda"))
     assert not encoder_module.groups_by_length(torch.device("mps"))
     encoder = SentenceEncoder.load(tiny_model_dir, dropout=0.0).train()
+    encoder.packed = False  # the padded pass is under test (CPU training packs under `auto`)
     inputs = _mixed_length_inputs(encoder)
     widths, handle = _last_layer_widths(encoder)
     encoder(inputs, 4)
@@ -237,6 +240,7 @@ def test_a_pooled_only_pass_runs_less_of_the_last_layer_with_the_same_vectors_an
     from csekit.encoding.encoder import EMBEDDING_MASK
 
     encoder = SentenceEncoder.load(tiny_model_dir, pooler=pooler, dropout=0.0).train()
+    encoder.packed = False  # the padded pass is under test (CPU training packs under `auto`)
     inputs = _mixed_length_inputs(encoder)
     batch, width = inputs["input_ids"].shape
     inputs[EMBEDDING_MASK] = (torch.rand(batch, width, 1, generator=torch.Generator().manual_seed(0)) > 0.2).float()

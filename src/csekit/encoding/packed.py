@@ -44,12 +44,12 @@ BACKBONE_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "p
 PACKED_SETTINGS = ("auto", "true", "false")
 """`model.packed` values."""
 
-PACKED_BY_DEFAULT: dict[tuple[str, bool], bool] = {("cpu", True): False, ("cpu", False): False}
+PACKED_BY_DEFAULT: dict[tuple[str, bool], bool] = {("cpu", True): True, ("cpu", False): False}
 """What `auto` means per (device type, training); docs/performance.md, "Padding-free pass", has the figures.
 
-CPU evaluation: off, measured slower (`encode` sorts rows by length, so its batches carry about 2% padding,
-and the packed pass adds gathers around attention). CPU training: off, because it draws dropout masks in
-another shape, which changes every recorded loss trace (tests/test_recipe_losses.py). CUDA: not measured
+CPU training: on, measured faster than length groups on a quiet 2-core Zen 3 (0.81x their step, fp32,
+all-MiniLM-L6-v2, batch 64). CPU evaluation: off, measured slower (`encode` sorts rows by length, so its
+batches carry about 2% padding, and the packed pass adds gathers around attention). CUDA: not measured
 yet, so off."""
 
 

@@ -342,6 +342,11 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
             isinstance(recipe.model.packed, bool) or recipe.model.packed == "auto",  # 1 == True: not a setting
             "must be auto, true or false",
         ),
+        (
+            "model.packed",
+            recipe.model.packed is not True or train.compile == "none",
+            "cannot be true with train.compile (the compiled pass runs padded to length buckets); use auto",
+        ),
         ("data.bad_lines", recipe.data.bad_lines in ("error", "skip"), "must be error or skip"),
         ("data.max_chars", recipe.data.max_chars >= 1, "must be at least 1"),
         (

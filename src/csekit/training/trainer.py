@@ -244,6 +244,9 @@ class Trainer:
             if self.recipe.data.views.get("name") == "consert":
                 raise CsekitError("recipe key train.compile: ConSERT's views (per-token embedding masks) need none")
             compile_backbone(encoder.backbone, self.config.compile, model_config.max_length)
+            # The packed pass drives the layers one by one and would never call the compiled forward;
+            # `auto` therefore means padded (to the buckets) here, and the recipe refuses `true`.
+            encoder.packed = False
 
     def _make_loader(self) -> None:
         """Shuffled batches of `batch_size` sentences in all, split evenly over the processes.
