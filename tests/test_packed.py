@@ -17,6 +17,7 @@ import torch
 from conftest import WORDS, make_tiny_encoder
 from torch import Tensor, nn
 
+import csekit.encoding.packed as packed_module
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import EMBEDDING_MASK, SentenceEncoder
 from csekit.encoding.fast_dropout import enable_fast_dropout
@@ -75,14 +76,16 @@ def run(
     return output.pooled.detach(), states, grads, positions
 
 
-def assert_same(padded: tuple, packed: tuple) -> None:
+def assert_same(padded: tuple, packed: tuple, grad_atol: float = 1e-6) -> None:
     (pooled, states, grads, _), (packed_pooled, packed_states, packed_grads, _) = padded, packed
     torch.testing.assert_close(packed_pooled, pooled, rtol=1e-5, atol=1e-5)
     if states is not None:
         torch.testing.assert_close(packed_states, states, rtol=1e-5, atol=1e-5)
     assert packed_grads.keys() == grads.keys()
     for name, grad in grads.items():
-        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(
+            packed_grads[name], grad, rtol=1e-4, atol=grad_atol, msg=lambda m, n=name: f"{n}: {m}"
+        )
 
 
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
@@ -151,8 +154,37 @@ def dropped_fraction(sites: list[tuple[Tensor, Tensor]]) -> tuple[float, int]:
 
 
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
+@pytest.mark.parametrize("pooler", ["cls", "mean"])
+def test_attention_in_length_groups_equals_the_padded_pass(
+    tmp_path: Path, model_type: str, pooler: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a CPU the packed pass attends in groups of `length_group_size` rows sorted by length (11 rows in
+    groups of 4: three groups, the last one short): the padded pass's vectors, states and gradients."""
+    encoder = tiny_encoder(tmp_path, model_type, pooler)
+    encoder.length_group_size = 4
+    inputs = mixed_inputs(encoder)
+    widths: list[list[int]] = []
+    gather = packed_module.AttentionGroups.gather
+
+    def recording_gather(self: packed_module.AttentionGroups, packed: Tensor) -> list[Tensor]:
+        grouped = gather(self, packed)
+        widths.append([tensor.shape[1] for tensor in grouped])
+        return grouped
+
+    monkeypatch.setattr(packed_module.AttentionGroups, "gather", recording_gather)
+    padded = run(encoder, inputs, packed=False, token_states=True)
+    packed = run(encoder, inputs, packed=True, token_states=True)
+    assert_same(padded, packed, grad_atol=1e-5)  # other score-matrix shapes: other float rounding
+    lengths = sorted(inputs["attention_mask"].sum(dim=1).tolist())
+    assert widths and all(w == [lengths[3], lengths[7], lengths[10]] for w in widths)  # each group's longest row
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
 @pytest.mark.parametrize("fast", [False, True])
-def test_every_dropout_site_drops_p_in_the_packed_pass(tmp_path: Path, model_type: str, fast: bool) -> None:
+@pytest.mark.parametrize("group_rows", [0, 16])
+def test_every_dropout_site_drops_p_in_the_packed_pass(
+    tmp_path: Path, model_type: str, fast: bool, group_rows: int
+) -> None:
     """Hidden dropout (module sites) and attention-probability dropout each drop a fraction p.
 
     Attention's site is read through its output: with zero query weights every real key gets weight 1/n and
@@ -164,6 +196,7 @@ def test_every_dropout_site_drops_p_in_the_packed_pass(tmp_path: Path, model_typ
     if fast:
         assert enable_fast_dropout(encoder.backbone)  # csekit's CPU masks and attention function
     encoder.packed = True
+    encoder.length_group_size = group_rows  # attention in one padded group, or in length groups of 16 rows
     attention = encoder.backbone.encoder.layer[0].attention.self
     with torch.no_grad():
         attention.query.weight.zero_()
@@ -222,8 +255,6 @@ def test_auto_runs_packed_only_where_measured_faster_and_supported(tmp_path: Pat
 def test_other_architectures_are_refused_under_true_and_run_padded_under_auto(
     tmp_path: Path, tiny_model_dir: Path, model_type: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import csekit.encoding.packed as packed_module
-
     monkeypatch.setitem(packed_module.PACKED_BY_DEFAULT, ("cpu", True), True)  # auto would pack a BERT here
     encoder = make_tiny_encoder(tmp_path / model_type, pooler="mean", model_type=model_type).train()
     assert packing_refusal(encoder.backbone) is not None

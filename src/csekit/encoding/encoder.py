@@ -618,7 +618,8 @@ class SentenceEncoder(nn.Module):
         """One padding-free backbone pass; the pooler sees padded states, or the read positions' only."""
         mask, ids = inputs["attention_mask"], inputs["input_ids"]
         positions = None if token_states else self.pooler.read_positions(mask, ids)
-        output = packed_pass(self.backbone, inputs, self.pooler.needs_all_layers, positions)
+        group_rows = self.length_group_size if groups_by_length(mask.device) else 0
+        output = packed_pass(self.backbone, inputs, self.pooler.needs_all_layers, positions, group_rows)
         if output.read_states is not None:
             return EncoderOutput(self.pooler.pool_read_states(output.read_states), None, mask, ids)
         states = output.hidden_states

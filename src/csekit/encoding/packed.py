@@ -11,10 +11,12 @@ LayerNorms see real tokens only. Attention stays within each row:
 * on CUDA in fp16/bf16, through the flash kernel's variable-length form (`aten::_flash_attention_forward`
   with cumulative row lengths; `torch.nn.attention.varlen.varlen_attn` fixes its dropout at 0, and SimCSE's
   views need attention-probability dropout);
-* elsewhere (a CPU, fp32), exactly as in the padded pass: queries, keys and values are scattered back to
-  [B, H, L, d_h] and the backbone's own attention function runs with the key-padding mask (csekit's CPU
-  attention with its cheap dropout masks where `model.fast_dropout` set it), then the result is gathered
-  again. Attention is a small part of a short sentence's arithmetic; the products around it are not.
+* elsewhere (a CPU, fp32), exactly as in the padded pass, in length groups: queries, keys and values are
+  gathered into groups of rows of similar length (`model.length_group_size` rows, each group as wide as its
+  longest row: `AttentionGroups`) and the backbone's own attention function runs with the key-padding mask
+  (csekit's CPU attention with its cheap dropout masks where `model.fast_dropout` set it), then the result
+  is scattered back. Attention is a small part of a short sentence's arithmetic; the products around it
+  are not, but over the whole batch padded to its longest row it cost a tenth of a CPU step.
 
 The last layer's states come back in the padded layout for poolers and parts that read token states;
 when only one position a row is read (cls, mask, pooler_output), the last layer's position-wise part
@@ -113,21 +115,67 @@ class PackedRows:
         flat = packed.new_zeros((self.batch * self.width, *packed.shape[1:]))
         return flat.index_copy(0, self.index, packed).view(self.batch, self.width, *packed.shape[1:])
 
+    def attention_groups(self, group_rows: int) -> AttentionGroups:
+        """Rows sorted by length in groups of `group_rows` (0: one group), each as wide as its longest row."""
+        lengths = (self.cumulative_lengths[1:] - self.cumulative_lengths[:-1]).tolist()  # host values: CPU only
+        order = sorted(range(self.batch), key=lengths.__getitem__)
+        size = group_rows if 0 < group_rows < self.batch else self.batch
+        total = int(self.cumulative_lengths[-1])
+        starts = self.cumulative_lengths.tolist()
+        groups, real_indices = [], []
+        for first in range(0, self.batch, size):
+            members = order[first : first + size]
+            width = max(lengths[r] for r in members)
+            # Each member's packed indices, then `total` (a zero row appended to the packed states) as padding.
+            index = [[*range(starts[r], starts[r + 1]), *[total] * (width - lengths[r])] for r in members]
+            index_tensor = torch.tensor(index, dtype=torch.long, device=self.index.device)
+            mask = index_tensor < total
+            groups.append((index_tensor, mask))
+            real_indices.append(index_tensor[mask])
+        restore = torch.argsort(torch.cat(real_indices))
+        return AttentionGroups(groups, restore, total)
+
     def packed_positions(self, positions: Tensor) -> Tensor:
         """Each row's real position `positions[r]` (padded coordinates, [B]) as an index into the packed sequence."""
         rank = self.key_mask.flatten().cumsum(0).view(self.batch, self.width) - 1
         return rank[torch.arange(self.batch, device=positions.device), positions]
 
 
+@dataclass
+class AttentionGroups:
+    """Where attention runs on a CPU: rows of similar length in groups, each padded to its own longest row.
+
+    A batch padded to its longest row computes attention over about 2 positions per real token (squared in
+    the score matrix); groups of 32 rows sorted by length, about 1.2 (as `model.length_group_size` does for
+    the padded pass). Only attention is grouped: everything else runs on the packed tokens.
+    """
+
+    groups: list[tuple[Tensor, Tensor]]  # per group: [g, w] indices into the packed states (T = padding), [g, w] mask
+    restore: Tensor  # [T]: the groups' real positions, concatenated, back in packed order
+    total: int  # T, the number of real tokens
+
+    def gather(self, packed: Tensor) -> list[Tensor]:
+        """[T, ...] -> per group [g, w, ...], zeros at padding."""
+        padded = torch.cat([packed, packed.new_zeros((1, *packed.shape[1:]))])
+        return [padded[index] for index, _ in self.groups]
+
+    def scatter(self, grouped: list[Tensor]) -> Tensor:
+        """Per group [g, w, ...] -> [T, ...] (values at padding dropped)."""
+        real = [tensor[mask] for tensor, (_, mask) in zip(grouped, self.groups, strict=True)]
+        return torch.cat(real)[self.restore]
+
+
 def _uses_flash(query: Tensor) -> bool:
     return query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] % 8 == 0
 
 
-def _attend(attention: nn.Module, hidden: Tensor, rows: PackedRows, padded_mask: Callable[[], Any]) -> Tensor:
+def _attend(
+    attention: nn.Module, hidden: Tensor, rows: PackedRows, grouped: Callable[[], list[tuple[AttentionGroups, Any]]]
+) -> Tensor:
     """One self-attention block on packed states [T, d]: the context [T, H * d_h], attending within rows.
 
-    `padded_mask()` is the padded pass's own attention mask (built by transformers for the backbone's
-    attention function), used where attention runs on the padded layout.
+    `grouped()` gives, where attention runs on a padded layout (not the flash kernel), the length groups and
+    each group's attention mask as transformers builds it for the backbone's attention function.
     """
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     from transformers.models.bert.modeling_bert import eager_attention_forward
@@ -153,9 +201,21 @@ def _attend(attention: nn.Module, hidden: Tensor, rows: PackedRows, padded_mask:
         )[0]
         return context.flatten(1)
     attend = ALL_ATTENTION_FUNCTIONS.get_interface(attention.config._attn_implementation, eager_attention_forward)
-    padded = [rows.unpack(tensor).transpose(1, 2) for tensor in (query, key, value)]  # [B, H, L, d_h]
-    context, _ = attend(attention, *padded, padded_mask(), dropout=dropout, scaling=attention.scaling)
-    return rows.pack(context.reshape(rows.batch, rows.width, heads * head_size))
+    groups, masks = grouped()
+    per_group = zip(*(groups.gather(tensor) for tensor in (query, key, value)), masks, strict=True)
+    contexts = [
+        attend(
+            attention,
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            mask,
+            dropout=dropout,
+            scaling=attention.scaling,
+        )[0]
+        for q, k, v, mask in per_group
+    ]  # each [g, w, H, d_h]
+    return groups.scatter(contexts).flatten(1)
 
 
 @dataclass
@@ -171,12 +231,15 @@ def packed_pass(
     inputs: dict[str, Tensor],
     all_layers: bool = False,
     read_positions: Tensor | None = None,
+    attention_group_rows: int = 0,
 ) -> PackedOutput:
     """Run a BERT-layout `backbone` padding-free on padded `inputs` (see the module's docstring).
 
     `all_layers`: return every layer's states (a pooler that reads more than the last layer).
     `read_positions` [B]: run the last layer's position-wise part at those positions only, returning
     their states as `read_states` (and no token states).
+    `attention_group_rows`: where attention runs on a padded layout (not the flash kernel), in length groups
+    of that many rows (`AttentionGroups`); 0: one group, the batch padded to its longest row.
     """
     rows = PackedRows.of(inputs["attention_mask"])
     embedding_inputs = {key: inputs[key] for key in ("token_type_ids", "position_ids") if key in inputs}
@@ -189,11 +252,18 @@ def packed_pass(
     layers = backbone.encoder.layer
     states: list[Tensor] = [embedded] if all_layers else []
     read = rows.packed_positions(read_positions) if read_positions is not None else None
-    padded_mask = functools.cache(
-        lambda: create_bidirectional_mask(backbone.config, embedded, inputs["attention_mask"])
-    )
+
+    @functools.cache
+    def grouped() -> tuple[AttentionGroups, list[Any]]:
+        groups = rows.attention_groups(attention_group_rows)
+        masks = [
+            create_bidirectional_mask(backbone.config, embedded.new_empty((*mask.shape, 1)), mask.long())
+            for _, mask in groups.groups
+        ]
+        return groups, masks
+
     for number, layer in enumerate(layers):
-        context = _attend(layer.attention.self, hidden, rows, padded_mask)
+        context = _attend(layer.attention.self, hidden, rows, grouped)
         if read is not None and number == len(layers) - 1:
             context, hidden = context[read], hidden[read]  # only these positions are read
         hidden = layer.attention.output(context, hidden)
