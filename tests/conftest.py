@@ -133,6 +133,22 @@ QUICK_FILES = frozenset(
 CPU and imports every module of src/csekit (tests/test_quick_subset.py checks both that and the names here)."""
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`make test` runs `-n auto`), each worker gets its share of the cores.
+
+    PyTorch runs a thread a core by default, so 2 workers on 2 cores would run 4 busy threads and slow
+    each other down. A worker sets its own thread count, and OMP_NUM_THREADS and MKL_NUM_THREADS to the
+    same for the processes its tests start (CLI runs, torchrun); tests that set their own still do.
+    """
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if "PYTEST_XDIST_WORKER" not in os.environ or not workers:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = max(1, cores // int(workers))
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark the tests of QUICK_FILES `quick` (`pytest -m quick`), in one place rather than in each file."""
     for item in items:
