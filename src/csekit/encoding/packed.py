@@ -49,10 +49,10 @@ PACKED_SETTINGS = ("auto", "true", "false")
 PACKED_BY_DEFAULT: dict[tuple[str, bool], bool] = {("cpu", True): True, ("cpu", False): False}
 """What `auto` means per (device type, training); docs/performance.md, "Padding-free pass", has the figures.
 
-CPU training: on, measured faster than length groups on a quiet 2-core Zen 3 (0.81x their step, fp32,
-all-MiniLM-L6-v2, batch 64). CPU evaluation: off, measured slower (`encode` sorts rows by length, so its
-batches carry about 2% padding, and the packed pass adds gathers around attention). CUDA: not measured
-yet, so off."""
+CPU training: on, measured faster than length groups on a quiet 2-core Zen 3 (0.83x their step with
+attention in length groups, fp32, all-MiniLM-L6-v2, batch 64). CPU evaluation: off, measured slower
+(`encode` sorts rows by length, so its batches carry about 2% padding, and the packed pass adds gathers
+around attention). CUDA: not measured yet, so off."""
 
 
 def packing_refusal(backbone: nn.Module) -> str | None:
@@ -170,7 +170,7 @@ def _uses_flash(query: Tensor) -> bool:
 
 
 def _attend(
-    attention: nn.Module, hidden: Tensor, rows: PackedRows, grouped: Callable[[], list[tuple[AttentionGroups, Any]]]
+    attention: nn.Module, hidden: Tensor, rows: PackedRows, grouped: Callable[[], tuple[AttentionGroups, list[Any]]]
 ) -> Tensor:
     """One self-attention block on packed states [T, d]: the context [T, H * d_h], attending within rows.
 

@@ -66,10 +66,11 @@ class ModelConfig:
     fast_dropout: bool = True
     # Padding-free encoder passes (csekit.encoding.packed): every row's real tokens concatenated, attention
     # within rows; the same vectors and gradients as the padded pass (dropout masks are drawn in another shape).
-    # true | false | auto: auto is on per device kind only where measured faster: CPU training (0.81x the length
-    # groups' step), not CPU evaluation (slower), not GPUs (unmeasured), not with train.compile (its padded
-    # buckets); see docs/performance.md, "Padding-free pass". BERT-architecture and RoBERTa backbones; true
-    # refuses others, and auto runs them in length groups.
+    # true | false | auto: auto is on per device kind only where measured faster: CPU training (0.83x the
+    # length groups' step; its attention still runs in groups of length_group_size rows), not CPU evaluation
+    # (slower), not GPUs (unmeasured), not with train.compile (its padded buckets); see docs/performance.md,
+    # "Padding-free pass". BERT-architecture and RoBERTa backbones; true refuses others, and auto runs them
+    # in length groups.
     packed: bool | str = "auto"
 
 
