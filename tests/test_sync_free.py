@@ -61,9 +61,16 @@ def started_trainer(recipe: Recipe, output: Path) -> Iterator[Trainer]:
 
 
 def gpu_path_recipe(model_dir: Path, corpus: Path, *extra: str) -> Recipe:
-    """The tiny recipe on the path a GPU takes: one encoder pass (no length groups), torch's dropout."""
+    """The tiny recipe on the path a GPU takes: one padded encoder pass (no length groups; `auto` packs on a
+    CPU only, reading row lengths on the host), torch's dropout."""
     return tiny_recipe(
-        model_dir, corpus, "model.length_group_size=0", "model.fast_dropout=false", "train.log_every=4", *extra
+        model_dir,
+        corpus,
+        "model.length_group_size=0",
+        "model.packed=false",
+        "model.fast_dropout=false",
+        "train.log_every=4",
+        *extra,
     )
 
 

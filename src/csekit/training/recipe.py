@@ -297,6 +297,15 @@ MAX_WORKERS = 64
 """The most DataLoader worker processes a recipe may ask for (each is a process with its own memory)."""
 
 
+def _check_packed_with_compile(recipe: Recipe, where: Any) -> None:
+    """A packed pass drives the layers one by one and would never call the compiled (bucketed) forward."""
+    if recipe.model.packed is True and recipe.train.compile != "none":
+        raise CsekitError(
+            f"{where('model.packed')}: recipe key model.packed cannot be true with train.compile (the compiled "
+            "pass runs padded to length buckets); use auto"
+        )
+
+
 def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     """Checks the schema cannot express: value ranges and choices."""
     train = recipe.train
@@ -344,11 +353,6 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
             isinstance(recipe.model.packed, bool) or recipe.model.packed == "auto",  # 1 == True: not a setting
             "must be auto, true or false",
         ),
-        (
-            "model.packed",
-            recipe.model.packed is not True or train.compile == "none",
-            "cannot be true with train.compile (the compiled pass runs padded to length buckets); use auto",
-        ),
         ("data.bad_lines", recipe.data.bad_lines in ("error", "skip"), "must be error or skip"),
         ("data.max_chars", recipe.data.max_chars >= 1, "must be at least 1"),
         (
@@ -362,6 +366,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     for key, ok, message in checks:
         if not ok:
             raise CsekitError(f"{where(key)}: recipe key {key} {message}")
+    _check_packed_with_compile(recipe, where)
     _check_dev_selection(train, where)
     _check_dev_scoring(recipe, where)
     _check_report_to(train.report_to, where)
