@@ -29,6 +29,22 @@ house red blue big small and not of to . , ! ? he she it they eats food music qu
 
 REPO = Path(__file__).resolve().parents[1]
 
+DISTINCT_SENTENCES = [
+    "a man plays the guitar",
+    "the dog runs in the park",
+    "she eats food quickly",
+    "a small cat sits on the house",
+    "they are playing music",
+    "the red ball is big",
+    "he runs slowly with the dog",
+    "a woman plays with a blue ball",
+    "the cat eats the red food",
+    "a man runs in the house",
+    "she plays the blue guitar slowly",
+    "they sit on a small ball",
+]
+"""Twelve distinct short sentences in the tiny vocabulary (batches of known rows: DDP, duplicates)."""
+
 
 def shared_data_dir() -> Path | None:
     """The SentEval data folder: $CSEKIT_DATA, else ../shared/data beside the repository."""

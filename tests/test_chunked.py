@@ -217,31 +217,10 @@ def ran_packed(encoder: SentenceEncoder) -> tuple[list[int], torch.utils.hooks.R
     return ranks, feed_forward.register_forward_pre_hook(lambda module, args: ranks.append(args[0].dim()))
 
 
-@pytest.mark.parametrize("family", PACKED_FAMILIES)
-def test_a_packed_chunked_step_equals_the_padded_unchunked_step(tiny: TinyInputs, family: str) -> None:
-    """model.packed in a chunked step, no dropout: the padded unchunked step's loss, parts and gradients."""
-    plain, views = build(family_recipe(tiny, family, "model.dropout=0.0", "model.packed=false"))
-    chunked, _ = build(family_recipe(tiny, family, "model.dropout=0.0", "model.packed=true"))
-    batch = make_batch(tiny, views)
-    torch.manual_seed(2)
-    expected = plain_step(plain, batch)
-    ranks, handle = ran_packed(chunked.encoder)
-    torch.manual_seed(2)
-    try:
-        actual = cached_step(chunked, chunked.encoder, batch, CHUNK)
-    finally:
-        handle.remove()
-    assert 2 in ranks
-    assert_same_step(expected, actual, (gradients(plain), gradients(chunked)))
-
-
-@pytest.mark.parametrize("family", PACKED_FAMILIES)
-def test_a_packed_chunked_step_replays_dropout(tiny: TinyInputs, family: str) -> None:
-    """model.packed with dropout: each chunk's second packed pass draws its first pass's masks."""
-    recipe = family_recipe(tiny, family, "model.length_group_size=0", "model.dropout=0.1", "model.packed=true")
-    reference, views = build(recipe)
-    chunked, _ = build(recipe)
-    encode_in_chunks_with_one_graph(reference.encoder, CHUNK)
+def assert_packed_chunked_step_equals(
+    tiny: TinyInputs, reference: ContrastiveModel, chunked: ContrastiveModel, views: Any
+) -> None:
+    """`chunked`'s cached step (packed passes seen) gives `reference`'s plain step: loss, parts, gradients."""
     batch = make_batch(tiny, views)
     torch.manual_seed(2)
     expected = plain_step(reference, batch)
@@ -253,6 +232,24 @@ def test_a_packed_chunked_step_replays_dropout(tiny: TinyInputs, family: str) ->
         handle.remove()
     assert 2 in ranks
     assert_same_step(expected, actual, (gradients(reference), gradients(chunked)))
+
+
+@pytest.mark.parametrize("family", PACKED_FAMILIES)
+def test_a_packed_chunked_step_equals_the_padded_unchunked_step(tiny: TinyInputs, family: str) -> None:
+    """model.packed in a chunked step, no dropout: the padded unchunked step's loss, parts and gradients."""
+    plain, views = build(family_recipe(tiny, family, "model.dropout=0.0", "model.packed=false"))
+    chunked, _ = build(family_recipe(tiny, family, "model.dropout=0.0", "model.packed=true"))
+    assert_packed_chunked_step_equals(tiny, plain, chunked, views)
+
+
+@pytest.mark.parametrize("family", PACKED_FAMILIES)
+def test_a_packed_chunked_step_replays_dropout(tiny: TinyInputs, family: str) -> None:
+    """model.packed with dropout: each chunk's second packed pass draws its first pass's masks."""
+    recipe = family_recipe(tiny, family, "model.length_group_size=0", "model.dropout=0.1", "model.packed=true")
+    reference, views = build(recipe)
+    chunked, _ = build(recipe)
+    encode_in_chunks_with_one_graph(reference.encoder, CHUNK)
+    assert_packed_chunked_step_equals(tiny, reference, chunked, views)
 
 
 def test_without_replay_the_gradients_differ(tiny: TinyInputs, monkeypatch: pytest.MonkeyPatch) -> None:

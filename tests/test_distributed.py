@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import DISTINCT_SENTENCES as SENTENCES
 
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.training.model import build_model
@@ -20,20 +21,6 @@ from csekit.training.recipe import Recipe, load_recipe
 
 ACCELERATE_CPU = Path(__file__).resolve().parents[1] / "configs" / "accelerate-cpu.yaml"
 
-SENTENCES = [
-    "a man plays the guitar",
-    "the dog runs in the park",
-    "she eats food quickly",
-    "a small cat sits on the house",
-    "they are playing music",
-    "the red ball is big",
-    "he runs slowly with the dog",
-    "a woman plays with a blue ball",
-    "the cat eats the red food",
-    "a man runs in the house",
-    "she plays the blue guitar slowly",
-    "they sit on a small ball",
-]
 
 # Each method's parts whose statistics span the batch: SimCSE's in-batch negatives; ConSERT's NT-Xent (both
 # views' in-batch negatives); DCLR's noise

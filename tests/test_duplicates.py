@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from accelerate.data_loader import prepare_data_loader
-from conftest import read_metrics, run_cli, tiny_recipe
+from conftest import DISTINCT_SENTENCES, read_metrics, run_cli, tiny_recipe
 from test_distributed import free_port
 from torch.utils.data import DataLoader
 
@@ -27,16 +27,7 @@ from csekit.data.duplicates import (
 from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
-SENTENCES = [
-    "a man plays the guitar",
-    "the dog runs in the park",
-    "she eats food quickly",
-    "a small cat sits on the house",
-    "they are playing music",
-    "the red ball is big",
-    "he runs slowly with the dog",
-    "a woman plays with a blue ball",
-]
+SENTENCES = DISTINCT_SENTENCES[:8]
 
 
 def eight_by_eight(path: Path) -> Path:
