@@ -222,20 +222,29 @@ elif args[0] == "train":
 """
 
 
-def test_an_interrupted_quickstart_continues_on_a_second_run(tmp_path: Path) -> None:
-    """scripts/quickstart.sh in a checkout whose csekit is a stand-in that records its calls: interrupted in
-    training, the second run resumes it (not refusing the folder) and then evaluates the trained model."""
+def stand_in_checkout(tmp_path: Path, script: str, program: str, program_text: str) -> tuple[Path, Path]:
+    """A checkout holding scripts/`script` and a stand-in .venv/bin/`program` (`program_text`, formatted with
+    this Python) that records its calls; returns the checkout and its bin folder."""
     import shutil
-    import subprocess
     import sys
 
     checkout = tmp_path / "checkout"
     (checkout / "scripts").mkdir(parents=True)
-    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "quickstart.sh", checkout / "scripts")
+    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / script, checkout / "scripts")
     bin_dir = checkout / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
-    (bin_dir / "csekit").write_text(STAND_IN_CSEKIT.format(python=sys.executable), encoding="utf-8")
-    (bin_dir / "csekit").chmod(0o755)
+    (bin_dir / program).write_text(program_text.format(python=sys.executable), encoding="utf-8")
+    (bin_dir / program).chmod(0o755)
+    return checkout, bin_dir
+
+
+def test_an_interrupted_quickstart_continues_on_a_second_run(tmp_path: Path) -> None:
+    """scripts/quickstart.sh in a checkout whose csekit is a stand-in that records its calls: interrupted in
+    training, the second run resumes it (not refusing the folder) and then evaluates the trained model."""
+    import subprocess
+    import sys
+
+    checkout, bin_dir = stand_in_checkout(tmp_path, "quickstart.sh", "csekit", STAND_IN_CSEKIT)
     (bin_dir / "python").symlink_to(sys.executable)
     calls = tmp_path / "calls.txt"
     env = {"PATH": "/usr/bin:/bin", "CALLS": str(calls), "CSEKIT_DATA": str(tmp_path / "data")}
@@ -273,17 +282,9 @@ sys.exit(1 if args == ["-c", "import torch"] else 0)  # torch missing; everythin
 @pytest.mark.parametrize("index", ["", "https://download.pytorch.org/whl/cpu"])
 def test_setup_installs_torch_from_the_index_torch_index_url_names(tmp_path: Path, index: str) -> None:
     """scripts/setup.sh in a checkout whose .venv is a stand-in that records its calls."""
-    import shutil
     import subprocess
-    import sys
 
-    checkout = tmp_path / "checkout"
-    (checkout / "scripts").mkdir(parents=True)
-    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / "setup.sh", checkout / "scripts")
-    bin_dir = checkout / ".venv" / "bin"
-    bin_dir.mkdir(parents=True)
-    (bin_dir / "python").write_text(STAND_IN_PYTHON.format(python=sys.executable), encoding="utf-8")
-    (bin_dir / "python").chmod(0o755)
+    checkout, bin_dir = stand_in_checkout(tmp_path, "setup.sh", "python", STAND_IN_PYTHON)
     (bin_dir / "activate").write_text(f'export PATH="{bin_dir}:$PATH"\n', encoding="utf-8")
     tools = tmp_path / "tools"  # apertium "installed": setup.sh must not reach for apt-get here
     tools.mkdir()
