@@ -212,7 +212,7 @@ class GroupWhitening(nn.Module):
         with torch.autocast(x.device.type, enabled=False):
             if self.statistics == "running":
                 matrix = self._grouped_matrix(self.running_covariance, permutation)
-                return ((x.float() - self.running_mean) @ matrix).to(x.dtype)
+                return ((x.to(self.running_mean.dtype) - self.running_mean) @ matrix).to(x.dtype)
             return self._whiten_batch(x, permutation).to(x.dtype)
 
     def _whiten_batch(self, x: Tensor, permutation: Tensor | None) -> Tensor:
@@ -238,7 +238,7 @@ class GroupWhitening(nn.Module):
         if self.kind == "none":
             return
         with torch.autocast(x.device.type, enabled=False):  # bf16 autocast would round the covariance
-            values = x.detach().float()
+            values = x.detach().to(self.running_mean.dtype)  # fp32 under bf16 autocast
             mean = values.mean(dim=0)
             centred = values - mean
             cov = centred.T @ centred / values.shape[0]
@@ -269,14 +269,14 @@ class GroupWhitening(nn.Module):
             matrices = whitening_matrices(blocks, self.kind, self.eps, gradient=False)
             permuted = torch.block_diag(*matrices.unbind(0))
             inverse = torch.argsort(perm)
-            return permuted[inverse][:, inverse].float()
+            return permuted[inverse][:, inverse].to(covariance.dtype)
 
     def test_transform(self, x: Tensor) -> Tensor:
         """Batch-independent whitening with the running statistics."""
         if self.kind == "none":
             return x
         with torch.autocast(x.device.type, enabled=False):
-            return ((x.float() - self.running_mean) @ self.test_matrix()).to(x.dtype)
+            return ((x.to(self.running_mean.dtype) - self.running_mean) @ self.test_matrix()).to(x.dtype)
 
 
 class WhiteningHead(nn.Module):

@@ -130,7 +130,7 @@ class MomentumQueue(nn.Module):
     def enqueue(self, vectors: Tensor) -> None:
         """First in, first out: the newest vectors overwrite the oldest (a batch longer than the queue: its end)."""
         size = self.queue.shape[0]
-        vectors = vectors.detach().float()[-size:]
+        vectors = vectors.detach().to(self.queue.dtype)[-size:]  # fp32 under bf16 autocast
         positions = (self.pointer + torch.arange(vectors.shape[0], device=self.queue.device)) % size
         self.queue[positions] = vectors.to(self.queue.device)
         self.pointer.copy_((self.pointer + vectors.shape[0]) % size)
