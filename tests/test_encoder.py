@@ -286,6 +286,7 @@ def test_poolers_that_read_every_position_keep_the_whole_last_layer(tiny_model_d
     torch.testing.assert_close(fast.pooled, full.pooled)
 
 
+@pytest.mark.gpu_image
 def test_gradient_checkpointing_keeps_the_whole_last_layer(tiny_model_dir: Path) -> None:
     """Checkpointing re-runs the layer in backward, after the pass's hook is gone: no shortcut then."""
     encoder = SentenceEncoder.load(tiny_model_dir, pooler="cls", dropout=0.0).train()
