@@ -1,35 +1,41 @@
-"""Training throughput on a GPU: csekit's SimCSE step against sentence-transformers' MNRL recipe, and the bound.
+"""Training throughput on a GPU: csekit's real loop with each key on and off, sentence-transformers, the bound.
 
     python benchmarks/gpu_throughput.py --assets .gpu/assets [--batches 64 512] [--profile 512]
+    python benchmarks/gpu_throughput.py --assets DIR --key model.some_new_key=true,false
 
 A randomly initialised BERT-base (transformers' BertConfig defaults, all-MiniLM-L6-v2's WordPiece tokenizer
-from `--assets/tokenizer-bert`), [CLS] pooling, max length 32, bf16 autocast, AdamW at lr 3e-5, the same
-batches of real sentences (`--assets/corpus.txt`) for every variant, in one process:
+from `--assets/tokenizer-bert`), [CLS] pooling, max length 32, bf16 autocast, AdamW at lr 3e-5, sentences
+of `--assets/corpus.txt`, in one process (benchmarks/gpu_check.py runs the same measurements in its stages):
 
-  csekit step      the trainer's own step (`profile_step.csekit_step`: collation, forward_backward with
-                   gradient clipping, the logged loss's all-reduce, AdamW), batch moved to the GPU
-  csekit loop      `csekit.training.trainer.train` itself (data loading, logging), from its metrics.jsonl
-  ST MNRL          sentence-transformers: `MultipleNegativesRankingLoss` on (s, s) pairs (its unsupervised
-                   SimCSE recipe) in a plain loop (tokenise, forward, backward, AdamW): no Trainer overhead
-  ST CMNRL         the same with `CachedMultipleNegativesRankingLoss` (GradCache, mini-batches of 32)
+  csekit <variant>  `csekit.training.trainer.Trainer`'s own loop: its DataLoader (collation, the copy to the
+                    device), `Trainer.step` and what follows it, with the recipe keys of `KEYS` all off, each
+                    alone on, and all on (`--key KEY=ON,OFF` adds a key; keys added to KEYS slot in)
+  ST MNRL           sentence-transformers: `MultipleNegativesRankingLoss` on (s, s) pairs (its unsupervised
+                    SimCSE recipe), AdamW as its trainer configures it (transformers' default optim
+                    `adamw_torch_fused` for torch >= 2.8: fused, no weight decay, gradients clipped at 1.0)
+  ST CMNRL          the same with `CachedMultipleNegativesRankingLoss` (GradCache, mini-batches of 32)
 
-Each step's matrix-product FLOPs (forward and backward, `torch.utils.flop_counter`) over its median time is
-a rate, printed as a fraction of the bf16 rate a large square product reaches on this GPU (the bound).
-With `--profile B` it prints torch.profiler's kernels by GPU time and the CPU operators by self time for
-csekit's step at batch B.
+Every step time is a window's wall time over its steps, the device synchronised once before and once after
+the window (the loop itself never waits between log points when train.sync_free is on). Every variant's
+rate uses ONE FLOP count, the matrix-product FLOPs (forward and backward, `torch.utils.flop_counter`) of
+csekit's padded step on the same batch size, so a packed step is not charged less. Host syncs per step are
+counted in a separate window (`profile_step.counting_syncs`: host reads and CUDA's synchronising calls).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import random
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -37,215 +43,329 @@ from torch.utils.flop_counter import FlopCounterMode
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 MAX_LENGTH = 32
+LR = 3e-5
+
+KEYS: dict[str, tuple[str, str]] = {
+    "model.packed": ("true", "false"),
+    "train.sync_free": ("true", "false"),
+    "model.fast_dropout": ("true", "false"),
+    "data.num_workers": ("2", "0"),
+}
+"""The csekit keys measured on and off: key -> (on, off). train.compile runs apart (gpu_check's last stage)."""
+
+Step = Callable[[], None]
 
 
-def matmul_bound(size: int = 8192, repeats: int = 20) -> float:
-    """TFLOP/s of a large square bf16 product on random data, median of CUDA-event timings."""
-    a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+def matmul_bound(device: str = "cuda", size: int = 8192, repeats: int = 20) -> float:
+    """TFLOP/s of a large square bf16 product on random data, median of timed products."""
+    a = torch.randn(size, size, device=device, dtype=torch.bfloat16)
+    b = torch.randn(size, size, device=device, dtype=torch.bfloat16)
     for _ in range(3):
         a @ b
+    synchronize(device)
     times = []
     for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+        started = time.perf_counter()
         a @ b
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
+        synchronize(device)
+        times.append(time.perf_counter() - started)
     return 2 * size**3 / statistics.median(times) / 1e12
 
 
-def random_bert_base(assets: Path, folder: Path) -> Path:
+def synchronize(device: str | torch.device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def random_bert(tokenizer_dir: Path, folder: Path, **config: Any) -> Path:
+    """A randomly initialised BERT (BertConfig's defaults: BERT-base, unless `config` says otherwise), saved."""
     from transformers import AutoConfig, AutoTokenizer
 
     from csekit.encoding.encoder import SentenceEncoder
 
-    tokenizer = AutoTokenizer.from_pretrained(assets / "tokenizer-bert")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     torch.manual_seed(0)
-    config = AutoConfig.for_model("bert", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id)
-    SentenceEncoder.from_config(config, tokenizer, pooler="cls").save(folder)
+    bert = AutoConfig.for_model("bert", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **config)
+    SentenceEncoder.from_config(bert, tokenizer, pooler="cls").save(folder)
     return folder
 
 
-def seconds_per_step(step: Callable[[list[str]], None], batches: list[list[str]], warmup: int = 3) -> float:
-    """Median wall time of a step, the GPU synchronised around each (each step ends on the host anyway)."""
-    for texts in batches[:warmup]:
-        step(texts)
-    torch.cuda.synchronize()
-    times = []
-    for texts in batches[warmup:]:
-        started = time.perf_counter()
-        step(texts)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+def random_bert_base(assets: Path, folder: Path) -> Path:
+    return random_bert(assets / "tokenizer-bert", folder)
 
 
-def flops_of(step: Callable[[list[str]], None], texts: list[str]) -> int:
-    with FlopCounterMode(display=False) as counter:
-        step(texts)
-    return counter.get_total_flops()
+def key_variants(keys: dict[str, tuple[str, str]]) -> dict[str, list[str]]:
+    """Variant name -> recipe overrides: all keys off, each key alone on, all keys on."""
+    off = {key: values[1] for key, values in keys.items()}
+    variants = {"all off": [f"{k}={v}" for k, v in off.items()]}
+    for key, (on, _) in keys.items():
+        variants[f"{key}={on}"] = [f"{k}={on if k == key else v}" for k, v in off.items()]
+    variants["all on"] = [f"{k}={values[0]}" for k, values in keys.items()]
+    return variants
 
 
-def csekit_step(model_dir: Path, batch: int) -> Callable[[list[str]], None]:
-    """The trainer's step (profile_step.csekit_step) with the collated batch moved to the GPU."""
-    from accelerate import Accelerator
-    from accelerate.utils import send_to_device
-
-    from csekit.data.corpus import TrainCollator
-    from csekit.encoding.encoder import SentenceEncoder
-    from csekit.training.model import build_model
-    from csekit.training.optimization import forward_backward, make_optimizer
-    from csekit.training.processes import MIXED_PRECISION
-    from csekit.training.recipe import load_recipe
-
-    overrides = [f"model.backbone={model_dir}", f"train.batch_size={batch}", f"model.max_length={MAX_LENGTH}"]
-    recipe = load_recipe(REPO / "recipes" / "quickstart.yaml", [*overrides, "model.pooler=cls"])
-    model, views = build_model(recipe, SentenceEncoder.load(model_dir, "cls"))
-    optimizer = make_optimizer(model, recipe)
-    accelerator = Accelerator(mixed_precision=MIXED_PRECISION["bf16"])
-    model, optimizer = accelerator.prepare(model, optimizer)
-    model.train()
-    collate = TrainCollator(views, recipe.data.text_column)
-
-    def step(texts: list[str]) -> None:
-        batch_on_gpu = send_to_device(collate(texts), accelerator.device)
-        loss, parts, _ = forward_backward(accelerator, model, batch_on_gpu, recipe.train.max_grad_norm)
-        accelerator.reduce(torch.stack([loss.detach(), *parts.values()]).float(), "mean").tolist()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    return step
-
-
-def csekit_loop(model_dir: Path, corpus: Path, batch: int, steps: int) -> float:
-    """Seconds a step of `csekit.training.trainer.train`, from its logged rates after the first window."""
-    from csekit.training.recipe import load_recipe
-    from csekit.training.trainer import train
-
-    overrides = [
+def loop_overrides(model_dir: Path, corpus: Path, batch: int, precision: str) -> list[str]:
+    """The quickstart recipe as the measured loop: the model, [CLS], max length 32, no evaluation, rare logs."""
+    return [
         f"model.backbone={model_dir}",
         "model.pooler=cls",
         f"model.max_length={MAX_LENGTH}",
         f"data.corpus={corpus}",
         f"train.batch_size={batch}",
-        f"train.max_steps={steps}",
-        "train.precision=bf16",
+        f"train.lr={LR}",
+        "train.max_steps=100000",
+        "train.log_every=100000",
         "train.dev_task=none",
         "train.eval_every=0",
-        "train.log_every=10",
+        f"train.precision={precision}",
     ]
-    with tempfile.TemporaryDirectory() as folder:
-        train(load_recipe(REPO / "recipes" / "quickstart.yaml", overrides), Path(folder) / "run", show_progress=False)
-        records = [json.loads(x) for x in (Path(folder) / "run" / "metrics.jsonl").read_text().splitlines()]
-    rates = [record["sentences_per_second"] for record in records if "sentences_per_second" in record][1:]
-    return batch / statistics.median(rates)
 
 
-def st_step(model_dir: Path, cached: bool) -> Callable[[list[str]], None]:
-    """sentence-transformers' SimCSE step: (s, s) pairs through MNRL (or its cached form), bf16 autocast, AdamW."""
+@contextlib.contextmanager
+def csekit_loop(overrides: list[str], folder: Path) -> Iterator[tuple[Step, Any]]:
+    """The trainer's loop, one step a call (its DataLoader's next batch, `Trainer.step`, what follows it)."""
+    from csekit.training.processes import own_accelerator_state
+    from csekit.training.recipe import load_recipe
+    from csekit.training.trainer import Trainer
+
+    recipe = load_recipe(REPO / "recipes" / "quickstart.yaml", overrides)
+    with contextlib.ExitStack() as held:
+        held.enter_context(own_accelerator_state())
+        trainer = Trainer(recipe, folder, None, False, False, False, held)
+        trainer._start_progress()
+        trainer.model.train()
+        batches = trainer._batches()
+
+        def step() -> None:
+            trainer.step(next(batches))
+            trainer._after_step()
+
+        yield step, trainer
+
+
+def st_step(model_dir: Path, cached: bool, sentences: list[str], batch: int, device: str, precision: str) -> Step:
+    """sentence-transformers' SimCSE step on random batches of `sentences`: (s, s) pairs through MNRL (or its
+    cached form), autocast at `precision`, gradients clipped at 1.0, fused AdamW as its trainer sets it up."""
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.losses import CachedMultipleNegativesRankingLoss, MultipleNegativesRankingLoss
 
-    model = SentenceTransformer(str(model_dir), device="cuda")
+    model = SentenceTransformer(str(model_dir), device=device)
     model.max_seq_length = MAX_LENGTH
     model.train()
-    loss_class = CachedMultipleNegativesRankingLoss if cached else MultipleNegativesRankingLoss
-    loss_fn = loss_class(model, scale=20.0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-5)
+    loss_fn = (CachedMultipleNegativesRankingLoss if cached else MultipleNegativesRankingLoss)(model, scale=20.0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    draw = random.Random(0)
 
-    def step(texts: list[str]) -> None:
+    def step() -> None:
+        texts = draw.sample(sentences, batch)
         features = [model.preprocess(texts), model.preprocess(texts)]
-        features = [{key: _to_gpu(value) for key, value in feature.items()} for feature in features]
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        features = [{k: moved(v, device) for k, v in f.items()} for f in features]
+        with torch.autocast(torch.device(device).type, dtype=dtype or torch.float32, enabled=dtype is not None):
             loss = loss_fn(features, None)
         loss.backward()  # the cached loss runs its mini-batch backward passes inside this call
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        loss.item()
 
     return step
 
 
-def _to_gpu(value: object) -> object:
-    return value.to("cuda", non_blocking=True) if isinstance(value, torch.Tensor) else value
+def moved(value: Any, device: str) -> Any:
+    """A tensor copied to `device` without waiting (as sentence-transformers' trainer does); others as they are."""
+    return value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
 
 
-def profile_csekit(step: Callable[[list[str]], None], texts: list[str], rows: int = 20) -> None:
+def seconds_per_step(step: Step, steps: int, warmup: int, device: str) -> float:
+    """A window's wall time over its steps, the device synchronised once before and once after it."""
+    for _ in range(warmup):
+        step()
+    synchronize(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        step()
+    synchronize(device)
+    return (time.perf_counter() - started) / steps
+
+
+def flops_of(step: Step) -> int:
+    """Matrix-product FLOPs of one step (forward and backward)."""
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops()
+
+
+def syncs_per_step(step: Step, steps: int, device: str) -> tuple[float, dict[str, float]]:
+    """Host reads and CUDA synchronising calls a step, over `steps` steps (after the timed window)."""
+    from profile_step import counting_syncs
+
+    with counting_syncs(torch.device(device)) as seen:
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    kinds = {name: seen.count(name) / steps for name in sorted(set(seen))}
+    return len(seen) / steps, kinds
+
+
+def measure(step: Step, device: str, steps: int, warmup: int, sync_steps: int = 2) -> dict[str, Any]:
+    seconds = seconds_per_step(step, steps, warmup, device)
+    syncs, kinds = syncs_per_step(step, sync_steps, device)
+    return {"seconds": seconds, "syncs_per_step": syncs, "syncs": kinds}
+
+
+def profile_text(step: Step, device: str, rows: int = 20, steps: int = 3) -> str:
+    """torch.profiler's top kernels by device time (on a CPU: operators by self time) over `steps` steps."""
     from torch.profiler import ProfilerActivity, profile
 
-    for _ in range(3):
-        step(texts)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
-        for _ in range(3):
-            step(texts)
-        torch.cuda.synchronize()
-    print("profiled; summarising", flush=True)
-    averages = profiler.key_averages()
-    print("\ncsekit step, 3 steps: kernels by GPU time")
-    print(averages.table(sort_by="cuda_time_total", row_limit=rows))
-    print("\ncsekit step, 3 steps: operators by self CPU time")
-    print(averages.table(sort_by="self_cpu_time_total", row_limit=rows))
+    on_gpu = torch.device(device).type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    step()
+    with profile(activities=activities) as profiler:
+        for _ in range(steps):
+            step()
+        synchronize(device)
+    sort = "device_time_total" if on_gpu else "self_cpu_time_total"
+    return profiler.key_averages().table(sort_by=sort, row_limit=rows, max_name_column_width=70)
+
+
+def padded_flops(overrides: list[str], folder: Path) -> int:
+    """The common FLOP count: a step of the loop with `overrides` (all keys off: padded), after 2 steps."""
+    with csekit_loop(overrides, folder) as (step, _):
+        for _ in range(2):
+            step()
+        return flops_of(step)
+
+
+def measure_loop(overrides: list[str], folder: Path, device: str, steps: int, warmup: int) -> dict[str, Any]:
+    """`measure` on the loop with `overrides` (a function, so the trainer is garbage once it returns)."""
+    with csekit_loop(overrides, folder) as (step, _):
+        return measure(step, device, steps, warmup)
+
+
+def measure_st(
+    model_dir: Path,
+    cached: bool,
+    sentences: list[str],
+    batch: int,
+    device: str,
+    precision: str,
+    steps: int,
+    warmup: int,
+) -> dict[str, Any]:
+    return measure(st_step(model_dir, cached, sentences, batch, device, precision), device, steps, warmup)
+
+
+def profile_loop(overrides: list[str], folder: Path, device: str) -> str:
+    with csekit_loop(overrides, folder) as (step, _):
+        return profile_text(step, device)
+
+
+def with_rates(figures: dict[str, Any], batch: int, flops: int, bound: float) -> dict[str, Any]:
+    """`figures` with sentences/s, TFLOP/s on the common FLOP count and the fraction of the bound."""
+    tflops = flops / figures["seconds"] / 1e12
+    return {**figures, "sentences_per_second": batch / figures["seconds"], "tflops": tflops, "of_bound": tflops / bound}
+
+
+def run_batch(
+    batch: int,
+    model_dir: Path,
+    corpus: Path,
+    device: str,
+    precision: str,
+    bound: float,
+    keys: dict[str, tuple[str, str]],
+    steps: int = 20,
+    warmup: int = 5,
+    report: Callable[[dict[str, Any]], None] = lambda row: None,
+) -> dict[str, Any]:
+    """One batch size: the common FLOP count, then every variant (most telling first), `report` after each."""
+    sentences = corpus.read_text(encoding="utf-8").splitlines()
+    base = loop_overrides(model_dir, corpus, batch, precision)
+    variants = key_variants(keys)
+    row: dict[str, Any] = {"variants": {}}
+    with tempfile.TemporaryDirectory() as folder:
+        row["common_flops"] = padded_flops([*base, *variants["all off"]], Path(folder) / "flops")
+        release_memory(device)
+        report(row)
+        order = ["all off", "all on", "ST MNRL", "ST CMNRL", *(n for n in variants if n not in ("all off", "all on"))]
+        for name in order:
+            try:
+                if name == "ST CMNRL":  # 10x the step of the others at batch 512: half the steps
+                    figures = measure_st(
+                        model_dir, True, sentences, batch, device, precision, max(steps // 2, 1), warmup
+                    )
+                elif name.startswith("ST "):
+                    figures = measure_st(
+                        model_dir, name == "ST CMNRL", sentences, batch, device, precision, steps, warmup
+                    )
+                else:
+                    run = Path(folder) / f"run{len(row['variants'])}"
+                    figures = measure_loop([*base, *variants[name]], run, device, steps, warmup)
+                row["variants"][name] = with_rates(figures, batch, row["common_flops"], bound)
+            except Exception as error:  # one variant's failure (a key refused on this device) is a result too
+                row["variants"][name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+            release_memory(device)
+            report(row)
+    return row
+
+
+def release_memory(device: str) -> None:
+    """Free the last variant's model, optimizer state and cached blocks (a trainer holds reference cycles)."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def parse_keys(extra: list[str]) -> dict[str, tuple[str, str]]:
+    """KEYS plus `KEY=ON,OFF` entries."""
+    keys = dict(KEYS)
+    for entry in extra:
+        key, _, values = entry.partition("=")
+        on, _, off = values.partition(",")
+        if not (key and on and off):
+            raise SystemExit(f"--key {entry!r}: expected KEY=ON,OFF")
+        keys[key] = (on, off)
+    return keys
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--assets", type=Path, required=True)
     parser.add_argument("--batches", type=int, nargs="+", default=[64, 512])
-    parser.add_argument("--steps", type=int, default=23, help="timed steps a variant (3 of them warm-up)")
-    parser.add_argument("--loop-steps", type=int, default=60)
-    parser.add_argument("--profile", type=int, default=0, help="profile csekit's step at this batch size")
+    parser.add_argument("--steps", type=int, default=20, help="timed steps a variant (after 5 warm-up steps)")
+    parser.add_argument("--key", action="append", default=[], help="another key to measure: KEY=ON,OFF")
+    parser.add_argument("--profile", type=int, default=0, help="profile csekit (all keys on) at this batch size")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     import sentence_transformers
     import transformers
+    from gpu_check_report import table
 
+    keys = parse_keys(args.key)
     bound = matmul_bound()
-    print(
-        f"{torch.cuda.get_device_name()}; torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"sentence-transformers {sentence_transformers.__version__}; bf16 8192^3 product: {bound:.0f} TFLOP/s"
-    )
-    sentences = (args.assets / "corpus.txt").read_text(encoding="utf-8").splitlines()
-    results: dict[str, dict] = {"bound_tflops": bound}
+    results: dict[str, Any] = {
+        "device": torch.cuda.get_device_name(),
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+        "sentence_transformers": sentence_transformers.__version__,
+        "bound_tflops": bound,
+        "batches": {},
+    }
+    print(f"{results['device']}; bf16 8192^3 product: {bound:.0f} TFLOP/s", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         model_dir = random_bert_base(args.assets, Path(folder) / "bert-base-random")
+        corpus = args.assets / "corpus.txt"
         for batch in args.batches:
-            batches = [random.Random(k).sample(sentences, batch) for k in range(args.steps)]
-            variants = {
-                "csekit step": csekit_step(model_dir, batch),
-                "ST MNRL": st_step(model_dir, cached=False),
-                "ST CMNRL": st_step(model_dir, cached=True),
-            }
-            row: dict[str, dict] = {}
-            for name, step in variants.items():
-                flops = flops_of(step, batches[0])
-                seconds = seconds_per_step(step, batches)
-                row[name] = {"seconds": seconds, "tflops": flops / seconds / 1e12, "flops": flops}
-                print(
-                    f"batch {batch}, {name}: {seconds * 1e3:.1f} ms/step, {row[name]['tflops']:.1f} TFLOP/s", flush=True
-                )
+
+            def report(row: dict[str, Any], batch: int = batch) -> None:
+                results["batches"][str(batch)] = row
+                if args.output:
+                    args.output.write_text(json.dumps(results, indent=1), encoding="utf-8")
+
+            run_batch(batch, model_dir, corpus, "cuda", "bf16", bound, keys, args.steps, report=report)
             if args.profile == batch:
-                profile_csekit(variants["csekit step"], batches[0])
-            del variants
-            torch.cuda.empty_cache()
-            seconds = csekit_loop(model_dir, args.assets / "corpus.txt", batch, args.loop_steps)
-            row["csekit loop"] = {"seconds": seconds, "tflops": row["csekit step"]["flops"] / seconds / 1e12}
-            print(f"batch {batch}, csekit loop: {seconds * 1e3:.1f} ms/step", flush=True)
-            results[str(batch)] = row
-            if args.output:
-                args.output.write_text(json.dumps(results, indent=1), encoding="utf-8")
-    print("\n| batch | variant | ms/step | sentences/s | TFLOP/s | of the bound | csekit loop's speed-up |")
-    print("|---|---|---|---|---|---|---|")
-    for batch in args.batches:
-        row = results[str(batch)]
-        for name, figures in row.items():
-            speedup = row[name]["seconds"] / row["csekit loop"]["seconds"]
-            print(
-                f"| {batch} | {name} | {figures['seconds'] * 1e3:.1f} | {batch / figures['seconds']:,.0f} | "
-                f"{figures['tflops']:.1f} | {figures['tflops'] / bound:.1%} | {speedup:.2f}x |"
-            )
+                overrides = [*loop_overrides(model_dir, corpus, batch, "bf16"), *key_variants(keys)["all on"]]
+                print(profile_loop(overrides, Path(folder) / "profiled", "cuda"))
+    print(table(results))
 
 
 if __name__ == "__main__":

@@ -225,6 +225,7 @@ def test_code_bce_runs_under_autocast_without_the_banned_probability_bce(monkeyp
     torch.testing.assert_close(under_autocast, expected, rtol=2e-2, atol=0)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_code_bce_runs_under_cuda_autocast() -> None:
     labels = torch.arange(16, device="cuda")

@@ -64,7 +64,8 @@ def run(
         output = encoder(inputs, 0, token_states=token_states)
     finally:
         handle.remove()
-    weights = torch.randn(output.pooled.shape, generator=torch.Generator().manual_seed(1))
+    # Drawn on the CPU (the same weights on every device), then moved to the pass's device.
+    weights = torch.randn(output.pooled.shape, generator=torch.Generator().manual_seed(1)).to(output.pooled.device)
     loss = (output.pooled * weights).sum()
     states = None
     if token_states:
@@ -276,6 +277,7 @@ def test_the_recipe_key_takes_auto_true_or_false(tiny_model_dir: Path) -> None:
         load_recipe(None, [f"model.backbone={tiny_model_dir}", "model.packed=always"])
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the flash kernel's variable-length form needs CUDA")
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
 def test_on_cuda_the_flash_pass_equals_the_padded_pass_and_drops_attention_at_p(

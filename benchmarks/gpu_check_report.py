@@ -1,0 +1,119 @@
+"""benchmarks/gpu_check.py's markdown: summary.md (every stage's figures) and profiles.md (the profiles' text).
+
+Plain Python on the results dictionary (no torch), so the run's parent process writes them after each stage.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def table(results: dict[str, Any]) -> str:
+    """The throughput table: each batch's variants, their rates on the common FLOP count, against ST MNRL."""
+    lines = ["| batch | variant | ms/step | sentences/s | TFLOP/s | of the bound | syncs/step | vs ST MNRL |"]
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for batch, row in results.get("batches", {}).items():
+        mnrl = row.get("variants", {}).get("ST MNRL", {}).get("seconds")
+        for name, f in row.get("variants", {}).items():
+            if "seconds" not in f:
+                lines.append(f"| {batch} | {name} | {f.get('error', 'not run')} | | | | | |")
+                continue
+            speedup = f"{mnrl / f['seconds']:.2f}x" if mnrl else ""
+            lines.append(
+                f"| {batch} | {name} | {f['seconds'] * 1e3:.1f} | {f['sentences_per_second']:,.0f} | "
+                f"{f['tflops']:.3g} | {f['of_bound']:.1%} | {f.get('syncs_per_step', float('nan')):.1f} | {speedup} |"
+            )
+    return "\n".join(lines)
+
+
+def summary_markdown(results: dict[str, Any]) -> str:
+    stages = results.get("stages", {})
+    lines = [f"# gpu_check: {results.get('device')}{' (tiny)' if results.get('tiny') else ''}", ""]
+    lines += ["| stage | status | seconds | limit |", "|---|---|---|---|"]
+    for name, stage in stages.items():
+        lines.append(f"| {name} | {stage.get('status')} | {stage.get('seconds', '')} | {stage.get('limit_s', '')} |")
+    for name, stage in stages.items():
+        lines += ["", f"## {name}", ""]
+        lines += SECTIONS.get(name, generic)(stage)
+    return "\n".join(lines) + "\n"
+
+
+def generic(stage: dict[str, Any]) -> list[str]:
+    shown = {k: v for k, v in stage.items() if k not in ("status", "seconds", "limit_s")}
+    return ["```", json.dumps(shown, indent=1, default=str)[:6000], "```"] if shown else []
+
+
+def environment(stage: dict[str, Any]) -> list[str]:
+    facts = {k: v for k, v in stage.items() if k not in ("status", "seconds", "limit_s", "versions")}
+    lines = [f"- {k}: {v}" for k, v in facts.items()]
+    return [*lines, f"- versions: {', '.join(f'{k} {v}' for k, v in stage.get('versions', {}).items())}"]
+
+
+def tests(stage: dict[str, Any]) -> list[str]:
+    return [f"- {name}: exit {run['exit']}, {run['summary']}" for name, run in stage.items() if isinstance(run, dict)]
+
+
+def checks(stage: dict[str, Any]) -> list[str]:
+    lines = []
+    if "bound_tflops" in stage:
+        lines.append(f"- bf16 matrix-product bound: {stage['bound_tflops']:.4g} TFLOP/s")
+    for name in ("adamw", "packed"):
+        if name in stage:
+            lines.append(f"- {name}: {json.dumps(stage[name], default=str)}")
+    for path, names in stage.get("kernels", {}).items():
+        lines.append(f"- attention kernels, {path}: {', '.join(names) if isinstance(names, list) else names}")
+    return lines
+
+
+def loop(stage: dict[str, Any]) -> list[str]:
+    lines = [f"bound: {stage.get('bound_tflops', float('nan')):.4g} TFLOP/s; keys: {stage.get('keys')}", ""]
+    flops = {b: row.get("common_flops") for b, row in stage.get("batches", {}).items()}
+    lines += [f"common FLOPs a step (csekit's padded step): {flops}", "", table(stage)]
+    return lines
+
+
+def quickstart(stage: dict[str, Any]) -> list[str]:
+    lines = []
+    for name in ("before", "after"):
+        if name in stage:
+            lines += [f"{name} training ({stage[name]['seconds']} s):", "", stage[name]["table"], ""]
+    if "training" in stage:
+        lines.append(f"training: {json.dumps(stage['training'], default=str)}")
+    return lines
+
+
+def compile_section(stage: dict[str, Any]) -> list[str]:
+    lines = [f"backend: {stage.get('backend')}", ""]
+    for name, figures in stage.get("runs", {}).items():
+        if "seconds" in figures:
+            rate = f", {figures['tflops']:.3g} TFLOP/s ({figures['of_bound']:.1%})" if "tflops" in figures else ""
+            lines.append(
+                f"- {name}: {figures['seconds'] * 1e3:.1f} ms/step{rate}, "
+                f"{figures['syncs_per_step']:.1f} syncs/step, first steps {figures['first_steps_seconds']:.1f} s"
+            )
+        else:
+            lines.append(f"- {name}: {figures.get('error')}")
+    return lines
+
+
+SECTIONS = {
+    "environment": environment,
+    "tests": tests,
+    "checks": checks,
+    "loop": loop,
+    "quickstart": quickstart,
+    "compile": compile_section,
+}
+
+
+def profiles_markdown(results: dict[str, Any]) -> str:
+    """The loop stage's torch.profiler tables and the CUDA tests' output tails."""
+    stages = results.get("stages", {})
+    lines = ["# gpu_check profiles", ""]
+    for title, text in stages.get("loop", {}).get("profiles", {}).items():
+        lines += [f"## {title}", "", "```", text, "```", ""]
+    for name, run in stages.get("tests", {}).items():
+        if isinstance(run, dict) and "tail" in run:
+            lines += [f"## tests: {name} (exit {run['exit']})", "", "```", run["tail"], "```", ""]
+    return "\n".join(lines)

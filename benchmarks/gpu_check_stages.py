@@ -1,0 +1,396 @@
+"""The stages of benchmarks/gpu_check.py, one function each, run one to a process (`gpu_check.py stage NAME`).
+
+A stage reports as it goes (`Stage.report` rewrites its part file whole), so a stage killed at its time
+limit still leaves what it measured; gpu_check.py folds the part into results.json. What several stages
+use (the unpacked data, the fp32 MiniLM, the random BERT) is made once in the run's work folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gpu_throughput as throughput
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+TEST_FILES = ("tests/test_packed.py", "tests/test_sync_free.py", "tests/test_dclr.py", "tests/test_encoder.py")
+"""Files holding tests marked `cuda` or `gpu_image` (collecting the whole suite needs packages the image lacks)."""
+TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
+ATTENTION_NAMES = ("flash", "fmha", "attention", "attn", "sdpa", "softmax", "efficient", "bmm", "varlen")
+"""Substrings (lower case) of the kernel and operator names an attention path launches."""
+VERSIONED = (
+    "transformers",
+    "accelerate",
+    "sentence-transformers",
+    "safetensors",
+    "numpy",
+    "omegaconf",
+    "jiwer",
+    "rapidfuzz",
+)
+"""Distributions whose versions the environment stage reports (the last three travel as wheels)."""
+
+
+class Stage:
+    """One stage's settings, the shared work folder, and its report (the part file, rewritten whole)."""
+
+    def __init__(self, carry: Path, work: Path, part: Path, device: str, limit: float, tiny: bool) -> None:
+        self.carry, self.work, self.part, self.device, self.tiny = carry, work, part, device, tiny
+        self.deadline = time.monotonic() + limit
+        self.results: dict[str, Any] = {}
+        self.batches = (8,) if tiny else (64, 512)
+        self.steps, self.warmup = (2, 1) if tiny else (20, 5)
+        self.precision = "bf16" if device == "cuda" else "fp32"
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def report(self, **values: Any) -> None:
+        self.results.update(values)
+        temporary = self.part.with_suffix(".tmp")
+        temporary.write_text(json.dumps(self.results, indent=1, default=str), encoding="utf-8")
+        temporary.replace(self.part)
+
+    def made(self, name: str, make: Callable[[Path], None]) -> Path:
+        """work/`name`, made by `make` into a temporary folder first (a killed stage leaves no half of it)."""
+        target = self.work / name
+        if not target.exists():
+            partial = self.work / f"{name}.partial"
+            if partial.exists():
+                import shutil
+
+                shutil.rmtree(partial)
+            make(partial)
+            partial.replace(target)
+        return target
+
+    def data_dir(self) -> Path:
+        def unpack(folder: Path) -> None:
+            with tarfile.open(self.carry / "data.tar.gz") as archive:
+                archive.extractall(folder, filter="data")
+
+        return self.made("data", unpack)
+
+    def corpus(self) -> Path:
+        manifest = json.loads((self.carry / "manifest.json").read_text(encoding="utf-8"))
+        return self.data_dir() / manifest["corpus"]
+
+    def minilm(self) -> Path:
+        """The carried model widened to fp32 (its file is fp16: master weights must be fp32)."""
+        return self.made("model-fp32", lambda folder: widened_copy(self.carry / "model", folder))
+
+    def bert(self) -> Path:
+        """A random BERT-base (tiny: a 2-layer BERT) with the carried model's WordPiece tokenizer."""
+        config = TINY_BERT if self.tiny else {}
+        return self.made("bert-random", lambda folder: throughput.random_bert(self.carry / "model", folder, **config))
+
+
+def widened_copy(source: Path, target: Path) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("model.safetensors"))
+    weights = load_file(source / "model.safetensors")
+    wide = {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}
+    save_file(wide, target / "model.safetensors", metadata={"format": "pt"})
+
+
+def environment(stage: Stage) -> None:
+    import importlib.metadata
+
+    versions = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda}
+    for name in VERSIONED:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:  # a missing package is what this stage is for
+            versions[name] = "missing"
+    facts: dict[str, Any] = {"versions": versions, "cpus": os.cpu_count(), "load": os.getloadavg()[0]}
+    if stage.device == "cuda":
+        properties = torch.cuda.get_device_properties(0)
+        facts["device_name"] = properties.name
+        facts["capability"] = f"{properties.major}.{properties.minor}"
+        facts["memory_gib"] = round(properties.total_memory / 2**30, 1)
+        facts["cudnn"] = torch.backends.cudnn.version()
+        facts["bf16"] = torch.cuda.is_bf16_supported()
+        facts["sdp"] = {
+            kind: getattr(torch.backends.cuda, f"{kind}_sdp_enabled")() for kind in ("flash", "mem_efficient", "math")
+        }
+        facts["nvidia_smi"] = command_output(
+            ["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm", "--format=csv"]
+        )
+    else:
+        from csekit.core.precision import cpu_model_and_flags
+
+        facts["device_name"] = cpu_model_and_flags()[0]
+    facts["commit"] = command_output(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    facts["carry"] = json.loads((stage.carry / "manifest.json").read_text(encoding="utf-8")).get("made")
+    stage.report(**facts)
+
+
+def command_output(command: list[str]) -> str:
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"unavailable ({type(error).__name__})"
+    return (done.stdout or done.stderr).strip()[:2000]
+
+
+def tests(stage: Stage) -> None:
+    """pytest -m "cuda or gpu_image": the CUDA tests and those the image's library versions once broke."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-m", "cuda or gpu_image"]
+    try:
+        done = subprocess.run([*command, *TEST_FILES], capture_output=True, text=True, cwd=REPO, timeout=stage.left())
+        text, code = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as error:
+        text, code = str(error.stdout or ""), "timed out"
+    last = [line for line in text.splitlines() if line.strip()][-1:] or [""]
+    stage.report(pytest={"exit": code, "summary": last[0].strip("= "), "tail": text[-6000:]})
+
+
+def checks(stage: Stage) -> None:
+    """The bf16 bound; fused AdamW with a device and a host learning rate; packed, padded, fp32; attention kernels."""
+    size = 256 if stage.tiny else 8192
+    stage.report(bound_tflops=throughput.matmul_bound(stage.device, size, 3 if stage.tiny else 20))
+    for name, check in (("adamw", adamw_check), ("packed", packed_check), ("kernels", kernel_check)):
+        try:
+            stage.report(**{name: check(stage)})
+        except Exception as error:  # each check is a result of its own
+            stage.report(**{name: {"error": f"{type(error).__name__}: {str(error)[:500]}"}})
+
+
+def adamw_check(stage: Stage) -> dict[str, Any]:
+    """Fused AdamW on the random BERT's parameters: a learning rate on the device (what train.sync_free uses)
+    against a host float; the same updates to float rounding, and each one's step time."""
+    from csekit.encoding.encoder import SentenceEncoder
+
+    reference = [p.detach().to(stage.device) for p in SentenceEncoder.load(stage.bert()).parameters()]
+    generator = torch.Generator().manual_seed(0)
+    grads = [torch.randn(p.shape, generator=generator).to(stage.device) * 1e-3 for p in reference]
+    figures: dict[str, Any] = {}
+    finals = {}
+    lrs = {"host lr": throughput.LR, "device lr": torch.tensor(throughput.LR, device=stage.device)}
+    for name, lr in lrs.items():
+        params = [torch.nn.Parameter(p.clone()) for p in reference]
+        optimizer = torch.optim.AdamW(params, lr=lr, fused=True)
+
+        def step(params: list[torch.nn.Parameter] = params, optimizer: torch.optim.Optimizer = optimizer) -> None:
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g
+            optimizer.step()
+
+        figures[f"{name} ms"] = 1e3 * throughput.seconds_per_step(step, stage.steps, stage.warmup, stage.device)
+        finals[name] = params
+    differences = [(a - b).abs().max().item() for a, b in zip(*finals.values(), strict=True)]
+    return {**figures, "max_abs_difference": max(differences)}
+
+
+def packed_inputs(stage: Stage) -> tuple[Any, dict[str, torch.Tensor]]:
+    from csekit.encoding.encoder import SentenceEncoder
+
+    encoder = SentenceEncoder.load(stage.bert(), "cls", dropout=0.0).to(stage.device).train()
+    sentences = stage.corpus().read_text(encoding="utf-8").splitlines()[: stage.batches[0]]
+    inputs = encoder.tokenize(sentences, max_length=throughput.MAX_LENGTH)
+    return encoder, {key: value.to(stage.device) for key, value in inputs.items()}
+
+
+def packed_check(stage: Stage) -> dict[str, Any]:
+    """Pooled vectors and gradients of the packed and the padded pass at `precision`, against fp32 padded."""
+    encoder, inputs = packed_inputs(stage)
+    dtype = torch.bfloat16 if stage.precision == "bf16" else None
+
+    def run(packed: bool, autocast: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        encoder.packed = packed
+        encoder.zero_grad(set_to_none=True)
+        with torch.autocast(torch.device(stage.device).type, dtype=dtype, enabled=autocast and dtype is not None):
+            pooled = encoder(inputs, 0, token_states=False).pooled.float()
+        weights = torch.randn(pooled.shape, generator=torch.Generator().manual_seed(1)).to(pooled.device)
+        (pooled * weights).sum().backward()
+        grads = torch.cat([p.grad.flatten().float() for p in encoder.parameters() if p.grad is not None])
+        return pooled.detach(), grads
+
+    reference = run(False, False)
+    paths = {"padded": run(False, True), "packed": run(True, True)}
+    figures: dict[str, Any] = {"precision": stage.precision, "rows": inputs["input_ids"].shape[0]}
+    for name, (pooled, grads) in paths.items():
+        figures[name] = {
+            "pooled_max_abs_vs_fp32": (pooled - reference[0]).abs().max().item(),
+            "pooled_scale": reference[0].abs().max().item(),
+            "grad_relative_vs_fp32": ((grads - reference[1]).norm() / reference[1].norm()).item(),
+        }
+    figures["packed_vs_padded_pooled_max_abs"] = (paths["packed"][0] - paths["padded"][0]).abs().max().item()
+    return figures
+
+
+def kernel_check(stage: Stage) -> dict[str, list[str]]:
+    """The attention kernels (on a CPU, operators) a forward and backward pass launches, padded and packed."""
+    from torch.profiler import ProfilerActivity, profile
+
+    encoder, inputs = packed_inputs(stage)
+    on_gpu = stage.device == "cuda"
+    dtype = torch.bfloat16 if stage.precision == "bf16" else None
+    kernels = {}
+    for packed in (False, True):
+        encoder.packed = packed
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+        with profile(activities=activities) as profiler:
+            with torch.autocast(torch.device(stage.device).type, dtype=dtype, enabled=dtype is not None):
+                pooled = encoder(inputs, 0, token_states=False).pooled
+            pooled.float().sum().backward()
+            throughput.synchronize(stage.device)
+        names = {
+            event.name
+            for event in profiler.events()
+            if (not on_gpu or event.device_type == torch.autograd.DeviceType.CUDA)
+            and any(part in event.name.lower() for part in ATTENTION_NAMES)
+        }
+        kernels["packed" if packed else "padded"] = sorted(names)[:30]
+    return kernels
+
+
+def loop(stage: Stage) -> None:
+    """csekit's loop with each key on and off against sentence-transformers, each batch size, then two profiles."""
+    bound = throughput.matmul_bound(stage.device, 256 if stage.tiny else 8192, 3 if stage.tiny else 10)
+    batches: dict[str, Any] = {}
+    stage.report(bound_tflops=bound, batches=batches, keys=throughput.KEYS)
+    model, corpus = stage.bert(), stage.corpus()
+    for batch in stage.batches:
+
+        def report(row: dict[str, Any], batch: int = batch) -> None:
+            batches[str(batch)] = row
+            stage.report(batches=batches)
+
+        throughput.run_batch(
+            batch,
+            model,
+            corpus,
+            stage.device,
+            stage.precision,
+            bound,
+            throughput.KEYS,
+            stage.steps,
+            stage.warmup,
+            report,
+        )
+    profiles = {}
+    for batch in stage.batches:
+        overrides = throughput.loop_overrides(model, corpus, batch, stage.precision)
+        overrides += throughput.key_variants(throughput.KEYS)["all on"]
+        folder = stage.work / f"profiled-{batch}"
+        profiles[f"csekit, all keys on, batch {batch}"] = throughput.profile_loop(overrides, folder, stage.device)
+        throughput.release_memory(stage.device)
+        stage.report(profiles=profiles)
+
+
+def quickstart(stage: Stage) -> None:
+    """recipes/quickstart.yaml on all-MiniLM-L6-v2 to its end (STS-B dev selects), its STS table before and after."""
+    from csekit.training.recipe import load_recipe
+    from csekit.training.trainer import train
+
+    model, root = stage.minilm(), stage.data_dir()
+    tasks = "STSBenchmark" if stage.tiny else "sts"
+    stage.report(before=evaluate(model, "cls", root, tasks, stage.device))
+    overrides = [f"model.backbone={model}"]
+    if stage.tiny:
+        overrides += ["train.max_steps=4", "train.eval_every=2", "train.log_every=2", "train.batch_size=16"]
+    recipe = load_recipe(REPO / "recipes" / "quickstart.yaml", overrides)
+    started = time.perf_counter()
+    run = stage.work / "quickstart-run"
+    result = train(recipe, run, data_dir=root, show_progress=False)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    dev = [{k: r[k] for k in r if k in ("step", "stsb-dev", "sick-dev", "avg_sts")} for r in records if "stsb-dev" in r]
+    rates = [r["sentences_per_second"] for r in records if "sentences_per_second" in r]
+    stage.report(
+        training={
+            "seconds": round(time.perf_counter() - started, 1),
+            "steps": result.steps,
+            "best_step": result.best_step,
+            "best_stsb_dev": result.best_score,
+            "median_sentences_per_second": sorted(rates)[len(rates) // 2] if rates else None,
+            "dev": dev,
+            "recipe": recipe.name,
+        }
+    )
+    stage.report(after=evaluate(run / "best", None, root, tasks, stage.device))
+
+
+def evaluate(model: Path, pooler: str | None, root: Path, tasks: str, device: str) -> dict[str, Any]:
+    """`csekit evaluate MODEL --tasks TASKS` (fp32, as the quickstart's evaluation) with its STS table."""
+    from csekit.encoding.encoder import SentenceEncoder
+    from csekit.evaluation.sts import format_sts_table
+    from csekit.evaluation.suite import parse_tasks, run_evaluation
+
+    encoder = SentenceEncoder.load(model, pooler=pooler).to(device)
+    started = time.perf_counter()
+    results = run_evaluation(lambda s: encoder.encode(s, 128, "fp32", False), root, parse_tasks(tasks))
+    return {
+        "seconds": round(time.perf_counter() - started, 1),
+        "table": format_sts_table(results),
+        "avg": results.get("avg"),
+    }
+
+
+def compile_stage(stage: Stage) -> None:
+    """train.compile (others off) at each batch size, in the time left; the first steps' time is the compile."""
+    from csekit.training import compiled
+
+    modes = ["reduce-overhead", "default"]
+    if stage.tiny:  # inductor's C++ builds take minutes on a CPU; aot_eager is the same capture, eager kernels
+        compiled.COMPILE_BACKEND, modes = "aot_eager", ["default"]
+    loop_part = stage.work / "loop.json"
+    earlier = json.loads(loop_part.read_text(encoding="utf-8")) if loop_part.exists() else {}
+    bound = earlier.get("bound_tflops") or throughput.matmul_bound(stage.device, 256 if stage.tiny else 8192, 3)
+    rows: dict[str, Any] = {}
+    stage.report(backend=compiled.COMPILE_BACKEND, runs=rows)
+    model, corpus = stage.bert(), stage.corpus()
+    off = throughput.key_variants(throughput.KEYS)["all off"]
+    for mode in modes:
+        for batch in stage.batches:
+            name = f"train.compile={mode}, batch {batch}"
+            flops = earlier.get("batches", {}).get(str(batch), {}).get("common_flops")
+            overrides = [*throughput.loop_overrides(model, corpus, batch, stage.precision), *off]
+            try:
+                rows[name] = compiled_run([*overrides, f"train.compile={mode}"], stage.work / f"c{len(rows)}", stage)
+                if flops:
+                    rows[name] = throughput.with_rates(rows[name], batch, flops, bound)
+            except Exception as error:
+                rows[name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+            throughput.release_memory(stage.device)
+            stage.report(runs=rows)
+
+
+def compiled_run(overrides: list[str], folder: Path, stage: Stage) -> dict[str, Any]:
+    """The loop's first steps (the compile, once a length bucket) timed apart, then `measure`."""
+    with throughput.csekit_loop(overrides, folder) as (step, _):
+        started = time.perf_counter()
+        for _ in range(stage.warmup + 5):
+            step()
+        throughput.synchronize(stage.device)
+        first = time.perf_counter() - started
+        return {"first_steps_seconds": first, **throughput.measure(step, stage.device, stage.steps, 0)}
+
+
+STAGE_FUNCTIONS: dict[str, Callable[[Stage], None]] = {
+    "environment": environment,
+    "tests": tests,
+    "checks": checks,
+    "loop": loop,
+    "quickstart": quickstart,
+    "compile": compile_stage,
+}
+
+
+def run_one(name: str, carry: Path, work: Path, part: Path, device: str, limit: float, tiny: bool) -> None:
+    stage = Stage(carry, work, part, device, limit, tiny)
+    if device == "cpu":
+        torch.set_num_threads(min(4, os.cpu_count() or 1))
+    STAGE_FUNCTIONS[name](stage)

