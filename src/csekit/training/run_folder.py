@@ -24,6 +24,8 @@ from csekit.training.recipe import Recipe, load_recipe, recipe_changes
 from csekit.training.state_checks import LARGEST_COUNT
 
 STATE_FILE = "trainer_state.json"
+CHECKPOINT_STAGING = ".checkpoint.tmp"
+"""Where a checkpoint is written before it is swapped in as checkpoint/ (a fixed name: every process finds it)."""
 
 SAVED_RECIPE = "recipe.yaml"
 CHECKPOINT_RECIPE = f"checkpoint/{SAVED_RECIPE}"
@@ -174,7 +176,7 @@ def check_run_in_folder(output_dir: Path, resume: bool) -> None:
         raise CsekitError(f"{checkpoint} is not a folder (csekit writes a folder there); move it away")
     for name in (METRICS_FILE, SAVED_RECIPE):  # a link (a dangling one too) would make csekit write elsewhere
         refuse_unsafe_file(output_dir / name)
-    for name in ("best", "last"):
+    for name in ("best", "last", "logs"):  # logs/: where trackers write (a link there was followed on --resume)
         refuse_unsafe_folder(output_dir / name)
     has_run = any((output_dir / name).exists() for name in (METRICS_FILE, "checkpoint", "best", "last"))
     if has_run and not resume:
