@@ -38,9 +38,14 @@ WRITE_FUNCTIONS = {
     "safetensors.torch.save_model",
     "safetensors.numpy.save_file",
     "urllib.request.urlretrieve",
+    "torch.utils.tensorboard.SummaryWriter",
+    "tensorboardX.SummaryWriter",
 }
 WRITE_METHODS = {"write_text", "write_bytes", "savefig", "save_pretrained", "symlink_to", "hardlink_to", "touch"}
 WRITE_METHODS |= {"tofile", "extractall", "rename", "to_csv", "to_json"}
+WRITE_METHODS |= {"init_trackers", "save_state", "save_model", "save_vocabulary", "to_json_file", "add_hparams"}
+"""Library calls that write files by themselves (issue #49): accelerate's trackers (TensorBoard's event files and
+hparams.yml under logging_dir) and checkpoints, transformers' tokenizer and config savers."""
 READ_FUNCTIONS = {
     "json.load",
     *(f"yaml.{name}" for name in ("load", "safe_load", "full_load", "unsafe_load", "load_all", "safe_load_all")),
@@ -66,7 +71,11 @@ ALLOWED_WRITES = {
     ("csekit.core.run_lock", "os.open"): "the lock file: opened with O_NOFOLLOW | O_NONBLOCK and fstat-checked to be "
     "a regular file (a flock needs its own descriptor, held for the run)",
     ("csekit.encoding.encoder", "save_pretrained"): "transformers writes the model's files itself, into the staging "
-    "folder atomic_directory made with an exclusive mkdir (nothing there can be a link); swap_in moves it in",
+    "folder atomic_directory made (exclusive mkdir, 0700) and holds open: it gets /proc/self/fd/N, so a link put at "
+    "the staging name is never written through; swap_in checks the name's inode before renaming it in",
+    ("csekit.training.trackers", "init_trackers"): "accelerate's trackers write (TensorBoard: event files, "
+    "hparams.yml) under logging_dir, set just before to the held OUTPUT/logs (core/atomic.hold_folder: no link at "
+    "any level, the run's folder logs/<name> held too, the name checked with check_name)",
     ("csekit.data.data_dir", "extractall"): "download-data unpacks an archive it downloaded in this process into its "
     "own TemporaryDirectory; zipfile drops absolute and '..' names, tarfile's data filter refuses links leaving it",
 }
@@ -242,6 +251,7 @@ def f(path, folder, state, fig, model, handle):
     shutil.move(path, folder)
     fig.savefig(path)
     model.save_pretrained(folder)
+    accelerator.init_trackers(name)
     os.open(path, os.O_WRONLY | os.O_CREAT)
     write_file(path, lambda h: torch.save(state, path))
     open(path)
@@ -287,6 +297,7 @@ def test_the_file_checks_find_each_bypass_and_accept_the_wrapped_savers() -> Non
         "shutil.move",
         "savefig",
         "save_pretrained",
+        "init_trackers",
         "os.open",
         "torch.save",  # inside write_file's lambda, but on another path than the lambda's handle
     ]
@@ -335,3 +346,58 @@ def test_no_suite_name_or_model_path_is_joined_by_hand() -> None:
                 if any(needle in right for needle in (".name}", "['path']", '["path"]', "get('path'", 'get("path"')):
                     offenders.append(f"{module_name(path)}:{node.lineno} {ast.unparse(node)}")
     assert not offenders, "\n".join(offenders)
+
+
+# --- 4. every command that writes a result holds its lock (issue #49 defect 10) --------------------------------
+
+RESULT_WRITERS = {"atomic_write_text", "write_file", "write_by_name", "augment_corpus", "run_suite", "summarise"}
+RESULT_WRITERS |= {"download_corpus", "download_senteval_data"}
+"""Calls by which a CLI command writes its result (a report, embeddings, augment's .jsonl, a suite's folder, data)."""
+LOCKED_ELSEWHERE = {"train": "the Trainer holds OUTPUT/.lock for the whole run (core/run_lock.hold_run_lock)"}
+
+
+def unlocked_writing_commands(source: str) -> list[str]:
+    """The `@app.command` functions that write a result (an output parameter, or a call that writes) without
+    `@locks_output`."""
+    unlocked = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        decorators = [ast.unparse(d) for d in node.decorator_list]
+        if not any(d.startswith("app.command") for d in decorators) or node.name in LOCKED_ELSEWHERE:
+            continue
+        parameters = {a.arg for a in (*node.args.args, *node.args.kwonlyargs)}
+        calls = {ast.unparse(c.func).split(".")[-1] for c in ast.walk(node) if isinstance(c, ast.Call)}
+        if (parameters & {"output", "dest"} or calls & RESULT_WRITERS) and not any(
+            d.startswith("locks_output(") for d in decorators
+        ):
+            unlocked.append(node.name)
+    return unlocked
+
+
+def test_every_command_that_writes_a_result_holds_its_lock() -> None:
+    assert unlocked_writing_commands((SRC / "csekit" / "cli.py").read_text(encoding="utf-8")) == []
+    trainer = ast.parse((SRC / "csekit" / "training" / "trainer.py").read_text(encoding="utf-8"))
+    assert "hold_run_lock" in {ast.unparse(c.func) for c in ast.walk(trainer) if isinstance(c, ast.Call)}
+
+
+def test_the_lock_check_finds_an_unlocked_writing_command() -> None:
+    source = """
+@app.command()
+def report(model: str, output: Path) -> None:
+    pass
+
+@app.command()
+def export(model: str) -> None:
+    atomic_write_text(Path("x.json"), "{}")
+
+@app.command()
+@locks_output("output")
+def fine(output: Path) -> None:
+    atomic_write_text(output, "{}")
+
+@app.command()
+def show(model: str) -> None:
+    print(model)
+"""
+    assert unlocked_writing_commands(source) == ["report", "export"]

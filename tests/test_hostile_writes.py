@@ -125,3 +125,101 @@ def test_a_logs_link_in_a_run_folder_is_not_followed_on_resume(
     code, err = run_main(monkeypatch, capsys, *args, "--set", "train.max_steps=4", "--allow-changes", "--resume")
     assert_one_line_error(code, err, str(run / "logs"), "link")
     _assert_untouched(elsewhere)
+
+
+# --- defect 10: every command that writes a result holds its lock ----------------------------------------------
+
+LOCKED_COMMANDS = {
+    "augment": ["augment", "--corpus", "c.txt", "--output", "{out}.jsonl", "--engine", "none"],
+    "evaluate": ["evaluate", "model", "--output", "{out}.json"],
+    "encode": ["encode", "model", "--input", "c.txt", "--output", "{out}.npy"],
+    "probe": ["probe", "model", "--output", "{out}.json"],
+    "diagnose": ["diagnose", "model", "--output", "{out}.json"],
+    "freq": ["freq", "--corpus", "c.txt", "--tokenizer", "model", "--output", "{out}.json"],
+    "bench": ["bench", "suite.yaml", "--output", "{out}"],
+    "download-data": ["download-data", "{out}"],
+}
+
+
+@pytest.mark.parametrize("command", sorted(LOCKED_COMMANDS))
+def test_a_command_refuses_a_result_another_command_is_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr, command: str
+) -> None:
+    """Two `csekit augment` into one output appended to it at once, silently; every writing command is locked."""
+    fcntl = pytest.importorskip("fcntl")
+    out = tmp_path / "out" / "result"
+    args = [arg.replace("{out}", str(out)) for arg in LOCKED_COMMANDS[command]]
+    result = Path(args[args.index("--output") + 1] if "--output" in args else args[-1])
+    result.parent.mkdir()
+    lock = result.with_name(f".{result.name}.lock")
+    with open(lock, "w", encoding="utf-8") as holder:  # another csekit writing the same result
+        fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        holder.write('{"pid": 4242, "host": "elsewhere", "command": "augment"}')
+        holder.flush()
+        monkeypatch.chdir(tmp_path)
+        code, err = run_main(monkeypatch, capsys, *args)
+    assert_one_line_error(code, err, str(result), "in use by a running csekit augment (pid 4242 on elsewhere)")
+    assert sorted(p.name for p in result.parent.iterdir()) == [lock.name]
+
+
+def test_a_result_lock_is_released_and_leaves_no_folder_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    out = tmp_path / "new" / "deeper" / "e.json"
+    code, err = run_main(monkeypatch, capsys, "evaluate", str(tmp_path / "no-model"), "--output", str(out))
+    assert code == 2, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# --- defect 12: paths that are not UTF-8; counts beyond int64 ---------------------------------------------------
+
+
+def test_paths_that_are_not_utf8_train_and_save(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """A corpus and an --output whose names hold the byte 0xff: the model card named the corpus, and its write was
+    a UnicodeEncodeError traceback at the first save after training."""
+    from conftest import make_data_dir
+
+    odd = Path(os.fsdecode(os.fsencode(tmp_path) + b"/odd\xff"))
+    odd.mkdir()
+    corpus = make_corpus(odd / "c.txt", lines=32)
+    recipe = write_recipe(tmp_path, tiny_model_dir, tmp_path / "elsewhere.txt", "  max_steps: 2\n  eval_every: 2\n")
+    args = ["train", str(recipe), "--output", str(odd / "run"), "--set", f"data.corpus={corpus}"]
+    args += ["--set", "train.dev_task=stsb-dev", "--set", "train.precision=fp32", "--no-progress"]
+    code, err = run_main(monkeypatch, capsys, *args, "--data-dir", str(make_data_dir(tmp_path / "data")))
+    assert code == 0, err
+    card = (odd / "run" / "best" / "README.md").read_bytes()
+    assert b"odd\\udcff" in card and card.decode("utf-8")
+
+
+# --- defect 4: a new run removes only what csekit made -------------------------------------------------------
+
+
+def test_a_new_run_keeps_the_hidden_tmp_files_it_did_not_make(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    run = tmp_path / "run"
+    (run / ".scratch.tmp").mkdir(parents=True)
+    (run / ".scratch.tmp" / "notes.txt").write_text("mine", encoding="utf-8")
+    (run / ".draft.tmp").write_text("mine", encoding="utf-8")
+    recipe = write_recipe(tmp_path, tiny_model_dir, make_corpus(tmp_path / "c.txt", lines=32), "  max_steps: 2\n")
+    args = ["train", str(recipe), "--output", str(run), "--set", "train.precision=fp32", "--no-progress"]
+    code, err = run_main(monkeypatch, capsys, *args)
+    assert code == 0, err
+    assert (run / ".scratch.tmp" / "notes.txt").is_file() and (run / ".draft.tmp").is_file()
+    assert "removed" not in err
+
+
+def test_a_checkpoint_staging_name_csekit_did_not_make_is_refused_before_training(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    run = tmp_path / "run"
+    (run / ".checkpoint.tmp").mkdir(parents=True)
+    (run / ".checkpoint.tmp" / "notes.txt").write_text("mine", encoding="utf-8")
+    recipe = write_recipe(tmp_path, tiny_model_dir, make_corpus(tmp_path / "c.txt", lines=32), "  max_steps: 2\n")
+    args = ["train", str(recipe), "--output", str(run), "--set", "train.precision=fp32", "--no-progress"]
+    code, err = run_main(monkeypatch, capsys, *args)
+    assert_one_line_error(code, err, str(run / ".checkpoint.tmp"), "did not make it")
+    assert sorted(p.name for p in run.iterdir()) == [".checkpoint.tmp"]
+    assert (run / ".checkpoint.tmp" / "notes.txt").read_text(encoding="utf-8") == "mine"

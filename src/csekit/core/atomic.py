@@ -125,7 +125,7 @@ def open_for_append(path: str | Path) -> Iterator[TextIO]:
     """`path` opened to append UTF-8 text (created if missing); a link or a special file there is refused."""
     path = Path(path)
     fd = _open_in_folder(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    with os.fdopen(fd, "a", encoding="utf-8", newline="") as handle:
+    with os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace", newline="") as handle:
         yield handle
 
 
@@ -258,8 +258,12 @@ def write_by_name(path: str | Path, write: Callable[[str], object]) -> None:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write `text` (UTF-8) to `path` via a temporary file and an atomic rename (see `write_file`)."""
-    data = text.encode("utf-8")
+    """Write `text` (UTF-8) to `path` via a temporary file and an atomic rename (see `write_file`).
+
+    A path whose bytes are not UTF-8 (Python holds them as surrogates) is written as the escape `\\udcff`, readable
+    and valid UTF-8: a model card naming such a corpus was a traceback at the first save after training.
+    """
+    data = text.encode("utf-8", "backslashreplace")
     write_file(path, lambda handle: handle.write(data))
 
 
@@ -354,7 +358,7 @@ def staging_folder(target: Path, name: str | None = None) -> HeldFolder:
     for _ in range(_ATTEMPTS):
         path = target.with_name(name) if name else _staging_name(target)
         if name is not None and os.path.lexists(path):
-            if not _is_staging_folder(path):
+            if not is_staging_folder(path):
                 raise CsekitError(f"{path} is in the way and csekit did not make it (no {STAGING_MARKER}): move it")
             shutil.rmtree(path)
         try:
@@ -439,7 +443,7 @@ def recover_directory(target: str | Path) -> None:
         os.replace(old, target)
 
 
-def _is_staging_folder(path: Path) -> bool:
+def is_staging_folder(path: Path) -> bool:
     """A real folder holding `STAGING_MARKER` as a regular file: one csekit made to stage a write."""
     try:
         return stat.S_ISDIR(os.lstat(path).st_mode) and stat.S_ISREG(os.lstat(path / STAGING_MARKER).st_mode)
@@ -468,7 +472,7 @@ def remove_staging_leftovers(folder: str | Path, targets: Collection[str] = ()) 
     for entry in sorted(Path(folder).iterdir()):
         if not (entry.name.startswith(".") and entry.name.endswith(STAGING_SUFFIX)):
             continue
-        if _is_staging_folder(entry):
+        if is_staging_folder(entry):
             shutil.rmtree(entry, ignore_errors=True)
         elif _is_staging_file(entry, targets):
             entry.unlink(missing_ok=True)
