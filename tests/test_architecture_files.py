@@ -401,3 +401,82 @@ def show(model: str) -> None:
     print(model)
 """
     assert unlocked_writing_commands(source) == ["report", "export"]
+
+
+# --- 5. a library that writes by itself writes only into a held folder (issue #49) -----------------------------
+
+LIBRARY_WRITERS = {"save_pretrained", "init_trackers", "save_state", "save_model", "save_vocabulary", "add_hparams"}
+HELD_WRITERS = {
+    ("csekit.encoding.encoder", "save_pretrained"): ("_write", "atomic_directory"),
+    ("csekit.training.trackers", "init_trackers"): ("start_trackers", "HeldFolder"),
+}
+"""(module, library call) -> (the one function that may make it, what gives that function its folder): `_write` is
+called only on `atomic_directory`'s held staging folder; `start_trackers` takes the `HeldFolder` of logs/."""
+
+
+def _functions(tree: ast.AST) -> Iterator[ast.FunctionDef]:
+    yield from (node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef))
+
+
+def library_writes_outside_held_folders(source: str, module: str) -> list[str]:
+    """Library writer calls in `source` outside their HELD_WRITERS function, or whose function is reached otherwise
+    than through its held folder."""
+    tree = ast.parse(source)
+    problems = []
+    for function in _functions(tree):
+        for call in (c for c in ast.walk(function) if isinstance(c, ast.Call)):
+            name = call.func.attr if isinstance(call.func, ast.Attribute) else None
+            if name not in LIBRARY_WRITERS:
+                continue
+            allowed = HELD_WRITERS.get((module, name))
+            if allowed is None or function.name != allowed[0]:
+                problems.append(f"{module}:{call.lineno} {name} in {function.name}")
+    for (owner, _), (function_name, source_of_folder) in HELD_WRITERS.items():
+        if owner != module:
+            continue
+        if source_of_folder == "HeldFolder":
+            (definition,) = (f for f in _functions(tree) if f.name == function_name)
+            if "HeldFolder" not in {ast.unparse(a.annotation) for a in definition.args.args if a.annotation}:
+                problems.append(f"{module}.{function_name} does not take a HeldFolder")
+            continue
+        held = {  # the names bound by `with atomic_directory(...) as NAME`
+            item.optional_vars.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.With)
+            for item in node.items
+            if isinstance(item.optional_vars, ast.Name) and ast.unparse(item.context_expr).startswith(source_of_folder)
+        }
+        for call in (c for c in ast.walk(tree) if isinstance(c, ast.Call)):
+            if ast.unparse(call.func).split(".")[-1] == function_name and not (
+                call.args and isinstance(call.args[0], ast.Name) and call.args[0].id in held
+            ):
+                problems.append(f"{module}:{call.lineno} {function_name} on a folder that is not held")
+    return problems
+
+
+def test_library_writers_write_only_into_held_folders() -> None:
+    problems = [
+        problem
+        for path in sorted((SRC / "csekit").rglob("*.py"))
+        for problem in library_writes_outside_held_folders(path.read_text(encoding="utf-8"), module_name(path))
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_held_folder_check_finds_a_library_writer_elsewhere() -> None:
+    source = """
+def _write(self, out):
+    self.backbone.save_pretrained(out)
+
+def save(self, path):
+    with atomic_directory(path) as tmp:
+        self._write(tmp)
+    self._write(path)
+
+def export(self, folder):
+    self.tokenizer.save_pretrained(folder)
+"""
+    assert library_writes_outside_held_folders(source, "csekit.encoding.encoder") == [
+        "csekit.encoding.encoder:11 save_pretrained in export",
+        "csekit.encoding.encoder:8 _write on a folder that is not held",
+    ]

@@ -223,3 +223,12 @@ def test_a_checkpoint_staging_name_csekit_did_not_make_is_refused_before_trainin
     assert_one_line_error(code, err, str(run / ".checkpoint.tmp"), "did not make it")
     assert sorted(p.name for p in run.iterdir()) == [".checkpoint.tmp"]
     assert (run / ".checkpoint.tmp" / "notes.txt").read_text(encoding="utf-8") == "mine"
+
+
+def test_a_result_whose_folder_cannot_be_made_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x", encoding="utf-8")
+    code, err = run_main(monkeypatch, capsys, "evaluate", "model", "--output", str(blocker / "sub" / "e.json"))
+    assert_one_line_error(code, err, str(blocker / "sub" / "e.json"))

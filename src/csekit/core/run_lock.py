@@ -15,6 +15,7 @@ locked.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import json
 import os
@@ -89,6 +90,8 @@ def hold_run_lock(output: Path, command: str = "train", path: Path | None = None
         try:  # O_NONBLOCK: opening a FIFO placed there must not wait for a reader
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK | _NO_FOLLOW, 0o644)
         except OSError as error:  # ELOOP: a symbolic link, which could point at any file of the user's
+            if error.errno != errno.ELOOP:  # a read-only folder, a full disk
+                raise CsekitError(f"{path}: cannot create the lock file ({error.strerror})") from None
             raise CsekitError(
                 f"{path} cannot be opened as a lock file ({error.strerror}); csekit does not follow a "
                 "symbolic link there: remove it"
@@ -129,7 +132,10 @@ def hold_result_lock(output: Path, command: str) -> Iterator[None]:
     """Hold the lock of the result `output` while `command` writes it; folders made for the lock file (the result's
     missing parents) are removed again if they are still empty."""
     made = [folder for folder in output.absolute().parents if not folder.exists()]
-    output.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file where a folder must be, a read-only folder
+        raise CsekitError(f"output {output}: cannot create its folder ({error.strerror})") from None
     try:
         with hold_run_lock(output, command, result_lock(output)):
             yield
