@@ -232,3 +232,12 @@ def test_a_result_whose_folder_cannot_be_made_is_one_line(
     blocker.write_text("x", encoding="utf-8")
     code, err = run_main(monkeypatch, capsys, "evaluate", "model", "--output", str(blocker / "sub" / "e.json"))
     assert_one_line_error(code, err, str(blocker / "sub" / "e.json"))
+
+
+def test_the_lock_of_a_result_named_by_dots_is_beside_the_folder_it_names(tmp_path: Path) -> None:
+    from csekit.core.run_lock import result_lock
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    assert result_lock(tmp_path / "a" / "b" / "..") == tmp_path / ".a.lock"
+    assert result_lock(tmp_path / "a" / ".") == tmp_path / ".a.lock"
+    assert result_lock(Path("/")) == Path("/.lock")

@@ -123,21 +123,24 @@ def hold_run_lock(output: Path, command: str = "train", path: Path | None = None
 
 
 def result_lock(output: Path) -> Path:
-    """The lock file of a command's result (a file or a folder): `.NAME.lock` beside it."""
-    return output.with_name(f".{output.name}.lock")
+    """The lock file of a command's result (a file or a folder): `.NAME.lock` beside it (`.`, `..` resolved to the
+    folder they name; the root folder, which has no name, locks `/.lock`)."""
+    output = Path(os.path.abspath(output))
+    return output.with_name(f".{output.name}.lock") if output.name else output / LOCK_NAME
 
 
 @contextlib.contextmanager
 def hold_result_lock(output: Path, command: str) -> Iterator[None]:
     """Hold the lock of the result `output` while `command` writes it; folders made for the lock file (the result's
     missing parents) are removed again if they are still empty."""
-    made = [folder for folder in output.absolute().parents if not folder.exists()]
+    lock = result_lock(output)
+    made = [folder for folder in lock.parents if not folder.exists()]
     try:
-        output.parent.mkdir(parents=True, exist_ok=True)
+        lock.parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:  # a file where a folder must be, a read-only folder
         raise CsekitError(f"output {output}: cannot create its folder ({error.strerror})") from None
     try:
-        with hold_run_lock(output, command, result_lock(output)):
+        with hold_run_lock(output, command, lock):
             yield
     finally:
         for folder in made:  # deepest first
