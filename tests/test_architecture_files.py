@@ -38,9 +38,14 @@ WRITE_FUNCTIONS = {
     "safetensors.torch.save_model",
     "safetensors.numpy.save_file",
     "urllib.request.urlretrieve",
+    "torch.utils.tensorboard.SummaryWriter",
+    "tensorboardX.SummaryWriter",
 }
 WRITE_METHODS = {"write_text", "write_bytes", "savefig", "save_pretrained", "symlink_to", "hardlink_to", "touch"}
 WRITE_METHODS |= {"tofile", "extractall", "rename", "to_csv", "to_json"}
+WRITE_METHODS |= {"init_trackers", "save_state", "save_model", "save_vocabulary", "to_json_file", "add_hparams"}
+"""Library calls that write files by themselves (issue #49): accelerate's trackers (TensorBoard's event files and
+hparams.yml under logging_dir) and checkpoints, transformers' tokenizer and config savers."""
 READ_FUNCTIONS = {
     "json.load",
     *(f"yaml.{name}" for name in ("load", "safe_load", "full_load", "unsafe_load", "load_all", "safe_load_all")),
@@ -66,7 +71,11 @@ ALLOWED_WRITES = {
     ("csekit.core.run_lock", "os.open"): "the lock file: opened with O_NOFOLLOW | O_NONBLOCK and fstat-checked to be "
     "a regular file (a flock needs its own descriptor, held for the run)",
     ("csekit.encoding.encoder", "save_pretrained"): "transformers writes the model's files itself, into the staging "
-    "folder atomic_directory made with an exclusive mkdir (nothing there can be a link); swap_in moves it in",
+    "folder atomic_directory made (exclusive mkdir, 0700) and holds open: it gets /proc/self/fd/N, so a link put at "
+    "the staging name is never written through; swap_in checks the name's inode before renaming it in",
+    ("csekit.training.trackers", "init_trackers"): "accelerate's trackers write (TensorBoard: event files, "
+    "hparams.yml) under logging_dir, set just before to the held OUTPUT/logs (core/atomic.hold_folder: no link at "
+    "any level, the run's folder logs/<name> held too, the name checked with check_name)",
     ("csekit.data.data_dir", "extractall"): "download-data unpacks an archive it downloaded in this process into its "
     "own TemporaryDirectory; zipfile drops absolute and '..' names, tarfile's data filter refuses links leaving it",
 }
@@ -242,6 +251,7 @@ def f(path, folder, state, fig, model, handle):
     shutil.move(path, folder)
     fig.savefig(path)
     model.save_pretrained(folder)
+    accelerator.init_trackers(name)
     os.open(path, os.O_WRONLY | os.O_CREAT)
     write_file(path, lambda h: torch.save(state, path))
     open(path)
@@ -287,6 +297,7 @@ def test_the_file_checks_find_each_bypass_and_accept_the_wrapped_savers() -> Non
         "shutil.move",
         "savefig",
         "save_pretrained",
+        "init_trackers",
         "os.open",
         "torch.save",  # inside write_file's lambda, but on another path than the lambda's handle
     ]
@@ -335,3 +346,137 @@ def test_no_suite_name_or_model_path_is_joined_by_hand() -> None:
                 if any(needle in right for needle in (".name}", "['path']", '["path"]', "get('path'", 'get("path"')):
                     offenders.append(f"{module_name(path)}:{node.lineno} {ast.unparse(node)}")
     assert not offenders, "\n".join(offenders)
+
+
+# --- 4. every command that writes a result holds its lock (issue #49 defect 10) --------------------------------
+
+RESULT_WRITERS = {"atomic_write_text", "write_file", "write_by_name", "augment_corpus", "run_suite", "summarise"}
+RESULT_WRITERS |= {"download_corpus", "download_senteval_data"}
+"""Calls by which a CLI command writes its result (a report, embeddings, augment's .jsonl, a suite's folder, data)."""
+LOCKED_ELSEWHERE = {"train": "the Trainer holds OUTPUT/.lock for the whole run (core/run_lock.hold_run_lock)"}
+
+
+def unlocked_writing_commands(source: str) -> list[str]:
+    """The `@app.command` functions that write a result (an output parameter, or a call that writes) without
+    `@locks_output`."""
+    unlocked = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        decorators = [ast.unparse(d) for d in node.decorator_list]
+        if not any(d.startswith("app.command") for d in decorators) or node.name in LOCKED_ELSEWHERE:
+            continue
+        parameters = {a.arg for a in (*node.args.args, *node.args.kwonlyargs)}
+        calls = {ast.unparse(c.func).split(".")[-1] for c in ast.walk(node) if isinstance(c, ast.Call)}
+        if (parameters & {"output", "dest"} or calls & RESULT_WRITERS) and not any(
+            d.startswith("locks_output(") for d in decorators
+        ):
+            unlocked.append(node.name)
+    return unlocked
+
+
+def test_every_command_that_writes_a_result_holds_its_lock() -> None:
+    assert unlocked_writing_commands((SRC / "csekit" / "cli.py").read_text(encoding="utf-8")) == []
+    trainer = ast.parse((SRC / "csekit" / "training" / "trainer.py").read_text(encoding="utf-8"))
+    assert "hold_run_lock" in {ast.unparse(c.func) for c in ast.walk(trainer) if isinstance(c, ast.Call)}
+
+
+def test_the_lock_check_finds_an_unlocked_writing_command() -> None:
+    source = """
+@app.command()
+def report(model: str, output: Path) -> None:
+    pass
+
+@app.command()
+def export(model: str) -> None:
+    atomic_write_text(Path("x.json"), "{}")
+
+@app.command()
+@locks_output("output")
+def fine(output: Path) -> None:
+    atomic_write_text(output, "{}")
+
+@app.command()
+def show(model: str) -> None:
+    print(model)
+"""
+    assert unlocked_writing_commands(source) == ["report", "export"]
+
+
+# --- 5. a library that writes by itself writes only into a held folder (issue #49) -----------------------------
+
+LIBRARY_WRITERS = {"save_pretrained", "init_trackers", "save_state", "save_model", "save_vocabulary", "add_hparams"}
+HELD_WRITERS = {
+    ("csekit.encoding.encoder", "save_pretrained"): ("_write", "atomic_directory"),
+    ("csekit.training.trackers", "init_trackers"): ("start_trackers", "HeldFolder"),
+}
+"""(module, library call) -> (the one function that may make it, what gives that function its folder): `_write` is
+called only on `atomic_directory`'s held staging folder; `start_trackers` takes the `HeldFolder` of logs/."""
+
+
+def _functions(tree: ast.AST) -> Iterator[ast.FunctionDef]:
+    yield from (node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef))
+
+
+def library_writes_outside_held_folders(source: str, module: str) -> list[str]:
+    """Library writer calls in `source` outside their HELD_WRITERS function, or whose function is reached otherwise
+    than through its held folder."""
+    tree = ast.parse(source)
+    problems = []
+    for function in _functions(tree):
+        for call in (c for c in ast.walk(function) if isinstance(c, ast.Call)):
+            name = call.func.attr if isinstance(call.func, ast.Attribute) else None
+            if name not in LIBRARY_WRITERS:
+                continue
+            allowed = HELD_WRITERS.get((module, name))
+            if allowed is None or function.name != allowed[0]:
+                problems.append(f"{module}:{call.lineno} {name} in {function.name}")
+    for (owner, _), (function_name, source_of_folder) in HELD_WRITERS.items():
+        if owner != module:
+            continue
+        if source_of_folder == "HeldFolder":
+            (definition,) = (f for f in _functions(tree) if f.name == function_name)
+            if "HeldFolder" not in {ast.unparse(a.annotation) for a in definition.args.args if a.annotation}:
+                problems.append(f"{module}.{function_name} does not take a HeldFolder")
+            continue
+        held = {  # the names bound by `with atomic_directory(...) as NAME`
+            item.optional_vars.id
+            for node in ast.walk(tree)
+            if isinstance(node, ast.With)
+            for item in node.items
+            if isinstance(item.optional_vars, ast.Name) and ast.unparse(item.context_expr).startswith(source_of_folder)
+        }
+        for call in (c for c in ast.walk(tree) if isinstance(c, ast.Call)):
+            if ast.unparse(call.func).split(".")[-1] == function_name and not (
+                call.args and isinstance(call.args[0], ast.Name) and call.args[0].id in held
+            ):
+                problems.append(f"{module}:{call.lineno} {function_name} on a folder that is not held")
+    return problems
+
+
+def test_library_writers_write_only_into_held_folders() -> None:
+    problems = [
+        problem
+        for path in sorted((SRC / "csekit").rglob("*.py"))
+        for problem in library_writes_outside_held_folders(path.read_text(encoding="utf-8"), module_name(path))
+    ]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_held_folder_check_finds_a_library_writer_elsewhere() -> None:
+    source = """
+def _write(self, out):
+    self.backbone.save_pretrained(out)
+
+def save(self, path):
+    with atomic_directory(path) as tmp:
+        self._write(tmp)
+    self._write(path)
+
+def export(self, folder):
+    self.tokenizer.save_pretrained(folder)
+"""
+    assert library_writes_outside_held_folders(source, "csekit.encoding.encoder") == [
+        "csekit.encoding.encoder:11 save_pretrained in export",
+        "csekit.encoding.encoder:8 _write on a folder that is not held",
+    ]

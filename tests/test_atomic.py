@@ -107,13 +107,19 @@ def test_current_umask_reads_the_process_umask(umask: int) -> None:
 
 
 def test_staging_leftovers_are_removed_and_nothing_else(tmp_path: Path) -> None:
-    from csekit.core.atomic import remove_staging_leftovers
+    """Only what csekit can tell it made: a hidden *.tmp folder holding its marker, a staging file of one of the
+    folder's own files. Issue #49 defect 4: every hidden *.tmp file and folder was removed (someone's own)."""
+    from csekit.core.atomic import STAGING_MARKER, remove_staging_leftovers
 
-    for folder in (".best.1a2b3c4d.tmp", ".checkpoint.tmp", "best", ".git"):
+    for folder in (".best.1a2b3c4d.tmp", ".checkpoint.tmp", "best", ".git", ".mine.tmp", ".last.0a1b2c3d.tmp"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "model.safetensors").write_text("x", encoding="utf-8")
-    for name in (".metrics.jsonl.9f8e7d6c.tmp", "metrics.jsonl", "notes.tmp", ".lock"):
+    for folder in (".best.1a2b3c4d.tmp", ".checkpoint.tmp"):  # what a killed csekit left
+        (tmp_path / folder / STAGING_MARKER).write_text("", encoding="utf-8")
+    names = (".metrics.jsonl.9f8e7d6c.tmp", "metrics.jsonl", "notes.tmp", ".lock", ".notes.tmp", ".x.9f8e7d6c.tmp")
+    for name in names:
         (tmp_path / name).write_text("x", encoding="utf-8")
-    removed = remove_staging_leftovers(tmp_path)
+    removed = remove_staging_leftovers(tmp_path, ("metrics.jsonl", "recipe.yaml"))
     assert removed == [".best.1a2b3c4d.tmp", ".checkpoint.tmp", ".metrics.jsonl.9f8e7d6c.tmp"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".git", ".lock", "best", "metrics.jsonl", "notes.tmp"]
+    kept = [".git", ".last.0a1b2c3d.tmp", ".lock", ".mine.tmp", ".notes.tmp", ".x.9f8e7d6c.tmp", "best"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [*kept, "metrics.jsonl", "notes.tmp"]

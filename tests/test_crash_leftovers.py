@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import assert_one_line_error, make_corpus, run_main, write_recipe
 
+from csekit.core.atomic import STAGING_MARKER
 from csekit.core.errors import CsekitError
 from csekit.training.run_folder import MetricsLog
 
@@ -30,9 +31,10 @@ def test_resume_removes_staging_leftovers_and_repairs_a_cut_off_metrics_line(
     run = tmp_path / "run"
     metrics_before = (run / "metrics.jsonl").read_text(encoding="utf-8")
     best_before = (run / "best" / "model.safetensors").read_bytes()
-    for name in LEFTOVERS:  # a run killed while saving a model or the checkpoint
+    for name in LEFTOVERS:  # a run killed while saving a model or the checkpoint (csekit marks its staging folders)
         (run / name).mkdir()
         (run / name / "model.safetensors").write_bytes(b"half a model")
+        (run / name / STAGING_MARKER).write_bytes(b"")
     (run / ".metrics.jsonl.0a1b2c3d.tmp").write_text('{"step": 1}\n', encoding="utf-8")
     with open(run / "metrics.jsonl", "a", encoding="utf-8") as handle:
         handle.write('{"step": 3, "loss": 0.12')  # killed in the middle of a write

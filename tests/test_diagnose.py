@@ -289,3 +289,21 @@ def test_cli_warns_when_the_models_are_read_with_different_poolers(
         assert ("warning: the models are read with different poolers" in err) is warned, err
         if warned:
             assert f"{base} with mean, {trained} with cls" in err and "--pooler" in err
+
+
+def test_cli_refuses_a_token_count_beyond_int64_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A count of 2^63 in the counts file was an overflow traceback when the frequency labels were made."""
+    data_dir = make_probe_data_dir(tmp_path / "data")
+    model = tmp_path / "model"
+    encoder = make_tiny_encoder(tmp_path / "tok")
+    encoder.save(model)
+    counts = write_counts(tmp_path / "counts.json", encoder.tokenizer.get_vocab())
+    values = json.loads(counts.read_text(encoding="utf-8"))
+    values[next(iter(values))] = 2**63
+    counts.write_text(json.dumps(values), encoding="utf-8")
+    code, err = run_main(
+        monkeypatch, capsys, "diagnose", str(model), "--data-dir", str(data_dir), "--counts", str(counts)
+    )
+    assert_one_line_error(code, err, str(counts), "at most 2^62")

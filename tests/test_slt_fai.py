@@ -153,6 +153,9 @@ def test_counts_file_errors_are_one_line(tmp_path: Path, monkeypatch: pytest.Mon
     (tmp_path / "bad.json").write_text('{"a": -1}', encoding="utf-8")
     with pytest.raises(CsekitError, match=r"bad\.json.*non-negative"):
         read_counts(tmp_path / "bad.json")
+    (tmp_path / "huge.json").write_text(f'{{"a": {2**63}}}', encoding="utf-8")  # an int64 overflow traceback
+    with pytest.raises(CsekitError, match=r"huge\.json.*token \"a\".*at most 2\^62, not 9\.22e\+18"):
+        read_counts(tmp_path / "huge.json")
 
 
 def test_count_tokens_streams_in_chunks_and_matches_tokenize(tmp_path: Path) -> None:

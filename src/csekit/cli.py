@@ -20,6 +20,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from csekit.core.errors import CsekitError, message_line
 from csekit.core.json_text import json_text
+from csekit.core.run_lock import locks_output
 
 if TYPE_CHECKING:
     from csekit.evaluation.diagnose import DiagnoseData, DiagnoseSettings
@@ -171,6 +172,7 @@ TASK_GROUPS_HELP = "sts, dev, transfer, align, all (sts + transfer + align), or 
 
 
 @app.command(cls=Command)
+@locks_output("output")
 def evaluate(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
     tasks: Annotated[str, typer.Option(help=TASK_GROUPS_HELP)] = "sts",
@@ -253,6 +255,7 @@ def evaluate(
 
 
 @app.command(cls=Command)
+@locks_output("output")
 def bench(
     suite: Annotated[Path, typer.Argument(help="Suite YAML file: recipes x seeds (see benchmarks/suites/).")],
     output: Annotated[Path, typer.Option("--output", "-o", help="Folder for the runs, tables and plots.")],
@@ -317,6 +320,7 @@ def _bench_command(suite: Path, output: Path, overrides: list[str], data_dir: Pa
 
 
 @app.command(cls=Command)
+@locks_output("output")
 def encode(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
     input: Annotated[Path, typer.Option("--input", "-i", help="Text file, one sentence per line.")],
@@ -363,6 +367,7 @@ def encode(
 
 
 @app.command(cls=Command)
+@locks_output("output")
 def probe(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
     output: Annotated[
@@ -489,6 +494,7 @@ def _diagnose_models(
 
 
 @app.command(cls=Command)
+@locks_output("output")
 def diagnose(
     models: Annotated[list[str], typer.Argument(help="Model folders, hub names or aliases (minilm-l6), side by side.")],
     data_dir: DataDirOption = None,
@@ -581,6 +587,7 @@ def _paraphrase_engine(engine: str, paraphrases: Path | None, pivots: str | None
 
 
 @app.command(cls=Command)
+@locks_output("output")
 def augment(
     corpus: Annotated[Path, typer.Option("--corpus", help="Text corpus, one sentence per line.")],
     output: Annotated[Path, typer.Option("--output", "-o", help="The .jsonl to write (appended to on restart).")],
@@ -639,6 +646,7 @@ def augment(
 
 
 @app.command(cls=Command)
+@locks_output("output")
 def freq(
     corpus: Annotated[Path, typer.Option("--corpus", help="Text file, one sentence per line (any size).")],
     tokenizer: Annotated[str, typer.Option("--tokenizer", help="Model folder, hub name, or alias (minilm-l6).")],
@@ -685,6 +693,7 @@ def freq(
 
 
 @app.command("download-data", cls=Command)
+@locks_output("dest")
 def download_data(
     dest: Annotated[Path, typer.Argument(help="Folder to create (then set CSEKIT_DATA to it).")],
     corpus: Annotated[
@@ -743,6 +752,9 @@ def main() -> None:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    for stream in (sys.stdout, sys.stderr):  # a path whose bytes are not UTF-8 is printed escaped, not a traceback
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
     try:
         app()
     except CsekitError as error:

@@ -10,14 +10,17 @@ it may have been placed by someone else, so:
 * whole files are written to a temporary sibling created exclusively (`O_CREAT | O_EXCL`: a link at that
   name is never opened) and renamed over the target, so a reader never sees half a file; a link or
   anything but a regular file at the target is refused, not replaced;
-* a directory is written to a temporary sibling (an exclusive `mkdir`), then swapped in with renames, so
-  at every instant either the old or the new complete directory exists under the target name or its
+* a directory is written to a temporary sibling (an exclusive `mkdir`, 0700, marked as csekit's) that csekit
+  holds open (`HeldFolder`): every writer writes through the descriptor (`/proc/self/fd/N`), so a link put
+  at its name afterwards is never written through, and the name is checked against the held folder (device
+  and inode) before the folder is renamed; modes are changed on descriptors only. It is swapped in with
+  renames, so at every instant either the old or the new complete directory exists under the target name or its
   `.old` sibling; a link or a file at the target or at `.old` is refused, and a link at `.old` is never
   adopted as the model;
 * a third-party saver that writes to a file name (safetensors) gets a temporary name this module created
   (`write_by_name`); one that writes to a handle (torch, numpy, matplotlib) gets the handle (`write_file`);
-  one that writes a whole folder (transformers' `save_pretrained`) writes into `atomic_directory`'s fresh
-  staging folder.
+  one that writes a whole folder (transformers' `save_pretrained`) writes into `atomic_directory`'s held
+  staging folder; one that writes into a folder over a whole run (a tracker) into a `hold_folder`.
 
 What lands under the target name has the modes the user's umask gives a plain `mkdir` or `open`
 (0755 and 0644 under umask 022). `tempfile`'s private 0700/0600 modes would otherwise leak into
@@ -29,10 +32,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import secrets
 import shutil
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -41,11 +45,17 @@ from csekit.core.errors import CsekitError
 
 STAGING_SUFFIX = ".tmp"
 """Staging names are `.NAME.<random>.tmp` (and the trainer's `.checkpoint.tmp`): hidden, ending in .tmp."""
+STAGING_MARKER = ".csekit-staging"
+"""The empty file inside every staging folder csekit makes: only a hidden *.tmp folder holding it is removed as a
+killed run's leftover (any other is someone else's)."""
+_STAGED_FILE = re.compile(r"\.(?P<target>.+)\.[0-9a-f]{8}" + re.escape(STAGING_SUFFIX))
+_PROC_FD = Path("/proc/self/fd")
 _ATTEMPTS = 100
 _NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _NON_BLOCK = getattr(os, "O_NONBLOCK", 0)
 _CLOSE_ON_EXEC = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+_O_CREATE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 
 
 def _link_error(path: Path) -> CsekitError:
@@ -115,7 +125,7 @@ def open_for_append(path: str | Path) -> Iterator[TextIO]:
     """`path` opened to append UTF-8 text (created if missing); a link or a special file there is refused."""
     path = Path(path)
     fd = _open_in_folder(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    with os.fdopen(fd, "a", encoding="utf-8", newline="") as handle:
+    with os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace", newline="") as handle:
         yield handle
 
 
@@ -158,24 +168,31 @@ def current_umask() -> int:
     return mask
 
 
-def apply_umask(root: Path) -> None:
-    """Give `root` and everything below it the modes a plain mkdir/open would under the current umask.
+def _give_umask_modes(folder_fd: int) -> None:
+    """Give the held folder and everything below it the modes a plain mkdir/open would under the current umask.
 
-    Folders get 0777 & ~umask, files 0666 & ~umask (0777 & ~umask if the owner may execute them).
+    Folders get 0777 & ~umask, files 0666 & ~umask (0777 & ~umask if the owner may execute them). Every
+    change is made on a descriptor (`fchmod`): a folder is walked by `os.fwalk` from the held descriptor (a
+    link is never descended), a file is opened relative to its folder with `O_NOFOLLOW`, so a link put
+    anywhere inside never carries a mode change to its target.
     """
     mask = current_umask()
     folder_mode, file_mode, program_mode = 0o777 & ~mask, 0o666 & ~mask, 0o777 & ~mask
-    os.chmod(root, folder_mode)
-    for folder, subfolders, files in os.walk(root):
-        for name in subfolders:
-            path = os.path.join(folder, name)
-            if not os.path.islink(path):
-                os.chmod(path, folder_mode)
+    for _, _, files, fd in os.fwalk(".", dir_fd=folder_fd):
+        os.fchmod(fd, folder_mode)
         for name in files:
-            path = os.path.join(folder, name)
-            info = os.lstat(path)
-            if stat.S_ISREG(info.st_mode):
-                os.chmod(path, program_mode if info.st_mode & stat.S_IXUSR else file_mode)
+            if not stat.S_ISREG(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                continue  # a link, FIFO or device: not csekit's, left as it is
+            try:
+                file_fd = os.open(name, os.O_RDONLY | _NO_FOLLOW | _NON_BLOCK | _CLOSE_ON_EXEC, dir_fd=fd)
+            except OSError:  # replaced by a link since (ELOOP), or not readable: never followed
+                continue
+            try:
+                info = os.fstat(file_fd)
+                if stat.S_ISREG(info.st_mode):
+                    os.fchmod(file_fd, program_mode if info.st_mode & stat.S_IXUSR else file_mode)
+            finally:
+                os.close(file_fd)
 
 
 def _staging_name(target: Path) -> Path:
@@ -241,8 +258,12 @@ def write_by_name(path: str | Path, write: Callable[[str], object]) -> None:
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    """Write `text` (UTF-8) to `path` via a temporary file and an atomic rename (see `write_file`)."""
-    data = text.encode("utf-8")
+    """Write `text` (UTF-8) to `path` via a temporary file and an atomic rename (see `write_file`).
+
+    A path whose bytes are not UTF-8 (Python holds them as surrogates) is written as the escape `\\udcff`, readable
+    and valid UTF-8: a model card naming such a corpus was a traceback at the first save after training.
+    """
+    data = text.encode("utf-8", "backslashreplace")
     write_file(path, lambda handle: handle.write(data))
 
 
@@ -252,47 +273,163 @@ def move_file(source: str | Path, target: str | Path) -> None:
     _rename_into_place(Path(source), Path(target))
 
 
-@contextlib.contextmanager
-def atomic_directory(target: str | Path) -> Iterator[Path]:
-    """Yield a temporary directory; on success it replaces `target` as a whole.
+class HeldFolder:
+    """A folder csekit created (or checked) and holds open by a descriptor while it writes into it.
 
-    On an exception the temporary directory is removed and `target` is left untouched.
+    `path` is where writers write, csekit's own and a library's (`save_pretrained`, a tracker): on Linux
+    `/proc/self/fd/N`, which the kernel resolves to the held folder itself, so a link or another folder put
+    at its name afterwards is never written through. Before the folder is renamed or removed by name,
+    `check_in_place` compares what is at the name with the held folder (device and inode).
     """
-    target = Path(target)
+
+    def __init__(self, name: Path) -> None:
+        self.name = name
+        try:  # O_NOFOLLOW: a link at the name is refused, never opened
+            self.fd = os.open(name, os.O_RDONLY | _DIRECTORY | _NO_FOLLOW | _CLOSE_ON_EXEC)
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(name):
+                raise _link_error(name) from None
+            raise
+        self.identity = os.fstat(self.fd)
+        by_descriptor = _PROC_FD / str(self.fd)
+        try:
+            held = os.path.samestat(os.stat(by_descriptor), self.identity)
+        except OSError:
+            held = False
+        self.path = by_descriptor if held else name  # elsewhere only the checks by name remain
+
+    def check_in_place(self) -> None:
+        """Refuse (CsekitError) to go on when the name no longer leads to the held folder."""
+        try:
+            same = os.path.samestat(os.lstat(self.name), self.identity)
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise CsekitError(
+                f"{self.name} was replaced (by a link or another folder) while csekit wrote into it; csekit does "
+                "not write, move or delete through it: remove it"
+            )
+
+    def remove(self) -> None:
+        """Delete the folder if it is still the held one at its name (a failed write's staging folder)."""
+        with contextlib.suppress(CsekitError):
+            self.check_in_place()
+            shutil.rmtree(self.name, ignore_errors=True)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def hold_folder(path: str | Path, entries: int = 10_000) -> HeldFolder:
+    """The folder at `path` (created if missing), held open, with no link anywhere inside it.
+
+    For a folder a library writes into by itself over a run (a tracker's logs): a link there, or at any level
+    below (in a run folder from someone else), is refused in one line, never written through; at most
+    `entries` names are looked at.
+    """
+    path = Path(path)
+    if not refuse_unsafe_folder(path):
+        path.mkdir(parents=True, exist_ok=True)
+    held = HeldFolder(path)
+    seen = 0
+    try:
+        for root, folders, files, fd in os.fwalk(".", dir_fd=held.fd):
+            for name in (*folders, *files):
+                seen += 1
+                if seen > entries:
+                    raise CsekitError(f"{path} holds more than {entries} files and folders; move them away")
+                if stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                    raise _link_error(path / root / name)
+    except BaseException:
+        held.close()
+        raise
+    return held
+
+
+def staging_folder(target: Path, name: str | None = None) -> HeldFolder:
+    """A new folder beside `target` to stage its next version in, held open, marked as csekit's.
+
+    The name is `.TARGET.<random>.tmp` (an exclusive mkdir), or the fixed `name` (the trainer's
+    `.checkpoint.tmp`, which every process finds): a staging folder a killed run left there is removed first,
+    anything else there is refused. The folder is 0700 while it is written (`swap_in` gives it the umask's
+    modes) and holds `STAGING_MARKER`, the proof `remove_staging_leftovers` asks for.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(_ATTEMPTS):
-        tmp = _staging_name(target)
+        path = target.with_name(name) if name else _staging_name(target)
+        if name is not None and os.path.lexists(path):
+            if not is_staging_folder(path):
+                raise CsekitError(f"{path} is in the way and csekit did not make it (no {STAGING_MARKER}): move it")
+            shutil.rmtree(path)
         try:
-            tmp.mkdir()
+            path.mkdir(mode=0o700)
             break
         except FileExistsError:
             continue
     else:
         raise FileExistsError(f"no free temporary name beside {target}")
+    held = HeldFolder(path)
     try:
-        yield tmp
+        if getattr(os, "geteuid", lambda: held.identity.st_uid)() != held.identity.st_uid or os.listdir(held.fd):
+            raise CsekitError(f"{path} was replaced by someone else's folder just after csekit made it: remove it")
+        marker = _O_CREATE_NEW | _NO_FOLLOW | _CLOSE_ON_EXEC
+        os.close(os.open(STAGING_MARKER, marker, 0o600, dir_fd=held.fd))
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        held.close()
         raise
-    swap_in(tmp, target)
+    return held
 
 
-def swap_in(source: Path, target: Path) -> None:
+@contextlib.contextmanager
+def atomic_directory(target: str | Path) -> Iterator[Path]:
+    """Yield the held staging folder's path (see `HeldFolder`); on success it replaces `target` as a whole.
+
+    On an exception the staging folder is removed and `target` is left untouched.
+    """
+    target = Path(target)
+    held = staging_folder(target)
+    try:
+        try:
+            yield held.path
+        except BaseException:
+            held.remove()
+            raise
+        swap_in(held, target)
+    finally:
+        held.close()
+
+
+def swap_in(source: Path | HeldFolder, target: Path) -> None:
     """Replace directory `target` by the complete directory `source` with two renames.
 
-    Between the renames only `target.old` exists; `recover_directory` finishes such a swap.
-    `source`'s modes are first set to what the umask gives (see `apply_umask`). A link or a file at
-    `target` or `target.old` is refused (CsekitError), never renamed, emptied or followed.
+    Between the renames only `target.old` exists; `recover_directory` finishes such a swap. `source`'s
+    modes are first set to what the umask gives (through its descriptor, never through a link), and
+    `source` must still be the folder csekit holds (a link put at its name is refused, not renamed in).
+    A link or a file at `target` or `target.old` is refused (CsekitError), never renamed, emptied or followed.
     """
-    old = target.with_name(target.name + ".old")
-    has_old, has_target = refuse_unsafe_folder(old), refuse_unsafe_folder(target)
-    apply_umask(source)
-    if has_old:
-        shutil.rmtree(old)
-    if has_target:
-        os.replace(target, old)
-    os.replace(source, target)
-    shutil.rmtree(old, ignore_errors=True)
+    held = source if isinstance(source, HeldFolder) else HeldFolder(source)
+    try:
+        old = target.with_name(target.name + ".old")
+        has_old, has_target = refuse_unsafe_folder(old), refuse_unsafe_folder(target)
+        _give_umask_modes(held.fd)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(STAGING_MARKER, dir_fd=held.fd)
+        held.check_in_place()
+        if has_old:
+            shutil.rmtree(old)
+        if has_target:
+            os.replace(target, old)
+        try:
+            held.check_in_place()
+        except CsekitError:
+            if has_target:
+                os.replace(old, target)
+            raise
+        os.replace(held.name, target)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if held is not source:
+            held.close()
 
 
 def recover_directory(target: str | Path) -> None:
@@ -306,32 +443,41 @@ def recover_directory(target: str | Path) -> None:
         os.replace(old, target)
 
 
-def fresh_folder(path: str | Path) -> Path:
-    """An empty folder at `path`, a fixed staging name (what a killed run left there is removed first).
-
-    A link or a file at `path` is refused (CsekitError), never followed into or emptied.
-    """
-    path = Path(path)
-    if refuse_unsafe_folder(path):
-        shutil.rmtree(path)
-    path.mkdir()
-    return path
+def is_staging_folder(path: Path) -> bool:
+    """A real folder holding `STAGING_MARKER` as a regular file: one csekit made to stage a write."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode) and stat.S_ISREG(os.lstat(path / STAGING_MARKER).st_mode)
+    except OSError:
+        return False
 
 
-def remove_staging_leftovers(folder: str | Path) -> list[str]:
-    """Remove the staging folders and files (`.NAME.*.tmp`) a killed run left in `folder`; their names.
+def _is_staging_file(path: Path, targets: Collection[str]) -> bool:
+    """A regular file named `.TARGET.<8 hex>.tmp` for one of the files csekit writes in its folder (`targets`)."""
+    match = _STAGED_FILE.fullmatch(path.name)
+    try:
+        return match is not None and match["target"] in targets and stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
-    They are never read (a complete write is renamed away from its staging name), so they only take
-    disk space: a model folder or checkpoint each. Call only while no other process writes to `folder`.
+
+def remove_staging_leftovers(folder: str | Path, targets: Collection[str] = ()) -> list[str]:
+    """Remove the staging folders and files a killed run left in `folder`; their names.
+
+    Only what csekit can tell it made: a hidden `*.tmp` folder holding `STAGING_MARKER`, and a staging file
+    `.TARGET.<8 hex>.tmp` of a file csekit writes there (`targets`). Any other hidden `*.tmp` is someone's
+    and stays. They are never read (a complete write is renamed away from its staging name), so they only
+    take disk space. Call only while no other process writes to `folder`.
     """
     removed = []
     for entry in sorted(Path(folder).iterdir()):
         if not (entry.name.startswith(".") and entry.name.endswith(STAGING_SUFFIX)):
             continue
-        if entry.is_dir() and not entry.is_symlink():
+        if is_staging_folder(entry):
             shutil.rmtree(entry, ignore_errors=True)
-        else:
+        elif _is_staging_file(entry, targets):
             entry.unlink(missing_ok=True)
+        else:
+            continue
         removed.append(entry.name)
     return removed
 

@@ -44,6 +44,10 @@ FREQUENCY_LINE_LIMIT = 2**20
 COUNTS_LIMIT = 2**26
 """The largest token counts file read (a 250,000-token vocabulary's counts take about 8 MiB)."""
 
+LARGEST_TOKEN_COUNT = 2**62
+"""The largest count a counts file may give a token: far above any corpus, and within the int64 table the labels
+are computed in (a count of 2^63 was an overflow traceback in `diagnose`)."""
+
 
 def table_size(tokenizer: PreTrainedTokenizerBase) -> int:
     """Length of an id-indexed table that covers every id the tokenizer can produce."""
@@ -141,8 +145,11 @@ def _read_counts_cached(path: str, modified: float) -> dict[str, int]:
     if not isinstance(loaded, dict):
         raise CsekitError(f"{path}: token counts must be a JSON object {{token: count}}")
     for token, count in loaded.items():
-        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-            raise CsekitError(f'{path}: the count of token "{token}" must be a non-negative integer, not {count!r}')
+        if not isinstance(count, int) or isinstance(count, bool) or not 0 <= count <= LARGEST_TOKEN_COUNT:
+            shown = f"{count!r}"[:40] if not isinstance(count, int) else f"{count:.3g}"
+            raise CsekitError(
+                f'{path}: the count of token "{token[:50]}" must be a non-negative integer of at most 2^62, not {shown}'
+            )
     return loaded
 
 

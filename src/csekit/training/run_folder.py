@@ -9,12 +9,21 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from csekit.core.atomic import append_text, check_writable, refuse_unsafe_file, refuse_unsafe_folder, write_file
+from csekit.core.atomic import (
+    STAGING_MARKER,
+    append_text,
+    check_writable,
+    is_staging_folder,
+    refuse_unsafe_file,
+    refuse_unsafe_folder,
+    write_file,
+)
 from csekit.core.bounded_read import bounded_lines, open_regular, read_json_file
 from csekit.core.errors import CsekitError
 from csekit.core.json_text import json_text
@@ -24,6 +33,8 @@ from csekit.training.recipe import Recipe, load_recipe, recipe_changes
 from csekit.training.state_checks import LARGEST_COUNT
 
 STATE_FILE = "trainer_state.json"
+CHECKPOINT_STAGING = ".checkpoint.tmp"
+"""Where a checkpoint is written before it is swapped in as checkpoint/ (a fixed name: every process finds it)."""
 
 SAVED_RECIPE = "recipe.yaml"
 CHECKPOINT_RECIPE = f"checkpoint/{SAVED_RECIPE}"
@@ -174,8 +185,11 @@ def check_run_in_folder(output_dir: Path, resume: bool) -> None:
         raise CsekitError(f"{checkpoint} is not a folder (csekit writes a folder there); move it away")
     for name in (METRICS_FILE, SAVED_RECIPE):  # a link (a dangling one too) would make csekit write elsewhere
         refuse_unsafe_file(output_dir / name)
-    for name in ("best", "last"):
+    for name in ("best", "last", "logs"):  # logs/: where trackers write (a link there was followed on --resume)
         refuse_unsafe_folder(output_dir / name)
+    staging = output_dir / CHECKPOINT_STAGING  # found at the first checkpoint, after the training steps
+    if os.path.lexists(staging) and not is_staging_folder(staging):
+        raise CsekitError(f"{staging} is in the way and csekit did not make it (no {STAGING_MARKER}): move it")
     has_run = any((output_dir / name).exists() for name in (METRICS_FILE, "checkpoint", "best", "last"))
     if has_run and not resume:
         raise CsekitError(

@@ -14,24 +14,29 @@ import itertools
 import json
 import math
 import shlex
-import shutil
 import signal
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import Accelerator
-from accelerate.tracking import get_available_trackers
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 from torch.utils.data import DataLoader, Dataset, Subset
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from csekit.core.atomic import atomic_write_text, fresh_folder, recover_directory, remove_staging_leftovers, swap_in
+from csekit.core.atomic import (
+    HeldFolder,
+    atomic_write_text,
+    recover_directory,
+    remove_staging_leftovers,
+    staging_folder,
+    swap_in,
+)
 from csekit.core.errors import CsekitError
 from csekit.core.run_lock import hold_run_lock
 from csekit.core.save_guard import guarded_save, saves_keep
@@ -58,8 +63,9 @@ from csekit.training.processes import (
     several_cpu_processes,
     training_precision,
 )
-from csekit.training.recipe import Recipe, tracker_names
+from csekit.training.recipe import Recipe
 from csekit.training.run_folder import (
+    CHECKPOINT_STAGING,
     METRICS_FILE,
     SAVED_RECIPE,
     STATE_FILE,
@@ -73,9 +79,7 @@ from csekit.training.run_folder import (
     recipe_changes_on_resume,
 )
 from csekit.training.sync_free import SyncFreeSteps, read_on_host, set_schedule_step, use_sync_free
-
-TRACKER_LOGS = "logs"
-"""The run folder's subfolder where file-based trackers (TensorBoard) write, one folder per recipe name."""
+from csekit.training.trackers import TRACKER_LOGS, available_trackers, hold_tracker_logs, start_trackers
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -184,7 +188,7 @@ class Trainer:
         """The precision for this machine, then the Accelerator (one process or several)."""
         hint_if_accelerate_started_one_process()
         self.precision, self.precision_note = training_precision(self.config.precision)
-        self.trackers = _available_trackers(self.config.report_to)
+        self.trackers = available_trackers(self.recipe)
         logs = ProjectConfiguration(project_dir=str(self.output), logging_dir=str(self.output / TRACKER_LOGS))
         self.accelerator = Accelerator(
             cpu=several_cpu_processes(),
@@ -293,8 +297,10 @@ class Trainer:
             held_until_the_end.enter_context(hold_run_lock(self.output))
             check_run_in_folder(self.output, self.resume)  # again under the lock: another run may have finished here
             # Staging folders and files of a run killed mid-write (never resumed from); removed under the lock.
-            for name in remove_staging_leftovers(self.output):
+            for name in remove_staging_leftovers(self.output, (METRICS_FILE, SAVED_RECIPE)):
                 print(f"csekit: removed {self.output / name}, left by an interrupted run", file=sys.stderr)
+            if self.trackers:  # where they write over the run: held open, no link at any level
+                self.tracker_logs = hold_tracker_logs(self.output, self.recipe, held_until_the_end)
 
     def _set_up_optimization(self) -> None:
         """AdamW and the linear schedule over the run's length; model, optimizer and loader prepared."""
@@ -370,7 +376,7 @@ class Trainer:
                 }
             )
         if self.trackers:
-            self.accelerator.init_trackers(self.recipe.name, config=_flat_hyperparameters(self.recipe))
+            start_trackers(self.accelerator, self.tracker_logs, self.recipe)
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -647,11 +653,13 @@ class Trainer:
         return f"{kept}. Free the space, then: csekit train --output {self.output} --resume"
 
     def _write_checkpoint(self) -> None:
-        staging = self.output / ".checkpoint.tmp"
-        if self.main:
-            fresh_folder(staging)
+        """Every file into `.checkpoint.tmp`, a folder each process holds open (a link put at its name is never
+        written through), then swapped in as checkpoint/ (core/atomic.py)."""
+        held = staging_folder(self.checkpoint_dir, CHECKPOINT_STAGING) if self.main else None
         try:
             self.accelerator.wait_for_everyone()
+            held = held or HeldFolder(self.output / CHECKPOINT_STAGING)
+            staging = held.path
             if self.main:
                 save_shared_state(staging, self.unwrapped, self.optimizer, self.scheduler, self.accelerator.scaler)
             save_rng_state(staging, self.accelerator.process_index)
@@ -659,11 +667,14 @@ class Trainer:
             if self.main:
                 atomic_write_text(staging / STATE_FILE, json.dumps(self.state.__dict__))
                 atomic_write_text(staging / SAVED_RECIPE, self.recipe.to_yaml())  # what a --resume must continue
-                swap_in(staging, self.checkpoint_dir)
+                swap_in(held, self.checkpoint_dir)
         except BaseException:
-            if self.main:  # a half-written staging folder takes the space a full disk lacks
-                shutil.rmtree(staging, ignore_errors=True)
+            if self.main and held is not None:  # a half-written staging folder takes the space a full disk lacks
+                held.remove()
             raise
+        finally:
+            if held is not None:
+                held.close()
         self.accelerator.wait_for_everyone()
         self.checkpointed_batches, self.checkpointed_step = self.state.batches, self.state.step
 
@@ -750,34 +761,6 @@ class Trainer:
         self.accelerator.end_training()
         state = self.state
         return TrainResult(self.output, state.step, state.best_score, state.best_step, state.skipped_steps)
-
-
-def _available_trackers(report_to: str) -> list[str]:
-    """The trackers train.report_to names, each checked to be installed (accelerate would silently drop it)."""
-    available = {str(getattr(tracker, "value", tracker)) for tracker in get_available_trackers()}
-    names = tracker_names(report_to)
-    for name in names:
-        if name not in available:
-            extra = " (pip install 'csekit[tensorboard]')" if name == "tensorboard" else ""
-            raise CsekitError(f"recipe key train.report_to: {name} is not installed{extra}")
-    return names
-
-
-def _flat_hyperparameters(recipe: Recipe) -> dict[str, str | int | float | bool]:
-    """The recipe as dotted keys with scalar values (what trackers take as a run's configuration)."""
-    flat: dict[str, str | int | float | bool] = {}
-
-    def add(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for key, inner in value.items():
-                add(f"{prefix}.{key}" if prefix else str(key), inner)
-        elif isinstance(value, str | int | float | bool):
-            flat[prefix] = value
-        else:  # lists (objectives, negatives) and None
-            flat[prefix] = json.dumps(value)
-
-    add("", asdict(recipe))
-    return flat
 
 
 def never_active_warnings(named_parts: list[tuple[str, object]], steps_per_epoch: int, total_steps: int) -> list[str]:
