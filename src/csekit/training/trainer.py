@@ -48,6 +48,7 @@ from csekit.training.checkpoint import load_rng_state, load_shared_state, save_r
 from csekit.training.chunked import check_chunk_size
 from csekit.training.compiled import compile_backbone
 from csekit.training.dev_scoring import dev_precision, dev_representation
+from csekit.training.loading import loader_options
 from csekit.training.model import ContrastiveModel, build_model
 from csekit.training.optimization import forward_backward, make_optimizer
 from csekit.training.processes import (
@@ -193,6 +194,9 @@ class Trainer:
             log_with=self.trackers or None,
             project_config=logs if self.trackers else None,
         )
+        self.loader_options = loader_options(self.recipe.data.num_workers, self.accelerator.device)
+        # Read when the loader is prepared: on a GPU its copies are queued without a wait (csekit.training.loading).
+        self.accelerator.dataloader_config.non_blocking = self.loader_options.non_blocking
         if self.accelerator.device.type == "cpu" and self.config.keep_freed_memory:
             keep_freed_memory()
         self.main = self.accelerator.is_main_process
@@ -282,7 +286,9 @@ class Trainer:
             sampler=sampler,
             drop_last=True,
             collate_fn=TrainCollator(self.views, data.text_column),
-            num_workers=data.num_workers,
+            num_workers=self.loader_options.num_workers,
+            pin_memory=self.loader_options.pin_memory,
+            persistent_workers=self.loader_options.persistent_workers,
             generator=torch.Generator().manual_seed(self.config.seed),
         )
 
