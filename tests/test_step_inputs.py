@@ -177,3 +177,30 @@ def test_the_trainer_builds_its_loader_from_the_loader_options(
         assert trainer.accelerator.dataloader_config.non_blocking
         base = trainer.loader.base_dataloader
         assert (base.num_workers, base.persistent_workers, base.pin_memory) == (2, True, False)
+
+
+@pytest.mark.parametrize("scale", [1.0, float("inf")], ids=["finite", "infinite"])
+def test_with_clipping_off_the_step_computes_the_norm_and_leaves_the_gradients_as_clipping_at_infinity(
+    monkeypatch: pytest.MonkeyPatch, scale: float
+) -> None:
+    from accelerate import Accelerator
+
+    from csekit.training.optimization import gradient_norm
+
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    layers = [nn.Linear(8, 4), nn.Linear(8, 4)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    for layer in layers:
+        layer(torch.ones(3, 8)).sum().mul(scale).backward()
+    old = accelerator.clip_grad_norm_(list(layers[0].parameters()), float("inf"))  # how the step clipped when off
+    with counting_calls(monkeypatch, accelerator, "clip_grad_norm_") as clipped:
+        new = gradient_norm(accelerator, list(layers[1].parameters()), None)
+    assert clipped == []  # no pass that multiplies every gradient by 1.0
+    torch.testing.assert_close(new, old, rtol=0, atol=0, equal_nan=True)
+    if scale == 1.0:  # an infinite norm made clipping at infinity multiply by NaN; the step is skipped either way
+        for before, after in zip(layers[0].parameters(), layers[1].parameters(), strict=True):
+            torch.testing.assert_close(after.grad, before.grad, rtol=0, atol=0)
+    with counting_calls(monkeypatch, accelerator, "clip_grad_norm_") as clipped:
+        gradient_norm(accelerator, list(layers[1].parameters()), 1.0)
+    assert len(clipped) == 1  # clipping on: as before
