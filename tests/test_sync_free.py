@@ -307,3 +307,19 @@ def test_sync_free_choices_and_what_it_needs() -> None:
         use_sync_free("true", cpu, "fp32", "adamw_uncorrected")
     with pytest.raises(CsekitError, match=r"needs train\.precision fp32 or bf16"):
         use_sync_free("true", cpu, "fp16", "adamw")
+
+
+def test_a_resumed_epoch_copies_its_batches_as_the_loader_options_say(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """accelerate's loader for the batches left of a resumed epoch drops non_blocking; csekit sets it again."""
+    monkeypatch.setattr("csekit.training.trainer.loader_options", lambda workers, device: GPU_LOADER)
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=128)
+    recipe = gpu_path_recipe(tiny_model_dir, corpus, "train.max_steps=8", "train.sync_free=true")
+    with started_trainer(recipe, tmp_path / "run") as trainer:
+        trainer.state.batches = 3  # as a run resumed from a checkpoint after 3 batches
+        batches = trainer._batches()
+        with counting_host_reads(monkeypatch) as reads:
+            next(batches)
+            next(batches)
+        assert BLOCKING_COPY not in reads

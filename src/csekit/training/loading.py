@@ -18,9 +18,12 @@ process's own random state.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+from accelerate import Accelerator
 
 AUTO_WORKERS = 2
 """Worker processes `data.num_workers: auto` starts per training process on a CUDA device (fewer where the
@@ -54,3 +57,15 @@ def loader_options(num_workers: int | str, device: torch.device, cores: int | No
     else:
         workers = int(num_workers)
     return LoaderOptions(workers, pin_memory=on_gpu, persistent_workers=on_gpu and workers > 0, non_blocking=on_gpu)
+
+
+def skipping_batches(accelerator: Accelerator, loader: Any, skip: int, options: LoaderOptions) -> Iterable[Any]:
+    """`loader` from its batch `skip` on (a resumed run's first epoch), its copies as `options` say.
+
+    accelerate's `skip_first_batches` builds a new loader that keeps the pinning and the workers but copies
+    with `non_blocking=False` (accelerate 1.15), so on a GPU the rest of that epoch would wait at every copy.
+    """
+    skipped = accelerator.skip_first_batches(loader, skip)
+    if hasattr(skipped, "_non_blocking"):
+        skipped._non_blocking = options.non_blocking
+    return skipped

@@ -48,7 +48,7 @@ from csekit.training.checkpoint import load_rng_state, load_shared_state, save_r
 from csekit.training.chunked import check_chunk_size
 from csekit.training.compiled import compile_backbone
 from csekit.training.dev_scoring import dev_precision, dev_representation
-from csekit.training.loading import loader_options
+from csekit.training.loading import loader_options, skipping_batches
 from csekit.training.model import ContrastiveModel, build_model
 from csekit.training.optimization import forward_backward, make_optimizer
 from csekit.training.processes import (
@@ -445,7 +445,8 @@ class Trainer:
                 return
             self.loader.set_epoch(epoch)
             skip = self.state.batches - epoch * self.steps_per_epoch
-            yield from (self.accelerator.skip_first_batches(self.loader, skip) if skip > 0 else self.loader)
+            options = self.loader_options
+            yield from (skipping_batches(self.accelerator, self.loader, skip, options) if skip > 0 else self.loader)
 
     def step(self, batch: dict[str, Any]) -> bool:
         """One optimizer step on `batch`; False when it was skipped for a non-finite loss or gradient.
