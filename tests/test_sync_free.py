@@ -17,34 +17,43 @@ from safetensors.torch import load_file
 from transformers import get_linear_schedule_with_warmup
 
 from csekit.core.errors import CsekitError
+from csekit.training.loading import LoaderOptions
 from csekit.training.recipe import Recipe, load_recipe
 from csekit.training.sync_free import linear_schedule_factor, set_schedule_step, use_sync_free
 from csekit.training.trainer import Trainer, train
 
-HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__")
-"""The Tensor methods that copy a value to the host (on a GPU, each waits for the device).
+HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "nonzero")
+"""The Tensor methods that copy a value (or, `nonzero`, a result's size) to the host: on a GPU, each waits for
+the device. Reads inside transformers count too (its mask helper asked `padding_mask.all()` once a pass)."""
 
-Reads inside transformers are not counted: its SDPA mask asks `padding_mask.all()` once per encoder pass
-(to drop a mask without padding), which the padded encoder pass inherits. The CUDA test counts everything
-(torch's sync debug mode sees transformers' reads and the loader's copies too).
-"""
+BLOCKING_COPY = "blocking copy"
+"""What a loader's copy of a batch to the device with `non_blocking=False` is recorded as (on a GPU, a wait)."""
 
 
 @contextlib.contextmanager
 def counting_host_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """Inside the block every Python-level read of a tensor's value on the host is recorded by name."""
+    """Inside the block every Python-level read of a tensor's value on the host is recorded by name, and every
+    copy of a batch by the loader (accelerate's `send_to_device`) that waits for the device as `BLOCKING_COPY`."""
+    import accelerate.data_loader
+
     reads: list[str] = []
     with monkeypatch.context() as patch:
         for name in HOST_READS:
             original = getattr(torch.Tensor, name)
 
-            def counted(self: torch.Tensor, *args: Any, _name: str = name, _original: Any = original) -> Any:
-                caller = sys._getframe(1).f_code.co_filename
-                if f"{os.sep}transformers{os.sep}" not in caller:
-                    reads.append(_name)
-                return _original(self, *args)
+            def counted(self: torch.Tensor, *args: Any, _name: str = name, _original: Any = original, **kw: Any) -> Any:
+                reads.append(_name)
+                return _original(self, *args, **kw)
 
             patch.setattr(torch.Tensor, name, counted)
+        send = accelerate.data_loader.send_to_device
+
+        def copied(batch: Any, device: Any, non_blocking: bool = False, **kw: Any) -> Any:
+            if not non_blocking:
+                reads.append(BLOCKING_COPY)
+            return send(batch, device, non_blocking=non_blocking, **kw)
+
+        patch.setattr(accelerate.data_loader, "send_to_device", copied)
         yield reads
 
 
@@ -75,27 +84,52 @@ def gpu_path_recipe(model_dir: Path, corpus: Path, *extra: str) -> Recipe:
     )
 
 
+GPU_LOADER = LoaderOptions(0, pin_memory=False, persistent_workers=False, non_blocking=True)
+"""The loader as on a GPU (`loader_options`), in the main process and unpinned (a CPU has no pinned memory)."""
+
+
 @pytest.mark.parametrize("sync_free", [True, False])
 def test_steps_between_log_points_read_nothing_on_the_host(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, sync_free: bool
 ) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    """Each window holds what the loop does between two steps: the step, its bookkeeping, the next batch."""
+    monkeypatch.setattr("csekit.training.trainer.loader_options", lambda workers, device: GPU_LOADER)
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=128)  # 8 batches: no epoch starts inside the windows
     recipe = gpu_path_recipe(tiny_model_dir, corpus, "train.max_steps=8", f"train.sync_free={str(sync_free).lower()}")
     with started_trainer(recipe, tmp_path / "run") as trainer:
         batches = trainer._batches()
+        batch = next(batches)  # the epoch's start (the sampler's shuffle)
         for _ in range(3):  # steps 1-3: no log point
-            batch = next(batches)
             with counting_host_reads(monkeypatch) as reads:
                 assert trainer.step(batch)
                 assert not trainer._after_step()
+                batch = next(batches)  # collated, and copied by accelerate as on a GPU
             if sync_free:
                 assert reads == []
             else:  # the plain loop reads the loss and the gradient norm each step
-                assert reads.count("tolist") == 2
+                assert sorted(reads) == ["tolist", "tolist"]
         with counting_host_reads(monkeypatch) as reads:
-            assert trainer.step(next(batches))
+            assert trainer.step(batch)
             trainer._after_step()  # step 4: the log point reads
         assert trainer.state.step == 4 and trainer.window_steps == 0 and "tolist" in reads
+
+
+def test_the_count_of_host_reads_sees_transformers_mask_check_and_a_blocking_copy(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The counter above can fail: transformers' own mask (a 2-D mask in training) and CPU loader options."""
+    import csekit.encoding.encoder as encoder_module
+
+    monkeypatch.setattr(encoder_module, "ready_attention_mask", lambda backbone, mask: mask)
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=128)
+    recipe = gpu_path_recipe(tiny_model_dir, corpus, "train.max_steps=8", "train.sync_free=true")
+    with started_trainer(recipe, tmp_path / "run") as trainer:
+        batches = trainer._batches()
+        batch = next(batches)
+        with counting_host_reads(monkeypatch) as reads:
+            trainer.step(batch)
+            next(batches)
+    assert "__bool__" in reads and BLOCKING_COPY in reads
 
 
 @pytest.mark.cuda
@@ -117,6 +151,36 @@ def test_three_cuda_steps_between_log_points_never_synchronise(tmp_path: Path, t
             finally:
                 torch.cuda.set_sync_debug_mode("default")
         assert trainer.state.step == 4
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_cuda_steps_with_the_loader_never_synchronise(tmp_path: Path, tiny_model_dir: Path, packed: bool) -> None:
+    """The loop between two steps on a GPU, its loader (workers, pinned memory, copies) and SDPA's mask included."""
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=128)
+    recipe = gpu_path_recipe(
+        tiny_model_dir,
+        corpus,
+        "train.max_steps=8",
+        "train.sync_free=true",
+        "train.precision=bf16",
+        f"model.packed={packed}",
+    )
+    with started_trainer(recipe, tmp_path / "run") as trainer:
+        assert trainer.loader_options.non_blocking and trainer.loader_options.pin_memory
+        batches = trainer._batches()
+        trainer.step(next(batches))  # the first step sets up AdamW's state
+        trainer._after_step()
+        batch = next(batches)
+        for _ in range(2):  # steps 2-3: no log point
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                trainer.step(batch)
+                trainer._after_step()
+                batch = next(batches)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
 
 
 def weights(run: Path) -> dict[str, torch.Tensor]:
@@ -246,3 +310,19 @@ def test_sync_free_choices_and_what_it_needs() -> None:
         use_sync_free("true", cpu, "fp32", "adamw_uncorrected")
     with pytest.raises(CsekitError, match=r"needs train\.precision fp32 or bf16"):
         use_sync_free("true", cpu, "fp16", "adamw")
+
+
+def test_a_resumed_epoch_copies_its_batches_as_the_loader_options_say(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """accelerate's loader for the batches left of a resumed epoch drops non_blocking; csekit sets it again."""
+    monkeypatch.setattr("csekit.training.trainer.loader_options", lambda workers, device: GPU_LOADER)
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=128)
+    recipe = gpu_path_recipe(tiny_model_dir, corpus, "train.max_steps=8", "train.sync_free=true")
+    with started_trainer(recipe, tmp_path / "run") as trainer:
+        trainer.state.batches = 3  # as a run resumed from a checkpoint after 3 batches
+        batches = trainer._batches()
+        with counting_host_reads(monkeypatch) as reads:
+            next(batches)
+            next(batches)
+        assert BLOCKING_COPY not in reads

@@ -27,6 +27,7 @@ from torch.utils.data import Dataset
 
 from csekit.core.bounded_read import bounded_lines, open_regular
 from csekit.core.errors import CsekitError
+from csekit.encoding.packed import PACKING_LAYOUT, PackingLayout
 
 HUB_PREFIX = "hf:"
 
@@ -250,7 +251,11 @@ def sentence_text(item: Any, text_column: str = "text") -> str:
 
 
 class TrainCollator:
-    """Turns a list of corpus items into the model's inputs for all views, in the DataLoader."""
+    """Turns a list of corpus items into the model's inputs for all views, in the DataLoader.
+
+    The inputs carry the batch's `PackingLayout` (where its real tokens are), made here on the CPU from
+    the rows' lengths, so that a padding-free pass on a GPU never reads it back from the device.
+    """
 
     def __init__(self, make_views: Callable[[list[str]], dict[str, torch.Tensor]], text_column: str = "text"):
         self.make_views = make_views
@@ -262,4 +267,7 @@ class TrainCollator:
             fields = {key: [item.get(key) for item in items] for key in items[0] if key != self.text_column}
         else:
             sentences, fields = list(items), {}
-        return {"sentences": sentences, "fields": fields, "inputs": self.make_views(sentences)}
+        inputs = self.make_views(sentences)
+        if isinstance(inputs, dict) and isinstance(inputs.get("attention_mask"), torch.Tensor):
+            inputs = {**inputs, PACKING_LAYOUT: PackingLayout.of_host_mask(inputs["attention_mask"])}
+        return {"sentences": sentences, "fields": fields, "inputs": inputs}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import itertools
 import json
 import os
@@ -41,8 +42,16 @@ from csekit.core.version import __version__
 from csekit.encoding.kept_head import DenseTanh, ExportsAsDenseTanh
 from csekit.encoding.model_card import CARD_FILE, render_model_card
 from csekit.encoding.model_folder import ENCODER_SPECIAL_TOKENS, check_tokenizer, from_pretrained
-from csekit.encoding.packed import BACKBONE_INPUTS, packed_pass, packing_refusal, packs_by_default
+from csekit.encoding.packed import (
+    BACKBONE_INPUTS,
+    PackingLayout,
+    packed_pass,
+    packing_refusal,
+    packs_by_default,
+    split_layout,
+)
 from csekit.encoding.pooling import POOLERS, MaskPooler, Pooler, PoolerOutputPooler, make_pooler, pad_ids
+from csekit.encoding.ready_mask import ready_attention_mask
 
 CSEKIT_CONFIG = "csekit.json"
 HEAD_FILE_LIMIT = 2**28
@@ -539,8 +548,9 @@ class SentenceEncoder(nn.Module):
         at those positions only (the same vectors and gradients, about 1/8 fewer matrix-product FLOPs
         for a 6-layer model), and the output's `last_layer_states` is None.
         """
+        inputs, layout = split_layout(inputs)  # the training collator's; only a packed pass reads it
         if self.packs(inputs):
-            return self._forward_masked(inputs, token_states, packed=True)
+            return self._forward_masked(inputs, token_states, packed=True, layout=layout)
         if length_group_size is None:
             length_group_size = self.length_group_size if self.training else 0
         rows = inputs["attention_mask"].shape[0]
@@ -591,11 +601,20 @@ class SentenceEncoder(nn.Module):
         device = inputs["attention_mask"].device
         return packs_by_default(device, self.training) and packing_refusal(self.backbone) is None
 
-    def _forward_masked(self, inputs: dict[str, Tensor], token_states: bool, packed: bool = False) -> EncoderOutput:
-        """One backbone pass, with the optional embedding mask applied through a forward hook."""
+    def _forward_masked(
+        self,
+        inputs: dict[str, Tensor],
+        token_states: bool,
+        packed: bool = False,
+        layout: PackingLayout | None = None,
+    ) -> EncoderOutput:
+        """One backbone pass, with the optional embedding mask applied through a forward hook.
+
+        `packed`: padding-free, with the batch's `layout` where it has one.
+        """
         inputs = dict(inputs)
         mask = inputs.pop(EMBEDDING_MASK, None)
-        forward = self._forward_packed if packed else self._forward
+        forward = functools.partial(self._forward_packed, layout=layout) if packed else self._forward
         if mask is None:
             return forward(inputs, token_states)
         embeddings = getattr(self.backbone, "embeddings", None)
@@ -614,12 +633,14 @@ class SentenceEncoder(nn.Module):
         finally:
             handle.remove()
 
-    def _forward_packed(self, inputs: dict[str, Tensor], token_states: bool) -> EncoderOutput:
+    def _forward_packed(
+        self, inputs: dict[str, Tensor], token_states: bool, layout: PackingLayout | None = None
+    ) -> EncoderOutput:
         """One padding-free backbone pass; the pooler sees padded states, or the read positions' only."""
         mask, ids = inputs["attention_mask"], inputs["input_ids"]
         positions = None if token_states else self.pooler.read_positions(mask, ids)
         group_rows = self.length_group_size if groups_by_length(mask.device) else 0
-        output = packed_pass(self.backbone, inputs, self.pooler.needs_all_layers, positions, group_rows)
+        output = packed_pass(self.backbone, inputs, self.pooler.needs_all_layers, positions, group_rows, layout)
         if output.read_states is not None:
             return EncoderOutput(self.pooler.pool_read_states(output.read_states), None, mask, ids)
         states = output.hidden_states
@@ -630,6 +651,8 @@ class SentenceEncoder(nn.Module):
         if INPUT_EMBEDDINGS in backbone_inputs:  # the backbone takes ids or embeddings, not both
             del backbone_inputs["input_ids"]
         mask, ids = inputs["attention_mask"], inputs["input_ids"]
+        if self.training:  # the host is not asked whether the batch has padding (see `ready_attention_mask`)
+            backbone_inputs["attention_mask"] = ready_attention_mask(self.backbone, mask)
         tail = None if token_states else _position_wise_tail(self.backbone)
         positions = self.pooler.read_positions(mask, ids) if tail is not None else None
         if tail is not None and positions is not None:

@@ -88,6 +88,71 @@ def packs_by_default(device: torch.device, training: bool) -> bool:
     return PACKED_BY_DEFAULT.get((device.type, training), False)
 
 
+PACKING_LAYOUT = "packing_layout"
+"""The inputs key of a batch's `PackingLayout` (the training collator adds it); never passed to the backbone."""
+
+
+@dataclass
+class PackingLayout:
+    """Where a right-padded batch's real tokens are, made on the CPU with the batch (`TrainCollator`).
+
+    On a GPU, finding them from the device's mask (`nonzero`) waits for the device in every packed pass:
+    its result's size is read on the host. Made where the rows are made, the layout travels with the batch
+    (pinned and copied with it) and the packed pass reads nothing back. A pass on rows taken out of the batch
+    (chunks, groups) drops it: it describes the whole batch's mask only.
+    """
+
+    index: Tensor  # [T] positions of the real tokens in the flattened [B * L] batch, row by row
+    cumulative_lengths: Tensor  # [B + 1] int32: row r's tokens are index[cum[r] : cum[r + 1]]
+
+    @classmethod
+    def of(cls, attention_mask: Tensor) -> PackingLayout:
+        """The layout of `attention_mask` found where it is (on a GPU, `nonzero` waits for the device)."""
+        mask = attention_mask.bool()
+        return cls(mask.flatten().nonzero().squeeze(1), _cumulative_lengths(mask))
+
+    @classmethod
+    def of_host_mask(cls, attention_mask: Tensor) -> PackingLayout:
+        """The layout of a mask on the CPU, as the collator has it: the same tensors as `of`, by boolean indexing
+        (no result is read back from a device, and tests count the device-side `nonzero` calls)."""
+        mask = attention_mask.bool()
+        positions = torch.arange(mask.numel(), device=mask.device).view(mask.shape)
+        return cls(positions[mask], _cumulative_lengths(mask))
+
+    def fits(self, attention_mask: Tensor) -> bool:
+        """Whether this layout can describe `attention_mask` (its shape and device; the values are trusted)."""
+        rows, width = attention_mask.shape
+        return (
+            self.cumulative_lengths.shape == (rows + 1,)
+            and self.index.shape[0] <= rows * width
+            and self.index.device == attention_mask.device
+        )
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> PackingLayout:
+        """On `device` (how accelerate moves a batch: an object's own `to`)."""
+        return PackingLayout(
+            self.index.to(device, non_blocking=non_blocking),
+            self.cumulative_lengths.to(device, non_blocking=non_blocking),
+        )
+
+    def pin_memory(self) -> PackingLayout:
+        """In pinned memory (how the DataLoader pins a batch: an object's own `pin_memory`)."""
+        return PackingLayout(self.index.pin_memory(), self.cumulative_lengths.pin_memory())
+
+
+def _cumulative_lengths(mask: Tensor) -> Tensor:
+    """[B + 1] int32: 0, then each row's end in the packed sequence."""
+    return nn.functional.pad(mask.sum(dim=1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
+
+
+def split_layout(inputs: dict[str, Any]) -> tuple[dict[str, Tensor], PackingLayout | None]:
+    """`inputs` without the `PACKING_LAYOUT` key, and that layout (None when there is none)."""
+    if PACKING_LAYOUT not in inputs:
+        return inputs, None
+    rest = {key: value for key, value in inputs.items() if key != PACKING_LAYOUT}
+    return rest, inputs[PACKING_LAYOUT]
+
+
 @dataclass
 class PackedRows:
     """Where a padded batch's real tokens are: the layout shared by every layer of one pass."""
@@ -99,12 +164,12 @@ class PackedRows:
     key_mask: Tensor  # [B, L] bool, True at real tokens
 
     @classmethod
-    def of(cls, attention_mask: Tensor) -> PackedRows:
+    def of(cls, attention_mask: Tensor, layout: PackingLayout | None = None) -> PackedRows:
+        """The rows of `attention_mask`, from the batch's `layout` where it has one that fits (no device read)."""
         mask = attention_mask.bool()
-        lengths = mask.sum(dim=1, dtype=torch.int32)
-        cumulative = nn.functional.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
-        index = mask.flatten().nonzero().squeeze(1)
-        return cls(index, cumulative, mask.shape[0], mask.shape[1], mask)
+        if layout is None or not layout.fits(mask):
+            layout = PackingLayout.of(mask)
+        return cls(layout.index, layout.cumulative_lengths, mask.shape[0], mask.shape[1], mask)
 
     def pack(self, padded: Tensor) -> Tensor:
         """[B, L, ...] -> [T, ...]."""
@@ -232,6 +297,7 @@ def packed_pass(
     all_layers: bool = False,
     read_positions: Tensor | None = None,
     attention_group_rows: int = 0,
+    layout: PackingLayout | None = None,
 ) -> PackedOutput:
     """Run a BERT-layout `backbone` padding-free on padded `inputs` (see the module's docstring).
 
@@ -240,8 +306,9 @@ def packed_pass(
     their states as `read_states` (and no token states).
     `attention_group_rows`: where attention runs on a padded layout (not the flash kernel), in length groups
     of that many rows (`AttentionGroups`); 0: one group, the batch padded to its longest row.
+    `layout`: where the real tokens are, made with the batch (`PackingLayout`); else found on the device.
     """
-    rows = PackedRows.of(inputs["attention_mask"])
+    rows = PackedRows.of(inputs["attention_mask"], layout)
     embedding_inputs = {key: inputs[key] for key in ("token_type_ids", "position_ids") if key in inputs}
     if "inputs_embeds" in inputs:
         embedding_inputs["inputs_embeds"] = inputs["inputs_embeds"]

@@ -39,6 +39,7 @@ from torch.utils.checkpoint import get_device_states, set_device_states
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import EncoderOutput, SentenceEncoder
+from csekit.encoding.packed import split_layout
 
 GRADIENT_BUCKET = 1 << 22
 """Gradient elements all-reduced in one message when several processes average a chunked step's gradients."""
@@ -145,6 +146,7 @@ class ChunkedEncoder:
     ) -> EncoderOutput:
         if not torch.is_grad_enabled():
             return self.encoder(inputs, length_group_size, token_states)
+        inputs, _ = split_layout(inputs)  # it describes the whole batch, not a chunk's rows
         rows = inputs["attention_mask"].shape[0]
         _check_per_row(inputs, rows)
         chunks = list(self._row_order(inputs, length_group_size).split(self.chunk_size))

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 
 from csekit.parts.hooks import own_learning_rate
 from csekit.training.chunked import chunked_forward_backward
@@ -111,8 +113,26 @@ def forward_backward(
             batch["inputs"], batch["sentences"], batch["fields"], step=step, steps_per_epoch=steps_per_epoch
         )
         accelerator.backward(loss)
-    grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
-    return loss, parts, grad_norm
+    return loss, parts, gradient_norm(accelerator, model.parameters(), max_grad_norm)
+
+
+NORM_ONLY_DISTRIBUTIONS = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
+"""Where a gradient's norm is its local gradients' norm (not sharded: FSDP, DeepSpeed and XLA clip their own way)."""
+
+
+def gradient_norm(
+    accelerator: Accelerator, parameters: Iterable[torch.nn.Parameter], max_grad_norm: float | None
+) -> torch.Tensor:
+    """The gradients' norm before clipping, the gradients clipped to `max_grad_norm` where it is set.
+
+    With clipping off (`train.max_grad_norm: null`) only the norm is computed: clipping at infinity multiplies
+    every gradient by 1.0, a pass over all of them for nothing (the same gradients and norm, bit for bit).
+    """
+    total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
+    if max_grad_norm is not None or total_norm is None or accelerator.distributed_type not in NORM_ONLY_DISTRIBUTIONS:
+        return accelerator.clip_grad_norm_(parameters, max_grad_norm or float("inf"))
+    accelerator.unscale_gradients()  # fp16: the scaler's factor out first, as clip_grad_norm_ does
+    return total_norm([p.grad for p in parameters if p.grad is not None], 2.0)
 
 
 def _inherited_lr(model: torch.nn.Module, module_name: str, default: float) -> float:

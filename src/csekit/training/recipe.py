@@ -81,7 +81,9 @@ class DataConfig:
     max_chars: int = 10_000  # longer lines are input errors (or skipped with bad_lines: skip)
     bad_lines: str = "error"  # error | skip
     text_column: str = "text"  # for hub datasets and .jsonl corpora
-    num_workers: int = 0
+    # DataLoader worker processes per training process; auto: none on a CPU, a few persistent ones on a GPU
+    # (csekit.training.loading). The batches are the same with any number.
+    num_workers: int | str = "auto"
     # Repeated sentences (csekit.data.duplicates): keep (as the corpus is), drop (the distinct sentences only,
     # each at its first occurrence) or separate (every copy, never two copies of a sentence in one batch).
     duplicates: str = "keep"
@@ -357,8 +359,9 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         ("data.max_chars", recipe.data.max_chars >= 1, "must be at least 1"),
         (
             "data.num_workers",
-            0 <= recipe.data.num_workers <= MAX_WORKERS,
-            f"must be from 0 (batches in the main process) to {MAX_WORKERS}",
+            recipe.data.num_workers == "auto"
+            or (type(recipe.data.num_workers) is int and 0 <= recipe.data.num_workers <= MAX_WORKERS),
+            f"must be from 0 (batches in the main process) to {MAX_WORKERS}, or auto",
         ),
         ("data.duplicates", recipe.data.duplicates in DUPLICATE_MODES, f"must be one of {', '.join(DUPLICATE_MODES)}"),
         ("objectives", len(recipe.objectives) >= 1, "must list at least one objective (e.g. - name: infonce)"),

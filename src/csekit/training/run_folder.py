@@ -48,7 +48,7 @@ METRICS_LINE_LIMIT = 2**20
 FIXED_BY_CHECKPOINT = {"train.lr", "train.weight_decay", "train.optimizer"}
 """Recipe keys whose value a resumed run takes from the checkpoint's optimizer and schedule state, not the recipe:
 a change to them cannot take effect on --resume, so even --allow-changes refuses it rather than ignore it."""
-SAME_UPDATE_KEYS = {"train.chunk_size", "train.sync_free"}
+SAME_UPDATE_KEYS = {"train.chunk_size", "train.sync_free", "data.num_workers"}
 """Recipe keys that change how a step is computed (memory, time) but not the update: a resume may change
 them without --allow-changes (the change is still recorded in metrics.jsonl)."""
 
@@ -217,12 +217,12 @@ def check_checkpoint(checkpoint: Path) -> bool:
 def recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bool) -> dict[str, list[Any]]:
     """Keys whose value differs from the recipe the run's checkpoint was written with; refused unless `allow_changes`.
 
-    A resumed run must continue the run that is in the folder: the same length, batch, precision
-    and parts; only `SAME_UPDATE_KEYS` (the chunk size, sync-free steps) may change freely. The reference is the
-    copy of the recipe saved inside `checkpoint/` (`CHECKPOINT_RECIPE`), so an edit to the run's `recipe.yaml`
-    after the checkpoint is found too (it continued silently: a changed batch size, an lr written back but not
-    used); runs older than that copy compare with `recipe.yaml`. Both are read like any recipe (bounded YAML,
-    validated).
+    A resumed run must continue the run that is in the folder: the same length, batch, precision and parts;
+    only `SAME_UPDATE_KEYS` (the chunk size, sync-free steps, loader workers) may change freely. The reference
+    is the copy of the recipe saved inside `checkpoint/` (`CHECKPOINT_RECIPE`), so an edit to the run's
+    `recipe.yaml` after the checkpoint is found too (it continued silently: a changed batch size, an lr written
+    back but not used); runs older than that copy compare with `recipe.yaml`. Both are read like any recipe
+    (bounded YAML, validated).
     """
     saved_path = output_dir / SAVED_RECIPE
     copy_path = output_dir / CHECKPOINT_RECIPE

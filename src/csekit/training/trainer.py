@@ -53,6 +53,7 @@ from csekit.training.checkpoint import load_rng_state, load_shared_state, save_r
 from csekit.training.chunked import check_chunk_size
 from csekit.training.compiled import compile_backbone
 from csekit.training.dev_scoring import dev_precision, dev_representation
+from csekit.training.loading import loader_options, skipping_batches
 from csekit.training.model import ContrastiveModel, build_model
 from csekit.training.optimization import forward_backward, make_optimizer
 from csekit.training.processes import (
@@ -197,6 +198,9 @@ class Trainer:
             log_with=self.trackers or None,
             project_config=logs if self.trackers else None,
         )
+        self.loader_options = loader_options(self.recipe.data.num_workers, self.accelerator.device)
+        # Read when the loader is prepared: on a GPU its copies are queued without a wait (csekit.training.loading).
+        self.accelerator.dataloader_config.non_blocking = self.loader_options.non_blocking
         if self.accelerator.device.type == "cpu" and self.config.keep_freed_memory:
             keep_freed_memory()
         self.main = self.accelerator.is_main_process
@@ -286,7 +290,9 @@ class Trainer:
             sampler=sampler,
             drop_last=True,
             collate_fn=TrainCollator(self.views, data.text_column),
-            num_workers=data.num_workers,
+            num_workers=self.loader_options.num_workers,
+            pin_memory=self.loader_options.pin_memory,
+            persistent_workers=self.loader_options.persistent_workers,
             generator=torch.Generator().manual_seed(self.config.seed),
         )
 
@@ -445,7 +451,8 @@ class Trainer:
                 return
             self.loader.set_epoch(epoch)
             skip = self.state.batches - epoch * self.steps_per_epoch
-            yield from (self.accelerator.skip_first_batches(self.loader, skip) if skip > 0 else self.loader)
+            options = self.loader_options
+            yield from (skipping_batches(self.accelerator, self.loader, skip, options) if skip > 0 else self.loader)
 
     def step(self, batch: dict[str, Any]) -> bool:
         """One optimizer step on `batch`; False when it was skipped for a non-finite loss or gradient.

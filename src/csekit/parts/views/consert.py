@@ -113,12 +113,7 @@ class ConsertViews:
         return batch["attention_mask"].bool() & ~special
 
     def __call__(self, sentences: list[str]) -> dict[str, Tensor]:
-        views = [
-            self.pooler.encode_ids(
-                self.tokenizer, sentences, self.max_length, view=v if self.pooler.view_dependent else 0
-            )
-            for v in range(self.num_views)
-        ]
+        views = self.pooler.encode_views(self.tokenizer, sentences, self.max_length, self.num_views)
         stacked = {key: [row for view in views for row in view[key]] for key in views[0]}
         batch = pad_ids(stacked, self.tokenizer.pad_token_id or 0)
         return self.augment(batch, len(sentences), self.batch_generator(sentences))

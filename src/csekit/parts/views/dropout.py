@@ -2,8 +2,8 @@
 
 A view object is called in the DataLoader with the batch's sentences and returns the model inputs
 for all views stacked along the batch ([V*n, L] tensors), so one forward pass encodes every view.
-SimCSE's views differ only by dropout, so the same token ids are repeated. A pooler whose
-tokenisation depends on the view (prompt templates) is tokenised once per view.
+SimCSE's views differ only by dropout, so the sentences are tokenised once and the same token ids
+repeated; a pooler whose ids depend on the view (prompt templates) wraps the same tokens per view.
 """
 
 from __future__ import annotations
@@ -26,12 +26,6 @@ class DropoutViews:
         self.num_views = num_views
 
     def __call__(self, sentences: list[str]) -> dict[str, Tensor]:
-        if self.pooler.view_dependent:
-            views = [
-                self.pooler.encode_ids(self.tokenizer, sentences, self.max_length, view=v)
-                for v in range(self.num_views)
-            ]
-        else:
-            views = [self.pooler.encode_ids(self.tokenizer, sentences, self.max_length)] * self.num_views
+        views = self.pooler.encode_views(self.tokenizer, sentences, self.max_length, self.num_views)
         stacked = {key: [row for view in views for row in view[key]] for key in views[0]}
         return pad_ids(stacked, self.tokenizer.pad_token_id or 0)
