@@ -335,3 +335,40 @@ def test_no_suite_name_or_model_path_is_joined_by_hand() -> None:
                 if any(needle in right for needle in (".name}", "['path']", '["path"]', "get('path'", 'get("path"')):
                     offenders.append(f"{module_name(path)}:{node.lineno} {ast.unparse(node)}")
     assert not offenders, "\n".join(offenders)
+
+
+# --- 4. JSON text read from files is parsed in core/json_lines.py or core/bounded_read.py (issue #49) ----------
+
+JSON_PARSERS = {"csekit.core.json_lines", "csekit.core.bounded_read"}
+ALLOWED_JSON_PARSES: dict[str, str] = {}
+"""Modules that may parse JSON themselves, each with its reason (none: the lock file and a safetensors header
+go through json_row too)."""
+
+
+def json_parses(source: str, module: str) -> list[str]:
+    """Every `json.loads` call of `source` (a row parsed outside core/json_lines.py skips its row checks)."""
+    tree = ast.parse(source)
+    aliases = _aliases(tree)
+    calls = (node for node in ast.walk(tree) if isinstance(node, ast.Call))
+    return [f"{module}:{call.lineno}" for call in calls if _dotted(call.func, aliases) == "json.loads"]
+
+
+def test_json_lines_are_parsed_in_core_json_lines() -> None:
+    """A JSON-lines row parsed by hand skipped the row checks (AttributeError on `[1, 2]`, RecursionError on
+    nested brackets: issue #49, defect 9): every `json.loads` of src/ is in the two core readers or reviewed."""
+    found = {
+        module_name(path): json_parses(path.read_text(encoding="utf-8"), module_name(path))
+        for path in sorted((SRC / "csekit").rglob("*.py"))
+    }
+    raw = [
+        call
+        for module, calls in found.items()
+        if module not in JSON_PARSERS | set(ALLOWED_JSON_PARSES)
+        for call in calls
+    ]
+    assert not raw, "parse these rows with csekit.core.json_lines (or review ALLOWED_JSON_PARSES):\n" + "\n".join(raw)
+    assert all(found.get(module) for module in ALLOWED_JSON_PARSES), "an ALLOWED_JSON_PARSES entry is stale"
+    assert json_parses("import json as j\nfrom json import loads\nj.loads(a)\nloads(b)\n", "example") == [
+        "example:3",
+        "example:4",
+    ]

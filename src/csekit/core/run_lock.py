@@ -19,6 +19,7 @@ from pathlib import Path
 
 from csekit.core.bounded_read import read_bounded_bytes
 from csekit.core.errors import CsekitError
+from csekit.core.json_lines import json_row
 
 try:
     import fcntl
@@ -31,7 +32,7 @@ _NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a run folder from someone else may 
 
 def _holder(path: Path) -> str:
     try:
-        info = json.loads(read_bounded_bytes(path, 2**12))
+        info = json_row(read_bounded_bytes(path, 2**12))  # RowProblem is a ValueError
         return f"pid {int(info['pid'])} on {str(info['host'])[:100]}"
     except (OSError, ValueError, KeyError, TypeError, CsekitError):
         return "another process"

@@ -13,7 +13,6 @@ fields a method needs, such as a paraphrase).
 from __future__ import annotations
 
 import gzip
-import json
 import os
 from array import array
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from torch.utils.data import Dataset
 
 from csekit.core.bounded_read import bounded_lines, open_regular
 from csekit.core.errors import CsekitError
+from csekit.core.json_lines import RowProblem, json_row
 
 HUB_PREFIX = "hf:"
 
@@ -145,12 +145,10 @@ class Corpus(Dataset):
 
     def _json_text(self, text: str) -> tuple[Any, str | None]:
         try:
-            row = json.loads(text)
-        except json.JSONDecodeError as error:
-            return None, f"not valid JSON ({error.msg})"
-        if not isinstance(row, dict) or not isinstance(row.get(self.text_column), str):
-            return None, f'no string field "{self.text_column}" (data.text_column)'
-        return row, None
+            return json_row(text, {self.text_column: str}), None
+        except RowProblem as problem:
+            named = f'"{self.text_column}"' in str(problem)
+            return None, f"{problem} (data.text_column)" if named else str(problem)
 
     def __len__(self) -> int:
         return self.report.sentences
