@@ -372,3 +372,50 @@ def test_json_lines_are_parsed_in_core_json_lines() -> None:
         "example:3",
         "example:4",
     ]
+
+
+# --- 5. text reaches a tokenizer only through encoding/token_input.py (issue #49) ----------------------------
+
+TOKENIZER_HOME = "csekit.encoding.token_input"
+TOKENIZER_METHODS = {"encode", "encode_plus", "batch_encode_plus", "tokenize", "__call__", "_batch_encode_plus"}
+
+
+def _names_a_tokenizer(node: ast.expr, exactly: bool) -> bool:
+    """`tokenizer`, `self.tokenizer`, `encoder.tokenizer` (and, unless `exactly`, `fast_tokenizer`): a value named
+    as a tokenizer (a function such as `check_tokenizer` is called with a tokenizer, not as one)."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name == "tokenizer" or (not exactly and name.endswith("tokenizer"))
+
+
+def tokenizer_calls(source: str, module: str) -> list[str]:
+    """Calls of a tokenizer on anything but literal text (a line of any length would reach it whole)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        direct = _names_a_tokenizer(func, exactly=True)
+        method = isinstance(func, ast.Attribute) and func.attr in TOKENIZER_METHODS
+        method = method and _names_a_tokenizer(func.value, exactly=False)
+        literal = all(isinstance(arg, ast.Constant) for arg in node.args)
+        if (direct or method) and not literal:
+            found.append(f"{module}:{node.lineno} {ast.unparse(func)}")
+    return found
+
+
+def test_text_reaches_a_tokenizer_only_through_token_input() -> None:
+    """A tokenizer given a whole line tokenizes all of it before truncating: a 300 MB line aborted the process in
+    Rust (issue #49, defect 8). Every call on text that is not a literal goes through tokenize_texts."""
+    raw = [
+        call
+        for path in sorted((SRC / "csekit").rglob("*.py"))
+        if module_name(path) != TOKENIZER_HOME
+        for call in tokenizer_calls(path.read_text(encoding="utf-8"), module_name(path))
+    ]
+    assert not raw, "cut the text with csekit.encoding.token_input.tokenize_texts:\n" + "\n".join(raw)
+    bypasses = (
+        "tokenizer(lines)\nself.tokenizer(x, truncation=True)\nfast_tokenizer.encode(s)\nenc.tokenizer.tokenize(t)\n"
+    )
+    assert len(tokenizer_calls(bypasses, "example")) == 4
+    clean = 'tokenizer("a")\nencoder.tokenize(texts)\nmoses.tokenize(s)\ncheck_tokenizer(name, tokenizer)\n'
+    assert tokenizer_calls(clean, "example") == []

@@ -28,6 +28,7 @@ RECIPE_VALUES = {
     "dropout of 1": ("model.dropout=1.0", "model.dropout"),
     "negative dropout": ("model.dropout=-0.1", "model.dropout"),
     "negative workers": ("data.num_workers=-1", "data.num_workers"),
+    "max_chars of a document, not a sentence": ("data.max_chars=300000000", "data.max_chars"),
     "packed neither auto, true nor false": ("model.packed=always", "model.packed"),
     "objective weight text": ("objectives=[{name: infonce, weight: heavy}]", "objectives[0].weight"),
     "negative objective weight": ("objectives=[{name: infonce, weight: -1}]", "objectives[0].weight"),

@@ -217,5 +217,5 @@ def test_deeply_nested_json_in_a_lock_file_or_a_safetensors_header_is_not_a_trac
     assert _holder(lock) == "another process"
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(struct.pack("<Q", len(nested)) + nested)
-    with pytest.raises(CsekitError, match="model.safetensors: cannot read its header .JSON nested too deeply"):
+    with pytest.raises(CsekitError, match=r"model.safetensors: cannot read its header \(JSON nested too deeply"):
         _safetensors_shapes(weights)

@@ -49,6 +49,10 @@ class CorpusReport:
         return text
 
 
+MAX_SENTENCE_CHARS = 1_000_000
+"""The largest `data.max_chars`: a line of a million characters is a document, not a sentence (4 MB of a line is the
+most a corpus scan holds)."""
+
 LINE_READ_FLOOR = 2**20
 """Lines up to this many bytes are decoded whatever data.max_chars is, so that the error gives their length in
 characters; only a longer line is skipped unread (counted in bytes)."""

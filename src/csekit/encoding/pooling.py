@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 
 from csekit.core.errors import CsekitError
 from csekit.core.registry import Registry
+from csekit.encoding.token_input import tokenize_texts
 
 
 class Pooler(nn.Module):
@@ -52,7 +53,7 @@ class Pooler(nn.Module):
         """
         limits = [limit for limit in (max_length, max_positions) if limit is not None]
         limit = min(limits) if limits else None
-        encoded = tokenizer(list(sentences), truncation=limit is not None, max_length=limit)
+        encoded = tokenize_texts(tokenizer, sentences, limit, truncation=limit is not None, max_length=limit)
         return {key: list(value) for key, value in encoded.items()}
 
     def tokenize(
@@ -240,9 +241,8 @@ class MaskPooler(Pooler):
             template = self.templates[view % len(self.templates)]
             before, after = template.split("[X]")
             after = after.replace("[MASK]", str(tokenizer.mask_token))
-            prefix = tokenizer(before, add_special_tokens=False)
-            suffix = tokenizer(after, add_special_tokens=False)
-            prefix_ids, suffix_ids = list(prefix["input_ids"]), list(suffix["input_ids"])
+            pieces = tokenize_texts(tokenizer, [before, after], None, add_special_tokens=False)["input_ids"]
+            prefix_ids, suffix_ids = list(pieces[0]), list(pieces[1])
             if suffix_ids.count(mask_id) != 1 or mask_id in prefix_ids:
                 raise CsekitError(
                     f'prompt template "{template}": the tokenizer does not keep {tokenizer.mask_token} as one token'
@@ -290,7 +290,7 @@ class MaskPooler(Pooler):
                 f"max_length {max_length} / max_positions {max_positions} leave no room for the sentence in the "
                 f"mask pooler's template (the template takes {len(prefix) + len(suffix) + specials} tokens)"
             )
-        bodies = tokenizer(list(sentences), add_special_tokens=False)["input_ids"]
+        bodies = tokenize_texts(tokenizer, sentences, budget, add_special_tokens=False)["input_ids"]
         rows: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": []}
         with_types = "token_type_ids" in tokenizer.model_input_names
         if with_types:

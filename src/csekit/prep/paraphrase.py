@@ -23,6 +23,7 @@ from csekit.core.json_lines import json_rows
 from csekit.core.lines import read_lines
 from csekit.core.registry import Registry
 from csekit.encoding.model_folder import check_tokenizer, from_pretrained
+from csekit.encoding.token_input import tokenize_texts
 
 TRANSLATION_SPECIAL_TOKENS = ("unk_token", "pad_token")
 """What a translation model's tokenizer must define (FSMT's has no eos_token attribute: its </s> is sep_token)."""
@@ -116,7 +117,8 @@ class BackTranslationEngine:
         tokenizer, model = self._model(source, target)
         out: list[str] = []
         for start in range(0, len(sentences), self.batch_size):
-            batch = tokenizer(sentences[start : start + self.batch_size], return_tensors="pt", padding=True)
+            texts = sentences[start : start + self.batch_size]  # cut and truncated to the model's positions
+            batch = tokenize_texts(tokenizer, texts, None, return_tensors="pt", padding=True, truncation=True)
             batch = {key: value.to(self.device) for key, value in batch.items()}
             with torch.inference_mode():
                 generated = model.generate(**batch, num_beams=4, max_new_tokens=128)

@@ -28,6 +28,7 @@ from csekit.core.bounded_read import read_yaml_file
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.precision import PRECISIONS
 from csekit.core.registry import Registry
+from csekit.data.corpus import MAX_SENTENCE_CHARS
 from csekit.data.duplicates import DUPLICATE_MODES
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS, dev_scores
@@ -354,7 +355,11 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
             "must be auto, true or false",
         ),
         ("data.bad_lines", recipe.data.bad_lines in ("error", "skip"), "must be error or skip"),
-        ("data.max_chars", recipe.data.max_chars >= 1, "must be at least 1"),
+        (
+            "data.max_chars",
+            1 <= recipe.data.max_chars <= MAX_SENTENCE_CHARS,
+            f"must be from 1 to {MAX_SENTENCE_CHARS:,} (characters of a sentence)",
+        ),
         (
             "data.num_workers",
             0 <= recipe.data.num_workers <= MAX_WORKERS,

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from csekit.encoding.pooling import Pooler, pad_ids
+from csekit.encoding.token_input import tokenize_texts
 from csekit.parts.step_state import StepState
 from csekit.prep.frequency import FrequencyLabels
 
@@ -247,7 +248,9 @@ class IncompleteSentenceFiltering(nn.Module):
 
     def tokenize(self, sentences: list[str]) -> tuple[dict[str, Tensor], Tensor]:
         """Padded inputs of the sentences and each token's word index [n, L] (-1: special or padding)."""
-        encoded = self.tokenizer(sentences, truncation=True, max_length=self.max_length)
+        encoded = tokenize_texts(
+            self.tokenizer, sentences, self.max_length, truncation=True, max_length=self.max_length
+        )
         inputs = pad_ids({key: list(value) for key, value in encoded.items()}, self.tokenizer.pad_token_id or 0)
         word_index = torch.full_like(inputs["input_ids"], -1)
         for row in range(len(sentences)):
