@@ -78,7 +78,7 @@ class ModelConfig:
 class DataConfig:
     corpus: str = "corpus/wiki1m_for_simcse.txt"
     views: dict[str, Any] = field(default_factory=lambda: {"name": "dropout"})
-    max_chars: int = 10_000  # longer lines are input errors (or skipped with bad_lines: skip)
+    max_chars: int = 10_000  # longer lines are input errors (or skipped with bad_lines: skip); at most 1,000,000
     bad_lines: str = "error"  # error | skip
     text_column: str = "text"  # for hub datasets and .jsonl corpora
     num_workers: int = 0
