@@ -342,7 +342,8 @@ def test_a_value_a_training_step_would_refuse_is_refused_before_the_run_folder_e
 
 def test_view_indices_are_checked_against_the_views_a_recipe_makes() -> None:
     """The count comes from the views part (dropout's num_views, ConSERT's augmentations) and, for the training
-    representations, from a head that makes its own (WhitenedCSE's num_positives); `view` reads the inputs."""
+    representations, from a head that makes its own (WhitenedCSE's num_positives); a momentum queue's `view` reads
+    the inputs (its input_view_options)."""
     from csekit.core.errors import CsekitError
     from csekit.training.recipe import load_recipe
 
@@ -351,6 +352,7 @@ def test_view_indices_are_checked_against_the_views_a_recipe_makes() -> None:
         ["data.views={name: dropout, num_views: 3}", "objectives=[{name: infonce, positive_view: 2}]"],
         ["data.views={name: consert, augmentations: [none, shuffle, token_cutoff]}", "objectives.0.positive_view=2"],
         [whitening, "objectives=[{name: multi_positive, positive_views: [1, 2, 3]}]"],
+        [whitening, "objectives=[{name: nt_xent, views: [0, 3]}]"],  # the head's views: nt_xent reads those
     ]
     for overrides in good:
         load_recipe(None, overrides)

@@ -8,8 +8,9 @@ needs the backbone): each part's options are read over its constructor's default
 they refer to:
 
 * an option `view`, `views`, `*_view` or `*_views` holds view indices (an integer or a list of them; null
-  leaves the choice to the part). `view` reads the step's inputs (`data.views`' views); the others read the
-  training representations, which a head that makes its own views (WhitenedCSE's) may have more of;
+  leaves the choice to the part). They index the training representations, which a head that makes its own
+  views (WhitenedCSE's) may have more of than `data.views` makes, except the options a part lists in its
+  `input_view_options`, which index the step's inputs (`data.views`' views: the encoder's rows, the features);
 * an option `*_field` names a field of the corpus's rows the part reads (a `.jsonl` corpus).
 
 How many views a views part or such a head makes: its `num_views` option or class attribute, else its
@@ -138,7 +139,8 @@ def check_view_indices(parts: Sequence[Part], where: Where) -> None:
         if key in ("data.views", "model.head"):
             continue
         for option, index in _view_indices(part_options(factory, spec)):
-            count, maker = (inputs, "data.views") if option == "view" or made is None else (made, "model.head")
+            reads_inputs = option in getattr(factory, "input_view_options", ()) or made is None
+            count, maker = (inputs, "data.views") if reads_inputs else (made, "model.head")
             if not 0 <= index < count:
                 name = factories[maker][1].get("name")
                 raise CsekitError(

@@ -102,6 +102,9 @@ class AdversarialTuning(nn.Module):
     sentences of every view in `views` (all views by default: each is a sentence the encoder embeds).
     """
 
+    #: The view options that index the step's inputs (not the training representations): checked at load.
+    input_view_options = ("views",)
+
     reads_token_states = True  # the encoder keeps every position of the last layer for it
 
     def __init__(
@@ -198,6 +201,9 @@ class IncompleteSentenceFiltering(nn.Module):
     none: `min_masked_words: 1` then masks at least one word in every sentence that has one (above
     the paper's rate; off by default).
     """
+
+    #: The view options that index the step's inputs (not the training representations): checked at load.
+    input_view_options = ("view",)
 
     def __init__(
         self,
