@@ -480,3 +480,87 @@ def export(self, folder):
         "csekit.encoding.encoder:11 save_pretrained in export",
         "csekit.encoding.encoder:8 _write on a folder that is not held",
     ]
+
+
+# --- 6. JSON text read from files is parsed in core/json_lines.py or core/bounded_read.py (issue #49) ----------
+
+JSON_PARSERS = {"csekit.core.json_lines", "csekit.core.bounded_read"}
+ALLOWED_JSON_PARSES: dict[str, str] = {}
+"""Modules that may parse JSON themselves, each with its reason (none: the lock file and a safetensors header
+go through json_row too)."""
+
+
+def json_parses(source: str, module: str) -> list[str]:
+    """Every `json.loads` call of `source` (a row parsed outside core/json_lines.py skips its row checks)."""
+    tree = ast.parse(source)
+    aliases = _aliases(tree)
+    calls = (node for node in ast.walk(tree) if isinstance(node, ast.Call))
+    return [f"{module}:{call.lineno}" for call in calls if _dotted(call.func, aliases) == "json.loads"]
+
+
+def test_json_lines_are_parsed_in_core_json_lines() -> None:
+    """A JSON-lines row parsed by hand skipped the row checks (AttributeError on `[1, 2]`, RecursionError on
+    nested brackets: issue #49, defect 9): every `json.loads` of src/ is in the two core readers or reviewed."""
+    found = {
+        module_name(path): json_parses(path.read_text(encoding="utf-8"), module_name(path))
+        for path in sorted((SRC / "csekit").rglob("*.py"))
+    }
+    raw = [
+        call
+        for module, calls in found.items()
+        if module not in JSON_PARSERS | set(ALLOWED_JSON_PARSES)
+        for call in calls
+    ]
+    assert not raw, "parse these rows with csekit.core.json_lines (or review ALLOWED_JSON_PARSES):\n" + "\n".join(raw)
+    assert all(found.get(module) for module in ALLOWED_JSON_PARSES), "an ALLOWED_JSON_PARSES entry is stale"
+    assert json_parses("import json as j\nfrom json import loads\nj.loads(a)\nloads(b)\n", "example") == [
+        "example:3",
+        "example:4",
+    ]
+
+
+# --- 7. text reaches a tokenizer only through encoding/token_input.py (issue #49) ----------------------------
+
+TOKENIZER_HOME = "csekit.encoding.token_input"
+TOKENIZER_METHODS = {"encode", "encode_plus", "batch_encode_plus", "tokenize", "__call__", "_batch_encode_plus"}
+
+
+def _names_a_tokenizer(node: ast.expr, exactly: bool) -> bool:
+    """`tokenizer`, `self.tokenizer`, `encoder.tokenizer` (and, unless `exactly`, `fast_tokenizer`): a value named
+    as a tokenizer (a function such as `check_tokenizer` is called with a tokenizer, not as one)."""
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name == "tokenizer" or (not exactly and name.endswith("tokenizer"))
+
+
+def tokenizer_calls(source: str, module: str) -> list[str]:
+    """Calls of a tokenizer on anything but literal text (a line of any length would reach it whole)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        direct = _names_a_tokenizer(func, exactly=True)
+        method = isinstance(func, ast.Attribute) and func.attr in TOKENIZER_METHODS
+        method = method and _names_a_tokenizer(func.value, exactly=False)
+        literal = all(isinstance(arg, ast.Constant) for arg in node.args)
+        if (direct or method) and not literal:
+            found.append(f"{module}:{node.lineno} {ast.unparse(func)}")
+    return found
+
+
+def test_text_reaches_a_tokenizer_only_through_token_input() -> None:
+    """A tokenizer given a whole line tokenizes all of it before truncating: a 300 MB line aborted the process in
+    Rust (issue #49, defect 8). Every call on text that is not a literal goes through tokenize_texts."""
+    raw = [
+        call
+        for path in sorted((SRC / "csekit").rglob("*.py"))
+        if module_name(path) != TOKENIZER_HOME
+        for call in tokenizer_calls(path.read_text(encoding="utf-8"), module_name(path))
+    ]
+    assert not raw, "cut the text with csekit.encoding.token_input.tokenize_texts:\n" + "\n".join(raw)
+    bypasses = (
+        "tokenizer(lines)\nself.tokenizer(x, truncation=True)\nfast_tokenizer.encode(s)\nenc.tokenizer.tokenize(t)\n"
+    )
+    assert len(tokenizer_calls(bypasses, "example")) == 4
+    clean = 'tokenizer("a")\nencoder.tokenize(texts)\nmoses.tokenize(s)\ncheck_tokenizer(name, tokenizer)\n'
+    assert tokenizer_calls(clean, "example") == []

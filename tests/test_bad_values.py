@@ -28,6 +28,7 @@ RECIPE_VALUES = {
     "dropout of 1": ("model.dropout=1.0", "model.dropout"),
     "negative dropout": ("model.dropout=-0.1", "model.dropout"),
     "negative workers": ("data.num_workers=-1", "data.num_workers"),
+    "max_chars of a document, not a sentence": ("data.max_chars=300000000", "data.max_chars"),
     "packed neither auto, true nor false": ("model.packed=always", "model.packed"),
     "objective weight text": ("objectives=[{name: infonce, weight: heavy}]", "objectives[0].weight"),
     "negative objective weight": ("objectives=[{name: infonce, weight: -1}]", "objectives[0].weight"),
@@ -310,3 +311,91 @@ def test_augment_of_an_empty_corpus_creates_nothing(tmp_path: Path) -> None:
     with pytest.raises(CsekitError, match=f"corpus {corpus} has no sentences"):
         augment_corpus(corpus, tmp_path / "out.jsonl", None, nlp=None)
     assert not (tmp_path / "out.jsonl").exists()
+
+
+# --- values checked at load, before anything is created (issue #49, defect 11) -----------------------------------
+
+LATE_VALUES = {
+    "a positive view the views do not make": ("objectives=[{name: infonce, positive_view: 5}]", "positive_view"),
+    "nt_xent views beyond two": ("objectives=[{name: nt_xent, views: [0, 5]}]", "objectives[0].views"),
+    "a momentum queue's view": ("negatives=[{name: momentum_queue, view: 4}]", "negatives[0].view"),
+    "mixcse's anchor view": ("negatives=[{name: mixcse, anchor_view: 2}]", "negatives[0].anchor_view"),
+    "a negative view": ("objectives=[{name: infonce, anchor_view: -1}]", "objectives[0].anchor_view"),
+    "a margin's paraphrases from a text corpus": ("objectives=[{name: margin}]", '"paraphrase"'),
+    "bml's negations from a text corpus": ("objectives=[{name: bml}]", '"negation"'),
+}
+
+
+@pytest.mark.parametrize("case", LATE_VALUES)
+def test_a_value_a_training_step_would_refuse_is_refused_before_the_run_folder_exists(
+    case: str, tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A view index the step does not make, a corpus field a text file cannot have: found at the first step (an
+    IndexError traceback, or one line with the run folder left behind); now one line before anything exists."""
+    override, needle = LATE_VALUES[case]
+    recipe = write_recipe(tmp_path, tiny_model_dir, make_corpus(tmp_path / "c.txt", lines=32), "  max_steps: 1\n")
+    args = ["train", str(recipe), "--output", str(tmp_path / "out"), "--set", override, "--no-progress"]
+    code, err = run_main(monkeypatch, capsys, *args)
+    assert_one_line_error(code, err, needle)
+    assert not (tmp_path / "out").exists()
+
+
+def test_view_indices_are_checked_against_the_views_a_recipe_makes() -> None:
+    """The count comes from the views part (dropout's num_views, ConSERT's augmentations) and, for the training
+    representations, from a head that makes its own (WhitenedCSE's num_positives); a momentum queue's `view` reads
+    the inputs (its input_view_options)."""
+    from csekit.core.errors import CsekitError
+    from csekit.training.recipe import load_recipe
+
+    whitening = "model.head={name: whitening, num_positives: 4}"
+    good = [
+        ["data.views={name: dropout, num_views: 3}", "objectives=[{name: infonce, positive_view: 2}]"],
+        ["data.views={name: consert, augmentations: [none, shuffle, token_cutoff]}", "objectives.0.positive_view=2"],
+        [whitening, "objectives=[{name: multi_positive, positive_views: [1, 2, 3]}]"],
+        [whitening, "objectives=[{name: nt_xent, views: [0, 3]}]"],  # the head's views: nt_xent reads those
+    ]
+    for overrides in good:
+        load_recipe(None, overrides)
+    bad = [
+        (["data.views={name: dropout, num_views: 3}", "objectives.0.positive_view=3"], "dropout) makes 3 views"),
+        (["data.views={name: consert, augmentations: [none, shuffle]}", "objectives.0.positive_view=2"], "consert"),
+        ([whitening, "objectives=[{name: multi_positive, positive_views: [4]}]"], "whitening) makes 4 views"),
+        ([whitening, "negatives=[{name: momentum_queue, view: 2, queue_head: none}]"], "dropout) makes 2 views"),
+    ]
+    for overrides, needle in bad:
+        with pytest.raises(CsekitError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+            load_recipe(None, overrides)
+
+
+def test_a_jsonl_corpus_must_hold_the_fields_the_recipe_reads(tmp_path: Path) -> None:
+    """Every row's field is a string or null (FILE:LINE otherwise), some row has it, and a batch whose first row
+    lacks it still gives the field to the part (the collator read the first row's keys only: the margin objective
+    stopped the run at such a batch)."""
+    from csekit.core.errors import CsekitError
+    from csekit.data.corpus import Corpus, TrainCollator
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "a"}\n{"text": "b", "paraphrase": 5}\n', encoding="utf-8")
+    with pytest.raises(CsekitError, match=f'{corpus}:2: field "paraphrase" is an integer, not a string or null'):
+        Corpus(corpus, fields=["paraphrase"])
+    corpus.write_text('{"text": "a"}\n{"text": "b", "negation": "not b"}\n', encoding="utf-8")
+    with pytest.raises(CsekitError, match='no row has the field "paraphrase"'):
+        Corpus(corpus, fields=["paraphrase", "negation"])
+    rows = Corpus(corpus, fields=["negation"])
+    batch = TrainCollator(lambda sentences: {}, "text")([rows[0], rows[1]])
+    assert batch["fields"] == {"negation": [None, "not b"]}
+
+
+def test_bml_with_a_head_that_makes_views_is_refused_before_the_run_folder_exists(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bml encodes the negations through the step's head, which WhitenedCSE's cannot do one vector at a time: that
+    was found at the first step, after the run folder existed; now when the part is built."""
+    corpus = tmp_path / "c.jsonl"
+    lines = make_corpus(tmp_path / "c.txt", lines=32).read_text(encoding="utf-8").splitlines()
+    corpus.write_text("".join(json.dumps({"text": t, "negation": f"not {t}"}) + "\n" for t in lines), "utf-8")
+    recipe = write_recipe(tmp_path, tiny_model_dir, corpus, "  max_steps: 1\n")
+    overrides = ["--set", "model.head={name: whitening, num_groups: 8}", "--set", "objectives=[{name: bml}]"]
+    code, err = run_main(monkeypatch, capsys, "train", str(recipe), "--output", str(tmp_path / "out"), *overrides)
+    assert_one_line_error(code, err, "objectives[0]", "use head mlp or none")
+    assert not (tmp_path / "out").exists()

@@ -147,3 +147,14 @@ def test_whole_part_and_list_overrides_apply_completely_and_in_order() -> None:
         "num_positives": 3,
     }
     assert recipe.objectives == [{"name": "infonce", "temperature": 0.3}]
+
+
+def test_part_options_are_checked_when_the_recipe_is_loaded() -> None:
+    """An unknown option or one of the wrong type is refused by load_recipe (so `csekit bench` finds it in a suite's
+    ninth recipe before the first training), not only when the model is built."""
+    with pytest.raises(CsekitError, match=r'objectives\[0\]\.temprature: "infonce" has no option.*"temperature"'):
+        load_recipe(None, ["objectives=[{name: infonce, temprature: 0.1}]"])
+    with pytest.raises(CsekitError, match=r"objectives\[0\]\.temperature: expected a finite number"):
+        load_recipe(None, ["objectives=[{name: infonce, temperature: warm}]"])
+    with pytest.raises(CsekitError, match=r"model\.head\.num_groups: expected an integer"):
+        load_recipe(None, ["model.head={name: whitening, num_groups: many}"])

@@ -220,8 +220,8 @@ def tiny_recipe_stub():  # type: ignore[no-untyped-def]
 def test_bad_momentum_options_name_the_recipe_key(tmp_path: Path, tiny_model_dir: Path) -> None:
     corpus = make_corpus(tmp_path / "corpus.txt", lines=32)
     for option in ("momentum: 1.5", "queue_size: 0", "queue_head: ema", "view: -1"):
-        recipe = tiny_recipe(tiny_model_dir, corpus, f"negatives=[{{name: momentum_queue, {option}}}]")
-        with pytest.raises(CsekitError, match=r"negatives\[0\]"):
+        with pytest.raises(CsekitError, match=r"negatives\[0\]"):  # a view of -1: when the recipe is loaded
+            recipe = tiny_recipe(tiny_model_dir, corpus, f"negatives=[{{name: momentum_queue, {option}}}]")
             train(recipe, tmp_path / "run", show_progress=False)
     assert NEGATIVES.get("momentum_queue") is MomentumQueue
 

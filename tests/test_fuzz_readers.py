@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -13,6 +15,7 @@ from csekit.data.corpus import Corpus
 from csekit.evaluation.sts import load_sts_task
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FIELD_NAMES = ["text", "paraphrase", "negation", "step", "insertion", "deletion", "substitution", "random"]
 LINE = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=40)
 
 
@@ -114,3 +117,105 @@ def test_sst_reader_keeps_every_labelled_line(rows: list[tuple[str, str]]) -> No
         sentences, labels = read_sst_file(path)
     assert labels == [int(y) for _, y in rows]
     assert sentences == [" ".join(t.split()) for t, _ in rows]
+
+
+# --- JSON-lines readers (issue #49, defect 9) ------------------------------------------------------------
+
+
+def _read_corpus(path: Path) -> object:
+    return Corpus(path, max_chars=300_000)  # long enough for the nested row to reach the JSON parser
+
+
+def _read_paraphrases(path: Path) -> object:
+    from csekit.prep.paraphrase import FileEngine
+
+    return FileEngine(path)
+
+
+def _read_probe_set(path: Path) -> object:
+    from csekit.evaluation.probes import load_transformation_probe
+
+    return load_transformation_probe(path)
+
+
+def _restart_augment(path: Path) -> object:
+    from csekit.prep.augment import _resume_point
+
+    return _resume_point(path)
+
+
+def _metrics_on_resume(path: Path) -> object:
+    from csekit.training.run_folder import MetricsLog
+
+    return MetricsLog(path, True).truncate_after(0)
+
+
+JSON_LINES_READERS = {
+    "jsonl-corpus": _read_corpus,
+    "paraphrases": _read_paraphrases,
+    "probe-transformations": _read_probe_set,
+    "augment-restart": _restart_augment,
+    "metrics-resume": _metrics_on_resume,
+}
+HOSTILE_ROWS = {
+    "list": b"[1, 2]",
+    "string": b'"x"',
+    "number": b"100",
+    "null": b"null",
+    "nested-100000": b"[" * 100_000 + b"]" * 100_000,
+    "nested-object": b'{"text": ' + b'{"a": ' * 100_000 + b"1" + b"}" * 100_001,
+    "text-a-number": b'{"text": 5, "negation": null, "paraphrase": null, "step": 1}',
+}
+
+
+@pytest.mark.parametrize("row", HOSTILE_ROWS)
+@pytest.mark.parametrize("reader", JSON_LINES_READERS)
+def test_a_hostile_json_lines_row_is_one_line_naming_the_file_and_line(tmp_path: Path, reader: str, row: str) -> None:
+    """Each JSON-lines reader refuses a row that is not an object of the expected field types (a list, a string,
+    brackets nested 100,000 deep: AttributeError and RecursionError tracebacks before) in one line, FILE:LINE."""
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(HOSTILE_ROWS[row] + b"\n")
+    try:
+        JSON_LINES_READERS[reader](path)
+    except CsekitError as error:
+        assert "\n" not in str(error) and f"{path}:1" in str(error), str(error)
+    else:
+        assert reader == "metrics-resume" and row == "text-a-number", "a metrics record may have any other fields"
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | LINE,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.sampled_from(FIELD_NAMES), children),
+    max_leaves=12,
+)
+
+
+@FUZZ
+@given(st.lists(JSON_VALUES, min_size=1, max_size=6))
+def test_json_lines_readers_give_rows_or_a_located_error(values: list) -> None:
+    """Any JSON values as rows: each reader gives its rows, or one line naming the file and a line."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = _write(folder, "rows.jsonl", "".join(json.dumps(value) + "\n" for value in values).encode())
+        for reader in JSON_LINES_READERS.values():
+            try:
+                reader(path)
+            except CsekitError as error:
+                assert "\n" not in str(error) and "rows.jsonl" in str(error), str(error)
+
+
+def test_deeply_nested_json_in_a_lock_file_or_a_safetensors_header_is_not_a_traceback(tmp_path: Path) -> None:
+    """The two other JSON readers of files from elsewhere (a run folder's `.lock`, a model's safetensors header)
+    parse through json_row too: brackets nested past Python's recursion limit were a RecursionError traceback."""
+    import struct
+
+    from csekit.core.run_lock import _holder
+    from csekit.encoding.model_folder import _safetensors_shapes
+
+    nested = b"[" * 2000 + b"]" * 2000
+    lock = tmp_path / ".lock"
+    lock.write_bytes(nested)
+    assert _holder(lock) == "another process"
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(struct.pack("<Q", len(nested)) + nested)
+    with pytest.raises(CsekitError, match=r"model.safetensors: cannot read its header \(JSON nested too deeply"):
+        _safetensors_shapes(weights)

@@ -80,3 +80,55 @@ def test_probe_file_with_a_raw_line_separator_in_a_json_string(tmp_path: Path) -
     path = tmp_path / "probe.jsonl"
     path.write_text(json.dumps(row, ensure_ascii=False) + "\n", encoding="utf-8")
     assert load_transformation_probe(path) == [row]
+
+
+# --- a line of any length never reaches a tokenizer whole (issue #49, defect 8) ----------------------------------
+
+
+@pytest.fixture
+def tokenizer_inputs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The length in characters of every text any tokenizer is called on (a 300 MB line aborted the process in
+    the Rust tokenizer, exit 134 and no message, before it was ever truncated to max_length)."""
+    from transformers import PreTrainedTokenizerBase
+
+    lengths: list[int] = []
+    call = PreTrainedTokenizerBase.__call__
+
+    def recording(self: object, text: object = None, *args: object, **kwargs: object) -> object:
+        lengths.extend(len(t) for t in ([text] if isinstance(text, str) else text or []))  # type: ignore[attr-defined]
+        return call(self, text, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(PreTrainedTokenizerBase, "__call__", recording)
+    return lengths
+
+
+LONG_LINE = "the dog runs in the park " * 40_000  # a million characters of words
+
+
+@pytest.mark.parametrize("pooler", ["cls", "mask"])
+def test_a_long_line_reaches_the_tokenizer_cut_and_encodes_as_its_start(
+    pooler: str, tiny_model_dir: Path, tokenizer_inputs: list[int]
+) -> None:
+    """`encode` (csekit encode, evaluate, probes) hands the tokenizer at most CHARS_PER_TOKEN characters a token of
+    the backbone's positions, for a plain and a prompt pooler: the long line's vector is its start's vector."""
+    from csekit.encoding.token_input import text_bound
+
+    encoder = SentenceEncoder.load(tiny_model_dir, pooler)
+    start = LONG_LINE[: text_bound(encoder.max_seq_length)]
+    long, short = encoder.encode([LONG_LINE, start])
+    assert max(tokenizer_inputs) <= text_bound(encoder.max_seq_length) < len(LONG_LINE)
+    np.testing.assert_allclose(long, short, rtol=0, atol=1e-6)
+
+
+def test_training_inputs_and_token_counts_are_cut_too(tiny_model_dir: Path, tokenizer_inputs: list[int]) -> None:
+    """The training views (model.max_length tokens) and csekit freq's and diagnose's token counts (every token of a
+    line, at most TEXT_CHAR_LIMIT characters) go through the same bound."""
+    from csekit.encoding.token_input import TEXT_CHAR_LIMIT, text_bound, token_ids
+    from csekit.parts.views.dropout import DropoutViews
+
+    encoder = SentenceEncoder.load(tiny_model_dir)
+    DropoutViews(encoder.tokenizer, encoder.pooler, max_length=16)([LONG_LINE, "a man"])
+    assert max(tokenizer_inputs) <= text_bound(16) < 16 * 1000
+    tokenizer_inputs.clear()
+    counted = token_ids(encoder.tokenizer, [LONG_LINE * 2])
+    assert max(tokenizer_inputs) == TEXT_CHAR_LIMIT and len(counted[0]) > 16

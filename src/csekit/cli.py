@@ -455,6 +455,7 @@ def _diagnose_models(
     any encoding; then one pass per model, and one of a distinct complementary model shared by them all.
     Every model is read with `pooler` (None: each its own)."""
     from csekit.encoding.encoder import SentenceEncoder
+    from csekit.encoding.token_input import token_ids
     from csekit.evaluation.cache import EmbeddingCache
     from csekit.evaluation.diagnose import diagnose as diagnose_model
     from csekit.prep.frequency import frequency_labels
@@ -482,7 +483,7 @@ def _diagnose_models(
         metrics = diagnose_model(
             encode,
             data,
-            lambda batch, tokenizer=encoder.tokenizer: tokenizer(batch, add_special_tokens=False)["input_ids"],
+            lambda batch, tokenizer=encoder.tokenizer: token_ids(tokenizer, batch),
             labels[name],
             settings,
             complementary=None if complementary in (None, name) else judge,

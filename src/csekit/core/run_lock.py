@@ -27,6 +27,7 @@ from pathlib import Path
 
 from csekit.core.bounded_read import read_bounded_bytes
 from csekit.core.errors import CsekitError
+from csekit.core.json_lines import json_row
 
 try:
     import fcntl
@@ -40,7 +41,7 @@ _NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)  # a run folder from someone else may 
 def _holder(path: Path, command: str) -> tuple[str, str]:
     """(the holder's command, "pid N on HOST") from the lock file, as far as it can be read (else `command`)."""
     try:
-        info = json.loads(read_bounded_bytes(path, 2**12))
+        info = json_row(read_bounded_bytes(path, 2**12))  # RowProblem is a ValueError
         holder = f"pid {int(info['pid'])} on {str(info['host'])[:100]}"
     except (OSError, ValueError, KeyError, TypeError, CsekitError):
         return command, "another process"

@@ -13,7 +13,6 @@ fields a method needs, such as a paraphrase).
 from __future__ import annotations
 
 import gzip
-import json
 import os
 from array import array
 from collections.abc import Callable, Sequence
@@ -27,6 +26,7 @@ from torch.utils.data import Dataset
 
 from csekit.core.bounded_read import bounded_lines, open_regular
 from csekit.core.errors import CsekitError
+from csekit.core.json_lines import RowProblem, json_row
 from csekit.encoding.packed import PACKING_LAYOUT, PackingLayout
 
 HUB_PREFIX = "hf:"
@@ -49,6 +49,10 @@ class CorpusReport:
             text += f", {len(self.skipped):,} bad lines skipped (lines {lines}{more})"
         return text
 
+
+MAX_SENTENCE_CHARS = 1_000_000
+"""The largest `data.max_chars`: a line of a million characters is a document, not a sentence (4 MB of a line is the
+most a corpus scan holds)."""
 
 LINE_READ_FLOOR = 2**20
 """Lines up to this many bytes are decoded whatever data.max_chars is, so that the error gives their length in
@@ -83,9 +87,13 @@ class Corpus(Dataset):
         max_chars: int = 10_000,
         bad_lines: str = "error",
         text_column: str = "text",
+        fields: Sequence[str] = (),
     ) -> None:
         self.path = Path(path)
         self.text_column = text_column
+        # The fields the recipe's parts read (`.jsonl`): a string or null in every row that has them, in some row.
+        self.fields = {name: (str, type(None)) for name in fields if name != text_column}
+        self._fields_seen: set[str] = set()
         self.report = CorpusReport(str(self.path))
         self._starts = np.zeros(0, dtype=np.int64)
         self._lengths = np.zeros(0, dtype=np.int32)
@@ -103,6 +111,12 @@ class Corpus(Dataset):
             raise CsekitError(
                 f"corpus {self.path} has no sentences ({self.report.blank_lines:,} blank lines, "
                 f"{len(self.report.skipped):,} bad lines)"
+            )
+        missing = [name for name in self.fields if name not in self._fields_seen]
+        if missing:
+            raise CsekitError(
+                f'corpus {self.path}: no row has the field "{missing[0]}", which the recipe reads; make the corpus '
+                "with `csekit augment`"
             )
 
     def _scan(self, max_chars: int, bad_lines: str) -> None:
@@ -146,12 +160,12 @@ class Corpus(Dataset):
 
     def _json_text(self, text: str) -> tuple[Any, str | None]:
         try:
-            row = json.loads(text)
-        except json.JSONDecodeError as error:
-            return None, f"not valid JSON ({error.msg})"
-        if not isinstance(row, dict) or not isinstance(row.get(self.text_column), str):
-            return None, f'no string field "{self.text_column}" (data.text_column)'
-        return row, None
+            row = json_row(text, {self.text_column: str}, self.fields)
+            self._fields_seen.update(name for name in self.fields if row.get(name) is not None)
+            return row, None
+        except RowProblem as problem:
+            named = f'"{self.text_column}"' in str(problem)
+            return None, f"{problem} (data.text_column)" if named else str(problem)
 
     def __len__(self) -> int:
         return self.report.sentences
@@ -236,13 +250,13 @@ def resolve_corpus_path(corpus: str, data_dir: Path | None) -> str | Path:
 
 
 def open_corpus(
-    corpus: str, data_dir: Path | None, max_chars: int, bad_lines: str, text_column: str
+    corpus: str, data_dir: Path | None, max_chars: int, bad_lines: str, text_column: str, fields: Sequence[str] = ()
 ) -> Corpus | HubCorpus:
-    """Open a corpus file or hub dataset named by a recipe's `data.corpus`."""
+    """Open a corpus file or hub dataset named by a recipe's `data.corpus` (`fields`: those its parts read)."""
     location = resolve_corpus_path(corpus, data_dir)
     if isinstance(location, str):
         return HubCorpus(location, text_column)
-    return Corpus(location, max_chars=max_chars, bad_lines=bad_lines, text_column=text_column)
+    return Corpus(location, max_chars=max_chars, bad_lines=bad_lines, text_column=text_column, fields=fields)
 
 
 def sentence_text(item: Any, text_column: str = "text") -> str:
@@ -264,7 +278,8 @@ class TrainCollator:
     def __call__(self, items: Sequence[Any]) -> dict[str, Any]:
         if items and isinstance(items[0], dict):
             sentences = [item[self.text_column] for item in items]
-            fields = {key: [item.get(key) for item in items] for key in items[0] if key != self.text_column}
+            names = dict.fromkeys(key for item in items for key in item if key != self.text_column)
+            fields = {key: [item.get(key) for item in items] for key in names}  # a row without one: None
         else:
             sentences, fields = list(items), {}
         inputs = self.make_views(sentences)

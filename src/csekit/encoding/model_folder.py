@@ -27,6 +27,7 @@ from typing import Any
 
 from csekit.core.bounded_read import open_regular, read_json_file
 from csekit.core.errors import CsekitError
+from csekit.core.json_lines import json_row
 
 CONFIG_LIMITS = {
     # layers
@@ -158,13 +159,11 @@ def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
             length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
             if not 0 < length <= min(SAFETENSORS_HEADER_LIMIT, size - 8):
                 raise CsekitError(f"{path}: not a safetensors file (its header length is {length})")
-            header = json.loads(handle.read(length))
+            header = json_row(handle.read(length))  # a JSON object, else a RowProblem (a ValueError)
     except FileNotFoundError:
         return {}
     except (OSError, ValueError, UnicodeDecodeError) as error:
         raise CsekitError(f"{path}: cannot read its header ({str(error)[:100]})") from None
-    if not isinstance(header, dict):
-        raise CsekitError(f"{path}: not a safetensors file (its header is not a JSON object)")
     return {
         name: entry["shape"]
         for name, entry in header.items()

@@ -19,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from csekit.core.errors import CsekitError
 from csekit.core.registry import Registry
+from csekit.encoding.token_input import tokenize_texts
 
 
 class Pooler(nn.Module):
@@ -53,7 +54,7 @@ class Pooler(nn.Module):
         """
         limits = [limit for limit in (max_length, max_positions) if limit is not None]
         limit = min(limits) if limits else None
-        encoded = tokenizer(list(sentences), truncation=limit is not None, max_length=limit)
+        encoded = tokenize_texts(tokenizer, sentences, limit, truncation=limit is not None, max_length=limit)
         return {key: list(value) for key, value in encoded.items()}
 
     def encode_views(
@@ -259,9 +260,8 @@ class MaskPooler(Pooler):
             template = self.templates[view % len(self.templates)]
             before, after = template.split("[X]")
             after = after.replace("[MASK]", str(tokenizer.mask_token))
-            prefix = tokenizer(before, add_special_tokens=False)
-            suffix = tokenizer(after, add_special_tokens=False)
-            prefix_ids, suffix_ids = list(prefix["input_ids"]), list(suffix["input_ids"])
+            pieces = tokenize_texts(tokenizer, [before, after], None, add_special_tokens=False)["input_ids"]
+            prefix_ids, suffix_ids = list(pieces[0]), list(pieces[1])
             if suffix_ids.count(mask_id) != 1 or mask_id in prefix_ids:
                 raise CsekitError(
                     f'prompt template "{template}": the tokenizer does not keep {tokenizer.mask_token} as one token'
@@ -303,7 +303,7 @@ class MaskPooler(Pooler):
         `max_length` is the number of sentence tokens kept, and the template and the special tokens come on
         top; `max_positions` (the backbone's limit) cuts the sentence further so that everything fits."""
         budget = self._sentence_budget(tokenizer, view, max_length, max_positions)
-        bodies = tokenizer(list(sentences), add_special_tokens=False)["input_ids"]
+        bodies = tokenize_texts(tokenizer, sentences, budget, add_special_tokens=False)["input_ids"]
         return self._wrapped(tokenizer, bodies, view, budget)
 
     def encode_views(
@@ -311,7 +311,8 @@ class MaskPooler(Pooler):
     ) -> list[dict[str, list[list[int]]]]:
         """Each view's template around the same sentence tokens: the sentences are tokenised once."""
         budgets = [self._sentence_budget(tokenizer, view, max_length, None) for view in range(views)]
-        bodies = tokenizer(list(sentences), add_special_tokens=False)["input_ids"]
+        widest = None if None in budgets else max(budgets)  # type: ignore[type-var]
+        bodies = tokenize_texts(tokenizer, sentences, widest, add_special_tokens=False)["input_ids"]
         return [self._wrapped(tokenizer, bodies, view, budget) for view, budget in enumerate(budgets)]
 
     def _sentence_budget(

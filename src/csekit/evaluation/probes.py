@@ -13,8 +13,7 @@ Two probes (Shi et al., OssCSE, sections 3.1-3.2):
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -23,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from csekit.core.errors import CsekitError, at
-from csekit.core.lines import read_lines, split_lines
+from csekit.core.json_lines import json_rows, parse_json_row
+from csekit.core.lines import split_lines
 from csekit.data.data_dir import STS_SUBSETS, resolve_data_dir
 from csekit.evaluation.sts_data import StsSubset, load_sts_task, read_split
 from csekit.prep.match_error import mer
@@ -223,27 +223,21 @@ BIAS_TABLE_LEGEND = (
 
 def load_transformation_probe(path: str | Path | None = None) -> list[dict[str, str]]:
     """The probe set shipped with csekit (or a user's own `.jsonl` of the same fields)."""
+    fields = dict.fromkeys(("text", *TRANSFORMATIONS), str)
+    numbered: Iterable[tuple[int, dict[str, Any]]]
     if path is None:
         shipped = resources.files("csekit").joinpath("data/transformation_probe.jsonl").read_bytes()
-        lines = split_lines(shipped.decode("utf-8"))
         label: str | Path = "csekit/data/transformation_probe.jsonl"
+        lines = enumerate(split_lines(shipped.decode("utf-8")), start=1)
+        numbered = ((n, parse_json_row(line, at(label, n), fields)) for n, line in lines if line.strip())
     else:
         label = Path(path)
-        try:
-            lines = read_lines(path)
-        except (OSError, UnicodeDecodeError) as error:
-            raise CsekitError(f"{path}: cannot read the probe set ({error})") from None
+        numbered = json_rows(path, "probe set", fields)
     rows: list[dict[str, str]] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise CsekitError(f"{at(label, number)}: not valid JSON ({error.msg})") from None
-        missing = [key for key in ("text", *TRANSFORMATIONS) if not isinstance(row.get(key), str) or not row[key]]
-        if missing:
-            raise CsekitError(f"{at(label, number)}: missing field(s) {', '.join(missing)}")
+    for number, row in numbered:
+        empty = [key for key in fields if not row[key]]
+        if empty:
+            raise CsekitError(f"{at(label, number)}: empty field(s) {', '.join(empty)}")
         rows.append(row)
     if not rows:
         raise CsekitError(f"{label}: the probe set is empty")

@@ -21,6 +21,7 @@ from typing import Any
 from csekit.core.atomic import open_for_append, refuse_unsafe_file, truncate_file
 from csekit.core.bounded_read import bounded_lines, open_regular
 from csekit.core.errors import CsekitError, at
+from csekit.core.json_lines import RowProblem, json_row
 from csekit.core.save_guard import guarded_save
 from csekit.prep.match_error import mer
 from csekit.prep.paraphrase import ParaphraseEngine
@@ -140,6 +141,9 @@ def choose_paraphrase(
     return None, reason
 
 
+OUTPUT_FIELDS = {"text": str, "negation": (str, type(None)), "paraphrase": (str, type(None))}
+"""The fields of a row `csekit augment` writes (null: none made for that sentence), checked on a restart."""
+
 AUGMENT_LINE_LIMIT = 2**20
 """The longest line `csekit augment` reads, of the corpus or of its own output (1 MiB; sentences are far shorter)."""
 
@@ -180,9 +184,11 @@ def _resume_point(output: Path) -> tuple[int, str | None]:
     if not lines:
         return 0, None
     try:
-        last = json.loads(last_line)["text"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-        raise CsekitError(f"{at(output, lines)}: not a line written by csekit augment; remove the file") from None
+        last = json_row(last_line, OUTPUT_FIELDS)["text"]
+    except RowProblem as problem:
+        raise CsekitError(
+            f"{at(output, lines)}: not a line written by csekit augment ({problem}); remove the file"
+        ) from None
     return lines, last
 
 

@@ -37,6 +37,7 @@ from transformers import PreTrainedTokenizerBase
 from csekit.core.bounded_read import bounded_lines, open_regular, read_json_file
 from csekit.core.errors import CsekitError
 from csekit.core.progress import amount_progress
+from csekit.encoding.token_input import token_ids
 
 FREQUENCY_LINE_LIMIT = 2**20
 """The longest corpus line `csekit freq` tokenises (1 MiB; a sentence corpus's lines are under 1 KiB)."""
@@ -94,9 +95,7 @@ def count_tokens(
                     lines.append(text)
             line_number += len(raw)
             if lines:
-                ids = tokenizer(
-                    lines, add_special_tokens=False, return_attention_mask=False, return_token_type_ids=False
-                )["input_ids"]
+                ids = token_ids(tokenizer, lines)
                 flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64)
                 totals += np.bincount(flat, minlength=len(totals))[: len(totals)]
             advance(sum(size for _, size in raw))

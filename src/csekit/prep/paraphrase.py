@@ -9,10 +9,9 @@ facebook/wmt19-en-ru, ru-en, en-de, de-en, EN-RU-EN and EN-DE-EN round trips), o
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
@@ -20,9 +19,11 @@ from typing import Any, Protocol
 from safetensors import SafetensorError
 
 from csekit.core.errors import CsekitError, at
+from csekit.core.json_lines import json_rows
 from csekit.core.lines import read_lines
 from csekit.core.registry import Registry
 from csekit.encoding.model_folder import check_tokenizer, from_pretrained
+from csekit.encoding.token_input import tokenize_texts
 
 TRANSLATION_SPECIAL_TOKENS = ("unk_token", "pad_token")
 """What a translation model's tokenizer must define (FSMT's has no eos_token attribute: its </s> is sep_token)."""
@@ -116,7 +117,8 @@ class BackTranslationEngine:
         tokenizer, model = self._model(source, target)
         out: list[str] = []
         for start in range(0, len(sentences), self.batch_size):
-            batch = tokenizer(sentences[start : start + self.batch_size], return_tensors="pt", padding=True)
+            texts = sentences[start : start + self.batch_size]  # cut and truncated to the model's positions
+            batch = tokenize_texts(tokenizer, texts, None, return_tensors="pt", padding=True, truncation=True)
             batch = {key: value.to(self.device) for key, value in batch.items()}
             with torch.inference_mode():
                 generated = model.generate(**batch, num_beams=4, max_new_tokens=128)
@@ -178,30 +180,28 @@ class FileEngine:
     def __init__(self, path: str | Path) -> None:
         self.table: dict[str, list[str]] = {}
         path = Path(path)
+        if path.suffix == ".jsonl":
+            rows = json_rows(path, "paraphrase file", {"text": str}, {"paraphrase": (str, type(None))})
+            pairs = ((row["text"], row.get("paraphrase")) for _, row in rows)
+        else:
+            pairs = self._tab_separated(path)
+        for source, paraphrase in pairs:
+            if isinstance(paraphrase, str) and paraphrase.strip():
+                self.table.setdefault(source.strip(), []).append(paraphrase.strip())
+
+    @staticmethod
+    def _tab_separated(path: Path) -> Iterator[tuple[str, str]]:
         try:
             lines = read_lines(path)
         except (OSError, UnicodeDecodeError) as error:
             raise CsekitError(f"paraphrase file {path}: cannot read it ({error})") from None
-        jsonl = path.suffix == ".jsonl"
         for number, line in enumerate(lines, start=1):
             if not line.strip():
                 continue
-            if jsonl:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as error:
-                    raise CsekitError(f"{at(path, number)}: not valid JSON ({error.msg})") from None
-                if not isinstance(row, dict) or not isinstance(row.get("text"), str):
-                    raise CsekitError(f'{at(path, number)}: needs string fields "text" and "paraphrase"')
-                source, paraphrase = row["text"], row.get("paraphrase")
-            else:
-                parts = line.split("\t")
-                if len(parts) != 2:
-                    found = f"found {len(parts)} fields"
-                    raise CsekitError(f"{at(path, number)}: expected sentence<TAB>paraphrase, {found}")
-                source, paraphrase = parts
-            if isinstance(paraphrase, str) and paraphrase.strip():
-                self.table.setdefault(source.strip(), []).append(paraphrase.strip())
+            parts = line.split("\t")
+            if len(parts) != 2:
+                raise CsekitError(f"{at(path, number)}: expected sentence<TAB>paraphrase, found {len(parts)} fields")
+            yield parts[0], parts[1]
 
     def __call__(self, sentences: list[str]) -> list[list[str]]:
         return [list(self.table.get(sentence.strip(), [])) for sentence in sentences]

@@ -27,7 +27,8 @@ from csekit.parts.objectives import OBJECTIVES
 from csekit.parts.step_state import StepState
 from csekit.parts.views import VIEWS
 from csekit.parts.weighting import WEIGHTINGS
-from csekit.training.recipe import Recipe, build_part, part_specs
+from csekit.training.recipe import Recipe, build_part
+from csekit.training.recipe_values import part_specs
 
 
 class ContrastiveModel(nn.Module):

@@ -15,7 +15,7 @@ import inspect
 import math
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,15 +28,15 @@ from csekit.core.bounded_read import read_yaml_file
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.precision import PRECISIONS
 from csekit.core.registry import Registry
-from csekit.data.duplicates import DUPLICATE_MODES
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS, dev_scores
-from csekit.parts.heads import HEADS
-from csekit.parts.negatives import NEGATIVES
-from csekit.parts.objectives import OBJECTIVES
-from csekit.parts.views import VIEWS
-from csekit.parts.weighting import WEIGHTINGS
 from csekit.training.compiled import COMPILE_MODES
+from csekit.training.recipe_values import (
+    check_corpus_fields,
+    check_data,
+    check_view_indices,
+    recipe_parts,
+)
 from csekit.training.sync_free import SYNC_FREE_CHOICES
 
 
@@ -78,7 +78,7 @@ class ModelConfig:
 class DataConfig:
     corpus: str = "corpus/wiki1m_for_simcse.txt"
     views: dict[str, Any] = field(default_factory=lambda: {"name": "dropout"})
-    max_chars: int = 10_000  # longer lines are input errors (or skipped with bad_lines: skip)
+    max_chars: int = 10_000  # longer lines are input errors (or skipped with bad_lines: skip); at most 1,000,000
     bad_lines: str = "error"  # error | skip
     text_column: str = "text"  # for hub datasets and .jsonl corpora
     # DataLoader worker processes per training process; auto: none on a CPU, a few persistent ones on a GPU
@@ -295,10 +295,6 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recip
     return recipe
 
 
-MAX_WORKERS = 64
-"""The most DataLoader worker processes a recipe may ask for (each is a process with its own memory)."""
-
-
 def _check_packed_with_compile(recipe: Recipe, where: Any) -> None:
     """A packed pass drives the layers one by one and would never call the compiled (bucketed) forward."""
     if recipe.model.packed is True and recipe.train.compile != "none":
@@ -355,20 +351,12 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
             isinstance(recipe.model.packed, bool) or recipe.model.packed == "auto",  # 1 == True: not a setting
             "must be auto, true or false",
         ),
-        ("data.bad_lines", recipe.data.bad_lines in ("error", "skip"), "must be error or skip"),
-        ("data.max_chars", recipe.data.max_chars >= 1, "must be at least 1"),
-        (
-            "data.num_workers",
-            recipe.data.num_workers == "auto"
-            or (type(recipe.data.num_workers) is int and 0 <= recipe.data.num_workers <= MAX_WORKERS),
-            f"must be from 0 (batches in the main process) to {MAX_WORKERS}, or auto",
-        ),
-        ("data.duplicates", recipe.data.duplicates in DUPLICATE_MODES, f"must be one of {', '.join(DUPLICATE_MODES)}"),
         ("objectives", len(recipe.objectives) >= 1, "must list at least one objective (e.g. - name: infonce)"),
     ]
     for key, ok, message in checks:
         if not ok:
             raise CsekitError(f"{where(key)}: recipe key {key} {message}")
+    check_data(recipe.data, where)
     _check_packed_with_compile(recipe, where)
     _check_dev_selection(train, where)
     _check_dev_scoring(recipe, where)
@@ -380,11 +368,13 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         if not (number and math.isfinite(weight) and weight >= 0):
             key = f"objectives[{index}].weight"
             raise CsekitError(f"{where(key)}: recipe key {key} must be a number >= 0, got {weight!r}")
-    for key, spec in part_specs(recipe):
-        if not isinstance(spec, Mapping) or "name" not in spec:
-            raise CsekitError(f'{where(key)}: recipe key {key} must be a mapping with a "name"')
-        # A mistyped name is reported here, with the file and line, not when the model is built.
-        PART_REGISTRIES[key.split("[")[0]].get(str(spec["name"]), f"{where(key + '.name')}: recipe key {key}.name")
+    # A mistyped part name, an option of the wrong type, a view or corpus field that cannot exist: reported here,
+    # with the file and line, not when the model is built or at the first step.
+    parts = recipe_parts(recipe, where)
+    for key, factory, spec in parts:
+        check_part_options(factory, spec, key, BUILD_CONTEXT)
+    check_view_indices(parts, where)
+    check_corpus_fields(parts, recipe.data.corpus, where)
     POOLERS.get(recipe.model.pooler, f"{where('model.pooler')}: recipe key model.pooler")
 
 
@@ -479,24 +469,8 @@ def _check_report_to(report_to: str, where: Any) -> None:
             )
 
 
-PART_REGISTRIES: dict[str, Registry[Any]] = {
-    "model.head": HEADS,
-    "data.views": VIEWS,
-    "negatives": NEGATIVES,
-    "weighting": WEIGHTINGS,
-    "objectives": OBJECTIVES,
-}
-"""The registry of each part key of a recipe (list keys without their index)."""
-
-
-def part_specs(recipe: Recipe) -> list[tuple[str, Any]]:
-    """Every part's recipe key and spec, in the order `build_model` builds them."""
-    specs: list[tuple[str, Any]] = [("model.head", recipe.model.head), ("data.views", recipe.data.views)]
-    specs += [(f"negatives[{i}]", spec) for i, spec in enumerate(recipe.negatives)]
-    if recipe.weighting is not None:
-        specs.append(("weighting", recipe.weighting))
-    specs += [(f"objectives[{i}]", spec) for i, spec in enumerate(recipe.objectives)]
-    return specs
+BUILD_CONTEXT = ("dim", "tokenizer", "pooler", "max_length", "encoder", "recipe", "seed", "head")
+"""What `csekit.training.model.build_model` gives a part itself: not listed among its options in an error."""
 
 
 def build_part(registry: Registry[Any], spec: Mapping[str, Any], key: str, **context: Any) -> Any:
@@ -509,23 +483,31 @@ def build_part(registry: Registry[Any], spec: Mapping[str, Any], key: str, **con
     option gives one line naming the recipe key and the closest valid choice.
     """
     options = {k: v for k, v in spec.items() if k not in ("name", "weight")}
-    name = str(spec["name"])
-    factory = registry.get(name, f"recipe key {key}.name")
+    factory = registry.get(str(spec["name"]), f"recipe key {key}.name")
+    check_part_options(factory, spec, key, context)
     parameters = inspect.signature(factory).parameters
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    for option in options:
-        if option not in parameters and not accepts_any:
-            valid = [p for p in parameters if p not in context]
-            raise CsekitError(
-                f'recipe key {key}.{option}: "{name}" has no option "{option}"{did_you_mean(option, valid)}'
-                f"; its options: {', '.join(valid) or 'none'}"
-            )
-    _check_option_types(factory, options, key)
     supplied = {k: v for k, v in context.items() if k in parameters or accepts_any}
     try:
         return factory(**supplied, **options)
     except (TypeError, ValueError) as error:
         raise CsekitError(f"recipe key {key}: {error}") from None
+
+
+def check_part_options(factory: Any, spec: Mapping[str, Any], key: str, context: Iterable[str] = ()) -> None:
+    """Every option of the part's spec is one its constructor takes, of the type it declares (`context`: the
+    parameters the caller supplies itself, left out of the options listed)."""
+    options = {k: v for k, v in spec.items() if k not in ("name", "weight")}
+    parameters = inspect.signature(factory).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        for option in options:
+            if option not in parameters:
+                valid = [p for p in parameters if p not in context]
+                raise CsekitError(
+                    f'recipe key {key}.{option}: "{spec["name"]}" has no option "{option}"'
+                    f"{did_you_mean(option, valid)}; its options: {', '.join(valid) or 'none'}"
+                )
+    _check_option_types(factory, options, key)
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -7,7 +7,6 @@ Nothing is created before every input is checked; a folder that holds a run is o
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import sys
@@ -26,6 +25,7 @@ from csekit.core.atomic import (
 )
 from csekit.core.bounded_read import bounded_lines, open_regular, read_json_file
 from csekit.core.errors import CsekitError
+from csekit.core.json_lines import RowProblem, json_row
 from csekit.core.json_text import json_text
 from csekit.core.run_lock import check_not_locked
 from csekit.core.save_guard import guarded_save
@@ -129,12 +129,9 @@ class MetricsLog:
 def metrics_record(content: bytes) -> dict[str, Any] | None:
     """The JSON object of one metrics.jsonl line (without its line end) with an integer step (or none), else None."""
     try:
-        record = json.loads(content.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return json_row(content, optional={"step": int})
+    except RowProblem:
         return None
-    if not isinstance(record, dict) or not isinstance(record.get("step", 0), int):
-        return None
-    return record
 
 
 def read_trainer_state(path: Path) -> TrainerState:

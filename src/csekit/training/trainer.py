@@ -65,6 +65,7 @@ from csekit.training.processes import (
     training_precision,
 )
 from csekit.training.recipe import Recipe
+from csekit.training.recipe_values import fields_read, recipe_parts
 from csekit.training.run_folder import (
     CHECKPOINT_STAGING,
     METRICS_FILE,
@@ -216,7 +217,8 @@ class Trainer:
         self.dev_tasks = TRAINING_DEV_TASKS.get(self.config.dev_task, ())  # checked with the recipe
         self.data_path = resolve_data_dir(data_dir) if self.dev_tasks else _optional_data_dir(data_dir)
         data = self.recipe.data
-        self.corpus = open_corpus(data.corpus, self.data_path, data.max_chars, data.bad_lines, data.text_column)
+        fields = [name for _, _, name in fields_read(recipe_parts(self.recipe))]  # checked: a .jsonl corpus
+        self.corpus = open_corpus(data.corpus, self.data_path, data.max_chars, data.bad_lines, data.text_column, fields)
         self._find_duplicates()
 
     def _find_duplicates(self) -> None:

@@ -24,6 +24,7 @@ and a regularised eigenvector gradient for PCA (its exact gradient is undefined 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -330,6 +331,11 @@ class WhiteningHead(nn.Module):
         self.linear = nn.Linear(dim, dim)
         init_like_backbone(self.linear, backbone_initializer_range(encoder))  # as the authors' cl_init
         self.activation = nn.Tanh()
+
+    @staticmethod
+    def count_views(options: Mapping[str, Any]) -> int:
+        """`num_positives` training views (read when the recipe is loaded, before anything is built)."""
+        return int(options["num_positives"])
 
     def forward(self, features: Tensor) -> Tensor:
         """One view: batch whitening in training, the fixed running-statistics map in eval."""

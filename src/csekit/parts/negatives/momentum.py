@@ -53,6 +53,9 @@ class MomentumQueue(nn.Module):
     `momentum` (a momentum copy of the head, updated like the encoder).
     """
 
+    #: The view options that index the step's inputs (not the training representations): checked at load.
+    input_view_options = ("view",)
+
     def __init__(
         self,
         encoder: SentenceEncoder,

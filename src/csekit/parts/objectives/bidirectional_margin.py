@@ -23,6 +23,8 @@ from csekit.parts.hooks import MakesViews
 from csekit.parts.objectives.two_way_margin import two_way_margin
 from csekit.parts.step_state import StepState
 
+HEAD_PER_VECTOR = "objective bml encodes the negations through the step's head: use head mlp or none"
+
 
 def _present(value: object) -> bool:
     return isinstance(value, str) and bool(value.strip())
@@ -47,8 +49,11 @@ class BidirectionalMargin(nn.Module):
         negation_field: str = "negation",
         fallback_prefix: str | None = "Not ",
         max_length: int | None = None,
+        head: nn.Module | None = None,
     ) -> None:
         super().__init__()
+        if isinstance(head, MakesViews):  # the recipe's head, when built from a recipe: refused before the run starts
+            raise ValueError(HEAD_PER_VECTOR)
         if alpha > beta:
             raise ValueError(f"alpha ({alpha}) must not exceed beta ({beta}): no similarity gap would satisfy both")
         self.alpha = float(alpha)
@@ -83,7 +88,7 @@ class BidirectionalMargin(nn.Module):
         if not rows:
             return {"bml": anchors.sum() * 0.0}
         if state.head is None or isinstance(state.head, MakesViews):
-            raise CsekitError("objective bml encodes the negations through the step's head: use head mlp or none")
+            raise CsekitError(HEAD_PER_VECTOR)
         encoder = state.encoder
         inputs = encoder.tokenize(texts, view=self.negation_view, max_length=self.max_length)
         pooled = encoder({key: value.to(anchors.device) for key, value in inputs.items()}, token_states=False).pooled

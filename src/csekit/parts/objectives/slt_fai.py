@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from csekit.encoding.pooling import Pooler, pad_ids
+from csekit.encoding.token_input import tokenize_texts
 from csekit.parts.step_state import StepState
 from csekit.prep.frequency import FrequencyLabels
 
@@ -100,6 +101,9 @@ class AdversarialTuning(nn.Module):
     Averaged over each sentence's real tokens (no padding, no special tokens), then over the
     sentences of every view in `views` (all views by default: each is a sentence the encoder embeds).
     """
+
+    #: The view options that index the step's inputs (not the training representations): checked at load.
+    input_view_options = ("views",)
 
     reads_token_states = True  # the encoder keeps every position of the last layer for it
 
@@ -198,6 +202,9 @@ class IncompleteSentenceFiltering(nn.Module):
     the paper's rate; off by default).
     """
 
+    #: The view options that index the step's inputs (not the training representations): checked at load.
+    input_view_options = ("view",)
+
     def __init__(
         self,
         dim: int,
@@ -247,7 +254,9 @@ class IncompleteSentenceFiltering(nn.Module):
 
     def tokenize(self, sentences: list[str]) -> tuple[dict[str, Tensor], Tensor]:
         """Padded inputs of the sentences and each token's word index [n, L] (-1: special or padding)."""
-        encoded = self.tokenizer(sentences, truncation=True, max_length=self.max_length)
+        encoded = tokenize_texts(
+            self.tokenizer, sentences, self.max_length, truncation=True, max_length=self.max_length
+        )
         inputs = pad_ids({key: list(value) for key, value in encoded.items()}, self.tokenizer.pad_token_id or 0)
         word_index = torch.full_like(inputs["input_ids"], -1)
         for row in range(len(sentences)):

@@ -34,6 +34,9 @@ class TwoWayMargin(nn.Module):
     negation (dropped by `csekit augment`) are skipped; the loss is the mean over the other rows.
     """
 
+    #: The view options that index the step's inputs (not the training representations): checked at load.
+    input_view_options = ("view",)
+
     def __init__(
         self,
         alpha: float = 0.05,

@@ -22,7 +22,8 @@ unless `model.dropout: 0.0`; ConSERT trained without dropout.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -98,6 +99,11 @@ class ConsertViews:
         embeddings = getattr(encoder.backbone, "embeddings", None) if encoder is not None else None
         padding_idx = getattr(embeddings, "padding_idx", None)
         self.position_padding_idx: int | None = int(padding_idx) if isinstance(padding_idx, int) else None
+
+    @staticmethod
+    def count_views(options: Mapping[str, Any]) -> int:
+        """One view per entry of `augmentations` (read when the recipe is loaded, before anything is built)."""
+        return len(_parse(options["augmentations"]))
 
     def default_position_ids(self, attention_mask: Tensor) -> Tensor:
         """The position ids the backbone would use by itself (right padding)."""
