@@ -214,7 +214,7 @@ def test_deeply_nested_json_in_a_lock_file_or_a_safetensors_header_is_not_a_trac
     nested = b"[" * 2000 + b"]" * 2000
     lock = tmp_path / ".lock"
     lock.write_bytes(nested)
-    assert _holder(lock) == "another process"
+    assert _holder(lock, "train") == ("train", "another process")
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(struct.pack("<Q", len(nested)) + nested)
     with pytest.raises(CsekitError, match=r"model.safetensors: cannot read its header \(JSON nested too deeply"):
