@@ -5,13 +5,19 @@ model folder by itself (7). Each test here failed (a hang, a traceback or a sile
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 import yaml
-from conftest import assert_one_line_error, run_main, write_recipe
+from conftest import assert_one_line_error, make_corpus, make_tiny_encoder, run_main, tiny_recipe, write_recipe
+from safetensors.torch import load_file, save_file
 
 from csekit.core.errors import CsekitError
+from csekit.encoding.encoder import SentenceEncoder
 from csekit.training.recipe import load_recipe
 
 CaptureErr = pytest.CaptureFixture[str]
@@ -61,3 +67,43 @@ def test_an_alias_bomb_in_a_suite_set_string_is_one_line(
     assert suite.stat().st_size < 600
     code, err = run_main(monkeypatch, capsys, "bench", str(suite), "--output", str(tmp_path / "out"))
     assert_one_line_error(code, err, "--set model.templates", "expands to more than")
+
+
+# --- 6 (= #47 item 3): a half-precision checkpoint loads with fp32 master weights --------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("model")
+    make_tiny_encoder(root / "tokenizer").save(root / "tiny-model")
+    return root / "tiny-model"
+
+
+def _stored_in(saved_model: Path, folder: Path, dtype: torch.dtype) -> Path:
+    """A copy of the tiny model whose weights file and config.json say `dtype` (as hub half-precision copies do)."""
+    shutil.copytree(saved_model, folder)
+    weights = {name: tensor.to(dtype) for name, tensor in load_file(folder / "model.safetensors").items()}
+    save_file(weights, folder / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    config["dtype"] = str(dtype).removeprefix("torch.")
+    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_checkpoint_trains_and_encodes_in_fp32(
+    dtype: torch.dtype, saved_model: Path, tmp_path: Path
+) -> None:
+    """transformers 5 followed the file's dtype: fp16/bf16 parameters, and a step with the (fp32) MLP head failed
+    with "mat1 and mat2 must have the same dtype"; `encode` said fp32 over a half-precision model."""
+    from csekit.training.trainer import train
+
+    model = _stored_in(saved_model, tmp_path / "half", dtype)
+    encoder = SentenceEncoder.load(model)
+    assert {parameter.dtype for parameter in encoder.backbone.parameters()} == {torch.float32}
+    assert encoder.encode(["the dog runs"]).dtype == np.float32
+    recipe = tiny_recipe(model, make_corpus(tmp_path / "corpus.txt", lines=32), "train.max_steps=1")
+    assert recipe.model.head["name"] == "mlp"  # the default head: an fp32 Linear after the backbone
+    train(recipe, tmp_path / "run", show_progress=False)
+    saved = load_file(tmp_path / "run" / "last" / "model.safetensors")
+    assert {tensor.dtype for tensor in saved.values()} == {torch.float32}  # the saved model keeps fp32

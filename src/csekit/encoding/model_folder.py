@@ -25,6 +25,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import torch
+from transformers import PreTrainedModel
+
 from csekit.core.bounded_read import open_regular, read_json_file
 from csekit.core.errors import CsekitError
 
@@ -174,10 +177,26 @@ def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
 
 def from_pretrained(loader: Any, location: str, **options: Any) -> Any:
     """`loader.from_pretrained(location)` (AutoConfig, AutoModel, AutoTokenizer, FSMT..., Marian...), the one way
-    csekit calls it: a local folder is checked first (`check_model_folder`), and never with its own code."""
+    csekit calls it: a local folder is checked first (`check_model_folder`), and never with its own code.
+
+    A model is built with fp32 weights whatever its files' dtype (`dtype`/`torch_dtype` in config.json, fp16 or
+    bf16 safetensors): transformers 5 follows the file, and half-precision master weights fail next to csekit's
+    fp32 heads ("mat1 and mat2 must have the same dtype") or train silently in half precision on a GPU. Mixed
+    precision is autocast's business (`train.precision`), never the stored weights'.
+    """
     if Path(location).is_dir():
         check_model_folder(Path(location))
+    if _builds_a_model(loader):
+        options.setdefault("dtype", torch.float32)
     return loader.from_pretrained(location, trust_remote_code=False, **options)
+
+
+def _builds_a_model(loader: Any) -> bool:
+    """Whether `loader` builds weights (AutoModel, a PreTrainedModel class), not a config or a tokenizer."""
+    try:
+        return hasattr(loader, "from_config") or (isinstance(loader, type) and issubclass(loader, PreTrainedModel))
+    except ImportError:  # transformers' placeholder for a class whose library is missing
+        return False
 
 
 ENCODER_SPECIAL_TOKENS = ("unk_token", "cls_token", "sep_token")
