@@ -6,6 +6,7 @@ model folder by itself (7). Each test here failed (a hang, a traceback or a sile
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -107,3 +108,103 @@ def test_a_half_precision_checkpoint_trains_and_encodes_in_fp32(
     train(recipe, tmp_path / "run", show_progress=False)
     saved = load_file(tmp_path / "run" / "last" / "model.safetensors")
     assert {tensor.dtype for tensor in saved.values()} == {torch.float32}  # the saved model keeps fp32
+
+
+# --- 7: every file transformers reads in a model folder is listed and bounded first ---------------------------
+
+
+def _copy(saved_model: Path, folder: Path) -> Path:
+    return Path(shutil.copytree(saved_model, folder))
+
+
+def _edit_json(path: Path, **values: object) -> None:
+    path.write_text(json.dumps({**json.loads(path.read_text(encoding="utf-8")), **values}), encoding="utf-8")
+
+
+def test_an_oversized_chat_template_is_refused_before_transformers_reads_it(saved_model: Path, tmp_path: Path) -> None:
+    """transformers read every chat template whole with the tokenizer (a 1 GiB one took a GiB); it loaded."""
+    model = _copy(saved_model, tmp_path / "model")
+    (model / "chat_template.jinja").write_text("{{ 'x' }}" * 2**18, encoding="utf-8")  # 2.25 MiB of template
+    with pytest.raises(CsekitError, match=r"chat_template\.jinja is \d+ bytes, more than the 1048576"):
+        SentenceEncoder.load(model)
+
+
+def test_an_oversized_template_in_the_templates_folder_is_refused(saved_model: Path, tmp_path: Path) -> None:
+    model = _copy(saved_model, tmp_path / "model")
+    (model / "additional_chat_templates").mkdir()
+    with open(model / "additional_chat_templates" / "tool.jinja", "wb") as handle:
+        handle.truncate(2**30)  # a sparse GiB
+    with pytest.raises(CsekitError, match=r"tool\.jinja is 1073741824 bytes, more than"):
+        SentenceEncoder.load(model)
+
+
+@pytest.mark.parametrize("name", ["../outside/tokenizer.4.0.0.json", "OUTSIDE"])
+def test_fast_tokenizer_files_outside_the_folder_are_refused(name: str, saved_model: Path, tmp_path: Path) -> None:
+    """transformers joined the name to the folder and read that file as the tokenizer (it loaded, exit status 0)."""
+    model = _copy(saved_model, tmp_path / "model")
+    (tmp_path / "outside").mkdir()
+    shutil.copy(model / "tokenizer.json", tmp_path / "outside" / "tokenizer.4.0.0.json")
+    name = name.replace("OUTSIDE", str(tmp_path / "outside" / "tokenizer.4.0.0.json"))
+    _edit_json(model / "tokenizer_config.json", fast_tokenizer_files=[name])
+    with pytest.raises(CsekitError, match=r'tokenizer_config\.json: "fast_tokenizer_files": .* leads outside'):
+        SentenceEncoder.load(model)
+
+
+def test_a_fast_tokenizer_file_past_the_tokenizer_limit_is_refused(saved_model: Path, tmp_path: Path) -> None:
+    """The versioned name escaped the tokenizer.json limit: 65 MiB were read and parsed (a traceback)."""
+    model = _copy(saved_model, tmp_path / "model")
+    with open(model / "tokenizer.4.0.0.json", "wb") as handle:
+        handle.truncate(65 * 2**20)
+    _edit_json(model / "tokenizer_config.json", fast_tokenizer_files=["tokenizer.4.0.0.json"])
+    with pytest.raises(CsekitError, match=r"tokenizer\.4\.0\.0\.json is 68157440 bytes, more than"):
+        SentenceEncoder.load(model)
+
+
+@pytest.mark.parametrize("shard", ["../elsewhere/weights.safetensors", "ABSOLUTE"])
+def test_weight_shards_outside_the_folder_are_refused(shard: str, saved_model: Path, tmp_path: Path) -> None:
+    """The index's shard names were joined to the folder: weights loaded from anywhere (exit status 0)."""
+    model = _copy(saved_model, tmp_path / "model")
+    (tmp_path / "elsewhere").mkdir()
+    weights = (model / "model.safetensors").rename(tmp_path / "elsewhere" / "weights.safetensors")
+    shard = shard.replace("ABSOLUTE", str(weights))
+    index = {"metadata": {}, "weight_map": {name: shard for name in load_file(weights)}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index), encoding="utf-8")
+    with pytest.raises(CsekitError, match=r'model\.safetensors\.index\.json: "weight_map": .* leads outside'):
+        SentenceEncoder.load(model)
+
+
+def test_a_link_out_of_the_folder_is_refused(saved_model: Path, tmp_path: Path) -> None:
+    """A link to a regular file elsewhere (here someone else's tokenizer) was followed."""
+    model = _copy(saved_model, tmp_path / "model")
+    (model / "tokenizer.json").rename(tmp_path / "tokenizer.json")
+    (model / "tokenizer.json").symlink_to(tmp_path / "tokenizer.json")
+    with pytest.raises(CsekitError, match=r"tokenizer\.json is a link leading outside the model folder"):
+        SentenceEncoder.load(model)
+
+
+def test_sharded_weights_and_a_hub_cache_snapshot_still_load(saved_model: Path, tmp_path: Path) -> None:
+    """Guard: an index naming shards inside the folder, and a cache snapshot whose files are links to ../../blobs."""
+    reference = SentenceEncoder.load(saved_model).encode(["the dog runs"])
+    model = _copy(saved_model, tmp_path / "sharded")
+    weights = load_file(model / "model.safetensors")
+    (model / "model.safetensors").unlink()
+    names = sorted(weights)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for shard, keys in halves.items():
+        save_file({key: weights[key] for key in keys}, model / shard)
+    index = {"metadata": {}, "weight_map": {key: shard for shard, keys in halves.items() for key in keys}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index), encoding="utf-8")
+    assert (SentenceEncoder.load(model).encode(["the dog runs"]) == reference).all()
+
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot, blobs = repo / "snapshots" / "abc123", repo / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for file in saved_model.rglob("*"):
+        if file.is_file():
+            blob = blobs / f"{abs(hash(str(file))):x}"
+            shutil.copy(file, blob)
+            link = snapshot / file.relative_to(saved_model)
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(blob, link.parent))  # as huggingface_hub links them
+    assert (SentenceEncoder.load(snapshot).encode(["the dog runs"]) == reference).all()

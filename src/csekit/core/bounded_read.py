@@ -104,47 +104,6 @@ def read_by_name(path: str | Path, read: Callable[[str], _T], what: str, limit: 
         return read(str(by_descriptor if by_descriptor.exists() else path))
 
 
-MODEL_TEXT_LIMIT = 2**26
-"""The largest tokenizer or config file of a model folder (XLM-R's tokenizer.json is 17 MB)."""
-
-MODEL_FILE_LIMITS: dict[str, int | None] = {
-    **dict.fromkeys(
-        (
-            "config.json",
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "special_tokens_map.json",
-            "added_tokens.json",
-            "vocab.txt",
-            "vocab.json",
-            "merges.txt",
-            "sentencepiece.bpe.model",
-            "spiece.model",
-            "source.spm",
-            "target.spm",
-            "generation_config.json",
-        ),
-        MODEL_TEXT_LIMIT,
-    ),
-    **dict.fromkeys(("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json"), None),
-}
-"""The files of a model folder that transformers reads itself, and the bytes csekit lets it read (None: any size)."""
-
-
-def check_plain_files(folder: str | Path, limits: dict[str, int | None] = MODEL_FILE_LIMITS) -> None:
-    """Before a library reads `folder`'s files itself (transformers' from_pretrained): each present file named in
-    `limits` must be a regular file within its limit; a FIFO (which would block it), a device (an endless read),
-    a folder or an oversized file is a CsekitError naming it."""
-    for name, limit in limits.items():
-        path = Path(folder) / name
-        if not os.path.lexists(path):
-            continue
-        try:
-            open_regular(path, limit).close()
-        except OSError as error:
-            raise CsekitError(f"{path}: cannot read it ({error.strerror or error})") from None
-
-
 def bounded_lines(handle: IO[bytes], limit: int) -> Iterator[tuple[bytes | None, int]]:
     """Each line of `handle` with its line end, and its size in bytes; a line of more than `limit` bytes (line
     end included) is `(None, size)`: the rest of it is read and counted in chunks, never held whole.

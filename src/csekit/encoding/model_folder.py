@@ -8,7 +8,8 @@ fails deep inside a load or a step. So before transformers sees a local folder (
 complementary model, RankCSE's teacher, `csekit freq`'s tokenizer, an `fsmt` or `marian` engine):
 
 * config.json's sizes are whole numbers within `CONFIG_LIMITS`;
-* a vocabulary file is there, a plain file of bounded size (a link to /dev/zero is refused);
+* every file transformers may read is a bounded regular file inside the folder (`model_files.check_model_files`:
+  a link to /dev/zero, a 1 GiB chat template, a shard named `../x` are refused), and a vocabulary file is there;
 * the weights' embedding matrices (read from the safetensors header) have the rows config.json says;
 
 and after loading, `check_tokenizer` wants the tokenizer's special tokens in its vocabulary and its
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from transformers import PreTrainedModel
 
 from csekit.core.bounded_read import open_regular, read_json_file
 from csekit.core.errors import CsekitError
+from csekit.encoding.model_files import check_model_files
 
 CONFIG_LIMITS = {
     # layers
@@ -80,8 +81,6 @@ VOCABULARY_FILES = (
 )
 """Files a tokenizer builds its vocabulary from; a folder needs at least one."""
 
-VOCABULARY_LIMIT = 256 * 2**20
-"""The largest vocabulary file read (XLM-R's tokenizer.json is 17 MB)."""
 SAFETENSORS_HEADER_LIMIT = 64 * 2**20
 
 EMBEDDING_ROWS = {
@@ -95,6 +94,7 @@ EMBEDDING_ROWS = {
 
 def check_model_folder(folder: Path) -> dict[str, Any]:
     """Check a local model folder before transformers reads it; its config.json's values."""
+    check_model_files(folder)  # every file a library may read: regular, bounded, inside the folder
     config_path = folder / "config.json"
     config = read_json_file(config_path, "model config") if config_path.exists() else {}
     if not isinstance(config, dict):
@@ -119,21 +119,8 @@ def _check_config_numbers(config: dict[str, Any], path: Path) -> None:
 
 
 def _check_vocabulary_files(folder: Path) -> None:
-    present = []
-    for name in VOCABULARY_FILES:
-        path = folder / name
-        try:
-            info = os.stat(path)  # follows links: a hub cache's files are links to its blobs
-        except FileNotFoundError:
-            continue
-        except OSError as error:
-            raise CsekitError(f"{path}: cannot read it ({error.strerror})") from None
-        if not stat.S_ISREG(info.st_mode):
-            raise CsekitError(f"{path} is not a regular file (a device, FIFO or folder); csekit reads only plain files")
-        if info.st_size > VOCABULARY_LIMIT:
-            raise CsekitError(f"{path} is {info.st_size} bytes, more than the {VOCABULARY_LIMIT} csekit reads")
-        present.append(name)
-    if not present:
+    """At least one vocabulary file (`check_model_files` has checked that each is a bounded regular file)."""
+    if not any((folder / name).is_file() for name in VOCABULARY_FILES):
         raise CsekitError(
             f"{folder}: no vocabulary (none of tokenizer.json, vocab.txt, vocab.json, a SentencePiece model); "
             "without one every word would be an unknown token"
