@@ -208,3 +208,50 @@ def test_sharded_weights_and_a_hub_cache_snapshot_still_load(saved_model: Path, 
             link.parent.mkdir(parents=True, exist_ok=True)
             link.symlink_to(os.path.relpath(blob, link.parent))  # as huggingface_hub links them
     assert (SentenceEncoder.load(snapshot).encode(["the dog runs"]) == reference).all()
+
+
+# --- 5: config values by type and range, and the model's size as a whole, before it is built -----------------
+
+BAD_CONFIG_VALUES: dict[str, tuple[str, dict[str, object], str]] = {
+    # case: (file, values written into it, what the line says)
+    "hidden_act-nope": ("config.json", {"hidden_act": "nope"}, '"hidden_act" is "nope"; csekit loads models with an'),
+    "pad_token_id-beyond-the-vocabulary": ("config.json", {"pad_token_id": 5000}, '"pad_token_id" is 5000'),
+    "layer_norm_eps-text": ("config.json", {"layer_norm_eps": "tiny"}, '"layer_norm_eps" is "tiny"'),
+    "layer_norm_eps-negative": ("config.json", {"layer_norm_eps": -1.0}, "between 0 and 1"),
+    "dropout-2": ("config.json", {"hidden_dropout_prob": 2.0}, "a probability in [0, 1)"),
+    "quantization_config": ("config.json", {"quantization_config": {"quant_method": "bitsandbytes"}}, "quantized"),
+    "flash_attention_2": ("config.json", {"attn_implementation": "flash_attention_2"}, '"flash_attention_2"'),
+    "chunk_size_feed_forward": ("config.json", {"chunk_size_feed_forward": 5}, '"chunk_size_feed_forward" is 5'),
+    "use_cache-text": ("config.json", {"use_cache": "yes"}, "a value of type bool"),
+    "negative-model_max_length": ("tokenizer_config.json", {"model_max_length": -5}, '"model_max_length" is -5'),
+    "num_labels-30000000": ("config.json", {"num_labels": 30_000_000}, '"num_labels" is 30000000'),
+    "layers-times-width": (
+        "config.json",
+        {"num_hidden_layers": 48, "hidden_size": 8192, "intermediate_size": 32768, "num_attention_heads": 64},
+        "would have 38,",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CONFIG_VALUES)
+def test_a_config_value_outside_its_type_or_range_is_one_line_before_the_model_is_built(
+    case: str, saved_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """Each was a traceback (KeyError, AssertionError, ImportError, OverflowError in Rust...), a step that failed
+    later, or gigabytes allocated (30 million labels, 38 billion parameters) before anything refused them."""
+    file, values, needle = BAD_CONFIG_VALUES[case]
+    model = _copy(saved_model, tmp_path / "model")
+    _edit_json(model / file, **values)
+    sentences = tmp_path / "in.txt"
+    sentences.write_text("the dog runs\n", encoding="utf-8")
+    output = tmp_path / "out.npy"
+    code, err = run_main(monkeypatch, capsys, "encode", str(model), "-i", str(sentences), "-o", str(output))
+    assert_one_line_error(code, err, str(model / file), needle)
+    assert not output.exists()
+
+
+def test_a_model_type_with_other_defaults_and_token_ids_still_loads(tmp_path: Path) -> None:
+    """Guard: a RoBERTa-style config (pad 1, bos 0, eos 2, eager attention, no chunking) passes every check."""
+    make_tiny_encoder(tmp_path / "tokenizer", model_type="roberta").save(tmp_path / "model")
+    _edit_json(tmp_path / "model" / "config.json", attn_implementation="eager", chunk_size_feed_forward=0)
+    assert SentenceEncoder.load(tmp_path / "model").encode(["the dog runs"]).shape == (1, 32)

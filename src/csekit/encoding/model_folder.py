@@ -7,7 +7,8 @@ embeddings); `num_hidden_layers: 1000000` builds a million layers; a `vocab_size
 fails deep inside a load or a step. So before transformers sees a local folder (a backbone, DCLR's
 complementary model, RankCSE's teacher, `csekit freq`'s tokenizer, an `fsmt` or `marian` engine):
 
-* config.json's sizes are whole numbers within `CONFIG_LIMITS`;
+* config.json's values have their declared types and ranges, and the model's size as a whole is bounded before
+  it is built (`model_config`: sizes within `CONFIG_LIMITS`, `PARAMETER_LIMIT`);
 * every file transformers may read is a bounded regular file inside the folder (`model_files.check_model_files`:
   a link to /dev/zero, a 1 GiB chat template, a shard named `../x` are refused), and a vocabulary file is there;
 * the weights' embedding matrices (read from the safetensors header) have the rows config.json says;
@@ -30,39 +31,8 @@ from transformers import PreTrainedModel
 
 from csekit.core.bounded_read import open_regular, read_json_file
 from csekit.core.errors import CsekitError
+from csekit.encoding.model_config import check_config_values, check_model_size, check_tokenizer_config
 from csekit.encoding.model_files import check_model_files
-
-CONFIG_LIMITS = {
-    # layers
-    "num_hidden_layers": 256,
-    "encoder_layers": 256,
-    "decoder_layers": 256,
-    "num_layers": 256,
-    "n_layer": 256,
-    # widths
-    "hidden_size": 32768,
-    "d_model": 32768,
-    "n_embd": 32768,
-    "intermediate_size": 131072,
-    "encoder_ffn_dim": 131072,
-    "decoder_ffn_dim": 131072,
-    # attention heads
-    "num_attention_heads": 512,
-    "encoder_attention_heads": 512,
-    "decoder_attention_heads": 512,
-    "n_head": 512,
-    # positions and vocabularies
-    "max_position_embeddings": 131072,
-    "n_positions": 131072,
-    "vocab_size": 2_000_000,
-    "src_vocab_size": 2_000_000,
-    "tgt_vocab_size": 2_000_000,
-    "type_vocab_size": 1024,
-}
-"""The largest value csekit accepts for each config.json size (the largest public encoders are far below:
-BERT-large has 24 layers, hidden size 1024, 16 heads, 512 positions, XLM-R a vocabulary of 250,002)."""
-
-MAY_BE_ZERO = {"type_vocab_size"}
 
 VOCABULARY_FILES = (
     "tokenizer.json",  # any fast tokenizer
@@ -99,23 +69,11 @@ def check_model_folder(folder: Path) -> dict[str, Any]:
     config = read_json_file(config_path, "model config") if config_path.exists() else {}
     if not isinstance(config, dict):
         raise CsekitError(f"{config_path}: expected a JSON object")
-    _check_config_numbers(config, config_path)
+    check_config_values(config, config_path)  # sizes, types, ranges, keys csekit cannot honour
+    check_tokenizer_config(folder)
     _check_vocabulary_files(folder)
     _check_embedding_rows(folder / "model.safetensors", config, config_path)
     return config
-
-
-def _check_config_numbers(config: dict[str, Any], path: Path) -> None:
-    for section in (config, *(v for v in config.values() if isinstance(v, dict))):  # text_config, encoder, ...
-        for key, limit in CONFIG_LIMITS.items():
-            if key not in section:
-                continue
-            value, lowest = section[key], 0 if key in MAY_BE_ZERO else 1
-            if not isinstance(value, int) or isinstance(value, bool) or not lowest <= value <= limit:
-                raise CsekitError(
-                    f'{path}: "{key}" is {json.dumps(value)[:40]}; csekit loads models with a whole number from '
-                    f"{lowest} to {limit:,} there"
-                )
 
 
 def _check_vocabulary_files(folder: Path) -> None:
@@ -171,9 +129,12 @@ def from_pretrained(loader: Any, location: str, **options: Any) -> Any:
     fp32 heads ("mat1 and mat2 must have the same dtype") or train silently in half precision on a GPU. Mixed
     precision is autocast's business (`train.precision`), never the stored weights'.
     """
+    builds_a_model = _builds_a_model(loader)
     if Path(location).is_dir():
-        check_model_folder(Path(location))
-    if _builds_a_model(loader):
+        config = check_model_folder(Path(location))
+        if builds_a_model:
+            check_model_size(config, Path(location) / "config.json")  # before a byte of it is allocated
+    if builds_a_model:
         options.setdefault("dtype", torch.float32)
     return loader.from_pretrained(location, trust_remote_code=False, **options)
 
