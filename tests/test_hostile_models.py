@@ -255,3 +255,34 @@ def test_a_model_type_with_other_defaults_and_token_ids_still_loads(tmp_path: Pa
     make_tiny_encoder(tmp_path / "tokenizer", model_type="roberta").save(tmp_path / "model")
     _edit_json(tmp_path / "model" / "config.json", attn_implementation="eager", chunk_size_feed_forward=0)
     assert SentenceEncoder.load(tmp_path / "model").encode(["the dog runs"]).shape == (1, 32)
+
+
+def test_every_file_transformers_opens_in_a_model_folder_is_one_the_listing_check_bounds(
+    saved_model: Path, tmp_path: Path
+) -> None:
+    """The rule as a mechanism: what the libraries open (Python's `open` audit events, during a whole load) is
+    matched by `LIBRARY_READS`, so a new file transformers starts reading fails here until the check knows it."""
+    import sys
+
+    from csekit.encoding.model_files import library_pattern
+
+    model = _copy(saved_model, tmp_path / "model")
+    (model / "chat_template.jinja").write_text("{{ messages }}", encoding="utf-8")
+    (model / "generation_config.json").write_text("{}", encoding="utf-8")
+    opened: list[str] = []
+    recording = [True]
+
+    def record(event: str, args: tuple[object, ...]) -> None:
+        if recording[0] and event == "open" and isinstance(args[0], str | bytes | os.PathLike):
+            opened.append(os.fsdecode(args[0]))
+
+    sys.addaudithook(record)  # an audit hook stays for the process: `recording` turns it off
+    try:
+        SentenceEncoder.load(model)
+    finally:
+        recording[0] = False
+    inside = [Path(path) for path in opened if Path(path).is_relative_to(model) and not Path(path).is_dir()]
+    assert any(path.name == "chat_template.jinja" for path in inside)  # the hook sees transformers' reads
+    read_by_csekit = {"csekit.json", "modules.json"}
+    unchecked = [str(p) for p in inside if library_pattern(p.name) is None and p.name not in read_by_csekit]
+    assert not unchecked, unchecked
