@@ -26,8 +26,6 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from csekit.core.bounded_read import read_json_file
 from csekit.core.errors import CsekitError
 
@@ -207,6 +205,7 @@ def check_tokenizer_config(folder: Path) -> None:
 
 def check_model_size(config: dict[str, Any], path: Path) -> None:
     """The parameters the model in `config` would have, counted on the meta device, at most `PARAMETER_LIMIT`."""
+    import torch
     from transformers import AutoConfig, AutoModel
 
     model_type = config.get("model_type")

@@ -26,9 +26,6 @@ import struct
 from pathlib import Path
 from typing import Any
 
-import torch
-from transformers import PreTrainedModel
-
 from csekit.core.bounded_read import open_regular, read_json_file
 from csekit.core.errors import CsekitError
 from csekit.encoding.model_config import check_config_values, check_model_size, check_tokenizer_config
@@ -135,12 +132,16 @@ def from_pretrained(loader: Any, location: str, **options: Any) -> Any:
         if builds_a_model:
             check_model_size(config, Path(location) / "config.json")  # before a byte of it is allocated
     if builds_a_model:
+        import torch
+
         options.setdefault("dtype", torch.float32)
     return loader.from_pretrained(location, trust_remote_code=False, **options)
 
 
 def _builds_a_model(loader: Any) -> bool:
     """Whether `loader` builds weights (AutoModel, a PreTrainedModel class), not a config or a tokenizer."""
+    from transformers import PreTrainedModel  # here: importing csekit.prep must not import transformers
+
     try:
         return hasattr(loader, "from_config") or (isinstance(loader, type) and issubclass(loader, PreTrainedModel))
     except ImportError:  # transformers' placeholder for a class whose library is missing
