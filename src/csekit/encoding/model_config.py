@@ -203,19 +203,22 @@ def check_tokenizer_config(folder: Path) -> None:
             raise _refuse(path, "model_max_length", length, "a whole number of at least 1")
 
 
-def check_model_size(config: dict[str, Any], path: Path) -> None:
-    """The parameters the model in `config` would have, counted on the meta device, at most `PARAMETER_LIMIT`."""
+def check_model_size(config: dict[str, Any], path: Path, loader: Any, built: Any = None) -> None:
+    """The parameters `loader` (AutoModel, a model class) would allocate for `config`, counted on the meta device
+    (nothing is allocated), at most `PARAMETER_LIMIT`. `built`: the config object the load will pass, if any."""
     import torch
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoConfig, PretrainedConfig
 
     model_type = config.get("model_type")
-    if not isinstance(model_type, str):
-        return  # transformers cannot build it either; it says so
-    values = {key: value for key, value in config.items() if key not in ("model_type", "transformers_version")}
+    if not isinstance(built, PretrainedConfig) and not isinstance(model_type, str):
+        return  # transformers cannot tell the architecture either (it refuses the folder in one line)
+    build = getattr(loader, "from_config", None) or loader._from_config  # AutoModel / a PreTrainedModel class
     try:
-        built = AutoConfig.for_model(model_type, **values)
+        if not isinstance(built, PretrainedConfig):
+            values = {key: value for key, value in config.items() if key not in ("model_type", "transformers_version")}
+            built = AutoConfig.for_model(model_type, **values)
         with torch.device("meta"):
-            model = AutoModel.from_config(built)
+            model = build(built)
     except Exception as error:  # transformers' own validation (StrictDataclassFieldValidationError, ValueError...)
         reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         raise CsekitError(f"{path}: transformers cannot build this model ({reason})") from None

@@ -130,7 +130,8 @@ def from_pretrained(loader: Any, location: str, **options: Any) -> Any:
     if Path(location).is_dir():
         config = check_model_folder(Path(location))
         if builds_a_model:
-            check_model_size(config, Path(location) / "config.json")  # before a byte of it is allocated
+            # before a byte of it is allocated, with the config object the load passes when there is one
+            check_model_size(config, Path(location) / "config.json", loader, options.get("config"))
     if builds_a_model:
         import torch
 
