@@ -84,7 +84,6 @@ ALLOWED_READS = {
     "and the file itself with its callers' write flags (no-follow, non-blocking)",
     ("csekit.core.run_lock", "os.open"): "check_not_locked opens the lock file (O_NOFOLLOW) only to test its flock",
     ("csekit.evaluation.probes", "read_bytes"): "importlib.resources: the probe set shipped inside csekit's package",
-    ("csekit.training.recipe", "yaml.safe_load"): "parses a --set value from the command line (a string, not a file)",
     ("csekit.data.data_dir", "zipfile.ZipFile"): "an archive download-data wrote in this process (its own temp folder)",
     ("csekit.data.data_dir", "tarfile.open"): "an archive download-data wrote in this process (its own temp folder)",
 }
@@ -564,3 +563,70 @@ def test_text_reaches_a_tokenizer_only_through_token_input() -> None:
     assert len(tokenizer_calls(bypasses, "example")) == 4
     clean = 'tokenizer("a")\nencoder.tokenize(texts)\nmoses.tokenize(s)\ncheck_tokenizer(name, tokenizer)\n'
     assert tokenizer_calls(clean, "example") == []
+
+
+# --- 8. YAML text is parsed only by core/bounded_read.py's bounded parser (issue #49 defect 3) -----------------
+
+YAML_PARSERS = {
+    *(f"yaml.{name}" for name in ("load", "safe_load", "full_load", "unsafe_load", "load_all", "safe_load_all")),
+    *(f"yaml.{name}" for name in ("compose", "compose_all", "parse", "scan")),
+    *(f"yaml.{name}" for name in ("Loader", "SafeLoader", "FullLoader", "UnsafeLoader", "BaseLoader")),
+    *(f"yaml.{name}" for name in ("CLoader", "CSafeLoader", "CFullLoader", "CUnsafeLoader", "CBaseLoader")),
+    *(f"omegaconf.OmegaConf.{name}" for name in ("load", "create", "from_dotlist", "from_cli", "from_yaml")),
+}
+"""Everything that turns YAML text into values (OmegaConf.create parses a string as YAML)."""
+
+
+def yaml_parses(source: str, module: str) -> list[str]:
+    """Each call in `source` that parses YAML text itself (`module:line name`)."""
+    tree = ast.parse(source)
+    aliases = _aliases(tree)
+    return [
+        f"{module}:{node.lineno} {name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and (name := _dotted(node.func, aliases)) in YAML_PARSERS
+    ]
+
+
+def test_every_yaml_parse_goes_through_the_bounded_parser() -> None:
+    """Issue #49 defect 3: a `--set` value went through yaml.safe_load (an allow-listed "string, not a file"), and
+    OmegaConf expanded its aliases: 515 bytes hung `bench`. Text from a file or a flag is YAML all the same:
+    `parse_yaml` / `parse_yaml_value` count aliases, nesting and keys before anything is built."""
+    raw = [
+        found
+        for path in sorted((SRC / "csekit").rglob("*.py"))
+        if module_name(path) != READER_MODULE
+        for found in yaml_parses(path.read_text(encoding="utf-8"), module_name(path))
+    ]
+    assert not raw, "parse YAML with csekit.core.bounded_read.parse_yaml or parse_yaml_value:\n" + "\n".join(raw)
+
+
+def test_the_yaml_check_finds_each_way_to_parse_yaml() -> None:
+    source = """
+import yaml
+from yaml import safe_load as load_it
+from omegaconf import OmegaConf
+
+def f(text, stream):
+    yaml.safe_load(text)
+    load_it(text)
+    yaml.compose(text)
+    yaml.SafeLoader(stream)
+    yaml.load(text, Loader=yaml.SafeLoader)
+    OmegaConf.create(text)
+    OmegaConf.from_dotlist([text])
+    yaml.safe_dump(text)
+    OmegaConf.merge(text)
+"""
+    found = [entry.split(" ", 1)[1] for entry in yaml_parses(source, "m")]
+    assert sorted(found) == sorted(
+        [
+            "yaml.safe_load",
+            "yaml.safe_load",
+            "yaml.compose",
+            "yaml.SafeLoader",
+            "yaml.load",
+            "omegaconf.OmegaConf.create",
+            "omegaconf.OmegaConf.from_dotlist",
+        ]
+    )

@@ -659,7 +659,6 @@ def freq(
     from transformers import AutoTokenizer
 
     from csekit.core.atomic import atomic_write_text
-    from csekit.core.bounded_read import check_plain_files
     from csekit.encoding.encoder import (
         hub_options,
         own_code_message,
@@ -667,6 +666,7 @@ def freq(
         resolve_model_path,
         unreachable_hub_message,
     )
+    from csekit.encoding.model_files import check_model_files
     from csekit.encoding.model_folder import check_tokenizer, from_pretrained
     from csekit.prep.frequency import count_tokens, counts_by_token
 
@@ -674,7 +674,7 @@ def freq(
     _check_output_file(output)
     location = resolve_model_path(tokenizer)
     if Path(location).is_dir():
-        check_plain_files(location)
+        check_model_files(Path(location))
         refuse_own_code(Path(location))
     hub = hub_options(location)
     try:

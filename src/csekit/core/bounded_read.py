@@ -37,6 +37,9 @@ METADATA_LIMIT = 16 * 2**20
 YAML_NODE_LIMIT = 100_000
 """The most nodes a YAML file may expand to, aliases counted each time they are used (a recipe has about 100)."""
 
+YAML_DEPTH_LIMIT = 32
+"""The deepest nesting of YAML containers read (a recipe nests 4 deep); deeper ones fail in recursive code later."""
+
 TEXT_FILE_LIMIT = 2**30
 """The largest text file read whole (sentences to encode, an evaluation data set: SentEval's are at most 30 MiB)."""
 
@@ -99,47 +102,6 @@ def read_by_name(path: str | Path, read: Callable[[str], _T], what: str, limit: 
     with handle:
         by_descriptor = Path(f"/proc/self/fd/{handle.fileno()}")
         return read(str(by_descriptor if by_descriptor.exists() else path))
-
-
-MODEL_TEXT_LIMIT = 2**26
-"""The largest tokenizer or config file of a model folder (XLM-R's tokenizer.json is 17 MB)."""
-
-MODEL_FILE_LIMITS: dict[str, int | None] = {
-    **dict.fromkeys(
-        (
-            "config.json",
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "special_tokens_map.json",
-            "added_tokens.json",
-            "vocab.txt",
-            "vocab.json",
-            "merges.txt",
-            "sentencepiece.bpe.model",
-            "spiece.model",
-            "source.spm",
-            "target.spm",
-            "generation_config.json",
-        ),
-        MODEL_TEXT_LIMIT,
-    ),
-    **dict.fromkeys(("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json"), None),
-}
-"""The files of a model folder that transformers reads itself, and the bytes csekit lets it read (None: any size)."""
-
-
-def check_plain_files(folder: str | Path, limits: dict[str, int | None] = MODEL_FILE_LIMITS) -> None:
-    """Before a library reads `folder`'s files itself (transformers' from_pretrained): each present file named in
-    `limits` must be a regular file within its limit; a FIFO (which would block it), a device (an endless read),
-    a folder or an oversized file is a CsekitError naming it."""
-    for name, limit in limits.items():
-        path = Path(folder) / name
-        if not os.path.lexists(path):
-            continue
-        try:
-            open_regular(path, limit).close()
-        except OSError as error:
-            raise CsekitError(f"{path}: cannot read it ({error.strerror or error})") from None
 
 
 def bounded_lines(handle: IO[bytes], limit: int) -> Iterator[tuple[bytes | None, int]]:
@@ -207,6 +169,29 @@ def read_yaml_file(path: str | Path, what: str, limit: int = 2**20) -> tuple[Any
 
 def parse_yaml(text: str, label: str, what: str) -> tuple[Any, yaml.Node | None]:
     """`read_yaml_file` on text already read; `label` names it in errors."""
+    try:
+        return _parse_bounded_yaml(text, label, what)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+        raise CsekitError(f"{label}{line}: invalid YAML in the {what} ({problem})") from None
+
+
+def parse_yaml_value(text: str, label: str) -> Any:
+    """A value given as YAML text (a `--set` value, a suite's `set:` string), bounded like a YAML file; text that
+    is not valid YAML is that text itself (`--set model.name=a: b` sets the string)."""
+    try:
+        return _parse_bounded_yaml(text, label, "value")[0]
+    except yaml.YAMLError:
+        return text
+
+
+def _parse_bounded_yaml(text: str, label: str, what: str) -> tuple[Any, yaml.Node | None]:
+    """Compose `text` once, refuse it if it expands too far, nests too deep or repeats a key, then build it.
+
+    PyYAML's own errors pass through (the callers word them); the bounds are CsekitErrors.
+    """
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -215,44 +200,48 @@ def parse_yaml(text: str, label: str, what: str) -> tuple[Any, yaml.Node | None]
         _check_size(node, label, what)
         _check_unique_keys(node, label, what)
         return loader.construct_document(node), node
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark is not None else ""
-        problem = getattr(error, "problem", None) or str(error).splitlines()[0]
-        raise CsekitError(f"{label}{line}: invalid YAML in the {what} ({problem})") from None
     except RecursionError:
-        raise CsekitError(f"{label}: the {what} is nested too deeply to be a {what}") from None
+        raise CsekitError(f"{label}: the {what} nests too deeply; csekit does not read it") from None
     finally:
         loader.dispose()
 
 
 def _check_size(root: yaml.Node, label: str, what: str) -> None:
-    """Count the nodes `root` expands to (an alias counts its anchor's nodes each time) without expanding it."""
-    sizes: dict[int, int] = {}
+    """Count the nodes `root` expands to (an alias counts its anchor's nodes each time) and how deep its containers
+    nest, without expanding it."""
+    measured: dict[int, tuple[int, int]] = {}  # node -> (nodes it expands to, container levels)
     open_nodes: set[int] = set()
 
-    def size(node: yaml.Node) -> int:
+    def measure(node: yaml.Node) -> tuple[int, int]:
         key = id(node)
-        if key in sizes:
-            return sizes[key]
+        if key in measured:
+            return measured[key]
         if key in open_nodes:
             raise CsekitError(f"{label}:{node.start_mark.line + 1}: the {what} refers to itself (a recursive alias)")
         open_nodes.add(key)
-        total = 1
+        children: list[yaml.Node] = []
         if isinstance(node, yaml.SequenceNode):
-            total += sum(size(item) for item in node.value)
+            children = node.value
         elif isinstance(node, yaml.MappingNode):
-            total += sum(size(key_node) + size(value_node) for key_node, value_node in node.value)
+            children = [child for pair in node.value for child in pair]
+        sizes = [measure(child) for child in children]
+        total = 1 + sum(size for size, _ in sizes)
+        levels = (1 + max((depth for _, depth in sizes), default=0)) if isinstance(node, yaml.CollectionNode) else 0
         open_nodes.discard(key)
-        sizes[key] = total
+        measured[key] = total, levels
         if total > YAML_NODE_LIMIT:
             raise CsekitError(
                 f"{label}:{node.start_mark.line + 1}: the {what} expands to more than {YAML_NODE_LIMIT} values "
                 "(nested aliases?); csekit does not read it"
             )
-        return total
+        if levels > YAML_DEPTH_LIMIT:
+            raise CsekitError(
+                f"{label}:{node.start_mark.line + 1}: the {what} nests more than {YAML_DEPTH_LIMIT} levels deep; "
+                "csekit does not read it"
+            )
+        return total, levels
 
-    size(root)
+    measure(root)
 
 
 def _check_unique_keys(root: yaml.Node, label: str, what: str) -> None:

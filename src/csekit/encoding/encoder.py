@@ -32,7 +32,7 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel
 from transformers import PreTrainedTokenizerBase as Tokenizer
 
 from csekit.core.atomic import atomic_directory, atomic_write_text, write_by_name
-from csekit.core.bounded_read import check_plain_files, read_json_file, read_with
+from csekit.core.bounded_read import read_json_file, read_with
 from csekit.core.errors import CsekitError
 from csekit.core.precision import DTYPES, resolve_precision
 from csekit.core.progress import progress
@@ -41,6 +41,7 @@ from csekit.core.save_guard import guarded_save
 from csekit.core.version import __version__
 from csekit.encoding.kept_head import DenseTanh, ExportsAsDenseTanh
 from csekit.encoding.model_card import CARD_FILE, render_model_card
+from csekit.encoding.model_files import check_model_files
 from csekit.encoding.model_folder import ENCODER_SPECIAL_TOKENS, check_tokenizer, from_pretrained
 from csekit.encoding.packed import (
     BACKBONE_INPUTS,
@@ -305,7 +306,7 @@ def _local_model_layout(path: Path) -> tuple[str, str | None, Any, list[str] | N
                 f"(and the last one {path / 'last'})"
             )
         raise CsekitError(f"{path}: not a model directory (no config.json found)")
-    check_plain_files(transformer_dir)  # transformers reads these itself: no FIFO, device or huge file
+    check_model_files(Path(transformer_dir))  # what transformers reads itself: bounded, regular, inside
     refuse_own_code(Path(transformer_dir))
     return transformer_dir, saved_pooler, head_config, saved_templates
 

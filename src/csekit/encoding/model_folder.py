@@ -7,8 +7,10 @@ embeddings); `num_hidden_layers: 1000000` builds a million layers; a `vocab_size
 fails deep inside a load or a step. So before transformers sees a local folder (a backbone, DCLR's
 complementary model, RankCSE's teacher, `csekit freq`'s tokenizer, an `fsmt` or `marian` engine):
 
-* config.json's sizes are whole numbers within `CONFIG_LIMITS`;
-* a vocabulary file is there, a plain file of bounded size (a link to /dev/zero is refused);
+* config.json's values have their declared types and ranges, and the model's size as a whole is bounded before
+  it is built (`model_config`: sizes within `CONFIG_LIMITS`, `PARAMETER_LIMIT`);
+* every file transformers may read is a bounded regular file inside the folder (`model_files.check_model_files`:
+  a link to /dev/zero, a 1 GiB chat template, a shard named `../x` are refused), and a vocabulary file is there;
 * the weights' embedding matrices (read from the safetensors header) have the rows config.json says;
 
 and after loading, `check_tokenizer` wants the tokenizer's special tokens in its vocabulary and its
@@ -18,9 +20,7 @@ vocabulary no larger than the embedding matrix. Each failure is one line naming 
 
 from __future__ import annotations
 
-import json
 import os
-import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -28,38 +28,8 @@ from typing import Any
 from csekit.core.bounded_read import open_regular, read_json_file
 from csekit.core.errors import CsekitError
 from csekit.core.json_lines import json_row
-
-CONFIG_LIMITS = {
-    # layers
-    "num_hidden_layers": 256,
-    "encoder_layers": 256,
-    "decoder_layers": 256,
-    "num_layers": 256,
-    "n_layer": 256,
-    # widths
-    "hidden_size": 32768,
-    "d_model": 32768,
-    "n_embd": 32768,
-    "intermediate_size": 131072,
-    "encoder_ffn_dim": 131072,
-    "decoder_ffn_dim": 131072,
-    # attention heads
-    "num_attention_heads": 512,
-    "encoder_attention_heads": 512,
-    "decoder_attention_heads": 512,
-    "n_head": 512,
-    # positions and vocabularies
-    "max_position_embeddings": 131072,
-    "n_positions": 131072,
-    "vocab_size": 2_000_000,
-    "src_vocab_size": 2_000_000,
-    "tgt_vocab_size": 2_000_000,
-    "type_vocab_size": 1024,
-}
-"""The largest value csekit accepts for each config.json size (the largest public encoders are far below:
-BERT-large has 24 layers, hidden size 1024, 16 heads, 512 positions, XLM-R a vocabulary of 250,002)."""
-
-MAY_BE_ZERO = {"type_vocab_size"}
+from csekit.encoding.model_config import check_config_values, check_model_size, check_tokenizer_config
+from csekit.encoding.model_files import check_model_files
 
 VOCABULARY_FILES = (
     "tokenizer.json",  # any fast tokenizer
@@ -78,8 +48,6 @@ VOCABULARY_FILES = (
 )
 """Files a tokenizer builds its vocabulary from; a folder needs at least one."""
 
-VOCABULARY_LIMIT = 256 * 2**20
-"""The largest vocabulary file read (XLM-R's tokenizer.json is 17 MB)."""
 SAFETENSORS_HEADER_LIMIT = 64 * 2**20
 
 EMBEDDING_ROWS = {
@@ -93,45 +61,21 @@ EMBEDDING_ROWS = {
 
 def check_model_folder(folder: Path) -> dict[str, Any]:
     """Check a local model folder before transformers reads it; its config.json's values."""
+    check_model_files(folder)  # every file a library may read: regular, bounded, inside the folder
     config_path = folder / "config.json"
     config = read_json_file(config_path, "model config") if config_path.exists() else {}
     if not isinstance(config, dict):
         raise CsekitError(f"{config_path}: expected a JSON object")
-    _check_config_numbers(config, config_path)
+    check_config_values(config, config_path)  # sizes, types, ranges, keys csekit cannot honour
+    check_tokenizer_config(folder)
     _check_vocabulary_files(folder)
     _check_embedding_rows(folder / "model.safetensors", config, config_path)
     return config
 
 
-def _check_config_numbers(config: dict[str, Any], path: Path) -> None:
-    for section in (config, *(v for v in config.values() if isinstance(v, dict))):  # text_config, encoder, ...
-        for key, limit in CONFIG_LIMITS.items():
-            if key not in section:
-                continue
-            value, lowest = section[key], 0 if key in MAY_BE_ZERO else 1
-            if not isinstance(value, int) or isinstance(value, bool) or not lowest <= value <= limit:
-                raise CsekitError(
-                    f'{path}: "{key}" is {json.dumps(value)[:40]}; csekit loads models with a whole number from '
-                    f"{lowest} to {limit:,} there"
-                )
-
-
 def _check_vocabulary_files(folder: Path) -> None:
-    present = []
-    for name in VOCABULARY_FILES:
-        path = folder / name
-        try:
-            info = os.stat(path)  # follows links: a hub cache's files are links to its blobs
-        except FileNotFoundError:
-            continue
-        except OSError as error:
-            raise CsekitError(f"{path}: cannot read it ({error.strerror})") from None
-        if not stat.S_ISREG(info.st_mode):
-            raise CsekitError(f"{path} is not a regular file (a device, FIFO or folder); csekit reads only plain files")
-        if info.st_size > VOCABULARY_LIMIT:
-            raise CsekitError(f"{path} is {info.st_size} bytes, more than the {VOCABULARY_LIMIT} csekit reads")
-        present.append(name)
-    if not present:
+    """At least one vocabulary file (`check_model_files` has checked that each is a bounded regular file)."""
+    if not any((folder / name).is_file() for name in VOCABULARY_FILES):
         raise CsekitError(
             f"{folder}: no vocabulary (none of tokenizer.json, vocab.txt, vocab.json, a SentencePiece model); "
             "without one every word would be an unknown token"
@@ -173,10 +117,34 @@ def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
 
 def from_pretrained(loader: Any, location: str, **options: Any) -> Any:
     """`loader.from_pretrained(location)` (AutoConfig, AutoModel, AutoTokenizer, FSMT..., Marian...), the one way
-    csekit calls it: a local folder is checked first (`check_model_folder`), and never with its own code."""
+    csekit calls it: a local folder is checked first (`check_model_folder`), and never with its own code.
+
+    A model is built with fp32 weights whatever its files' dtype (`dtype`/`torch_dtype` in config.json, fp16 or
+    bf16 safetensors): transformers 5 follows the file, and half-precision master weights fail next to csekit's
+    fp32 heads ("mat1 and mat2 must have the same dtype") or train silently in half precision on a GPU. Mixed
+    precision is autocast's business (`train.precision`), never the stored weights'.
+    """
+    builds_a_model = _builds_a_model(loader)
     if Path(location).is_dir():
-        check_model_folder(Path(location))
+        config = check_model_folder(Path(location))
+        if builds_a_model:
+            # before a byte of it is allocated, with the config object the load passes when there is one
+            check_model_size(config, Path(location) / "config.json", loader, options.get("config"))
+    if builds_a_model:
+        import torch
+
+        options.setdefault("dtype", torch.float32)
     return loader.from_pretrained(location, trust_remote_code=False, **options)
+
+
+def _builds_a_model(loader: Any) -> bool:
+    """Whether `loader` builds weights (AutoModel, a PreTrainedModel class), not a config or a tokenizer."""
+    from transformers import PreTrainedModel  # here: importing csekit.prep must not import transformers
+
+    try:
+        return hasattr(loader, "from_config") or (isinstance(loader, type) and issubclass(loader, PreTrainedModel))
+    except ImportError:  # transformers' placeholder for a class whose library is missing
+        return False
 
 
 ENCODER_SPECIAL_TOKENS = ("unk_token", "cls_token", "sep_token")

@@ -24,7 +24,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from csekit.core.bounded_read import read_yaml_file
+from csekit.core.bounded_read import parse_yaml_value, read_yaml_file
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.precision import PRECISIONS
 from csekit.core.registry import Registry
@@ -232,10 +232,7 @@ def _parse_override(item: str) -> tuple[str, Any]:
     if "=" not in item:
         raise CsekitError(f'--set "{item}": expected dotted.key=value')
     key, raw = item.split("=", 1)
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw
+    value = parse_yaml_value(raw, f"--set {key.strip()}") if raw.strip() else None
     return key.strip(), value
 
 
