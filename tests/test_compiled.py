@@ -48,6 +48,33 @@ def test_padded_to_a_bucket_and_cut_back_the_states_are_the_unpadded_ones(tmp_pa
         torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])  # a boolean and an additive 4-D mask
+def test_a_ready_4d_mask_is_padded_to_the_bucket_with_its_positions(tmp_path: Path, attention: str) -> None:
+    """The training pass gives the backbone a ready 4-D mask [B, 1, L, L] (encoding/ready_mask.py): its width
+    is read from the ids, its new keys are masked and the states of the real positions are the unpadded ones."""
+    from csekit.encoding.ready_mask import ready_attention_mask
+
+    encoder = make_tiny_encoder(tmp_path / "tokenizer", pooler="mean")
+    backbone = encoder.backbone.train()
+    backbone.config._attn_implementation = attention
+    for module in backbone.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    inputs = encoder.tokenize(["a man plays the guitar", "a dog"])
+    inputs["attention_mask"] = ready_attention_mask(backbone, inputs["attention_mask"])
+    assert inputs["attention_mask"].dim() == 4
+    padded, width = pad_to_bucket(dict(inputs), 8, 0)
+    assert width == inputs["input_ids"].shape[1] and padded["input_ids"].shape[1] % 8 == 0
+    assert padded["attention_mask"].shape[1:] == (1, padded["input_ids"].shape[1], padded["input_ids"].shape[1])
+    wrapper = CompiledTrainingForward(backbone, "default", 8, backend="eager")
+    wrapper.compiled = wrapper.eager  # the bucketing alone, without the compiler
+    plain = backbone(**inputs).last_hidden_state
+    bucketed = wrapper(**inputs).last_hidden_state
+    real = encoder.tokenize(["a man plays the guitar", "a dog"])["attention_mask"].bool()
+    assert bucketed.shape == plain.shape and torch.isfinite(bucketed).all()
+    torch.testing.assert_close(bucketed[real], plain[real], rtol=1e-5, atol=1e-6)
+
+
 def run_recipe(model_dir: Path, corpus: Path, mode: str, *extra: str):  # type: ignore[no-untyped-def]
     return tiny_recipe(model_dir, corpus, "train.max_steps=3", "train.eval_every=2", f"train.compile={mode}", *extra)
 

@@ -39,8 +39,8 @@ def bucket_width(max_length: int) -> int:
 
 def pad_to_bucket(inputs: dict[str, Any], bucket: int, pad_token_id: int) -> tuple[dict[str, Any], int]:
     """`inputs` right-padded along the positions to the next multiple of `bucket`, and the original width."""
-    reference = inputs.get("attention_mask", inputs.get("input_ids", inputs.get("inputs_embeds")))
-    if not isinstance(reference, Tensor) or reference.dim() < 2:
+    reference = _width_reference(inputs)
+    if reference is None:
         return inputs, -1
     width = reference.shape[1]
     extra = -width % bucket
@@ -49,11 +49,34 @@ def pad_to_bucket(inputs: dict[str, Any], bucket: int, pad_token_id: int) -> tup
     padded = dict(inputs)
     for key in SEQUENCE_INPUTS:
         value = padded.get(key)
-        if isinstance(value, Tensor) and value.dim() >= 2 and value.shape[1] == width:
+        if key == "attention_mask" and isinstance(value, Tensor) and value.dim() == 4:
+            padded[key] = _pad_ready_mask(value, extra)
+        elif isinstance(value, Tensor) and value.dim() >= 2 and value.shape[1] == width:
             fill = pad_token_id if key == "input_ids" else 0
             # (0, 0) per trailing dimension, then the positions' (0, extra)
             padded[key] = nn.functional.pad(value, (0, 0) * (value.dim() - 2) + (0, extra), value=fill)
     return padded, width
+
+
+def _width_reference(inputs: dict[str, Any]) -> Tensor | None:
+    """An input whose dimension 1 is the positions: the ids or embeddings, else a 2-D mask (a ready 4-D mask's
+    dimension 1 is its heads)."""
+    for key in ("input_ids", "inputs_embeds", "attention_mask"):
+        value = inputs.get(key)
+        if isinstance(value, Tensor) and value.dim() >= 2 and not (key == "attention_mask" and value.dim() == 4):
+            return value
+    return None
+
+
+def _pad_ready_mask(mask: Tensor, extra: int) -> Tensor:
+    """A ready 4-D mask [B, 1, L, L] (`encoding/ready_mask.py`) padded by `extra` positions: the new keys masked
+    for every query, the new queries (whose outputs are cut) attending to every key, so none is all masked."""
+    if mask.dtype == torch.bool:
+        keys_masked, rows_open = False, True
+    else:  # additive: 0 attends, the dtype's minimum masks
+        keys_masked, rows_open = torch.finfo(mask.dtype).min, 0.0
+    keys = nn.functional.pad(mask, (0, extra), value=keys_masked)
+    return nn.functional.pad(keys, (0, 0, 0, extra), value=rows_open)
 
 
 def _cut(value: Any, width: int, padded_width: int) -> Any:
@@ -82,7 +105,7 @@ class CompiledTrainingForward:
             return self.eager(*args, **kwargs)
         padded, width = pad_to_bucket(kwargs, self.bucket, self.pad_token_id)
         outputs = self.compiled(**padded)
-        padded_width = padded.get("attention_mask", padded.get("input_ids", padded.get("inputs_embeds"))).shape[1]
+        padded_width = _width_reference(padded).shape[1]  # type: ignore[union-attr]
         if width == padded_width or width < 0:
             return outputs
         for key, value in list(outputs.items()):
