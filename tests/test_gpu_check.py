@@ -8,6 +8,7 @@ and the results stay within what the device tool returns (a few files, one folde
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -60,7 +61,7 @@ def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
     ), (out / "log.txt").read_text()[-4000:]
     assert stages["environment"]["versions"]["omegaconf"][0].isdigit()
     assert stages["tests"]["pytest"]["exit"] == 0  # on a CPU: the CUDA tests skipped, the gpu_image test run
-    assert "1 passed, 4 skipped" in stages["tests"]["pytest"]["summary"]
+    assert re.match(r"1 passed, [1-9]\d* skipped", stages["tests"]["pytest"]["summary"])  # however many CUDA tests
     checks = stages["checks"]
     assert checks["bound_tflops"] > 0 and checks["adamw"]["max_abs_difference"] < 1e-6
     assert checks["packed"]["packed_vs_padded_pooled_max_abs"] < 1e-4  # fp32 on a CPU: the same pass
