@@ -45,6 +45,24 @@ def test_an_alias_bomb_in_a_set_value_is_one_line(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_large_value_within_the_bounds_is_a_short_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """Four levels of nine aliases (6,561 values) pass the bounds, and OmegaConf's refusal quoted the whole
+    expanded value: a line of 200,000 characters. The CLI prints at most MESSAGE_LIMIT characters of a message."""
+    from csekit.core.errors import MESSAGE_LIMIT
+
+    levels = ["&a [1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    levels += [f"&{name} [{', '.join([f'*{previous}'] * 9)}]" for previous, name in zip("ab", "bc", strict=True)]
+    value = f"[{', '.join(levels)}, [{', '.join(['*c'] * 9)}]]"
+    recipe = write_recipe(tmp_path, tmp_path / "model", tmp_path / "corpus.txt")
+    args = ("train", str(recipe), "--output", str(tmp_path / "run"), "--set", f"train.lr={value}")
+    code, err = run_main(monkeypatch, capsys, *args)
+    assert_one_line_error(code, err, "--set train.lr", "characters not shown")
+    assert len(err) < MESSAGE_LIMIT + 200
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("depth", [40, 5000])
 def test_a_deeply_nested_set_value_is_one_line(depth: int) -> None:
     """5,000 levels was a RecursionError traceback; 40 passed PyYAML and reached recursive code further on."""

@@ -16,6 +16,10 @@ class CsekitError(Exception):
     """An error caused by user input, reported as one line without a traceback."""
 
 
+MESSAGE_LIMIT = 2000
+"""The most characters of an error message printed: the start names the file, line or key."""
+
+
 def message_line(error: CsekitError) -> str:
     """The error's one-line message, also when a DataLoader worker raised it.
 
@@ -27,7 +31,9 @@ def message_line(error: CsekitError) -> str:
     lines = [line for line in text.split("\n") if line.strip()]
     prefix = f"{CsekitError.__module__}.{CsekitError.__qualname__}: "
     if len(lines) > 1 and lines[0].startswith("Caught ") and lines[-1].startswith(prefix):
-        return lines[-1].removeprefix(prefix)
+        text = lines[-1].removeprefix(prefix)
+    if len(text) > MESSAGE_LIMIT:  # a library's message may quote a whole value from a file or a flag
+        text = f"{text[:MESSAGE_LIMIT]}... ({len(text) - MESSAGE_LIMIT:,} more characters not shown)"
     return text
 
 
