@@ -6,6 +6,7 @@ paths and huge counts are one line. Each test failed before its fix.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from conftest import assert_one_line_error, make_corpus, run_main, write_recipe
 
 from csekit.core.errors import CsekitError
+from csekit.training.recipe import load_recipe
 
 CaptureErr = pytest.CaptureFixture[str]
 
@@ -125,6 +127,27 @@ def test_a_logs_link_in_a_run_folder_is_not_followed_on_resume(
     code, err = run_main(monkeypatch, capsys, *args, "--set", "train.max_steps=4", "--allow-changes", "--resume")
     assert_one_line_error(code, err, str(run / "logs"), "link")
     _assert_untouched(elsewhere)
+
+
+@pytest.mark.parametrize("tracker", ["mlflow", "comet_ml", "clearml", "swanlab", "trackio"])
+def test_a_tracker_that_writes_outside_the_run_folder_is_refused_at_load(tracker: str) -> None:
+    """mlflow writes `./mlruns`, trackio its cache, ...: where their own configuration says, outside csekit's rules."""
+    with pytest.raises(CsekitError, match=f"train.report_to: {tracker} writes its local files .* outside the run"):
+        load_recipe(None, [f"train.report_to={tracker}"])
+
+
+def test_a_tracker_that_takes_a_folder_option_gets_the_held_run_folder(tmp_path: Path) -> None:
+    """wandb and dvclive ignore accelerate's logging_dir (wandb wrote `./wandb` in the working folder): each gets
+    the held `logs/<name>` through its own init option; TensorBoard and Aim take logging_dir."""
+    from csekit.training.trackers import hold_tracker_logs, tracker_options
+
+    recipe = load_recipe(None, ["name=probe", "train.report_to=tensorboard,wandb,dvclive"])
+    with contextlib.ExitStack() as held:
+        logs = hold_tracker_logs(tmp_path / "run", recipe, held)
+        options = tracker_options(logs, recipe)
+        assert set(options) == {"wandb", "dvclive"}
+        for folder in (options["wandb"]["dir"], options["dvclive"]["dir"]):
+            assert Path(folder).resolve() == (tmp_path / "run" / "logs" / "probe").resolve()
 
 
 # --- defect 10: every command that writes a result holds its lock ----------------------------------------------

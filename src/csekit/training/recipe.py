@@ -450,15 +450,28 @@ def tracker_names(report_to: str) -> list[str]:
     return [] if names == ["none"] else names
 
 
+TRACKER_FOLDER_OPTIONS: dict[str, str | None] = {"tensorboard": None, "aim": None, "wandb": "dir", "dvclive": "dir"}
+"""The trackers csekit keeps inside the run folder (`OUTPUT/logs/<name>`), each with the option of its init that
+places its local files there (None: accelerate's `logging_dir` does: TensorBoard's event files, Aim's repository).
+accelerate's other trackers (comet_ml, mlflow, clearml, swanlab, trackio) keep local files where their own
+configuration says (mlflow's `./mlruns`, trackio's cache), outside csekit's rules, and are refused."""
+
+
 def _check_report_to(report_to: str, where: Any) -> None:
-    """`report_to` is none or a comma list of accelerate's tracker names ("all" is refused: say which)."""
+    """`report_to` is none or a comma list of the trackers csekit can keep inside the run folder ("all" is refused)."""
     from accelerate.utils import LoggerType
 
-    choices = [tracker.value for tracker in LoggerType if tracker != LoggerType.ALL]
+    known = [tracker.value for tracker in LoggerType if tracker != LoggerType.ALL]
+    choices = [name for name in known if name in TRACKER_FOLDER_OPTIONS]
     names = tracker_names(report_to)
     if not names and report_to.strip() != "none":
         raise CsekitError(f"{where('train.report_to')}: recipe key train.report_to is empty; use none or a tracker")
     for name in names:
+        if name in known and name not in choices:
+            raise CsekitError(
+                f"{where('train.report_to')}: recipe key train.report_to: {name} writes its local files where its own "
+                f"configuration says, outside the run folder; csekit keeps {', '.join(choices)} inside it"
+            )
         if name not in choices:
             raise CsekitError(
                 f'{where("train.report_to")}: recipe key train.report_to: unknown tracker "{name}"'

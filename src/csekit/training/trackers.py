@@ -22,7 +22,7 @@ from accelerate.tracking import get_available_trackers
 from csekit.core.atomic import HeldFolder, hold_folder
 from csekit.core.errors import CsekitError
 from csekit.core.safe_names import check_name, child_path
-from csekit.training.recipe import Recipe, tracker_names
+from csekit.training.recipe import TRACKER_FOLDER_OPTIONS, Recipe, tracker_names
 
 TRACKER_LOGS = "logs"
 """The run folder's subfolder where file-based trackers (TensorBoard) write, one folder per recipe name."""
@@ -53,9 +53,19 @@ def hold_tracker_logs(output: Path, recipe: Recipe, held: contextlib.ExitStack) 
 
 
 def start_trackers(accelerator: Accelerator, logs: HeldFolder, recipe: Recipe) -> None:
-    """Start the trackers with the recipe as the run's configuration, writing into the held `logs` folder."""
+    """Start the trackers with the recipe as the run's configuration, writing into the held `logs` folder: a tracker
+    that does not take accelerate's `logging_dir` gets its run folder `logs/<name>` through its own option."""
     accelerator.project_configuration.logging_dir = str(logs.path)
-    accelerator.init_trackers(recipe.name, config=flat_hyperparameters(recipe))
+    accelerator.init_trackers(
+        recipe.name, config=flat_hyperparameters(recipe), init_kwargs=tracker_options(logs, recipe)
+    )
+
+
+def tracker_options(logs: HeldFolder, recipe: Recipe) -> dict[str, dict[str, str]]:
+    """Each named tracker's init options that place its local files in `logs/<recipe name>` (TRACKER_FOLDER_OPTIONS)."""
+    run = str(child_path(Path(logs.path), recipe.name, "recipe key name"))
+    names = tracker_names(recipe.train.report_to)
+    return {name: {option: run} for name in names if (option := TRACKER_FOLDER_OPTIONS[name]) is not None}
 
 
 def flat_hyperparameters(recipe: Recipe) -> dict[str, str | int | float | bool]:
