@@ -54,6 +54,16 @@ def test_listnet_equals_the_public_codes_computation() -> None:
     torch.testing.assert_close(listnet(teacher.clone(), teacher, torch.arange(5)), entropy)
 
 
+def test_the_listnet_recipe_scores_the_teachers_list_at_half_the_students_temperature() -> None:
+    """tau_3 = tau_2 / 2: the public code's first ListNet (`Similarity(tau / 2)` for the teacher, commit 39fabf5) and
+    its README's reading of the paper; a refactor the next day left tau / 2 unused (see the recipe's comment)."""
+    from csekit.training.recipe import load_recipe
+
+    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "rankcse-listnet-bert-base.yaml")
+    (spec,) = [spec for spec in recipe.objectives if spec["name"] == "rank_distill"]
+    assert spec["loss"] == "listnet" and spec["teacher_temperature"] == spec["temperature"] / 2 == 0.025
+
+
 def test_listmle_is_the_plackett_luce_likelihood_of_the_teachers_order() -> None:
     torch.manual_seed(0)
     student, teacher = torch.randn(4, 6), torch.randn(4, 6)
