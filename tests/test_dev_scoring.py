@@ -71,6 +71,31 @@ def test_dev_denoise_scores_with_promptberts_template_denoising_in_eval_mode(
     assert not denoising.pooler.denoise_at_test
 
 
+def test_dev_pooler_output_scores_the_backbones_pooler_layer_and_saves_the_cls_model(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """DCLR's code scores dev on `pooler_output` (BERT's pooler on [CLS], trainers.py L106-118), tests on [CLS]."""
+    folder, data, record = run(tmp_path, tiny_model_dir, "train.dev_pooler_output=true")
+    best = SentenceEncoder.load(folder / "best")
+    assert best.pooler.name == "cls"  # the saved model reads [CLS], as without the key
+    through_the_pooler_layer = SentenceEncoder.load(folder / "best", pooler="pooler_output")
+    scored = evaluate_dev(through_the_pooler_layer.encode, data, "stsb-dev")["stsb-dev"]
+    assert scored == pytest.approx(record["stsb-dev"], abs=1e-6)
+    assert evaluate_dev(best.encode, data, "stsb-dev")["stsb-dev"] != pytest.approx(record["stsb-dev"], abs=1e-6)
+
+
+def test_dev_pooler_output_leaves_the_encoder_as_it_found_it(tiny_model_dir: Path) -> None:
+    from csekit.training.dev_scoring import dev_representation
+
+    encoder = SentenceEncoder.load(tiny_model_dir)
+    layer = encoder.backbone.pooler
+    frozen = [parameter.requires_grad for parameter in layer.parameters()]
+    with dev_representation(encoder, torch.nn.Identity(), load_recipe(None, ["train.dev_pooler_output=true"]).train):
+        assert encoder.pooler.name == "pooler_output"
+    assert encoder.pooler.name == "cls"
+    assert [parameter.requires_grad for parameter in layer.parameters()] == frozen == [False, False]
+
+
 @pytest.mark.parametrize(("dev_precision", "expected"), [("fp32", "fp32"), ("training", "bf16")])
 def test_dev_is_encoded_in_fp32_whatever_the_training_precision(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, dev_precision: str, expected: str
@@ -98,13 +123,19 @@ def test_dev_is_encoded_in_fp32_whatever_the_training_precision(
             "from_zero is for model.pooler mask_denoised",
         ),
         ("model.template_positions=zero", "model.template_positions", "must be row or from_zero"),
+        ("train.dev_pooler_output=true model.pooler=mean", "train.dev_pooler_output", "reads the .CLS. state"),
     ],
 )
 def test_dev_scoring_keys_that_do_not_fit_the_model_are_refused(override: str, key: str, message: str) -> None:
     with pytest.raises(CsekitError, match=rf"recipe key {key} {message}"):
-        load_recipe(None, [override])
+        load_recipe(None, override.split(" "))
     with pytest.raises(CsekitError, match=r"train\.dev_with_head needs a training head"):
         load_recipe(None, ["model.head={name: none}", "train.dev_with_head=true"])
+
+
+def test_the_dclr_authors_code_recipe_selects_on_the_pooler_layer() -> None:
+    recipe = load_recipe(REPO / "recipes" / "dclr-bert-base-authors-code.yaml")
+    assert recipe.train.dev_pooler_output and recipe.model.pooler == "cls" and not recipe.model.head_at_test
 
 
 @pytest.mark.parametrize(

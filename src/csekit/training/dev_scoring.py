@@ -12,8 +12,10 @@ another representation than the one it reported:
   `prompt_bert/models.py` L290-303, L362-368: `sentemb_forward` with the training arguments, in eval mode
   and without gradient), while its final test runs without `--mask_embedding_sentence_delta`:
   `train.dev_denoise: true`.
+* DCLR's code scores dev on `pooler_output`, BERT's pooler layer (dense + tanh) on [CLS] (DCLR `trainers.py`
+  L106-118, `models.py` L767), while its test reads [CLS] before it: `train.dev_pooler_output: true`.
 
-Either only changes what is encoded for dev; the saved model (best/, last/) is the same. Dev is encoded
+Each only changes what is encoded for dev; the saved model (best/, last/) is the same. Dev is encoded
 in fp32 whatever the training precision (the authors' evaluation runs outside autocast);
 `train.dev_precision: training` keeps the run's precision.
 """
@@ -27,7 +29,7 @@ from torch import nn
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
-from csekit.encoding.pooling import DenoisedMaskPooler
+from csekit.encoding.pooling import DenoisedMaskPooler, backbone_pooler_layer, make_pooler
 from csekit.training.recipe import TrainConfig
 
 
@@ -47,4 +49,30 @@ def dev_representation(encoder: SentenceEncoder, head: nn.Module, train: TrainCo
         if train.dev_with_head and encoder.head is None:
             encoder.head = head
             restore.callback(setattr, encoder, "head", None)
+        if train.dev_pooler_output:
+            restore.enter_context(pooler_output_for_dev(encoder))
         yield
+
+
+def check_dev_representation(encoder: SentenceEncoder, train: TrainConfig) -> None:
+    """What `train` scores dev with exists in `encoder` (a CsekitError at the start, not at the first evaluation)."""
+    if train.dev_pooler_output:
+        backbone_pooler_layer(encoder.backbone, "recipe key train.dev_pooler_output")
+
+
+@contextlib.contextmanager
+def pooler_output_for_dev(encoder: SentenceEncoder) -> Iterator[None]:
+    """Inside the block the encoder pools with the backbone's pooler layer on [CLS], its parameters' training flags
+    (the `pooler_output` pooler unfreezes the layer) and the encoder's own pooler restored afterwards."""
+    layer = backbone_pooler_layer(encoder.backbone, "recipe key train.dev_pooler_output")
+    trainable = [parameter.requires_grad for parameter in layer.parameters()]
+    pooler, own = make_pooler("pooler_output"), encoder.pooler
+    pooler.bind(encoder.tokenizer)
+    pooler.bind_backbone(encoder.backbone)
+    encoder.pooler = pooler
+    try:
+        yield
+    finally:
+        encoder.pooler = own
+        for parameter, flag in zip(layer.parameters(), trainable, strict=True):
+            parameter.requires_grad_(flag)

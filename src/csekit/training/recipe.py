@@ -129,10 +129,12 @@ class TrainConfig:
     # How dev is scored during training, for selecting the checkpoint (the saved model is unchanged):
     # dev_with_head scores through the training head although model.head_at_test is false (MixCSE's code
     # selects that way); dev_denoise scores with mask_denoised's template denoising, in eval mode without
-    # gradient (PromptBERT's code selects that way); dev_precision: fp32 (the authors' evaluation runs
-    # outside mixed precision) or training (the run's own precision).
+    # gradient (PromptBERT's code selects that way); dev_pooler_output scores the backbone's pooler layer on
+    # [CLS] (transformers' pooler_output; DCLR's code selects that way); dev_precision: fp32 (the authors'
+    # evaluation runs outside mixed precision) or training (the run's own precision).
     dev_with_head: bool = False
     dev_denoise: bool = False
+    dev_pooler_output: bool = False
     dev_precision: str = "fp32"
     # auto | true | false. True: between log points a step never waits for the device (no copy of a step's
     # value to the host): a non-finite loss or gradient skips the step on the device (AdamW's found_inf),
@@ -424,6 +426,12 @@ def _check_dev_scoring(recipe: Recipe, where: Any) -> None:
             "train.dev_with_head",
             not train.dev_with_head or model.head.get("name") != "none",
             "needs a training head (model.head is none)",
+        ),
+        (
+            "train.dev_pooler_output",
+            not train.dev_pooler_output or (model.pooler == "cls" and not train.dev_with_head),
+            f"reads the [CLS] state through the backbone's pooler layer: it needs model.pooler cls (not "
+            f"{model.pooler}) and no train.dev_with_head",
         ),
     ]
     for key, ok, message in checks:

@@ -52,7 +52,7 @@ from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import load_rng_state, load_shared_state, save_rng_state, save_shared_state
 from csekit.training.chunked import check_chunk_size
 from csekit.training.compiled import compile_backbone
-from csekit.training.dev_scoring import dev_precision, dev_representation
+from csekit.training.dev_scoring import check_dev_representation, dev_precision, dev_representation
 from csekit.training.loading import loader_options, skipping_batches
 from csekit.training.model import ContrastiveModel, build_model
 from csekit.training.optimization import forward_backward, make_optimizer
@@ -247,6 +247,7 @@ class Trainer:
                 encoder.pooler.check_room(encoder.tokenizer, encoder.max_seq_length)
             except CsekitError as error:
                 raise CsekitError(f"recipe key model.templates: {error} ({model_config.backbone})") from None
+        check_dev_representation(encoder, self.config)
         self.model, self.views = build_model(self.recipe, encoder)
         if model_config.head_at_test:
             encoder.head = self.model.head
