@@ -16,7 +16,7 @@ sentence (train mode, as a training step), batches of 64 consecutive lines of th
 corpus/sts_sick_unlabeled_sentences.txt; measured in the pooled space and after a freshly initialised
 SimCSE head (Linear + tanh: the space DCLR's noise lives in at the start of training).
 
-    CSEKIT_DATA=/work/shared/data PYTHONPATH=src python benchmarks/dclr_noise_ascent.py --batches 8
+    CSEKIT_DATA=../shared/data PYTHONPATH=src python benchmarks/dclr_noise_ascent.py --batches 8
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ corpus (the data folder's corpus/sts_sick_unlabeled_sentences.txt), encodes them
 model of `recipes/dclr-minilm.yaml` (all-MiniLM-L6-v2 with its own mean pooling, inputs cut at the
 recipe's 32 tokens, as `ComplementaryWeighting` does) and counts the in-batch pairs at or above each phi.
 
-    CSEKIT_DATA=/work/shared/data PYTHONPATH=src python benchmarks/dclr_zero_weights.py --batches 50
+    CSEKIT_DATA=../shared/data PYTHONPATH=src python benchmarks/dclr_zero_weights.py --batches 50
 """
 
 from __future__ import annotations
