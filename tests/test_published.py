@@ -97,6 +97,9 @@ def test_published_averages_are_the_mean_of_their_seven_tasks(file: str) -> None
         ("a: {reason: none read, scores: {STS12: 70}}\n", "pub.yaml:1: a: a reason is a non-empty text, given alone"),
         ("a: {source: T1, scores: {STS12: 70}, table: 1}\n", "pub.yaml:1: a: unknown key 'table'"),
         ("- a\n", "pub.yaml: a published-numbers file maps recipe names"),
+        ("a: {source: T1, scores: {STS12: 70}, means: {runs: 1}}\n", "pub.yaml:1: a: means.runs must be a count"),
+        ("a: {source: T1, scores: {STS12: 70}, means: {runs: 3, columns: [MR]}}\n", "a: means.columns must list"),
+        ("a: {source: T1, scores: {STS12: 70}, means: [3]}\n", "pub.yaml:1: a: means is {runs"),
     ],
 )
 def test_a_bad_published_file_names_file_line_and_entry(tmp_path: Path, text: str, needle: str) -> None:
@@ -115,6 +118,32 @@ def test_the_prediction_interval_matches_the_hand_computation() -> None:
             assert result.within == (low <= paper <= high) and result.difference == pytest.approx(mean - paper)
     single = compare_with_paper(70.0, [71.0])
     assert (single.low, single.high, single.within, single.std) == (None, None, None, 0.0)
+
+
+def test_a_published_mean_of_runs_is_compared_with_the_range_of_a_mean() -> None:
+    """The mean of k runs varies less than one run: mean ± t · s · sqrt(1/k + 1/n), here 71.0 ± t(2) · 1 · sqrt(5/6)
+    for k = 2 (up to 74.93) against sqrt(4/3) for one run (up to 75.97): 75.5 is in one run's range, not a mean's."""
+    values = [70.0, 72.0, 71.0]
+    one = compare_with_paper(75.5, values)
+    mean_of_two = compare_with_paper(75.5, values, runs=2)
+    half = _t975(2) * 1.0 * math.sqrt(1 / 2 + 1 / 3)
+    assert (mean_of_two.low, mean_of_two.high) == (pytest.approx(71.0 - half), pytest.approx(71.0 + half))
+    assert one.within and not mean_of_two.within and mean_of_two.runs == 2
+
+
+def test_the_rows_marked_as_means_could_not_be_one_run() -> None:
+    """WhitenedCSE's SST, TREC and MRPC accuracies are no count of right answers on those fixed test sets; the
+    PromptBERT rows are the README's means over seeds (the count not given: compared as a mean of 2)."""
+    test_sizes = {"SST": 1821, "TREC": 500, "MRPC": 1725}
+    row = load_published(PUBLISHED / "bert-base.yaml")["whitenedcse-bert-base"]
+    assert set(row.means) == {*test_sizes, "Transfer Avg."} and row.runs_of("MR") == 1
+    for label, size in test_sizes.items():
+        counts = range(size + 1)
+        assert all(round(100 * right / size, 2) != row.scores[label] for right in counts), label
+        assert row.runs_of(label) == 2
+    for file, recipe in (("bert-base.yaml", "promptbert-bert-base"), ("roberta-base.yaml", "promptbert-roberta-base")):
+        promptbert = load_published(PUBLISHED / file)[recipe]
+        assert set(promptbert.means) == set(promptbert.scores)
 
 
 # --- the comparison in results.md and results.csv ---------------------------------------------------------
@@ -259,7 +288,7 @@ def test_csekit_bench_prints_the_comparison_of_a_tiny_models_seeds(tmp_path: Pat
         report = json.loads((out / f"simcse-seed{seed}" / "results.json").read_text(encoding="utf-8"))
         values.append(100.0 * report["tasks"]["STSBenchmark"]["test"])
     assert len(set(values)) == 3  # three different seeds
-    table = "| Task | Paper | csekit | Difference | One-run 95% range | Paper within |\n|---|---|---|---|---|---|\n"
+    table = "| Task | Paper | csekit | Difference | 95% range | Paper within |\n|---|---|---|---|---|---|\n"
     expected = table + _line("STS-B", 99.5, values) + "\n| STS Avg. | 76.25 | not evaluated | - | - | - |\n"
     assert "Paper: hand-written (Table 0).\n\n" + expected in result.output
 

@@ -530,7 +530,8 @@ def format_csv(
     papers: dict[str, dict[str, PaperComparison]] | None = None,
 ) -> str:
     """One row per method; with `differences`, also each STS column's paired difference, p and seeds above;
-    with `papers`, each published column's paper number, difference, one-run range and whether it is within."""
+    with `papers`, each published column's paper number, difference, 95% range (one run's, or a mean's where the
+    paper gives a mean of runs) and whether it is within."""
     paired_labels = [label for label, _ in STS_COLUMNS] if differences is not None else []
     paper_labels = _paper_labels(papers or {})
     buffer = io.StringIO()
@@ -904,7 +905,8 @@ def paper_comparisons(
         for label, paper in row.scores.items():
             values = [100.0 * v for v in (_get(r, paths[label]) for r in runs[recipe.name]) if v is not None]
             if values:
-                comparisons.setdefault(recipe.name, {})[label] = compare_with_paper(paper, values)
+                comparison = compare_with_paper(paper, values, row.runs_of(label))
+                comparisons.setdefault(recipe.name, {})[label] = comparison
     return comparisons
 
 
@@ -926,7 +928,9 @@ PAPER_RULE = (
     "(csekit minus paper), and the range one more csekit run falls in with 95% probability: mean ± "
     "t(0.975, n-1) · s · sqrt(1 + 1/n), s the standard deviation over the n seeds with n - 1 in the "
     "denominator. A paper reports one run, so the question is whether it could have been one more of "
-    'csekit\'s seeds; "yes" when the paper\'s number lies in that range, "-" with fewer than 2 seeds.'
+    'csekit\'s seeds; "yes" when the paper\'s number lies in that range, "-" with fewer than 2 seeds. A number '
+    "the paper gives as the mean of k runs (marked) is compared as one: the range of the mean of k more runs, "
+    "sqrt(1/k + 1/n) for sqrt(1 + 1/n), with k = 2 where the source does not give the count."
 )
 
 
@@ -961,7 +965,7 @@ def format_paper_markdown(
 def _paper_table(row: PublishedRow, columns: dict[str, PaperComparison]) -> str:
     """The table of one recipe: a line per published column."""
     lines = [f"Paper: {row.source}." + (f" Note: {row.note}" if row.note else ""), ""]
-    lines += ["| Task | Paper | csekit | Difference | One-run 95% range | Paper within |", "|---|---|---|---|---|---|"]
+    lines += ["| Task | Paper | csekit | Difference | 95% range | Paper within |", "|---|---|---|---|---|---|"]
     for label, paper in row.scores.items():
         comparison = columns.get(label)
         if comparison is None:
@@ -970,8 +974,17 @@ def _paper_table(row: PublishedRow, columns: dict[str, PaperComparison]) -> str:
         spread = "-" if comparison.low is None else f"{comparison.low:.2f} to {comparison.high:.2f}"
         within = {None: "-", True: "yes", False: "no"}[comparison.within]
         measured = f"{comparison.mean:.2f} ± {comparison.std:.2f} ({comparison.seeds} seeds)"
-        lines.append(f"| {label} | {paper:.2f} | {measured} | {_signed(comparison.difference)} | {spread} | {within} |")
+        published = f"{paper:.2f}" + _mean_mark(row, label)
+        lines.append(f"| {label} | {published} | {measured} | {_signed(comparison.difference)} | {spread} | {within} |")
     return "\n".join(lines) + "\n"
+
+
+def _mean_mark(row: PublishedRow, label: str) -> str:
+    """' (mean of k runs)' after a published mean (' (mean of runs)' where the count is not given)."""
+    if label not in row.means:
+        return ""
+    runs = row.means[label]
+    return f" (mean of {runs} runs)" if runs else " (mean of runs)"
 
 
 def write_paper_plot(

@@ -42,7 +42,10 @@ PUBLISHED_COLUMNS: tuple[str, ...] = (
 )
 """Column labels a published row may give, in the papers' order (those of `csekit bench`'s tables)."""
 
-ENTRY_KEYS = ("source", "scores", "note", "reason")
+ENTRY_KEYS = ("source", "scores", "note", "means", "reason")
+UNKNOWN_RUNS = 2
+"""The runs behind a published mean whose count the source does not give: 2, the fewest a mean has and so the
+widest range it can fall in (the verdict then says "outside" only where no mean of runs could be)."""
 PREDICTION_LEVEL = 0.95
 """Coverage of the one-run prediction interval that decides whether a paper's number is within the seed spread."""
 
@@ -56,6 +59,13 @@ class PublishedRow:
     scores: dict[str, float] = field(default_factory=dict)
     note: str | None = None
     reason: str | None = None
+    means: dict[str, int | None] = field(default_factory=dict)  # column -> runs it is the mean of (None: not given)
+
+    def runs_of(self, label: str) -> int:
+        """How many runs the published number of `label` is the mean of (1: one run, as most papers report)."""
+        if label not in self.means:
+            return 1
+        return self.means[label] or UNKNOWN_RUNS
 
 
 def _line(node: yaml.Node | None, key: str) -> int | None:
@@ -124,7 +134,23 @@ def _row(recipe: str, entry: Any, where: str) -> PublishedRow:
     note = entry.get("note")
     if note is not None and _text(note) is None:
         raise CsekitError(f"{where}: {recipe}: note must be a non-empty text")
-    return PublishedRow(recipe, source=source, scores=ordered, note=_text(note))
+    means = _means(recipe, entry.get("means"), ordered, where)
+    return PublishedRow(recipe, source=source, scores=ordered, note=_text(note), means=means)
+
+
+def _means(recipe: str, value: Any, scores: dict[str, float], where: str) -> dict[str, int | None]:
+    """`means: {runs: N or unknown, columns: [...]}`: which published numbers are means over runs (default all)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or set(value) - {"runs", "columns"} or "runs" not in value:
+        raise CsekitError(f"{where}: {recipe}: means is {{runs: N or unknown, columns: [...]}} (columns optional)")
+    runs = value["runs"]
+    if runs != "unknown" and not (isinstance(runs, int) and not isinstance(runs, bool) and 2 <= runs <= 1000):
+        raise CsekitError(f"{where}: {recipe}: means.runs must be a count from 2 to 1000 or unknown, not {runs!r}")
+    columns = value.get("columns", list(scores))
+    if not isinstance(columns, list) or not columns or any(str(column) not in scores for column in columns):
+        raise CsekitError(f"{where}: {recipe}: means.columns must list columns of this entry's scores, not {columns!r}")
+    return dict.fromkeys((str(column) for column in columns), None if runs == "unknown" else runs)
 
 
 @dataclass(frozen=True)
@@ -135,8 +161,9 @@ class PaperComparison:
     mean: float
     std: float  # over seeds with ddof=0, as in the results table
     seeds: int
-    low: float | None  # the one-run prediction interval; None with fewer than 2 seeds
+    low: float | None  # the prediction interval for the paper's kind of number; None with fewer than 2 seeds
     high: float | None
+    runs: int = 1  # the runs the paper's number is the mean of
 
     @property
     def difference(self) -> float:
@@ -151,8 +178,12 @@ class PaperComparison:
         return self.low <= self.paper <= self.high
 
 
-def compare_with_paper(paper: float, values: Sequence[float]) -> PaperComparison:
-    """Compare one published number with csekit's values over seeds (both x 100)."""
+def compare_with_paper(paper: float, values: Sequence[float], runs: int = 1) -> PaperComparison:
+    """Compare one published number, one run's or the mean of `runs` runs, with csekit's values over seeds (x 100).
+
+    The range is where such a number from csekit would fall with 95% probability: the mean of `runs` more
+    runs, mean ± t(0.975, n - 1) · s · sqrt(1/runs + 1/n) (one run: sqrt(1 + 1/n)).
+    """
     from scipy.stats import t as student_t
 
     if not values:
@@ -163,6 +194,6 @@ def compare_with_paper(paper: float, values: Sequence[float]) -> PaperComparison
     low = high = None
     if n >= 2:
         sample_std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
-        half = float(student_t.ppf(0.5 + PREDICTION_LEVEL / 2, n - 1)) * sample_std * math.sqrt(1 + 1 / n)
+        half = float(student_t.ppf(0.5 + PREDICTION_LEVEL / 2, n - 1)) * sample_std * math.sqrt(1 / runs + 1 / n)
         low, high = mean - half, mean + half
-    return PaperComparison(paper, mean, spread, n, low, high)
+    return PaperComparison(paper, mean, spread, n, low, high, runs)
