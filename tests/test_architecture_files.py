@@ -18,9 +18,10 @@ reviewed allow-lists below, each entry with its reason.
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from test_architecture import SRC, module_name
 
@@ -195,12 +196,21 @@ def file_calls(source: str, module: str) -> Iterator[FileCall]:
                 yield FileCall(module, node.lineno, name, kind)
 
 
-def _src_calls() -> list[FileCall]:
+Found = TypeVar("Found")
+
+
+def found_in_src(find: Callable[[str, str], Iterable[Found]], outside: str | None = None) -> list[Found]:
+    """What `find(source, module)` reports over every module of src/csekit (but the module `outside`)."""
     return [
-        call
+        found
         for path in sorted((SRC / "csekit").rglob("*.py"))
-        for call in file_calls(path.read_text(encoding="utf-8"), module_name(path))
+        if module_name(path) != outside
+        for found in find(path.read_text(encoding="utf-8"), module_name(path))
     ]
+
+
+def _src_calls() -> list[FileCall]:
+    return found_in_src(file_calls)
 
 
 def test_every_write_goes_through_core_atomic() -> None:
@@ -454,11 +464,7 @@ def library_writes_outside_held_folders(source: str, module: str) -> list[str]:
 
 
 def test_library_writers_write_only_into_held_folders() -> None:
-    problems = [
-        problem
-        for path in sorted((SRC / "csekit").rglob("*.py"))
-        for problem in library_writes_outside_held_folders(path.read_text(encoding="utf-8"), module_name(path))
-    ]
+    problems = found_in_src(library_writes_outside_held_folders)
     assert not problems, "\n".join(problems)
 
 
@@ -550,12 +556,7 @@ def tokenizer_calls(source: str, module: str) -> list[str]:
 def test_text_reaches_a_tokenizer_only_through_token_input() -> None:
     """A tokenizer given a whole line tokenizes all of it before truncating: a 300 MB line aborted the process in
     Rust (issue #49, defect 8). Every call on text that is not a literal goes through tokenize_texts."""
-    raw = [
-        call
-        for path in sorted((SRC / "csekit").rglob("*.py"))
-        if module_name(path) != TOKENIZER_HOME
-        for call in tokenizer_calls(path.read_text(encoding="utf-8"), module_name(path))
-    ]
+    raw = found_in_src(tokenizer_calls, outside=TOKENIZER_HOME)
     assert not raw, "cut the text with csekit.encoding.token_input.tokenize_texts:\n" + "\n".join(raw)
     bypasses = (
         "tokenizer(lines)\nself.tokenizer(x, truncation=True)\nfast_tokenizer.encode(s)\nenc.tokenizer.tokenize(t)\n"
@@ -592,12 +593,7 @@ def test_every_yaml_parse_goes_through_the_bounded_parser() -> None:
     """Issue #49 defect 3: a `--set` value went through yaml.safe_load (an allow-listed "string, not a file"), and
     OmegaConf expanded its aliases: 515 bytes hung `bench`. Text from a file or a flag is YAML all the same:
     `parse_yaml` / `parse_yaml_value` count aliases, nesting and keys before anything is built."""
-    raw = [
-        found
-        for path in sorted((SRC / "csekit").rglob("*.py"))
-        if module_name(path) != READER_MODULE
-        for found in yaml_parses(path.read_text(encoding="utf-8"), module_name(path))
-    ]
+    raw = found_in_src(yaml_parses, outside=READER_MODULE)
     assert not raw, "parse YAML with csekit.core.bounded_read.parse_yaml or parse_yaml_value:\n" + "\n".join(raw)
 
 
