@@ -73,7 +73,7 @@ def set_up(args: argparse.Namespace, batch_size: int) -> tuple[Callable[[int | N
 
     from csekit.data.corpus import TrainCollator
     from csekit.encoding.encoder import SentenceEncoder
-    from csekit.training.model import build_model
+    from csekit.training.execution import build_run_model
     from csekit.training.optimization import forward_backward, make_optimizer
     from csekit.training.processes import MIXED_PRECISION, keep_freed_memory
     from csekit.training.recipe import load_recipe
@@ -86,7 +86,7 @@ def set_up(args: argparse.Namespace, batch_size: int) -> tuple[Callable[[int | N
     ]
     recipe = load_recipe(args.recipe, overrides)
     torch.manual_seed(0)
-    model, views = build_model(recipe, SentenceEncoder.load(recipe.model.backbone, recipe.model.pooler))
+    model, views = build_run_model(recipe, SentenceEncoder.load(recipe.model.backbone, recipe.model.pooler))
     accelerator = Accelerator(mixed_precision=MIXED_PRECISION[args.precision])
     model, optimizer = accelerator.prepare(model, make_optimizer(model, recipe))
     model.train()

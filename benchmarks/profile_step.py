@@ -63,7 +63,7 @@ def build(recipe_path: Path, batch_size: int, max_length: int):  # type: ignore[
     from csekit.data.corpus import open_corpus
     from csekit.data.data_dir import resolve_data_dir
     from csekit.encoding.encoder import SentenceEncoder
-    from csekit.training.model import build_model
+    from csekit.training.execution import build_run_model
     from csekit.training.optimization import make_optimizer
     from csekit.training.recipe import load_recipe
 
@@ -72,7 +72,7 @@ def build(recipe_path: Path, batch_size: int, max_length: int):  # type: ignore[
     corpus = open_corpus(data.corpus, resolve_data_dir(None), data.max_chars, data.bad_lines, data.text_column)
     sentences = [corpus[i] for i in random.Random(0).sample(range(len(corpus)), batch_size)]  # a random batch
     encoder = SentenceEncoder.load(recipe.model.backbone, recipe.model.pooler)
-    model, views = build_model(recipe, encoder)
+    model, views = build_run_model(recipe, encoder)
     return model, views, make_optimizer(model, recipe), sentences, recipe
 
 

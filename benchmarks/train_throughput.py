@@ -250,7 +250,7 @@ def alternate_recipes(
     from csekit.data.corpus import TrainCollator, open_corpus
     from csekit.data.data_dir import resolve_data_dir
     from csekit.encoding.encoder import SentenceEncoder
-    from csekit.training.model import build_model
+    from csekit.training.execution import build_run_model
     from csekit.training.optimization import forward_backward, make_optimizer
     from csekit.training.processes import MIXED_PRECISION, keep_freed_memory
     from csekit.training.recipe import load_recipe
@@ -272,7 +272,7 @@ def alternate_recipes(
             data = config.data
             corpus = open_corpus(data.corpus, resolve_data_dir(None), data.max_chars, data.bad_lines, data.text_column)
             encoder = SentenceEncoder.load(config.model.backbone, config.model.pooler)
-            model, views = build_model(config, encoder)
+            model, views = build_run_model(config, encoder)
             collate = TrainCollator(views, data.text_column)
             batches = [collate([corpus[i] for i in picks[k * batch : (k + 1) * batch]]) for k in range(total)]
             optimizer = make_optimizer(model, config)

@@ -51,7 +51,8 @@ from csekit.encoding.encoder import EncoderOutput, SentenceEncoder
 from csekit.parts.objectives import OBJECTIVES
 from csekit.parts.step_state import StepState
 from csekit.training.chunked import cached_step, chunked_forward_backward
-from csekit.training.model import ContrastiveModel, build_model
+from csekit.training.execution import build_run_model
+from csekit.training.model import ContrastiveModel
 from csekit.training.recipe import Recipe, load_recipe
 from csekit.training.trainer import train
 
@@ -122,7 +123,7 @@ def build(recipe: Recipe, seed: int = 0) -> tuple[ContrastiveModel, Any]:
     encoder = SentenceEncoder.load(
         model_config.backbone, model_config.pooler, dropout=model_config.dropout, templates=model_config.templates
     )
-    model, views = build_model(recipe, encoder)
+    model, views = build_run_model(recipe, encoder)
     with torch.no_grad():
         for parameter in encoder.backbone.parameters():
             parameter.add_(0.02 * torch.randn_like(parameter))
@@ -149,10 +150,10 @@ def encode_in_chunks_with_one_graph(encoder: SentenceEncoder, chunk: int) -> Non
     """The reference: every training pass of `encoder` runs on `chunk` rows at a time, all in one autograd graph."""
     whole = encoder.forward
 
-    def forward(inputs: dict[str, Tensor], length_group_size: int | None = None, token_states: bool = True):  # type: ignore[no-untyped-def]
+    def forward(inputs: dict[str, Tensor], token_states: bool = True, plan: object = None):  # type: ignore[no-untyped-def]
         rows = inputs["attention_mask"].shape[0]
         outputs = [
-            whole({key: value[start : start + chunk] for key, value in inputs.items()}, 0, token_states)
+            whole({key: value[start : start + chunk] for key, value in inputs.items()}, token_states)
             for start in range(0, rows, chunk)
         ]
         states = [output.last_layer_states for output in outputs]

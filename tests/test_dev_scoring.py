@@ -85,13 +85,14 @@ def test_dev_pooler_output_scores_the_backbones_pooler_layer_and_saves_the_cls_m
 
 
 def test_dev_pooler_output_leaves_the_encoder_as_it_found_it(tiny_model_dir: Path) -> None:
-    from csekit.training.dev_scoring import dev_representation
+    from csekit.training.dev_scoring import dev_encoder
 
     encoder = SentenceEncoder.load(tiny_model_dir)
     layer = encoder.backbone.pooler
     frozen = [parameter.requires_grad for parameter in layer.parameters()]
-    with dev_representation(encoder, torch.nn.Identity(), load_recipe(None, ["train.dev_pooler_output=true"]).train):
-        assert encoder.pooler.name == "pooler_output"
+    with dev_encoder(encoder, torch.nn.Identity(), load_recipe(None, ["train.dev_pooler_output=true"]).train) as dev:
+        assert dev.pooler.name == "pooler_output" and dev.backbone is encoder.backbone
+        assert encoder.pooler.name == "cls"  # the saved representation is never changed
     assert encoder.pooler.name == "cls"
     assert [parameter.requires_grad for parameter in layer.parameters()] == frozen == [False, False]
 

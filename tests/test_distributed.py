@@ -16,7 +16,7 @@ import torch.multiprocessing as mp
 from conftest import DISTINCT_SENTENCES as SENTENCES
 
 from csekit.encoding.encoder import SentenceEncoder
-from csekit.training.model import build_model
+from csekit.training.execution import build_run_model
 from csekit.training.recipe import Recipe, load_recipe
 
 ACCELERATE_CPU = Path(__file__).resolve().parents[1] / "configs" / "accelerate-cpu.yaml"
@@ -55,7 +55,7 @@ def build(model_dir: Path, method: str):  # type: ignore[no-untyped-def]
     recipe = load_recipe(recipe_file, [f"model.backbone={model_dir}", "model.pooler=mean"])
     encoder = SentenceEncoder.load(model_dir, pooler="mean", dropout=0.0)  # no dropout: same views everywhere
     torch.manual_seed(0)  # the same head, noise and channel permutations in every process
-    return build_model(recipe, encoder)
+    return build_run_model(recipe, encoder)
 
 
 def loss_and_grads(model_dir: Path, method: str, sentences: list[str]) -> tuple[float, dict[str, torch.Tensor]]:

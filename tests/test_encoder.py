@@ -10,6 +10,7 @@ import torch
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.passes import PassPlan
 from csekit.encoding.pooling import ClsPooler, FirstLastAvgPooler, MeanPooler, make_pooler
 from csekit.parts.heads.mlp import MLPHead
 
@@ -163,7 +164,6 @@ def test_length_groups_give_the_whole_batch_results_and_gradients(
     from csekit.encoding.encoder import EMBEDDING_MASK
 
     encoder = SentenceEncoder.load(tiny_model_dir, pooler=pooler, dropout=0.0).train()
-    encoder.packed = False  # the padded pass is under test (CPU training packs under `auto`)
     rng = np.random.default_rng(0)
     sentences = [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 12)))) for _ in range(21)]
     inputs = encoder.tokenize(sentences, max_length=40)
@@ -173,11 +173,10 @@ def test_length_groups_give_the_whole_batch_results_and_gradients(
     elif embedding_mask == "features":  # feature cutoff: [B, 1, d]
         inputs[EMBEDDING_MASK] = torch.from_numpy(rng.random((batch, 1, encoder.dim)) > 0.2).float()
     assert inputs["attention_mask"].sum(dim=1).unique().numel() > 3  # rows of many lengths
-    assert not encoder.packs(inputs)  # length groups run only where the pass is padded
 
     def run(group_size: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
         encoder.zero_grad(set_to_none=True)
-        output = encoder(inputs, group_size)
+        output = encoder(inputs, plan=PassPlan(length_group_size=group_size))
         real = output.token_states * inputs["attention_mask"][..., None]
         (output.pooled.pow(2).sum() + real.pow(2).sum()).backward()
         grads = {name: p.grad.clone() for name, p in encoder.named_parameters() if p.grad is not None}
@@ -190,7 +189,11 @@ def test_length_groups_give_the_whole_batch_results_and_gradients(
     assert grouped_grads.keys() == grads.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(grouped_grads[name], grad, rtol=1e-4, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
-    assert encoder(inputs, 4).token_states.shape == (batch, width, encoder.dim)  # padding states: unspecified
+    assert encoder(inputs, plan=PassPlan(length_group_size=4)).token_states.shape == (
+        batch,
+        width,
+        encoder.dim,
+    )  # padding states: unspecified
 
 
 def _mixed_length_inputs(encoder: SentenceEncoder, rows: int = 13) -> dict[str, torch.Tensor]:
@@ -209,26 +212,24 @@ def _last_layer_widths(encoder: SentenceEncoder) -> tuple[list[int], torch.utils
     return widths, handle
 
 
-def test_length_groups_run_on_a_cpu_only(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a GPU the batch is one backbone pass whatever `length_group_size` says: many small passes cost their
+def test_length_groups_run_on_a_cpu_only(tiny_model_dir: Path) -> None:
+    """On a GPU the batch is one backbone pass whatever `run.length_group_size` says: many small passes cost their
     launches and a host sync each (on an H100, BERT-base at batch 512 ran 9x slower in groups of 32 rows)."""
-    import csekit.encoding.encoder as encoder_module
+    from csekit.training.execution import decide_execution
+    from csekit.training.recipe import load_recipe
 
-    assert encoder_module.groups_by_length(torch.device("cpu"))
-    assert not encoder_module.groups_by_length(torch.device("cuda"))
-    assert not encoder_module.groups_by_length(torch.device("mps"))
     encoder = SentenceEncoder.load(tiny_model_dir, dropout=0.0).train()
-    encoder.packed = False  # the padded pass is under test (CPU training packs under `auto`)
+    recipe = load_recipe(None, ["run.length_group_size=4", "run.packed=false"])
+    plans = {kind: decide_execution(recipe, device_type=kind).pass_plan(encoder.backbone) for kind in ("cpu", "cuda")}
+    assert plans["cpu"].length_group_size == 4 and plans["cuda"].length_group_size == 0
     inputs = _mixed_length_inputs(encoder)
     widths, handle = _last_layer_widths(encoder)
-    encoder(inputs, 4)
-    assert len(widths) == 4  # 13 rows in groups of 4 on this CPU
-    seen: list[torch.device] = []
-    monkeypatch.setattr(encoder_module, "groups_by_length", lambda device: seen.append(device) or False)
+    encoder(inputs, plan=plans["cpu"])
+    assert len(widths) == 4  # 13 rows in groups of 4
     widths.clear()
-    encoder(inputs, 4)  # as a GPU would run it
+    encoder(inputs, plan=plans["cuda"])  # as a GPU runs it
     handle.remove()
-    assert len(widths) == 1 and seen == [inputs["attention_mask"].device]
+    assert len(widths) == 1
 
 
 @pytest.mark.parametrize("pooler", ["cls", "mask", "pooler_output"])
@@ -240,7 +241,6 @@ def test_a_pooled_only_pass_runs_less_of_the_last_layer_with_the_same_vectors_an
     from csekit.encoding.encoder import EMBEDDING_MASK
 
     encoder = SentenceEncoder.load(tiny_model_dir, pooler=pooler, dropout=0.0).train()
-    encoder.packed = False  # the padded pass is under test (CPU training packs under `auto`)
     inputs = _mixed_length_inputs(encoder)
     batch, width = inputs["input_ids"].shape
     inputs[EMBEDDING_MASK] = (torch.rand(batch, width, 1, generator=torch.Generator().manual_seed(0)) > 0.2).float()
@@ -250,7 +250,7 @@ def test_a_pooled_only_pass_runs_less_of_the_last_layer_with_the_same_vectors_an
     def run(token_states: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor], list[int]]:
         encoder.zero_grad(set_to_none=True)
         widths.clear()
-        output = encoder(inputs, group_size, token_states=token_states)
+        output = encoder(inputs, token_states=token_states, plan=PassPlan(length_group_size=group_size))
         (output.pooled * weights).sum().backward()
         grads = {name: p.grad.clone() for name, p in encoder.named_parameters() if p.grad is not None}
         if not token_states:
@@ -337,7 +337,7 @@ def test_pooler_output_is_the_backbones_own_pooler_output(
     encoder = SentenceEncoder.load(tiny_model_dir, pooler="pooler_output", dropout=0.0).eval()
     inputs = _mixed_length_inputs(encoder)
     with torch.no_grad():
-        pooled = encoder(inputs, group_size, token_states=token_states).pooled
+        pooled = encoder(inputs, token_states=token_states, plan=PassPlan(length_group_size=group_size)).pooled
         reference = encoder.backbone(**inputs, return_dict=True).pooler_output
         raw_cls = encoder.backbone(**inputs, return_dict=True).last_hidden_state[:, 0]
     torch.testing.assert_close(pooled, reference, rtol=1e-5, atol=1e-5)

@@ -21,7 +21,7 @@ from csekit.encoding.fast_dropout import (
     keep_mask,
     rounded_drop_probability,
 )
-from csekit.training.model import build_model
+from csekit.training.execution import build_run_model
 from csekit.training.recipe import load_recipe
 
 
@@ -167,7 +167,7 @@ def test_dropout_views_differ_and_the_trained_model_exports_unchanged(tiny_model
     recipe_file.write_text("objectives: [{name: infonce, temperature: 0.05}]\n", encoding="utf-8")
     recipe = load_recipe(recipe_file, [f"model.backbone={tiny_model_dir}"])
     encoder = SentenceEncoder.load(tiny_model_dir, pooler="cls", dropout=0.1)
-    model, _ = build_model(recipe, encoder)
+    model, _ = build_run_model(recipe, encoder)
     assert any(isinstance(m, FastDropout) for m in encoder.backbone.modules())
     sentences = ["a man plays the guitar", "the dog runs"]
     model.train()
@@ -186,6 +186,6 @@ def test_the_recipe_can_keep_pytorchs_dropout(tiny_model_dir: Path, tmp_path: Pa
     recipe_file.write_text("objectives: [{name: infonce, temperature: 0.05}]\n", encoding="utf-8")
     recipe = load_recipe(recipe_file, [f"model.backbone={tiny_model_dir}", "model.fast_dropout=false"])
     encoder = SentenceEncoder.load(tiny_model_dir, pooler="cls")
-    build_model(recipe, encoder)
+    build_run_model(recipe, encoder)
     assert not any(isinstance(m, FastDropout) for m in encoder.backbone.modules())
     assert encoder.backbone.config._attn_implementation == "sdpa"

@@ -10,7 +10,7 @@ import torch
 from conftest import make_corpus, make_tiny_encoder, tiny_recipe
 
 from csekit.core.errors import CsekitError
-from csekit.training.model import build_model
+from csekit.training.execution import build_run_model
 from csekit.training.optimization import UncorrectedAdamW, make_optimizer
 from csekit.training.recipe import load_recipe
 
@@ -70,7 +70,7 @@ def test_a_recipe_names_the_optimizer(tmp_path: Path) -> None:
     encoder = make_tiny_encoder(tmp_path / "tok")
     for name, kind in (("adamw", torch.optim.AdamW), ("adamw_uncorrected", UncorrectedAdamW)):
         recipe = tiny_recipe(tmp_path, corpus, f"train.optimizer={name}", "train.weight_decay=0.01")
-        model, _ = build_model(recipe, encoder)
+        model, _ = build_run_model(recipe, encoder)
         optimizer = make_optimizer(model, recipe)
         assert type(optimizer) is kind
         assert {group["weight_decay"] for group in optimizer.param_groups} == {0.0, 0.01}  # no decay on biases

@@ -21,8 +21,9 @@ import csekit.encoding.packed as packed_module
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import EMBEDDING_MASK, SentenceEncoder
 from csekit.encoding.fast_dropout import enable_fast_dropout
-from csekit.encoding.packed import packing_refusal, packs_by_default
-from csekit.training.model import build_model
+from csekit.encoding.packed import packing_refusal
+from csekit.encoding.passes import PassPlan, PlannedEncoder
+from csekit.training.execution import build_run_model, decide_execution
 from csekit.training.recipe import load_recipe
 
 POOLERS = ["cls", "mean", "first_last_avg", "mask", "mask_denoised", "pooler_output"]
@@ -53,15 +54,20 @@ def feed_forward_positions(encoder: SentenceEncoder) -> tuple[list[int], torch.u
     return seen, handle
 
 
+PACKED = PassPlan(packed=True, packed_required=True)
+"""The packed pass, attention in one group."""
+
+
 def run(
-    encoder: SentenceEncoder, inputs: dict[str, Tensor], packed: bool, token_states: bool
+    encoder: SentenceEncoder, inputs: dict[str, Tensor], packed: bool, token_states: bool, group_rows: int = 0
 ) -> tuple[Tensor, Tensor | None, dict[str, Tensor], list[int]]:
-    """Pooled vectors, real tokens' states, gradients of a loss on both, positions the feed-forward computed."""
-    encoder.packed = packed
+    """Pooled vectors, real tokens' states, gradients of a loss on both, positions the feed-forward computed:
+    one padded pass, or the packed pass (its attention in groups of `group_rows` rows; 0: one group)."""
+    plan = PassPlan(packed=True, packed_required=True, length_group_size=group_rows) if packed else PassPlan()
     encoder.zero_grad(set_to_none=True)
     positions, handle = feed_forward_positions(encoder)
     try:
-        output = encoder(inputs, 0, token_states=token_states)
+        output = encoder(inputs, token_states=token_states, plan=plan)
     finally:
         handle.remove()
     # Drawn on the CPU (the same weights on every device), then moved to the pass's device.
@@ -103,10 +109,9 @@ def test_packed_pass_equals_the_padded_pass(tmp_path: Path, model_type: str, poo
     assert padded[3][0] == width and packed[3][0] == real < width
     encoder.eval()  # evaluation and encode: the same vectors
     with torch.no_grad():
-        encoder.packed = False
         expected = encoder(inputs, token_states=False).pooled
-        encoder.packed = True
-        torch.testing.assert_close(encoder(inputs, token_states=False).pooled, expected, rtol=1e-5, atol=1e-5)
+        packed_eval = encoder(inputs, token_states=False, plan=PACKED).pooled
+        torch.testing.assert_close(packed_eval, expected, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
@@ -139,11 +144,11 @@ def test_consert_views_reach_the_packed_pass(tmp_path: Path, model_type: str, vi
 def test_positions_restart_in_every_row(tmp_path: Path) -> None:
     """A row's vector does not depend on the rows packed before it (RoBERTa numbers from padding_idx + 1)."""
     encoder = tiny_encoder(tmp_path, "roberta", "mean").eval()
-    encoder.packed = True
     inputs = mixed_inputs(encoder)
     with torch.no_grad():
-        together = encoder(inputs).pooled
-        alone = torch.cat([encoder({k: v[row : row + 1] for k, v in inputs.items()}).pooled for row in range(11)])
+        together = encoder(inputs, plan=PACKED).pooled
+        rows = [encoder({k: v[row : row + 1] for k, v in inputs.items()}, plan=PACKED).pooled for row in range(11)]
+        alone = torch.cat(rows)
     torch.testing.assert_close(together, alone, rtol=1e-5, atol=1e-5)
 
 
@@ -162,7 +167,6 @@ def test_attention_in_length_groups_equals_the_padded_pass(
     """On a CPU the packed pass attends in groups of `length_group_size` rows sorted by length (11 rows in
     groups of 4: three groups, the last one short): the padded pass's vectors, states and gradients."""
     encoder = tiny_encoder(tmp_path, model_type, pooler)
-    encoder.length_group_size = 4
     inputs = mixed_inputs(encoder)
     widths: list[list[int]] = []
     gather = packed_module.AttentionGroups.gather
@@ -174,7 +178,7 @@ def test_attention_in_length_groups_equals_the_padded_pass(
 
     monkeypatch.setattr(packed_module.AttentionGroups, "gather", recording_gather)
     padded = run(encoder, inputs, packed=False, token_states=True)
-    packed = run(encoder, inputs, packed=True, token_states=True)
+    packed = run(encoder, inputs, packed=True, token_states=True, group_rows=4)
     assert_same(padded, packed, grad_atol=1e-5)  # other score-matrix shapes: other float rounding
     lengths = sorted(inputs["attention_mask"].sum(dim=1).tolist())
     assert widths and all(w == [lengths[3], lengths[7], lengths[10]] for w in widths)  # each group's longest row
@@ -196,8 +200,6 @@ def test_every_dropout_site_drops_p_in_the_packed_pass(
     encoder = tiny_encoder(tmp_path, model_type, "mean", dropout=p)
     if fast:
         assert enable_fast_dropout(encoder.backbone)  # csekit's CPU masks and attention function
-    encoder.packed = True
-    encoder.length_group_size = group_rows  # attention in one padded group, or in length groups of 16 rows
     attention = encoder.backbone.encoder.layer[0].attention.self
     with torch.no_grad():
         attention.query.weight.zero_()
@@ -217,7 +219,8 @@ def test_every_dropout_site_drops_p_in_the_packed_pass(
     real = int(inputs["attention_mask"].sum())
     try:
         with torch.no_grad():  # the sites' rates do not depend on gradients; hooks then keep no graph
-            encoder(inputs)
+            # attention in one padded group, or in length groups of 16 rows
+            encoder(inputs, plan=PassPlan(packed=True, packed_required=True, length_group_size=group_rows))
     finally:
         for handle in handles:
             handle.remove()
@@ -236,45 +239,56 @@ def test_every_dropout_site_drops_p_in_the_packed_pass(
 
 
 def test_auto_runs_packed_only_where_measured_faster_and_supported(tmp_path: Path) -> None:
+    """run.packed: auto packs CPU training passes only (measured faster there), never evaluation's, and true
+    refuses an input the packed pass does not know where auto runs it padded."""
     encoder = tiny_encoder(tmp_path, "bert", "mean")
     inputs = mixed_inputs(encoder)
-    for training in (True, False):
-        encoder.train(training)
-        encoder.packed = "auto"
-        assert encoder.packs(inputs) == packs_by_default(torch.device("cpu"), training)
-    assert not packs_by_default(torch.device("cuda"), True)  # not measured on a GPU yet
-    assert not packs_by_default(torch.device("cuda"), False)
-    encoder.packed = False
-    assert not encoder.packs(inputs)
-    encoder.packed = True
-    assert encoder.packs(inputs)
-    with pytest.raises(CsekitError, match=r"model\.packed"):
-        encoder.packs({**inputs, "labels": inputs["input_ids"]})
+    plans = {
+        (value, kind): decide_execution(load_recipe(None, [f"run.packed={value}"]), device_type=kind).pass_plan(
+            encoder.backbone
+        )
+        for value in ("auto", "true", "false")
+        for kind in ("cpu", "cuda")
+    }
+    assert plans["auto", "cpu"].packs(inputs) and not plans["auto", "cuda"].packs(inputs)  # not measured on a GPU
+    assert plans["true", "cuda"].packs(inputs) and not plans["false", "cpu"].packs(inputs)
+    assert not plans["auto", "cpu"].packs({**inputs, "labels": inputs["input_ids"]})  # runs padded
+    with pytest.raises(CsekitError, match=r"run\.packed"):
+        plans["true", "cpu"].packs({**inputs, "labels": inputs["input_ids"]})
+    encoder.train()
+    model = PlannedEncoder(encoder, plans["auto", "cpu"])
+    widths, handle = feed_forward_positions(encoder)
+    try:
+        model(inputs)
+        encoder.eval()  # evaluation: one padded pass whatever the plan
+        model(inputs)
+    finally:
+        handle.remove()
+    real, width = int(inputs["attention_mask"].sum()), inputs["attention_mask"].numel()
+    assert widths == [real, width]
 
 
 @pytest.mark.parametrize("model_type", ["mpnet", "distilbert", "electra"])
 def test_other_architectures_are_refused_under_true_and_run_padded_under_auto(
-    tmp_path: Path, tiny_model_dir: Path, model_type: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, tiny_model_dir: Path, model_type: str
 ) -> None:
-    monkeypatch.setitem(packed_module.PACKED_BY_DEFAULT, ("cpu", True), True)  # auto would pack a BERT here
     encoder = make_tiny_encoder(tmp_path / model_type, pooler="mean", model_type=model_type).train()
     assert packing_refusal(encoder.backbone) is not None
-    encoder.packed = "auto"
-    assert not encoder.packs(mixed_inputs(encoder))
-    recipe = load_recipe(None, [f"model.backbone={tiny_model_dir}", "model.packed=true"])
-    with pytest.raises(CsekitError, match=r"recipe key model\.packed: true: .*supports bert and roberta"):
-        build_model(recipe, encoder)
+    auto = decide_execution(load_recipe(None, ["run.packed=auto"]), device_type="cpu")
+    assert not auto.pass_plan(encoder.backbone).packed  # auto would pack a BERT here
+    recipe = load_recipe(None, [f"model.backbone={tiny_model_dir}", "run.packed=true"])
+    with pytest.raises(CsekitError, match=r"recipe key run\.packed: true: .*supports bert and roberta"):
+        build_run_model(recipe, encoder)
 
 
 def test_the_recipe_key_takes_auto_true_or_false(tiny_model_dir: Path) -> None:
     for value, expected in (("auto", "auto"), ("true", True), ("false", False)):
-        recipe = load_recipe(None, [f"model.backbone={tiny_model_dir}", f"model.packed={value}"])
-        assert recipe.model.packed == expected
-        encoder = SentenceEncoder.load(tiny_model_dir)
-        build_model(recipe, encoder)
-        assert encoder.packed == expected
-    with pytest.raises(CsekitError, match=r"model\.packed must be auto, true or false"):
-        load_recipe(None, [f"model.backbone={tiny_model_dir}", "model.packed=always"])
+        recipe = load_recipe(None, [f"model.backbone={tiny_model_dir}", f"run.packed={value}"])
+        assert recipe.run.packed == expected
+        model, _ = build_run_model(recipe, SentenceEncoder.load(tiny_model_dir))
+        assert model.plan.packed == (expected is not False)  # auto: on for CPU training
+    with pytest.raises(CsekitError, match=r"run\.packed must be auto, true or false"):
+        load_recipe(None, [f"model.backbone={tiny_model_dir}", "run.packed=always"])
 
 
 @pytest.mark.cuda

@@ -39,7 +39,7 @@ from csekit.prep.frequency import (
     read_counts,
     resolve_counts_path,
 )
-from csekit.training.model import build_model
+from csekit.training.execution import build_run_model
 from csekit.training.recipe import build_part, load_recipe
 from csekit.training.trainer import train
 
@@ -237,7 +237,7 @@ def test_gradient_reversal_flips_the_encoder_gradient_exactly(tmp_path: Path, mo
     counts = write_counts(encoder.tokenizer, tmp_path / "counts.json")
     objective = AdversarialTuning(encoder.dim, encoder.tokenizer, str(counts), low_fraction=0.2)
     recipe = tiny_recipe(tmp_path, tmp_path, "model.head.name=none")
-    model, views = build_model(recipe, encoder)
+    model, views = build_run_model(recipe, encoder)
     sentences = ["a man plays the guitar", "the red dog runs in the park", "she eats food"]
 
     def gradients() -> tuple[float, dict[str, torch.Tensor]]:
@@ -265,12 +265,12 @@ def test_the_encoder_keeps_token_states_only_for_a_recipe_that_reads_them(tmp_pa
     encoder = make_tiny_encoder(tmp_path / "tok", pooler="cls")
     counts = write_counts(encoder.tokenizer, tmp_path / "counts.json")
     sentences = ["a man plays the guitar", "the red dog runs in the park", "she eats food"]
-    plain, views = build_model(tiny_recipe(tmp_path, tmp_path, "model.head.name=none"), encoder)
+    plain, views = build_run_model(tiny_recipe(tmp_path, tmp_path, "model.head.name=none"), encoder)
     assert not plain.reads_token_states
     assert plain.make_state(views(sentences), sentences, {}).encoder_output.last_layer_states is None
     recipe = tiny_recipe(tmp_path, tmp_path, "model.head.name=none")
     recipe.objectives += [{"name": "slt_fai_at", "counts": str(counts), "low_fraction": 0.2}]
-    adversarial, views = build_model(recipe, encoder)
+    adversarial, views = build_run_model(recipe, encoder)
     assert adversarial.reads_token_states
     state = adversarial.make_state(views(sentences), sentences, {})
     assert state.encoder_output.token_states.shape[:2] == state.encoder_output.input_ids.shape
@@ -351,7 +351,7 @@ def test_isf_reuses_the_main_pass_only_when_view_ids_match(tmp_path: Path) -> No
     encoder = make_tiny_encoder(tmp_path / "tok", pooler="mean")
     encoder.eval()
     counts = str(write_counts(encoder.tokenizer, tmp_path / "counts.json"))
-    model, views = build_model(tiny_recipe(tmp_path, tmp_path, "model.head.name=none"), encoder)
+    model, views = build_run_model(tiny_recipe(tmp_path, tmp_path, "model.head.name=none"), encoder)
     sentences = ["a man plays the guitar", "the red dog runs in the park", "she eats food quickly and slowly"]
     state = model.make_state(views(sentences), sentences, {})
     losses = []
@@ -374,7 +374,7 @@ def test_isf_is_eq6_averaged_over_every_sentence_of_the_batch(tmp_path: Path) ->
     encoder = make_tiny_encoder(tmp_path / "tok", pooler="mean", initializer_range=0.3)
     encoder.eval()  # no dropout: every encoding of an input is the same
     counts = str(write_counts(encoder.tokenizer, tmp_path / "counts.json"))
-    model, views = build_model(tiny_recipe(tmp_path, tmp_path, "model.head.name=none"), encoder)
+    model, views = build_run_model(tiny_recipe(tmp_path, tmp_path, "model.head.name=none"), encoder)
     sentences = ["the man plays guitar", "a man is on a ball", "a dog runs in the park"]
     state = model.make_state(views(sentences), sentences, {})
     isf = IncompleteSentenceFiltering(encoder.dim, encoder.tokenizer, 16, counts, 0.2, mask_rate=1.0)
@@ -408,7 +408,7 @@ def test_warm_up_gives_zero_before_and_a_loss_after(tmp_path: Path) -> None:
     encoder = make_tiny_encoder(tmp_path / "tok", pooler="mean")
     counts = str(write_counts(encoder.tokenizer, tmp_path / "counts.json"))
     recipe = tiny_recipe(tmp_path, tmp_path, "model.head.name=none")
-    model, views = build_model(recipe, encoder)
+    model, views = build_run_model(recipe, encoder)
     at = AdversarialTuning(encoder.dim, encoder.tokenizer, counts, low_fraction=0.2, start_after_epochs=0.5)
     isf = IncompleteSentenceFiltering(
         encoder.dim, encoder.tokenizer, 16, counts, low_fraction=0.2, mask_rate=1.0, start_after_epochs=0.5
@@ -489,7 +489,7 @@ def test_slt_fai_recipes_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     assert {"slt-fai-simcse.yaml", "slt-fai-consert-sts.yaml", "slt-fai-minilm.yaml"} <= {p.name for p in recipes}
     encoder = SentenceEncoder.load("minilm-l6", "mean")
     with pytest.raises(CsekitError, match=r"freq/sts_sick_minilm-l6\.json not found.*csekit freq"):
-        build_model(load_recipe(REPO / "recipes" / "slt-fai-minilm.yaml"), encoder)
+        build_run_model(load_recipe(REPO / "recipes" / "slt-fai-minilm.yaml"), encoder)
     sample = tmp_path / "sample.txt"
     sample.write_text("\n".join(read_lines(root, 2000)) + "\n", encoding="utf-8")
     (tmp_path / "freq").mkdir()
@@ -497,7 +497,7 @@ def test_slt_fai_recipes_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     (tmp_path / "freq" / "sts_sick_minilm-l6.json").write_text(json.dumps(counts_by_token(counts, encoder.tokenizer)))
     for path in recipes:
         recipe = load_recipe(path)
-        model, _ = build_model(recipe, encoder)
+        model, _ = build_run_model(recipe, encoder)
         names = {type(part).__name__ for part in model.objectives}
         assert ("AdversarialTuning" in names) == ("no-at" not in path.name)
         assert ("IncompleteSentenceFiltering" in names) == ("no-isf" not in path.name)
@@ -544,7 +544,7 @@ def read_lines(root: Path, count: int) -> list[str]:
 
 def test_incomplete_sentence_filtering_refuses_a_prompt_pooler(tmp_path: Path) -> None:
     from csekit.core.errors import CsekitError
-    from csekit.training.model import build_model
+    from csekit.training.execution import build_run_model
     from csekit.training.recipe import load_recipe
 
     encoder = make_tiny_encoder(tmp_path / "tok", pooler="mask")
@@ -552,4 +552,4 @@ def test_incomplete_sentence_filtering_refuses_a_prompt_pooler(tmp_path: Path) -
     counts.write_text(json.dumps({w: i + 1 for i, w in enumerate(WORDS)}), encoding="utf-8")
     recipe = load_recipe(None, [f"objectives=[{{name: slt_fai_isf, counts: '{counts}'}}]"])
     with pytest.raises(CsekitError, match=r'objectives\[0\].*cannot yet be combined with the "mask" pooler'):
-        build_model(recipe, encoder)
+        build_run_model(recipe, encoder)

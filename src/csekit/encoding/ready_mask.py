@@ -2,7 +2,7 @@
 
 Given a 2-D mask, transformers' mask helper (`create_bidirectional_mask`) first asks `padding_mask.all()` on
 the host, to drop a mask without padding (so that SDPA may pick its flash kernel). On a GPU that read waits
-for the device in every encoder pass, which keeps sync-free steps (`train.sync_free`) from ever running
+for the device in every encoder pass, which keeps sync-free steps (`run.sync_free`) from ever running
 ahead. The same helper with that skip turned off builds the 4-D mask the model builds for a batch with
 padding, and a 4-D mask goes through the model untouched: the same values whenever the batch has padding,
 which a training batch of two views almost always has. Evaluation keeps the 2-D mask: `encode` sorts rows by
@@ -24,7 +24,7 @@ which returns a 4-D mask as it is; others may not accept a 4-D mask and keep the
 
 READY_MASK_ATTENTION = ("sdpa", "eager", FAST_DROPOUT_ATTENTION)
 """Attention implementations whose mask is a 4-D tensor (flash-attention's is the 2-D mask, flex's a BlockMask);
-csekit's CPU training attention (`model.fast_dropout`) takes SDPA's."""
+csekit's CPU training attention (`run.fast_dropout`) takes SDPA's."""
 
 
 def ready_attention_mask(backbone: nn.Module, attention_mask: Tensor) -> Tensor:

@@ -30,7 +30,7 @@ class StepState:
     embeddings: list[Tensor]
     #: The encoder's output for all views stacked ([V*n, ...]): token states, masks, ids.
     encoder_output: EncoderOutput
-    #: The trained encoder; a part that encodes more sentences calls it (with `train.chunk_size` it is a
+    #: The trained encoder; a part that encodes more sentences calls it (with `run.chunk_size` it is a
     #: stand-in that encodes in chunks, `csekit.training.chunked.ChunkedEncoder`, so parts must not bypass it).
     encoder: SentenceEncoder
     #: The training head that made `embeddings` from `features`, for objectives that encode more

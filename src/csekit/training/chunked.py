@@ -1,7 +1,7 @@
 """Cached contrastive steps (GradCache, Gao et al., 2021): any batch in the memory of a chunk, with the same update.
 
 A contrastive step's memory is the encoder's activations for every row of the batch; its negatives
-are the whole batch. With `train.chunk_size: c` a step keeps the whole batch's negatives but only c
+are the whole batch. With `run.chunk_size: c` a step keeps the whole batch's negatives but only c
 rows of activations at a time, in three phases:
 
 1. The model's forward runs as without chunks, except that every pass of the trained encoder (the
@@ -40,6 +40,7 @@ from torch.utils.checkpoint import get_device_states, set_device_states
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import EncoderOutput, SentenceEncoder
 from csekit.encoding.packed import split_layout
+from csekit.encoding.passes import plan_of
 
 GRADIENT_BUCKET = 1 << 22
 """Gradient elements all-reduced in one message when several processes average a chunked step's gradients."""
@@ -52,7 +53,7 @@ def check_chunk_size(chunk_size: int | None, per_process_batch: int, processes: 
     share = f"train.batch_size {per_process_batch * processes} over {processes} processes"
     divisors = [d for d in range(1, per_process_batch + 1) if per_process_batch % d == 0 and d <= chunk_size]
     raise CsekitError(
-        f"recipe key train.chunk_size: {chunk_size} does not divide the per-process batch of {per_process_batch} "
+        f"recipe key run.chunk_size: {chunk_size} does not divide the per-process batch of {per_process_batch} "
         f"({share if processes > 1 else 'train.batch_size'}); choose a divisor, e.g. {divisors[-1]}"
     )
 
@@ -97,7 +98,6 @@ class CachedPass:
     random_states: list[RandomState]
     pooled: Tensor  # leaf [B, d]; its .grad is the cached gradient
     token_states: Tensor | None  # leaf [B, L, d] when the caller asked for token states
-    length_group_size: int | None
 
     @property
     def has_gradient(self) -> bool:
@@ -141,21 +141,19 @@ class ChunkedEncoder:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.encoder, name)
 
-    def __call__(
-        self, inputs: dict[str, Tensor], length_group_size: int | None = None, token_states: bool = True
-    ) -> EncoderOutput:
+    def __call__(self, inputs: dict[str, Tensor], token_states: bool = True) -> EncoderOutput:
         if not torch.is_grad_enabled():
-            return self.encoder(inputs, length_group_size, token_states)
+            return self.encoder(inputs, token_states=token_states)
         inputs, _ = split_layout(inputs)  # it describes the whole batch, not a chunk's rows
         rows = inputs["attention_mask"].shape[0]
         _check_per_row(inputs, rows)
-        chunks = list(self._row_order(inputs, length_group_size).split(self.chunk_size))
+        chunks = list(self._row_order(inputs).split(self.chunk_size))
         states, pooled, token = [], [], []
         for index in chunks:
             part = {key: value[index] for key, value in inputs.items()}
             states.append(RandomState.capture(list(part.values())))
             with self._first_pass():
-                output = self.encoder(part, length_group_size, token_states)
+                output = self.encoder(part, token_states=token_states)
             pooled.append(output.pooled.detach())
             if token_states:
                 token.append(output.token_states.detach())
@@ -166,17 +164,14 @@ class ChunkedEncoder:
             states,
             torch.cat(pooled)[restore].requires_grad_(),
             torch.cat(token)[restore].requires_grad_() if token_states else None,
-            length_group_size,
         )
         self.passes.append(cached)
         return EncoderOutput(cached.pooled, cached.token_states, inputs["attention_mask"], inputs["input_ids"])
 
-    def _row_order(self, inputs: dict[str, Tensor], length_group_size: int | None) -> Tensor:
-        """Rows by token length when the encoder groups rows by length (chunks then carry little padding)."""
+    def _row_order(self, inputs: dict[str, Tensor]) -> Tensor:
+        """Rows by token length when the encoder's passes run in length groups (chunks then carry little padding)."""
         mask = inputs["attention_mask"]
-        if length_group_size is None:
-            length_group_size = self.encoder.length_group_size if self.encoder.training else 0
-        if length_group_size <= 0:
+        if plan_of(self.encoder).length_group_size <= 0:
             return torch.arange(mask.shape[0], device=mask.device)
         return torch.argsort(mask.sum(dim=1), stable=True)
 
@@ -198,7 +193,7 @@ class ChunkedEncoder:
             for rows, state in zip(cached.chunks, cached.random_states, strict=True):
                 part = {key: value[rows] for key, value in cached.inputs.items()}
                 with state.replayed(), self.autocast():
-                    output = self.encoder(part, cached.length_group_size, cached.token_states is not None)
+                    output = self.encoder(part, token_states=cached.token_states is not None)
                 tensors, grads = cached.outputs_and_gradients(output, rows)
                 torch.autograd.backward(tensors, grads)
         self.passes.clear()
@@ -213,9 +208,9 @@ class ChunkedEncoder:
             if torch.is_grad_enabled() and not self.encoding:
                 culprit = _calling_part(model, self.encoder)
                 raise CsekitError(
-                    f"recipe key train.chunk_size: {culprit} runs the trained encoder itself with gradients, which "
+                    f"recipe key run.chunk_size: {culprit} runs the trained encoder itself with gradients, which "
                     "a chunked step cannot split; such a part must encode through StepState.encoder, "
-                    "or train without train.chunk_size"
+                    "or train without run.chunk_size"
                 )
 
         handle = self.encoder.register_forward_pre_hook(refuse, with_kwargs=True)
@@ -230,13 +225,13 @@ def _check_per_row(inputs: dict[str, Tensor], rows: int) -> None:
     for key, value in inputs.items():
         if value.dim() == 0 or value.shape[0] != rows:
             raise CsekitError(
-                f'train.chunk_size: the encoder input "{key}" ({list(value.shape)}) does not have one entry per '
+                f'run.chunk_size: the encoder input "{key}" ({list(value.shape)}) does not have one entry per '
                 f"row ({rows} rows), so it cannot be split into chunks"
             )
         if value.requires_grad:
             raise CsekitError(
-                f'train.chunk_size: the encoder input "{key}" carries gradients from before the encoder, which '
-                "a chunked step cannot pass back; train this recipe without train.chunk_size"
+                f'run.chunk_size: the encoder input "{key}" carries gradients from before the encoder, which '
+                "a chunked step cannot pass back; train this recipe without run.chunk_size"
             )
 
 
@@ -322,7 +317,7 @@ def chunked_forward_backward(
     steps_per_epoch: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """The training loop's chunked step: `cached_step` under accelerate, gradients averaged over processes."""
-    encoder = accelerator.unwrap_model(model).encoder
+    encoder = accelerator.unwrap_model(model).training_encoder()
     with accelerator.no_sync(model):
         loss, parts = cached_step(
             model, encoder, batch, chunk_size, step, steps_per_epoch, accelerator.backward, accelerator.autocast

@@ -1,4 +1,4 @@
-"""The compiled encoder pass (`train.compile`): the backbone's training forward through `torch.compile`.
+"""The compiled encoder pass (`run.compile`): the backbone's training forward through `torch.compile`.
 
 At batch 64 a GPU step is paced by the host: about 1,000 kernel launches (docs/performance.md). The
 compiler fuses each layer's element-wise chains (bias and GELU, dropout, residual and LayerNorm, the
@@ -20,10 +20,10 @@ import torch
 from torch import Tensor, nn
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
-"""`train.compile` choices: none, or a `torch.compile` mode."""
+"""`run.compile` choices: none, or a `torch.compile` mode."""
 
 COMPILE_BACKEND = "inductor"
-"""torch.compile's backend for `train.compile` (tests use a cheaper one where inductor's C++ builds take minutes)."""
+"""torch.compile's backend for `run.compile` (tests use a cheaper one where inductor's C++ builds take minutes)."""
 
 MAX_BUCKETS = 8
 """Training passes come in at most this many widths (torch.compile's default recompile limit is 8)."""
@@ -116,6 +116,6 @@ class CompiledTrainingForward:
 def compile_backbone(
     backbone: nn.Module, mode: str, max_length: int, backend: str | Callable[..., Any] | None = None
 ) -> None:
-    """Compile `backbone`'s training forward (`train.compile`: `mode`); parameters and saved weights unchanged."""
+    """Compile `backbone`'s training forward (`run.compile`: `mode`); parameters and saved weights unchanged."""
     compiled = CompiledTrainingForward(backbone, mode, bucket_width(max_length), backend or COMPILE_BACKEND)
     backbone.forward = compiled  # type: ignore[method-assign]

@@ -39,19 +39,20 @@ def dev_precision(train: TrainConfig, training_precision: str) -> str:
 
 
 @contextlib.contextmanager
-def dev_representation(encoder: SentenceEncoder, head: nn.Module, train: TrainConfig) -> Iterator[None]:
-    """Inside the block, `encoder.encode` gives the representation `train` scores dev with (see above)."""
+def dev_encoder(saved: SentenceEncoder, head: nn.Module, train: TrainConfig) -> Iterator[SentenceEncoder]:
+    """The encoder whose `encode` gives the representation `train` scores dev with (see above), from `saved`, the
+    encoder as the run saves it. It shares every module with `saved`; nothing of `saved` is changed."""
     with contextlib.ExitStack() as restore:
+        encoder = saved
         if train.dev_denoise:
             if not isinstance(encoder.pooler, DenoisedMaskPooler):
                 raise CsekitError("recipe key train.dev_denoise needs model.pooler mask_denoised")
             restore.enter_context(encoder.pooler.denoising())
         if train.dev_with_head and encoder.head is None:
-            encoder.head = head
-            restore.callback(setattr, encoder, "head", None)
+            encoder = encoder.with_head(head)
         if train.dev_pooler_output:
-            restore.enter_context(pooler_output_for_dev(encoder))
-        yield
+            encoder = restore.enter_context(pooler_output_for_dev(encoder))
+        yield encoder
 
 
 def check_dev_representation(encoder: SentenceEncoder, train: TrainConfig) -> None:
@@ -61,18 +62,13 @@ def check_dev_representation(encoder: SentenceEncoder, train: TrainConfig) -> No
 
 
 @contextlib.contextmanager
-def pooler_output_for_dev(encoder: SentenceEncoder) -> Iterator[None]:
-    """Inside the block the encoder pools with the backbone's pooler layer on [CLS], its parameters' training flags
-    (the `pooler_output` pooler unfreezes the layer) and the encoder's own pooler restored afterwards."""
+def pooler_output_for_dev(encoder: SentenceEncoder) -> Iterator[SentenceEncoder]:
+    """`encoder` pooling with the backbone's pooler layer on [CLS]; the layer's parameters' training flags (the
+    `pooler_output` pooler unfreezes the layer) restored afterwards."""
     layer = backbone_pooler_layer(encoder.backbone, "recipe key train.dev_pooler_output")
     trainable = [parameter.requires_grad for parameter in layer.parameters()]
-    pooler, own = make_pooler("pooler_output"), encoder.pooler
-    pooler.bind(encoder.tokenizer)
-    pooler.bind_backbone(encoder.backbone)
-    encoder.pooler = pooler
     try:
-        yield
+        yield encoder.with_pooler(make_pooler("pooler_output"))
     finally:
-        encoder.pooler = own
         for parameter, flag in zip(layer.parameters(), trainable, strict=True):
             parameter.requires_grad_(flag)

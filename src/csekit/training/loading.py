@@ -7,7 +7,7 @@ it, and only then collates the next batch while the device idles. On a CUDA devi
 
 - pins each batch (`pin_memory`) and lets accelerate copy it with `non_blocking=True`: a copy from pinned
   memory is queued behind the step's work instead of waiting for it;
-- with `data.num_workers: auto`, collates in `AUTO_WORKERS` persistent worker processes, so that the
+- with `run.num_workers: auto`, collates in `AUTO_WORKERS` persistent worker processes, so that the
   next batches are ready when the step is queued.
 
 On a CPU the batch is already where the model is, and nothing changes (`auto`: no worker processes, no
@@ -26,7 +26,7 @@ import torch
 from accelerate import Accelerator
 
 AUTO_WORKERS = 2
-"""Worker processes `data.num_workers: auto` starts per training process on a CUDA device (fewer where the
+"""Worker processes `run.num_workers: auto` starts per training process on a CUDA device (fewer where the
 machine has fewer CPU cores to spare): batch 512 took 46-64 ms to collate on one core, about a step's time."""
 
 
@@ -49,7 +49,7 @@ def available_cores() -> int:
 
 
 def loader_options(num_workers: int | str, device: torch.device, cores: int | None = None) -> LoaderOptions:
-    """The loader settings for `data.num_workers` (a count, or auto) on `device` (see the module's docstring)."""
+    """The loader settings for `run.num_workers` (a count, or auto) on `device` (see the module's docstring)."""
     on_gpu = device.type == "cuda"
     if num_workers == "auto":
         spare = (available_cores() if cores is None else cores) - 1  # one core runs the training loop

@@ -15,10 +15,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
-from csekit.encoding.fast_dropout import enable_fast_dropout
-from csekit.encoding.packed import packing_refusal
+from csekit.encoding.passes import ONE_PADDED_PASS, PassPlan, PlannedEncoder
 from csekit.encoding.pooling import DenoisedMaskPooler
 from csekit.parts.heads import HEADS
 from csekit.parts.hooks import MakesViews, reads_token_states
@@ -42,11 +40,17 @@ class ContrastiveModel(nn.Module):
         objectives: list[tuple[nn.Module, float]],
         negatives: list[nn.Module] | None = None,
         weighting: nn.Module | None = None,
+        plan: PassPlan = ONE_PADDED_PASS,
+        head_at_test: bool = False,
     ) -> None:
         super().__init__()
         if not objectives:
             raise ValueError("a recipe needs at least one objective")
         self.encoder = encoder
+        #: How training passes execute on this device (`csekit.encoding.passes`), for every pass of a step.
+        self.plan = plan
+        #: Whether the saved model keeps the training head (`model.head_at_test`; see `saved_encoder`).
+        self.head_at_test = head_at_test
         self.head = head
         self.num_views = num_views
         self.negatives = nn.ModuleList(negatives or [])
@@ -60,6 +64,14 @@ class ContrastiveModel(nn.Module):
         #: last layer only where the pooler reads it (see `SentenceEncoder.forward`).
         self.reads_token_states = any(reads_token_states(part) for part in parts)
 
+    def training_encoder(self) -> PlannedEncoder:
+        """The encoder as this step's passes call it: with the run's pass plan."""
+        return PlannedEncoder(self.encoder, self.plan)
+
+    def saved_encoder(self) -> SentenceEncoder:
+        """The encoder as it is saved and evaluated: through the training head with `model.head_at_test`."""
+        return self.encoder.with_head(self.head) if self.head_at_test else self.encoder
+
     def make_state(
         self,
         inputs: dict[str, Tensor],
@@ -67,10 +79,11 @@ class ContrastiveModel(nn.Module):
         fields: dict[str, Any],
         step: int = 0,
         steps_per_epoch: int | None = None,
-        encoder: SentenceEncoder | None = None,
+        encoder: Any = None,
     ) -> StepState:
-        """Encode all views in one forward pass (through `encoder`, default the model's) and apply the head."""
-        encoder = encoder if encoder is not None else self.encoder
+        """Encode all views in one forward pass (through `encoder`, default the model's with its pass plan) and apply
+        the head."""
+        encoder = encoder if encoder is not None else self.training_encoder()
         output = encoder(inputs, token_states=self.reads_token_states)
         features = list(output.pooled.chunk(self.num_views))
         if isinstance(self.head, MakesViews):
@@ -96,7 +109,7 @@ class ContrastiveModel(nn.Module):
         fields: dict[str, Any] | None = None,
         step: int = 0,
         steps_per_epoch: int | None = None,
-        encoder: SentenceEncoder | None = None,
+        encoder: Any = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """The weighted total loss and each named loss part (unweighted).
 
@@ -120,8 +133,11 @@ class ContrastiveModel(nn.Module):
         return total, parts
 
 
-def build_model(recipe: Recipe, encoder: SentenceEncoder) -> tuple[ContrastiveModel, Callable[[list[str]], Any]]:
-    """The model and the views function (run in the DataLoader) that a recipe describes."""
+def build_model(
+    recipe: Recipe, encoder: SentenceEncoder, plan: PassPlan = ONE_PADDED_PASS
+) -> tuple[ContrastiveModel, Callable[[list[str]], Any]]:
+    """The model and the views function (run in the DataLoader) that a recipe describes; its training passes run
+    as `plan` says (`csekit.training.execution` decides it for the run's device)."""
     context: Mapping[str, Any] = {
         "dim": encoder.dim,
         "tokenizer": encoder.tokenizer,
@@ -140,16 +156,11 @@ def build_model(recipe: Recipe, encoder: SentenceEncoder) -> tuple[ContrastiveMo
         (build_part(OBJECTIVES, spec, f"objectives[{i}]", **context), spec.get("weight", 1.0))
         for i, spec in enumerate(recipe.objectives)
     ]
-    encoder.length_group_size = recipe.model.length_group_size  # every training pass, objectives' own too
     if isinstance(encoder.pooler, DenoisedMaskPooler):  # PromptBERT's template pass (checked with the recipe)
         encoder.pooler.template_positions = recipe.model.template_positions
-    refusal = packing_refusal(encoder.backbone)
-    if recipe.model.packed is True and refusal is not None:
-        raise CsekitError(f"recipe key model.packed: true: {refusal}; use auto (runs it padded) or false")
-    encoder.packed = recipe.model.packed
-    if recipe.model.fast_dropout:
-        enable_fast_dropout(encoder.backbone)
-    model = ContrastiveModel(encoder, head, views.num_views, objectives, negatives, weighting)
+    model = ContrastiveModel(
+        encoder, head, views.num_views, objectives, negatives, weighting, plan, recipe.model.head_at_test
+    )
     built = [head, views, *negatives, *([weighting] if weighting is not None else []), *(o for o, _ in objectives)]
     model.part_names = [
         (f"{key} ({spec['name']})", part) for (key, spec), part in zip(part_specs(recipe), built, strict=True)

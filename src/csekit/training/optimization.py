@@ -103,7 +103,7 @@ def forward_backward(
 
     `batch` is what `TrainCollator` makes. The loop decides what to do with the results (skip a
     non-finite step, or step AdamW); the benchmarks call this too, so they time the loop's own step.
-    With `chunk_size` (`train.chunk_size`) the encoder holds that many rows' activations at a time
+    With `chunk_size` (`run.chunk_size`) the encoder holds that many rows' activations at a time
     (`csekit.training.chunked`); the loss, parts and gradients are the same.
     """
     if chunk_size is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import sys
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,6 +33,7 @@ from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS, dev_scores
 from csekit.training.compiled import COMPILE_MODES
 from csekit.training.recipe_values import (
+    MAX_WORKERS,
     check_corpus_fields,
     check_data,
     check_view_indices,
@@ -56,22 +58,6 @@ class ModelConfig:
     # (the paper's "same positions"); from_zero: 0, 1, ... with the part after the sentence shifted by its
     # length, as PromptBERT's code numbers them (get_delta), which differs from row on RoBERTa only.
     template_positions: str = "row"
-    # Training runs the encoder on groups of this many sequences of similar token length, each padded
-    # only to its own longest, instead of the whole batch padded to its longest (0: one pass). The loss
-    # and gradients are the same up to float rounding; see SentenceEncoder.forward. On a CPU only: a GPU
-    # runs the batch in one pass (see csekit.encoding.encoder.groups_by_length).
-    length_group_size: int = 32
-    # On CPU, dropout masks from 16 random bits an element and attention in plain ops (see
-    # csekit.encoding.fast_dropout): about 4x cheaper masks; the drop probability is rounded to 1/65536.
-    fast_dropout: bool = True
-    # Padding-free encoder passes (csekit.encoding.packed): every row's real tokens concatenated, attention
-    # within rows; the same vectors and gradients as the padded pass (dropout masks are drawn in another shape).
-    # true | false | auto: auto is on per device kind only where measured faster: CPU training (0.83x the
-    # length groups' step; its attention still runs in groups of length_group_size rows), not CPU evaluation
-    # (slower), not GPUs (unmeasured), not with train.compile (its padded buckets); see docs/performance.md,
-    # "Padding-free pass". BERT-architecture and RoBERTa backbones; true refuses others, and auto runs them
-    # in length groups.
-    packed: bool | str = "auto"
 
 
 @dataclass
@@ -81,9 +67,6 @@ class DataConfig:
     max_chars: int = 10_000  # longer lines are input errors (or skipped with bad_lines: skip); at most 1,000,000
     bad_lines: str = "error"  # error | skip
     text_column: str = "text"  # for hub datasets and .jsonl corpora
-    # DataLoader worker processes per training process; auto: none on a CPU, a few persistent ones on a GPU
-    # (csekit.training.loading). The batches are the same with any number.
-    num_workers: int | str = "auto"
     # Repeated sentences (csekit.data.duplicates): keep (as the corpus is), drop (the distinct sentences only,
     # each at its first occurrence) or separate (every copy, never two copies of a sentence in one batch).
     duplicates: str = "keep"
@@ -112,20 +95,8 @@ class TrainConfig:
     # SimCSE's and DCLR's code log them), stsb-dev, sick-dev, or none.
     dev_task: str = "sts"
     select_metric: str = "stsb-dev"  # the dev score that picks the best checkpoint: stsb-dev, sick-dev or avg_sts
-    eval_batch_size: int = 128
     # Stop after this many evaluations in a row without a better select_metric (null: never stop early).
     patience: int | None = None
-    # Experiment trackers, through accelerate: none, or a comma list of tensorboard, wandb, mlflow, ...
-    # (accelerate's LoggerType names). TensorBoard writes its event files under the run's logs/ folder.
-    report_to: str = "none"
-    # On CPU (Linux), glibc keeps freed memory for reuse instead of page-faulting large blocks back
-    # in every step (see csekit.training.processes.keep_freed_memory).
-    keep_freed_memory: bool = True
-    # Rows (one view of one sentence) the encoder holds activations for at a time; null: the whole batch in
-    # one pass. Any batch then trains in the memory of a chunk, with the same loss and gradients, for a
-    # second encoder pass (see csekit.training.chunked). Must divide each process's share of batch_size;
-    # a run may be resumed with another chunk_size.
-    chunk_size: int | None = None
     # How dev is scored during training, for selecting the checkpoint (the saved model is unchanged):
     # dev_with_head scores through the training head although model.head_at_test is false (MixCSE's code
     # selects that way); dev_denoise scores with mask_denoised's template denoising, in eval mode without
@@ -136,17 +107,48 @@ class TrainConfig:
     dev_denoise: bool = False
     dev_pooler_output: bool = False
     dev_precision: str = "fp32"
-    # auto | true | false. True: between log points a step never waits for the device (no copy of a step's
-    # value to the host): a non-finite loss or gradient skips the step on the device (AdamW's found_inf),
-    # and skipped steps, max_bad_steps and the logged values are read at log points (see
-    # csekit.training.sync_free). The same weights; needs optimizer adamw and not precision fp16. auto: off
-    # everywhere for now (no faster on the CPU measured, unmeasured on a GPU; docs/performance.md).
+
+
+@dataclass
+class RunConfig:
+    """How this machine executes a step; never what is learned beyond float rounding and the draw of dropout masks.
+
+    Every `auto` is decided in one place, per device kind (`csekit.training.execution`); docs/performance.md
+    names the figure behind each. A resumed run may change any of these without --allow-changes (the change
+    is recorded in metrics.jsonl). Recipes older than this section gave them under model/data/train: they load
+    as before, with one line naming the new keys (`LEGACY_RUN_KEYS`).
+    """
+
+    # Padding-free encoder passes (csekit.encoding.packed): every row's real tokens concatenated, attention within
+    # rows; the same vectors and gradients as the padded pass (dropout masks are drawn in another shape). true |
+    # false | auto: auto packs where it was measured faster (CPU training); true refuses backbones it cannot run.
+    packed: bool | str = "auto"
+    # On a CPU, training passes run on groups of this many rows of similar token length, each padded only to its
+    # own longest (0: one pass); the same loss and gradients up to float rounding. A GPU runs one pass.
+    length_group_size: int = 32
+    # On a CPU, dropout masks from 16 random bits an element and attention in plain ops (csekit.encoding.
+    # fast_dropout): about 4x cheaper masks; the drop probability is rounded to 1/65536.
+    fast_dropout: bool = True
+    # Rows the encoder holds activations for at a time (null: the whole batch): any batch trains in the memory of
+    # a chunk, with the same loss and gradients, for a second encoder pass (csekit.training.chunked). Must divide
+    # each process's share of train.batch_size.
+    chunk_size: int | None = None
+    # auto | true | false: between log points a step never waits for the device (csekit.training.sync_free); the
+    # same weights; needs train.optimizer adamw and not train.precision fp16.
     sync_free: str = "auto"
     # none | default | reduce-overhead | max-autotune: the backbone's training forward through torch.compile
-    # in that mode (fused element-wise chains; reduce-overhead: CUDA graphs), once a run per length bucket
-    # (see csekit.training.compiled). The same training up to float rounding; the first steps take the
-    # compile's time (minutes on a CPU). Not with ConSERT's views (their per-token embedding masks).
+    # (csekit.training.compiled); the first steps take the compile's time. Not with ConSERT's views.
     compile: str = "none"
+    # DataLoader worker processes per training process; auto: none on a CPU, a few persistent ones on a GPU
+    # (csekit.training.loading). The batches are the same with any number.
+    num_workers: int | str = "auto"
+    # On a CPU (Linux), glibc keeps freed memory for reuse (csekit.training.processes.keep_freed_memory).
+    keep_freed_memory: bool = True
+    # Sentences a dev evaluation encodes at a time.
+    eval_batch_size: int = 128
+    # Experiment trackers, through accelerate: none, or a comma list of tensorboard, aim, wandb, dvclive; their
+    # files go under the run's logs/ folder.
+    report_to: str = "none"
 
 
 @dataclass
@@ -159,10 +161,25 @@ class Recipe:
     negatives: list[dict[str, Any]] = field(default_factory=list)
     weighting: dict[str, Any] | None = None
     objectives: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "infonce", "temperature": 0.05}])
+    run: RunConfig = field(default_factory=RunConfig)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(dataclasses.asdict(self), sort_keys=False)
 
+
+RUN_SECTION = "run"
+"""The recipe section of execution settings (`RunConfig`): compared on --resume never, recorded when changed."""
+
+LEGACY_RUN_KEYS = {
+    f"{section}.{key}": key
+    for section, keys in {
+        "model": ("packed", "length_group_size", "fast_dropout"),
+        "data": ("num_workers",),
+        "train": ("chunk_size", "sync_free", "compile", "keep_freed_memory", "eval_batch_size", "report_to"),
+    }.items()
+    for key in keys
+}
+"""Where recipes before the `run:` section gave each execution setting: read as `run.<key>`, with one line."""
 
 OPTIMIZERS = ("adamw", "adamw_uncorrected")
 """`train.optimizer` choices (built by `csekit.training.optimization.make_optimizer`)."""
@@ -254,8 +271,45 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
     return result
 
 
-def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recipe:
-    """Read a recipe file (or the defaults when `path` is None) and apply `--set` overrides."""
+def _move_legacy_run_keys(raw: dict[str, Any], lines: dict[str, int], label: str) -> list[str]:
+    """Move execution settings a recipe gives under model/data/train (before `run:`) into `run`; the keys moved.
+
+    Their lines follow them, so an error in one still names the line it is on.
+    """
+    moved = []
+    for legacy, key in LEGACY_RUN_KEYS.items():
+        section = raw.get(legacy.split(".")[0])
+        if not isinstance(section, dict) or key not in section:
+            continue
+        run = raw.setdefault(RUN_SECTION, {})
+        if not isinstance(run, dict):
+            break  # a run: that is no mapping is reported by the schema check
+        if key in run:
+            where = f"{label}:{lines[legacy]}" if legacy in lines else label
+            raise CsekitError(f"{where}: recipe key {legacy} is given again as {RUN_SECTION}.{key}; keep the run: one")
+        run[key] = section.pop(key)
+        if legacy in lines:
+            lines[f"{RUN_SECTION}.{key}"] = lines[legacy]
+        moved.append(legacy)
+    return moved
+
+
+def _legacy_override(item: str, moved: list[str]) -> str:
+    """`--set model.packed=true` as `run.packed=true` (an execution setting's old place), noted in `moved`."""
+    key, equals, value = item.partition("=")
+    new_key = LEGACY_RUN_KEYS.get(key.strip())
+    if new_key is None:
+        return item
+    moved.append(key.strip())
+    return f"{RUN_SECTION}.{new_key}{equals}{value}"
+
+
+def load_recipe(path: str | Path | None, overrides: Sequence[str] = (), *, note_legacy_keys: bool = True) -> Recipe:
+    """Read a recipe file (or the defaults when `path` is None) and apply `--set` overrides.
+
+    Execution settings written where recipes before the `run:` section had them are read into `run`, with one
+    line on stderr naming the new keys (none with `note_legacy_keys` False: a saved run's recipe read to compare).
+    """
     raw: dict[str, Any] = {}
     lines: dict[str, int] = {}
     label = "recipe"
@@ -268,6 +322,11 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recip
         if not isinstance(loaded, dict):
             raise CsekitError(f"{path}: a recipe must be a mapping of sections (model, data, train, ...)")
         raw, lines = loaded, _key_lines(node) if node is not None else {}
+    moved = _move_legacy_run_keys(raw, lines, label)
+    overrides = [_legacy_override(item, moved) for item in overrides]
+    if moved and note_legacy_keys:
+        renamed = ", ".join(f"{key} as {RUN_SECTION}.{LEGACY_RUN_KEYS[key]}" for key in dict.fromkeys(moved))
+        print(f"csekit: {label}: execution settings now live in the run: section; read {renamed}", file=sys.stderr)
 
     update = parse_overrides(overrides)
     overridden = {item.split("=", 1)[0].strip() for item in overrides}
@@ -294,13 +353,41 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = ()) -> Recip
     return recipe
 
 
-def _check_packed_with_compile(recipe: Recipe, where: Any) -> None:
-    """A packed pass drives the layers one by one and would never call the compiled (bucketed) forward."""
-    if recipe.model.packed is True and recipe.train.compile != "none":
-        raise CsekitError(
-            f"{where('model.packed')}: recipe key model.packed cannot be true with train.compile (the compiled "
-            "pass runs padded to length buckets); use auto"
-        )
+def _check_run(recipe: Recipe, where: Any) -> None:
+    """The execution settings' ranges and choices, and the two that exclude each other."""
+    run = recipe.run
+    batch_size = recipe.train.batch_size
+    checks = [
+        ("run.eval_batch_size", run.eval_batch_size >= 1, "must be at least 1"),
+        (
+            "run.chunk_size",
+            run.chunk_size is None or 1 <= run.chunk_size <= batch_size,
+            f"must be at least 1 and at most train.batch_size ({batch_size}), or null for one pass",
+        ),
+        ("run.sync_free", run.sync_free.lower() in SYNC_FREE_CHOICES, "must be auto, true or false"),
+        ("run.compile", run.compile in COMPILE_MODES, f"must be one of {', '.join(COMPILE_MODES)}"),
+        ("run.length_group_size", run.length_group_size >= 0, "must be 0 (off) or a positive size"),
+        (
+            "run.packed",
+            isinstance(run.packed, bool) or run.packed == "auto",  # 1 == True: not a setting
+            "must be auto, true or false",
+        ),
+        (
+            "run.num_workers",
+            run.num_workers == "auto" or (type(run.num_workers) is int and 0 <= run.num_workers <= MAX_WORKERS),
+            f"must be from 0 (batches in the main process) to {MAX_WORKERS}, or auto",
+        ),
+        (
+            "run.packed",
+            run.packed is not True or run.compile == "none",
+            "cannot be true with run.compile (a packed pass drives the layers one by one and would never call the "
+            "compiled forward, which runs padded to length buckets); use auto",
+        ),
+    ]
+    for key, ok, message in checks:
+        if not ok:
+            raise CsekitError(f"{where(key)}: recipe key {key} {message}")
+    _check_report_to(run.report_to, where)
 
 
 def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
@@ -324,31 +411,17 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
             train.max_grad_norm is None or train.max_grad_norm > 0,
             "must be positive (the gradient norm is clipped to it), or null for no clipping",
         ),
-        ("train.eval_batch_size", train.eval_batch_size >= 1, "must be at least 1"),
-        (
-            "train.chunk_size",
-            train.chunk_size is None or 1 <= train.chunk_size <= train.batch_size,
-            f"must be at least 1 and at most train.batch_size ({train.batch_size}), or null for one pass",
-        ),
         (
             "train.patience",
             train.patience is None or train.patience >= 1,
             "must be at least 1 (evaluations without improvement), or null for no early stopping",
         ),
         ("train.seed", 0 <= train.seed <= MAX_SEED, seed_range),
-        ("train.sync_free", train.sync_free.lower() in SYNC_FREE_CHOICES, "must be auto, true or false"),
-        ("train.compile", train.compile in COMPILE_MODES, f"must be one of {', '.join(COMPILE_MODES)}"),
         ("model.max_length", recipe.model.max_length >= 4, "must be at least 4"),
         (
             "model.dropout",
             recipe.model.dropout is None or 0 <= recipe.model.dropout < 1,
             "must be in [0, 1), or null for the backbone's own",
-        ),
-        ("model.length_group_size", recipe.model.length_group_size >= 0, "must be 0 (off) or a positive size"),
-        (
-            "model.packed",
-            isinstance(recipe.model.packed, bool) or recipe.model.packed == "auto",  # 1 == True: not a setting
-            "must be auto, true or false",
         ),
         ("objectives", len(recipe.objectives) >= 1, "must list at least one objective (e.g. - name: infonce)"),
     ]
@@ -356,10 +429,9 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         if not ok:
             raise CsekitError(f"{where(key)}: recipe key {key} {message}")
     check_data(recipe.data, where)
-    _check_packed_with_compile(recipe, where)
+    _check_run(recipe, where)
     _check_dev_selection(train, where)
     _check_dev_scoring(recipe, where)
-    _check_report_to(train.report_to, where)
     _check_templates(recipe.model, where)
     for index, spec in enumerate(recipe.objectives):
         weight = spec.get("weight", 1.0) if isinstance(spec, Mapping) else 1.0
@@ -453,7 +525,7 @@ def _check_templates(model: ModelConfig, where: Any) -> None:
 
 
 def tracker_names(report_to: str) -> list[str]:
-    """The trackers `train.report_to` names (none: an empty list)."""
+    """The trackers `run.report_to` names (none: an empty list)."""
     names = [name.strip() for name in report_to.split(",") if name.strip()]
     return [] if names == ["none"] else names
 
@@ -473,16 +545,16 @@ def _check_report_to(report_to: str, where: Any) -> None:
     choices = [name for name in known if name in TRACKER_FOLDER_OPTIONS]
     names = tracker_names(report_to)
     if not names and report_to.strip() != "none":
-        raise CsekitError(f"{where('train.report_to')}: recipe key train.report_to is empty; use none or a tracker")
+        raise CsekitError(f"{where('run.report_to')}: recipe key run.report_to is empty; use none or a tracker")
     for name in names:
         if name in known and name not in choices:
             raise CsekitError(
-                f"{where('train.report_to')}: recipe key train.report_to: {name} writes its local files where its own "
+                f"{where('run.report_to')}: recipe key run.report_to: {name} writes its local files where its own "
                 f"configuration says, outside the run folder; csekit keeps {', '.join(choices)} inside it"
             )
         if name not in choices:
             raise CsekitError(
-                f'{where("train.report_to")}: recipe key train.report_to: unknown tracker "{name}"'
+                f'{where("run.report_to")}: recipe key run.report_to: unknown tracker "{name}"'
                 f"{did_you_mean(name, choices)}; choose none or {', '.join(choices)}"
             )
 

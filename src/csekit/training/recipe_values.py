@@ -86,11 +86,6 @@ def check_data(data: Any, where: Where) -> None:
             1 <= data.max_chars <= MAX_SENTENCE_CHARS,
             f"must be from 1 to {MAX_SENTENCE_CHARS:,} (characters of a sentence)",
         ),
-        (
-            "data.num_workers",
-            data.num_workers == "auto" or (type(data.num_workers) is int and 0 <= data.num_workers <= MAX_WORKERS),
-            f"must be from 0 (batches in the main process) to {MAX_WORKERS}, or auto",
-        ),
         ("data.duplicates", data.duplicates in DUPLICATE_MODES, f"must be one of {', '.join(DUPLICATE_MODES)}"),
     ]
     for key, ok, message in checks:

@@ -29,7 +29,7 @@ from csekit.core.json_lines import RowProblem, json_row
 from csekit.core.json_text import json_text
 from csekit.core.run_lock import check_not_locked
 from csekit.core.save_guard import guarded_save
-from csekit.training.recipe import Recipe, load_recipe, recipe_changes
+from csekit.training.recipe import RUN_SECTION, Recipe, load_recipe, recipe_changes
 from csekit.training.state_checks import LARGEST_COUNT
 
 STATE_FILE = "trainer_state.json"
@@ -48,9 +48,6 @@ METRICS_LINE_LIMIT = 2**20
 FIXED_BY_CHECKPOINT = {"train.lr", "train.weight_decay", "train.optimizer"}
 """Recipe keys whose value a resumed run takes from the checkpoint's optimizer and schedule state, not the recipe:
 a change to them cannot take effect on --resume, so even --allow-changes refuses it rather than ignore it."""
-SAME_UPDATE_KEYS = {"train.chunk_size", "train.sync_free", "data.num_workers"}
-"""Recipe keys that change how a step is computed (memory, time) but not the update: a resume may change
-them without --allow-changes (the change is still recorded in metrics.jsonl)."""
 
 
 @dataclass
@@ -214,8 +211,8 @@ def check_checkpoint(checkpoint: Path) -> bool:
 def recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bool) -> dict[str, list[Any]]:
     """Keys whose value differs from the recipe the run's checkpoint was written with; refused unless `allow_changes`.
 
-    A resumed run must continue the run that is in the folder: the same length, batch, precision and parts;
-    only `SAME_UPDATE_KEYS` (the chunk size, sync-free steps, loader workers) may change freely. The reference
+    A resumed run must continue the run that is in the folder: the same length, batch, precision and parts; the
+    execution settings (the recipe's `run:` section: how this machine runs a step) may change freely. The reference
     is the copy of the recipe saved inside `checkpoint/` (`CHECKPOINT_RECIPE`), so an edit to the run's
     `recipe.yaml` after the checkpoint is found too (it continued silently: a changed batch size, an lr written
     back but not used); runs older than that copy compare with `recipe.yaml`. Both are read like any recipe
@@ -226,9 +223,9 @@ def recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bo
     reference_path = copy_path if copy_path.is_file() else saved_path
     if not reference_path.exists():
         return {}
-    reference = load_recipe(reference_path)
+    reference = load_recipe(reference_path, note_legacy_keys=False)
     changes = recipe_changes(reference, recipe)
-    refused = {key: change for key, change in changes.items() if key not in SAME_UPDATE_KEYS}
+    refused = {key: change for key, change in changes.items() if not key.startswith(f"{RUN_SECTION}.")}
     fixed = {key: change for key, change in refused.items() if key in FIXED_BY_CHECKPOINT}
     if fixed and allow_changes:
         raise CsekitError(
@@ -237,7 +234,9 @@ def recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bo
             "start a new run with the new one"
         )
     if refused and not allow_changes:
-        edited = recipe_changes(reference, load_recipe(saved_path)) if reference_path == copy_path else {}
+        saved = load_recipe(saved_path, note_legacy_keys=False)
+        edited = recipe_changes(reference, saved) if reference_path == copy_path else {}
+        edited = {key: change for key, change in edited.items() if not key.startswith(f"{RUN_SECTION}.")}
         if edited:
             raise CsekitError(
                 f"{saved_path} was edited after the run's checkpoint: {_named(edited)}; the checkpoint continues "

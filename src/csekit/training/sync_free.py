@@ -1,4 +1,4 @@
-"""Steps that never wait for the device (`train.sync_free`): skipping, counting and logging done on the device.
+"""Steps that never wait for the device (`run.sync_free`): skipping, counting and logging done on the device.
 
 On a GPU, reading a step's value on the host (`.item()`, `.tolist()`, `bool(tensor)`) waits until the
 device has finished all the work queued before it, so the host cannot queue the next step while this
@@ -32,12 +32,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from csekit.core.errors import CsekitError
 
 SYNC_FREE_CHOICES = ("auto", "true", "false")
-"""`train.sync_free` values: auto (on where measured faster, see `SYNC_FREE_AUTO_DEVICES`), true, false."""
-
-SYNC_FREE_AUTO_DEVICES: tuple[str, ...] = ()
-"""Device kinds where `train.sync_free: auto` turns it on. None yet: on a CPU a read costs no wait and the
-rounds measured there were dominated by the shared machine's load (docs/performance.md); on a GPU it is
-unmeasured."""
+"""`run.sync_free` values: auto (on where measured faster: `csekit.training.execution`), true, false."""
 
 
 def read_on_host(tensor: Tensor) -> list[float]:
@@ -48,8 +43,9 @@ def read_on_host(tensor: Tensor) -> list[float]:
     return tensor.tolist()
 
 
-def use_sync_free(setting: str, device: torch.device, precision: str, optimizer: str) -> bool:
-    """Whether the run's steps are sync-free: the recipe's `train.sync_free` on this device, precision and optimizer.
+def use_sync_free(setting: str, precision: str, optimizer: str, auto: bool) -> bool:
+    """Whether the run's steps are sync-free: the recipe's `run.sync_free` for this precision and optimizer (`auto`:
+    what `auto` means on this device, decided in `csekit.training.execution`).
 
     fp16 keeps the plain loop (its loss scaler reads the scale on the host each step), and so does the
     uncorrected AdamW (torch's fused AdamW is what takes `found_inf` and a learning rate on the device).
@@ -58,9 +54,9 @@ def use_sync_free(setting: str, device: torch.device, precision: str, optimizer:
     supported = precision != "fp16" and optimizer == "adamw"
     if setting == "true" and not supported:
         needs = "train.precision fp32 or bf16" if precision == "fp16" else "train.optimizer adamw"
-        raise CsekitError(f"recipe key train.sync_free: true needs {needs}; set it to auto or false")
+        raise CsekitError(f"recipe key run.sync_free: true needs {needs}; set it to auto or false")
     if setting == "auto":
-        return supported and device.type in SYNC_FREE_AUTO_DEVICES
+        return supported and auto
     return setting == "true"
 
 

@@ -1,4 +1,4 @@
-"""The run's trackers (`train.report_to`): which are installed, and the folder they write in.
+"""The run's trackers (`run.report_to`): which are installed, and the folder they write in.
 
 accelerate's file-based trackers (TensorBoard) write by themselves, over the whole run, into
 `logging_dir/<run name>`: event files, and `hparams.yml` in a subfolder. Those writes are inside csekit's
@@ -29,14 +29,14 @@ TRACKER_LOGS = "logs"
 
 
 def available_trackers(recipe: Recipe) -> list[str]:
-    """The trackers train.report_to names, each checked to be installed (accelerate would silently drop it), and
+    """The trackers run.report_to names, each checked to be installed (accelerate would silently drop it), and
     the recipe's name checked to be a folder name (a tracker writes in `logs/<name>`)."""
     available = {str(getattr(tracker, "value", tracker)) for tracker in get_available_trackers()}
-    names = tracker_names(recipe.train.report_to)
+    names = tracker_names(recipe.run.report_to)
     for name in names:
         if name not in available:
             extra = " (pip install 'csekit[tensorboard]')" if name == "tensorboard" else ""
-            raise CsekitError(f"recipe key train.report_to: {name} is not installed{extra}")
+            raise CsekitError(f"recipe key run.report_to: {name} is not installed{extra}")
     if names:
         check_name(recipe.name, "recipe key name (the trackers' run folder under logs/)", folder=TRACKER_LOGS)
     return names
@@ -64,7 +64,7 @@ def start_trackers(accelerator: Accelerator, logs: HeldFolder, recipe: Recipe) -
 def tracker_options(logs: HeldFolder, recipe: Recipe) -> dict[str, dict[str, str]]:
     """Each named tracker's init options that place its local files in `logs/<recipe name>` (TRACKER_FOLDER_OPTIONS)."""
     run = str(child_path(Path(logs.path), recipe.name, "recipe key name"))
-    names = tracker_names(recipe.train.report_to)
+    names = tracker_names(recipe.run.report_to)
     return {name: {option: run} for name in names if (option := TRACKER_FOLDER_OPTIONS[name]) is not None}
 
 

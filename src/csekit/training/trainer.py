@@ -51,18 +51,16 @@ from csekit.parts.hooks import StartsLater
 from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import load_rng_state, load_shared_state, save_rng_state, save_shared_state
 from csekit.training.chunked import check_chunk_size
-from csekit.training.compiled import compile_backbone
-from csekit.training.dev_scoring import check_dev_representation, dev_precision, dev_representation
-from csekit.training.loading import loader_options, skipping_batches
-from csekit.training.model import ContrastiveModel, build_model
+from csekit.training.dev_scoring import check_dev_representation, dev_encoder, dev_precision
+from csekit.training.execution import build_run_model, decide_execution
+from csekit.training.loading import skipping_batches
+from csekit.training.model import ContrastiveModel
 from csekit.training.optimization import forward_backward, make_optimizer
 from csekit.training.processes import (
     MIXED_PRECISION,
     hint_if_accelerate_started_one_process,
-    keep_freed_memory,
     own_accelerator_state,
     several_cpu_processes,
-    training_precision,
 )
 from csekit.training.recipe import Recipe
 from csekit.training.recipe_values import fields_read, recipe_parts
@@ -80,7 +78,7 @@ from csekit.training.run_folder import (
     read_trainer_state,
     recipe_changes_on_resume,
 )
-from csekit.training.sync_free import SyncFreeSteps, read_on_host, set_schedule_step, use_sync_free
+from csekit.training.sync_free import SyncFreeSteps, read_on_host, set_schedule_step
 from csekit.training.trackers import TRACKER_LOGS, available_trackers, hold_tracker_logs, start_trackers
 
 
@@ -189,8 +187,8 @@ class Trainer:
     def _start_accelerator(self) -> None:
         """The precision for this machine, then the Accelerator (one process or several)."""
         hint_if_accelerate_started_one_process()
-        self.precision, self.precision_note = training_precision(self.config.precision)
         self.trackers = available_trackers(self.recipe)
+        self.precision = decide_execution(self.recipe, self.trackers).precision  # the Accelerator needs it first
         logs = ProjectConfiguration(project_dir=str(self.output), logging_dir=str(self.output / TRACKER_LOGS))
         self.accelerator = Accelerator(
             cpu=several_cpu_processes(),
@@ -199,14 +197,12 @@ class Trainer:
             log_with=self.trackers or None,
             project_config=logs if self.trackers else None,
         )
-        self.loader_options = loader_options(self.recipe.data.num_workers, self.accelerator.device)
+        self.execution = decide_execution(self.recipe, self.trackers, self.accelerator.device.type)
+        self.loader_options = self.execution.loader
         # Read when the loader is prepared: on a GPU its copies are queued without a wait (csekit.training.loading).
         self.accelerator.dataloader_config.non_blocking = self.loader_options.non_blocking
-        if self.accelerator.device.type == "cpu" and self.config.keep_freed_memory:
-            keep_freed_memory()
+        self.execution.prepare_process()
         self.main = self.accelerator.is_main_process
-        config = self.config
-        self.sync_free_on = use_sync_free(config.sync_free, self.accelerator.device, self.precision, config.optimizer)
 
     def _check_output_and_recipe(self, allow_changes: bool) -> None:
         check_output(self.output, self.resume)
@@ -248,16 +244,7 @@ class Trainer:
             except CsekitError as error:
                 raise CsekitError(f"recipe key model.templates: {error} ({model_config.backbone})") from None
         check_dev_representation(encoder, self.config)
-        self.model, self.views = build_model(self.recipe, encoder)
-        if model_config.head_at_test:
-            encoder.head = self.model.head
-        if self.config.compile != "none":
-            if self.recipe.data.views.get("name") == "consert":
-                raise CsekitError("recipe key train.compile: ConSERT's views (per-token embedding masks) need none")
-            compile_backbone(encoder.backbone, self.config.compile, model_config.max_length)
-            # The packed pass drives the layers one by one and would never call the compiled forward;
-            # `auto` therefore means padded (to the buckets) here, and the recipe refuses `true`.
-            encoder.packed = False
+        self.model, self.views = build_run_model(self.recipe, encoder, self.execution)
 
     def _make_loader(self) -> None:
         """Shuffled batches of `batch_size` sentences in all, split evenly over the processes.
@@ -270,7 +257,7 @@ class Trainer:
             raise CsekitError(
                 f"recipe key train.batch_size: {batch_size} is not divisible by the {processes} processes"
             )
-        check_chunk_size(self.config.chunk_size, batch_size // processes, processes)
+        check_chunk_size(self.execution.chunk_size, batch_size // processes, processes)
         data = self.recipe.data
         if self.duplicates.training_rows < batch_size:
             distinct = " distinct" if data.duplicates == "drop" else ""
@@ -351,8 +338,8 @@ class Trainer:
             self.metrics.write({"event": "recipe_changed", "step": self.state.step, "changes": self.changes})
 
     def _sync_free_steps(self) -> SyncFreeSteps | None:
-        """The device side of sync-free steps (`train.sync_free`), from the run's step (on resume, the checkpoint's)."""
-        if not self.sync_free_on:
+        """The device side of sync-free steps (`run.sync_free`), from the run's step (on resume, the checkpoint's)."""
+        if not self.execution.sync_free:
             return None
         base_lrs = self.scheduler.base_lrs
         device = self.accelerator.device
@@ -362,7 +349,7 @@ class Trainer:
         """Every input, the checkpoint included, has been read: say the precision, save the recipe, log the start."""
         if not self.main:
             return
-        for line in self.precision_note:
+        for line in self.execution.precision_note:
             print(line, file=sys.stderr)
         if self.duplicates.distinct < self.duplicates.sentences:  # always in metrics.jsonl's start event
             print(f"csekit: {self.duplicates.summary()}", file=sys.stderr)
@@ -460,7 +447,7 @@ class Trainer:
     def step(self, batch: dict[str, Any]) -> bool:
         """One optimizer step on `batch`; False when it was skipped for a non-finite loss or gradient.
 
-        Sync-free (`train.sync_free`), the device decides and counts a skip, and the step is taken as done
+        Sync-free (`run.sync_free`), the device decides and counts a skip, and the step is taken as done
         until the next read (`_read_device`) says otherwise: it returns True.
         """
         self.state.batches += 1
@@ -473,7 +460,7 @@ class Trainer:
             self.config.max_grad_norm,
             self.state.step,
             self.steps_per_epoch,
-            self.config.chunk_size,
+            self.execution.chunk_size,
         )
         # One all-reduce gives the mean loss and parts over processes (for the log) and, since a NaN
         # anywhere makes the mean NaN, whether every process's loss is finite.
@@ -592,11 +579,11 @@ class Trainer:
         """The dev task's scores of the model as it is now (none without a dev task); see `dev_scoring`."""
         if not self.dev_tasks:
             return {}
-        encoder, precision = self.unwrapped.encoder, dev_precision(self.config, self.precision)
-        with dev_representation(encoder, self.unwrapped.head, self.config):
+        precision, batch_size = dev_precision(self.config, self.precision), self.execution.eval_batch_size
+        with dev_encoder(self.unwrapped.saved_encoder(), self.unwrapped.head, self.config) as encoder:
             return evaluate_dev(
                 lambda sentences: encoder.encode(
-                    sentences, batch_size=self.config.eval_batch_size, precision=precision, show_progress_bar=False
+                    sentences, batch_size=batch_size, precision=precision, show_progress_bar=False
                 ),
                 self.data_path,
                 self.dev_tasks,
@@ -616,7 +603,8 @@ class Trainer:
             self.metrics.write({"step": self.state.step, **scores})
             self._report("dev", {"step": self.state.step, **scores})
             score = scores.get(self.config.select_metric)
-            self.unwrapped.encoder.card_facts = training_card_facts(
+            saved = self.unwrapped.saved_encoder()
+            saved.card_facts = training_card_facts(
                 self.recipe,
                 corpus_sentences=len(self.corpus),
                 step=self.state.step,
@@ -627,10 +615,10 @@ class Trainer:
             if _improves(score, self.state.best_score):
                 self.state.best_score, self.state.best_step = score, self.state.step
                 self.state.evaluations_without_improvement = 0
-                self.unwrapped.encoder.save(self.output / "best")
+                saved.save(self.output / "best")
             else:
                 self.state.evaluations_without_improvement += 1
-            self.unwrapped.encoder.save(self.output / "last")
+            saved.save(self.output / "last")
             self.last_score = score
             self.bar.set_postfix_str(_postfix(self.last_loss, self.config.select_metric, self.last_score))
 
@@ -757,7 +745,7 @@ class Trainer:
         raise TrainingInterrupted(self.state.step, self.output, self.stop_signal)
 
     def _report(self, section: str, record: dict[str, Any]) -> None:
-        """Send a record's numbers to the recipe's trackers (train.report_to), as section/name at its step."""
+        """Send a record's numbers to the recipe's trackers (run.report_to), as section/name at its step."""
         values = {f"{section}/{name}": value for name, value in record.items() if name != "step"}
         if self.trackers and values:
             self.accelerator.log(values, step=record["step"])

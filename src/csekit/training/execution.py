@@ -1,0 +1,134 @@
+"""How this machine executes a recipe's steps: the one place where every `auto` of the `run:` section is decided.
+
+A recipe says what is learned (model, data, train and the parts); its `run:` section says how a machine
+executes a step, none of which changes what is learned beyond float rounding and the draw of dropout
+masks. `Execution` is made once a run from that section, the training precision and the device kind,
+and hands out what each layer needs: the encoder its pass plan (`csekit.encoding.passes`), the backbone
+its fast dropout and compiled forward, the trainer its step, loader, trackers and evaluation batch.
+
+Each `auto`, per device kind, and the measurement behind it (docs/performance.md):
+
+| setting | CPU | CUDA | figure |
+|---|---|---|---|
+| run.packed | on (training) | off | "Padding-free pass": 0.83x the length groups' step, quiet 2-core Zen 3 |
+| run.length_group_size | groups | one pass | "Length groups": H100, BERT-base batch 512, 1.14 s grouped vs 0.12 s |
+| run.sync_free | off | off | "Sync-free steps": no faster on a CPU; unmeasured on a GPU |
+| run.num_workers | 0 | up to 2 | "Loader workers": batch 512 collates in 46-64 ms on one core |
+| run.keep_freed_memory | on | n/a | "Freed memory": glibc's page faults in every CPU step |
+| train.precision auto | bf16 where native, else fp32 | bf16 where supported | "Precision" |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from csekit.core.errors import CsekitError
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.fast_dropout import enable_fast_dropout
+from csekit.encoding.packed import packing_refusal
+from csekit.encoding.passes import PassPlan
+from csekit.training.compiled import compile_backbone
+from csekit.training.loading import LoaderOptions, loader_options
+from csekit.training.model import ContrastiveModel, build_model
+from csekit.training.processes import keep_freed_memory, training_device_type, training_precision
+from csekit.training.recipe import Recipe, RunConfig, tracker_names
+from csekit.training.sync_free import use_sync_free
+
+PACKED_AUTO_DEVICES = ("cpu",)
+"""Device kinds where `run.packed: auto` packs training passes (measured faster there; see the table above).
+Evaluation never packs: on a CPU it was measured slower (`encode` sorts rows by length, so its batches carry
+about 2% padding, and the packed pass adds gathers around attention)."""
+
+LENGTH_GROUP_DEVICES = ("cpu",)
+"""Device kinds where training passes run in length groups (`run.length_group_size`). On a CPU the cost of a
+pass is its arithmetic, so cutting padding pays; on a GPU many small passes cost their kernel launches and a
+host sync each (a group's longest length is read on the host), which outweighs the padding saved."""
+
+
+SYNC_FREE_AUTO_DEVICES: tuple[str, ...] = ()
+"""Device kinds where `run.sync_free: auto` turns it on. None yet: on a CPU a read costs no wait and the rounds
+measured there were dominated by the shared machine's load; on a GPU it is unmeasured."""
+
+
+@dataclass(frozen=True)
+class Execution:
+    """Every execution setting of a run, decided for its device kind (`auto` resolved)."""
+
+    device_type: str
+    precision: str
+    precision_note: tuple[str, ...]
+    run: RunConfig
+    sync_free: bool
+    loader: LoaderOptions
+    trackers: tuple[str, ...] = field(default=())
+
+    @property
+    def chunk_size(self) -> int | None:
+        return self.run.chunk_size
+
+    @property
+    def eval_batch_size(self) -> int:
+        return self.run.eval_batch_size
+
+    @property
+    def compile(self) -> str:
+        return self.run.compile
+
+    def pass_plan(self, backbone: nn.Module) -> PassPlan:
+        """How the run's training passes execute on this device for `backbone` (`csekit.encoding.passes`)."""
+        packed, refusal = self.run.packed, packing_refusal(backbone)
+        if packed is True and refusal is not None:
+            raise CsekitError(f"recipe key run.packed: true: {refusal}; use auto (runs it padded) or false")
+        if packed == "auto":
+            # The packed pass drives the layers one by one and would never call the compiled (bucketed) forward.
+            packed = self.device_type in PACKED_AUTO_DEVICES and refusal is None and self.run.compile == "none"
+        groups = self.run.length_group_size if self.device_type in LENGTH_GROUP_DEVICES else 0
+        return PassPlan(packed=bool(packed), packed_required=self.run.packed is True, length_group_size=groups)
+
+    def prepare_backbone(self, backbone: nn.Module, recipe: Recipe) -> None:
+        """Fast dropout and the compiled training forward, applied once before the optimizer sees the model."""
+        if self.run.fast_dropout:
+            enable_fast_dropout(backbone)  # type: ignore[arg-type]
+        if self.run.compile != "none":
+            if recipe.data.views.get("name") == "consert":
+                raise CsekitError("recipe key run.compile: ConSERT's views (per-token embedding masks) need none")
+            compile_backbone(backbone, self.run.compile, recipe.model.max_length)
+
+    def prepare_process(self) -> None:
+        """Process-wide settings of a CPU run (glibc's freed-memory threshold)."""
+        if self.device_type == "cpu" and self.run.keep_freed_memory:
+            keep_freed_memory()
+
+
+def decide_execution(recipe: Recipe, trackers: list[str] | None = None, device_type: str | None = None) -> Execution:
+    """The run's execution on this machine (`device_type`: the one training runs on, by default this machine's)."""
+    device_type = device_type or training_device_type()
+    precision, note = training_precision(recipe.train.precision)
+    device = torch.device(device_type)
+    return Execution(
+        device_type=device_type,
+        precision=precision,
+        precision_note=tuple(note),
+        run=recipe.run,
+        sync_free=use_sync_free(
+            recipe.run.sync_free, precision, recipe.train.optimizer, auto=device_type in SYNC_FREE_AUTO_DEVICES
+        ),
+        loader=loader_options(recipe.run.num_workers, device),
+        trackers=tuple(trackers if trackers is not None else tracker_names(recipe.run.report_to)),
+    )
+
+
+def build_run_model(
+    recipe: Recipe, encoder: SentenceEncoder, execution: Execution | None = None
+) -> tuple[ContrastiveModel, Callable[[list[str]], Any]]:
+    """The recipe's model and views as a run executes them on `execution` (default: decided for the encoder's
+    device): its passes with the run's plan, the backbone with fast dropout and the compiled forward."""
+    execution = execution or decide_execution(recipe, device_type=encoder.device.type)
+    model, views = build_model(recipe, encoder, execution.pass_plan(encoder.backbone))
+    execution.prepare_backbone(encoder.backbone, recipe)
+    return model, views
