@@ -43,9 +43,6 @@ PACKED_MODEL_TYPES = ("bert", "roberta")
 BACKBONE_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds"})
 """The inputs a packed pass knows what to do with; a view adding another backbone input runs padded."""
 
-PACKED_SETTINGS = ("auto", "true", "false")
-"""`model.packed` values."""
-
 PACKED_BY_DEFAULT: dict[tuple[str, bool], bool] = {("cpu", True): True, ("cpu", False): False}
 """What `auto` means per (device type, training); docs/performance.md, "Padding-free pass", has the figures.
 

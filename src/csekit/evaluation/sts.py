@@ -25,7 +25,6 @@ Encoder = Callable[[list[str]], np.ndarray]
 
 STS_TASKS = HEADLINE_STS
 DEV_TASKS = DEV_SPLITS
-DEV_SCORES = (*DEV_TASKS, AVG_STS)
 _TABLE_COLUMNS = table_columns("sts")
 
 

@@ -18,8 +18,6 @@ from csekit.core.registry import Registry
 if TYPE_CHECKING:
     from csekit.evaluation.sts_data import StsSubset
 
-GROUPS = ("sts", "dev", "transfer")
-
 
 @dataclass(frozen=True)
 class EvalTask:
