@@ -30,7 +30,8 @@ from csekit.core.errors import CsekitError
 from csekit.evaluation.alignment import align_uniform_from_embeddings
 from csekit.evaluation.cache import EmbeddingCache
 from csekit.evaluation.probes import ProbeDataset, bias_probe, load_probe_datasets, select_datasets
-from csekit.evaluation.sts_data import StsSubset, read_split
+from csekit.evaluation.sts_data import read_split
+from csekit.evaluation.tasks import StsSubset
 
 Encoder = Callable[[list[str]], np.ndarray]
 Tokenize = Callable[[list[str]], list[list[int]]]
