@@ -195,6 +195,15 @@ def _give_umask_modes(folder_fd: int) -> None:
                 os.close(file_fd)
 
 
+def _give_file_umask_mode(path: Path) -> None:
+    """Give the regular file `path` what a plain open gives under the umask (a link or special file is refused)."""
+    fd = _open_in_folder(path, os.O_RDONLY)
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+    finally:
+        os.close(fd)
+
+
 def _staging_name(target: Path) -> Path:
     return target.with_name(f".{target.name}.{secrets.token_hex(4)}{STAGING_SUFFIX}")
 
@@ -242,14 +251,15 @@ def write_by_name(path: str | Path, write: Callable[[str], object]) -> None:
     """Replace `path` with the file `write(name)` writes under a temporary name this module created.
 
     For savers that only take a file name (safetensors' `save_file`); the name is a fresh regular file,
-    and it must still be one (not a link) when it is renamed over `path`.
+    and it must still be one (not a link) when it is renamed over `path`. A saver that makes its own file
+    there (safetensors: 0600, whatever the umask) leaves the mode a plain open gives under the umask.
     """
     path = Path(path)
     tmp, fd = _staging_file(path)
     os.close(fd)
     try:
         write(str(tmp))
-        refuse_unsafe_file(tmp)
+        _give_file_umask_mode(tmp)
         _rename_into_place(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -486,12 +496,13 @@ def commit_staged_file(staged: str | Path, target: str | Path) -> None:
     """Move a complete staged file (written and checked beside `target`) into place with one atomic rename.
 
     For files written in pieces over time, such as a resumable download, which `atomic_write_text` cannot
-    stage: the data is flushed to disk first, so a crash leaves either no `target` or the complete one.
+    stage: the data is flushed to disk first, so a crash leaves either no `target` or the complete one. The
+    staged file is opened as every file here (no link, no FIFO), and a link at `target` is refused, not replaced.
     """
     staged, target = Path(staged), Path(target)
-    fd = os.open(staged, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    fd = _open_in_folder(staged, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(staged, target)
+    _rename_into_place(staged, target)
