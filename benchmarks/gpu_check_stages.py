@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import gpu_throughput as throughput
+import step_tools
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,7 +92,7 @@ class Stage:
     def bert(self) -> Path:
         """A random BERT-base (tiny: a 2-layer BERT) with the carried model's WordPiece tokenizer."""
         config = TINY_BERT if self.tiny else {}
-        return self.made("bert-random", lambda folder: throughput.random_bert(self.carry / "model", folder, **config))
+        return self.made("bert-random", lambda folder: step_tools.random_bert(self.carry / "model", folder, **config))
 
 
 def widened_copy(source: Path, target: Path) -> None:
@@ -246,7 +247,7 @@ def kernel_check(stage: Stage) -> dict[str, list[str]]:
             with torch.autocast(torch.device(stage.device).type, dtype=dtype, enabled=dtype is not None):
                 pooled = encoder(inputs, 0, token_states=False).pooled
             pooled.float().sum().backward()
-            throughput.synchronize(stage.device)
+            step_tools.synchronize(stage.device)
         names = {
             event.name
             for event in profiler.events()
@@ -374,7 +375,7 @@ def compiled_run(overrides: list[str], folder: Path, stage: Stage) -> dict[str, 
         started = time.perf_counter()
         for _ in range(stage.warmup + 5):
             step()
-        throughput.synchronize(stage.device)
+        step_tools.synchronize(stage.device)
         first = time.perf_counter() - started
         return {"first_steps_seconds": first, **throughput.measure(step, stage.device, stage.steps, 0)}
 

@@ -19,7 +19,7 @@ Every step time is a window's wall time over its steps, the device synchronised 
 the window (the loop itself never waits between log points when train.sync_free is on). Every variant's
 rate uses ONE FLOP count, the matrix-product FLOPs (forward and backward, `torch.utils.flop_counter`) of
 csekit's padded step on the same batch size, so a packed step is not charged less. Host syncs per step are
-counted in a separate window (`profile_step.counting_syncs`: host reads and CUDA's synchronising calls).
+counted in a separate window (`step_tools.counting_syncs`: host reads and CUDA's synchronising calls).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from step_tools import counting_syncs, random_bert_base, synchronize  # benchmarks/ is on a script's path
 from torch.utils.flop_counter import FlopCounterMode
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,28 +71,6 @@ def matmul_bound(device: str = "cuda", size: int = 8192, repeats: int = 20) -> f
         synchronize(device)
         times.append(time.perf_counter() - started)
     return 2 * size**3 / statistics.median(times) / 1e12
-
-
-def synchronize(device: str | torch.device) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
-def random_bert(tokenizer_dir: Path, folder: Path, **config: Any) -> Path:
-    """A randomly initialised BERT (BertConfig's defaults: BERT-base, unless `config` says otherwise), saved."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from csekit.encoding.encoder import SentenceEncoder
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    torch.manual_seed(0)
-    bert = AutoConfig.for_model("bert", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, **config)
-    SentenceEncoder.from_config(bert, tokenizer, pooler="cls").save(folder)
-    return folder
-
-
-def random_bert_base(assets: Path, folder: Path) -> Path:
-    return random_bert(assets / "tokenizer-bert", folder)
 
 
 def key_variants(keys: dict[str, tuple[str, str]]) -> dict[str, list[str]]:
@@ -197,8 +176,6 @@ def flops_of(step: Step) -> int:
 
 def syncs_per_step(step: Step, steps: int, device: str) -> tuple[float, dict[str, float]]:
     """Host reads and CUDA synchronising calls a step, over `steps` steps (after the timed window)."""
-    from profile_step import counting_syncs
-
     with counting_syncs(torch.device(device)) as seen:
         for _ in range(steps):
             step()

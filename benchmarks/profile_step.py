@@ -28,12 +28,12 @@ import random
 import sys
 import tempfile
 import time
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from step_tools import counting_syncs, random_bert_base  # benchmarks/ is on the path of a script run from it
 from torch.profiler import ProfilerActivity, profile
 
 from csekit.core.precision import resolve_precision
@@ -110,41 +110,6 @@ def native_precision() -> str:
     return resolve_precision("auto", "cpu")[0]
 
 
-HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__")
-"""The Tensor methods that copy a value to the host (on a GPU, each waits for the device)."""
-
-
-@contextlib.contextmanager
-def counting_syncs(device: torch.device) -> Iterator[list[str]]:
-    """Inside the block, every host read of a tensor value (and on CUDA, every synchronising call torch reports)."""
-    seen: list[str] = []
-    originals = {name: getattr(torch.Tensor, name) for name in HOST_READS}
-
-    def counting(name: str) -> Callable[..., Any]:
-        def read(self: torch.Tensor, *args: Any) -> Any:
-            seen.append(name)
-            return originals[name](self, *args)
-
-        return read
-
-    for name in HOST_READS:
-        setattr(torch.Tensor, name, counting(name))
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            if device.type == "cuda":
-                torch.cuda.set_sync_debug_mode("warn")
-            try:
-                yield seen
-            finally:
-                if device.type == "cuda":
-                    torch.cuda.set_sync_debug_mode("default")
-        seen.extend("cuda sync" for warning in caught if "synchroniz" in str(warning.message))
-    finally:
-        for name, original in originals.items():
-            setattr(torch.Tensor, name, original)
-
-
 def trainer_for(args: argparse.Namespace, folder: Path) -> Any:
     """A Trainer on the quickstart recipe (or a random BERT-base from --assets) on `args.device`."""
     from csekit.training.processes import own_accelerator_state
@@ -162,8 +127,6 @@ def trainer_for(args: argparse.Namespace, folder: Path) -> Any:
         f"train.precision={args.precision}",
     ]
     if args.assets is not None:
-        from gpu_throughput import random_bert_base  # benchmarks/ is on the path of a script run from it
-
         model_dir = random_bert_base(args.assets, folder / "bert-base-random")
         overrides += [f"model.backbone={model_dir}", f"data.corpus={args.assets / 'corpus.txt'}"]
     recipe = load_recipe(args.recipe, [*overrides, *args.set])

@@ -10,14 +10,16 @@ Layers, bottom to top (a module may import from its own layer and those below):
     5  csekit.bench, csekit.cli, csekit.registries (every kind's registry), and the package root `csekit`
        (the public API, loaded on first use)
 
-Imports under `if TYPE_CHECKING:` are annotations only (never run), so they are left out, except in
-csekit.core: the bottom layer names nothing above it, not even for type checking.
+Imports under `if TYPE_CHECKING:` are annotations only (never run), so the layer check leaves them out,
+except in csekit.core: the bottom layer names nothing above it, not even for type checking. The cycle
+check counts them (a type-only circle is still two modules that cannot be read apart) and covers the
+benchmark scripts too, which import each other by plain name.
 """
 
 from __future__ import annotations
 
 import ast
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from csekit.core.registry import Registry
 from csekit.registries import REGISTRIES
 
 SRC = Path(__file__).resolve().parents[1] / "src"
+BENCHMARKS = SRC.parent / "benchmarks"
 LAYERS = {
     "csekit": 5,
     "csekit.core": 0,
@@ -66,10 +69,14 @@ def _runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
         yield from _runtime_nodes(node)
 
 
-def imports(path: Path) -> set[str]:
-    """The csekit modules `path` imports at run time, at any depth (function-level imports included)."""
+def imports(path: Path, type_only: bool = False) -> set[str]:
+    """The csekit modules `path` imports at run time, at any depth (function-level imports included).
+
+    With `type_only`, those it imports under `if TYPE_CHECKING:` too.
+    """
     found: set[str] = set()
-    for node in _runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree) if type_only else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names if alias.name.startswith("csekit")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("csekit"):
@@ -98,14 +105,35 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
     assert not upward, "\n".join(upward)
 
 
-def test_there_are_no_import_cycles() -> None:
-    modules = source_modules()
-    graph = {module: {t for t in imports(path) if t in modules and t != module} for module, path in modules.items()}
+def script_imports(path: Path, scripts: Iterable[str]) -> set[str]:
+    """The sibling scripts `path` imports by plain name (a script puts its folder on the path), at any depth."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found & set(scripts)
+
+
+def import_graph(modules: dict[str, Path], scripts: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules it imports, type-only imports included: csekit's and the benchmark scripts'."""
+    graph = {
+        module: {t for t in imports(path, type_only=True) if t in modules and t != module}
+        for module, path in modules.items()
+    }
     # A package's __init__ importing its own submodules is how packages work, not a cycle.
     graph = {
         m: {t for t in targets if not (t.startswith(m + ".") and modules[m].name == "__init__.py")}
         for m, targets in graph.items()
     }
+    for script, path in scripts.items():
+        graph[script] = {t for t in script_imports(path, scripts) if t != script}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle a depth-first walk of `graph` closes (each as the modules along it, the first repeated)."""
     state: dict[str, int] = {}
     cycles: list[list[str]] = []
 
@@ -121,7 +149,35 @@ def test_there_are_no_import_cycles() -> None:
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
+    return cycles
+
+
+def benchmark_scripts(folder: Path = BENCHMARKS) -> dict[str, Path]:
+    return {path.stem: path for path in sorted(folder.glob("*.py"))}
+
+
+def test_there_are_no_import_cycles_not_even_type_only_ones_nor_among_the_benchmarks() -> None:
+    cycles = import_cycles(import_graph(source_modules(), benchmark_scripts()))
     assert not cycles, "\n".join(" -> ".join(cycle) for cycle in cycles)
+
+
+def test_the_cycle_check_finds_a_type_only_cycle_and_one_between_benchmark_scripts(tmp_path: Path) -> None:
+    """The circle tasks.py <-> sts_data.py once was (type-only on one side), and two scripts importing each other."""
+    tasks = tmp_path / "tasks.py"
+    tasks.write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from csekit.evaluation.sts_data import read_split\n",
+        encoding="utf-8",
+    )
+    modules = source_modules() | {"csekit.evaluation.tasks": tasks}
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "one.py").write_text("def f():\n    from two import g\n", encoding="utf-8")
+    (tmp_path / "bench" / "two.py").write_text("import one as first\n", encoding="utf-8")
+    (tmp_path / "bench" / "three.py").write_text("import one\nimport os\n", encoding="utf-8")
+    cycles = import_cycles(import_graph(modules, benchmark_scripts(tmp_path / "bench")))
+    assert {frozenset(cycle) for cycle in cycles} == {
+        frozenset({"csekit.evaluation.sts_data", "csekit.evaluation.tasks"}),
+        frozenset({"one", "two"}),
+    }
 
 
 def test_the_checks_above_can_fail(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from csekit.core.atomic import atomic_directory, atomic_write_text, recover_directory, swap_in
+from csekit.core.atomic import atomic_directory, atomic_write_text, recover_directory, swap_in, write_by_name
 
 
 def test_failed_directory_write_leaves_the_old_one_intact(tmp_path: Path) -> None:
@@ -82,6 +82,32 @@ def test_model_folder_files_follow_the_umask(tmp_path: Path, umask: int) -> None
 def test_atomic_text_file_follows_the_umask(tmp_path: Path, umask: int) -> None:
     atomic_write_text(tmp_path / "r.json", "{}")
     assert stat.S_IMODE((tmp_path / "r.json").stat().st_mode) == 0o666 & ~umask
+
+
+def test_a_file_a_saver_writes_by_name_follows_the_umask(tmp_path: Path, umask: int) -> None:
+    """safetensors makes its own file, 0600 whatever the umask; what lands under the name gets the umask's modes."""
+    import torch
+    from safetensors.torch import save_file
+
+    write_by_name(tmp_path / "w.safetensors", lambda name: save_file({"x": torch.zeros(2)}, name))
+    assert stat.S_IMODE((tmp_path / "w.safetensors").stat().st_mode) == 0o666 & ~umask
+
+
+def test_committing_a_staged_file_refuses_a_link_at_the_target(tmp_path: Path) -> None:
+    """As every rename into place here: a link at the target is refused, not replaced (a resumable download's end)."""
+    from csekit.core.atomic import commit_staged_file
+    from csekit.core.errors import CsekitError
+
+    staged, mine = tmp_path / ".corpus.txt.part", tmp_path / "mine.txt"
+    staged.write_bytes(b"downloaded\n")
+    mine.write_bytes(b"mine\n")
+    (tmp_path / "corpus.txt").symlink_to(mine)
+    with pytest.raises(CsekitError, match="symbolic link"):
+        commit_staged_file(staged, tmp_path / "corpus.txt")
+    assert (tmp_path / "corpus.txt").is_symlink() and mine.read_bytes() == b"mine\n"
+    (tmp_path / "corpus.txt").unlink()
+    commit_staged_file(staged, tmp_path / "corpus.txt")
+    assert (tmp_path / "corpus.txt").read_bytes() == b"downloaded\n" and not staged.exists()
 
 
 def test_swap_in_gives_staged_files_the_umask_modes(tmp_path: Path, umask: int) -> None:

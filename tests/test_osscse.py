@@ -26,7 +26,7 @@ from csekit.evaluation.probes import (
     split_cont_oppn,
     transformation_probe,
 )
-from csekit.evaluation.sts import StsSubset
+from csekit.evaluation.tasks import StsSubset
 from csekit.parts.objectives import OBJECTIVES, RecallLoss, TwoWayMargin, two_way_margin
 from csekit.parts.step_state import StepState
 

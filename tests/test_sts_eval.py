@@ -366,9 +366,8 @@ def test_real_suite_encodes_once() -> None:
 def test_a_registered_sts_task_is_evaluated_like_the_built_in_ones(tmp_path: Path) -> None:
     """The task registry is open: an EvalTask of group sts with its own reader is scored, and named by --tasks."""
     import csekit
-    from csekit.evaluation.sts_data import StsSubset
     from csekit.evaluation.suite import parse_tasks
-    from csekit.evaluation.tasks import EVAL_TASKS, EvalTask
+    from csekit.evaluation.tasks import EVAL_TASKS, EvalTask, StsSubset
 
     pairs = StsSubset("test", ["a b", "c d", "e f"], ["a b", "c x", "y z"], [5.0, 2.5, 0.0])
     task = EvalTask("my-sts", "sts", "mine", load=lambda root: [pairs])

@@ -1,30 +1,39 @@
 """Writing inside a folder csekit owns (a run, model, output or data folder): the one way to do it.
 
-Every file csekit creates, appends to, replaces or renames in such a folder goes through this module
-(`tests/test_architecture.py` finds any other write in `src/`). The folder may be shared, and what is in
-it may have been placed by someone else, so:
+Every file csekit creates, appends to, replaces or renames in such a folder goes through this module.
+`tests/test_architecture_files.py` (`test_every_write_goes_through_core_atomic`) finds any other write in
+`src/`; its allow-list names the exceptions: the run lock's file (`core/run_lock.py` opens it no-follow and
+non-blocking itself), `download-data` unpacking an archive in its own temporary folder, and the library
+writers below, which write only into a folder held here. The folder may be shared, and what is in it may
+have been placed by someone else, so:
 
 * a file is opened relative to its parent folder with no-follow semantics (`O_NOFOLLOW`, `O_NONBLOCK`,
-  then `fstat`): a link at the target, or a FIFO, device or folder, is refused in one line (a
-  `CsekitError` saying to remove it), never written through;
+  then `fstat`): a link at the name, or a FIFO, device or folder, is refused in one line (a `CsekitError`
+  saying to remove it), never written through; that is how files are appended to (`open_for_append`,
+  `append_text`, `open_bytes_for_append`) and cut (`truncate_file`);
 * whole files are written to a temporary sibling created exclusively (`O_CREAT | O_EXCL`: a link at that
-  name is never opened) and renamed over the target, so a reader never sees half a file; a link or
-  anything but a regular file at the target is refused, not replaced;
-* a directory is written to a temporary sibling (an exclusive `mkdir`, 0700, marked as csekit's) that csekit
-  holds open (`HeldFolder`): every writer writes through the descriptor (`/proc/self/fd/N`), so a link put
-  at its name afterwards is never written through, and the name is checked against the held folder (device
-  and inode) before the folder is renamed; modes are changed on descriptors only. It is swapped in with
-  renames, so at every instant either the old or the new complete directory exists under the target name or its
-  `.old` sibling; a link or a file at the target or at `.old` is refused, and a link at `.old` is never
-  adopted as the model;
+  name is never opened), flushed to disk and renamed over the target (`write_file`, `write_by_name`,
+  `atomic_write_text`; `move_file` and `commit_staged_file` rename a file csekit wrote itself), so a reader
+  never sees half a file; a link or anything but a regular file at the target is refused, not replaced;
+* a directory is written to a temporary sibling (`staging_folder`: an exclusive `mkdir` of a random name, or
+  the trainer's fixed `.checkpoint.tmp` once a leftover csekit marked is removed; 0700, marked with
+  `STAGING_MARKER`) that csekit holds open (`HeldFolder`). On Linux every writer writes through the
+  descriptor (`/proc/self/fd/N`), so a link put at its name afterwards is never written through; elsewhere
+  writers use the name. Either way the name is checked against the held folder (device and inode) before
+  the folder is renamed, and modes are changed on descriptors only. `swap_in` puts it in place with
+  renames, so at every instant either the old or the new complete directory exists under the target name
+  or its `.old` sibling (`recover_directory` finishes a swap cut between the renames); a link or a file at
+  the target or at `.old` is refused, and a link at `.old` is never adopted as the model;
 * a third-party saver that writes to a file name (safetensors) gets a temporary name this module created
   (`write_by_name`); one that writes to a handle (torch, numpy, matplotlib) gets the handle (`write_file`);
   one that writes a whole folder (transformers' `save_pretrained`) writes into `atomic_directory`'s held
-  staging folder; one that writes into a folder over a whole run (a tracker) into a `hold_folder`.
+  staging folder; one that writes into a folder over a whole run (a tracker) into a `hold_folder` (no link
+  anywhere inside it).
 
 What lands under the target name has the modes the user's umask gives a plain `mkdir` or `open`
-(0755 and 0644 under umask 022). `tempfile`'s private 0700/0600 modes would otherwise leak into
-every model folder, and so would the 0600 of files some writers (safetensors) create.
+(0755 and 0644 under umask 022): a staging folder's private 0700 and the 0600 of files some savers create
+(safetensors) are replaced when the file or folder is put in place (`write_by_name`, `swap_in`).
+`remove_staging_leftovers` removes what a killed run left staged, and only what csekit can tell it made.
 """
 
 from __future__ import annotations
@@ -195,6 +204,15 @@ def _give_umask_modes(folder_fd: int) -> None:
                 os.close(file_fd)
 
 
+def _give_file_umask_mode(path: Path) -> None:
+    """Give the regular file `path` what a plain open gives under the umask (a link or special file is refused)."""
+    fd = _open_in_folder(path, os.O_RDONLY)
+    try:
+        os.fchmod(fd, 0o666 & ~current_umask())
+    finally:
+        os.close(fd)
+
+
 def _staging_name(target: Path) -> Path:
     return target.with_name(f".{target.name}.{secrets.token_hex(4)}{STAGING_SUFFIX}")
 
@@ -242,14 +260,15 @@ def write_by_name(path: str | Path, write: Callable[[str], object]) -> None:
     """Replace `path` with the file `write(name)` writes under a temporary name this module created.
 
     For savers that only take a file name (safetensors' `save_file`); the name is a fresh regular file,
-    and it must still be one (not a link) when it is renamed over `path`.
+    and it must still be one (not a link) when it is renamed over `path`. A saver that makes its own file
+    there (safetensors: 0600, whatever the umask) leaves the mode a plain open gives under the umask.
     """
     path = Path(path)
     tmp, fd = _staging_file(path)
     os.close(fd)
     try:
         write(str(tmp))
-        refuse_unsafe_file(tmp)
+        _give_file_umask_mode(tmp)
         _rename_into_place(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -486,12 +505,13 @@ def commit_staged_file(staged: str | Path, target: str | Path) -> None:
     """Move a complete staged file (written and checked beside `target`) into place with one atomic rename.
 
     For files written in pieces over time, such as a resumable download, which `atomic_write_text` cannot
-    stage: the data is flushed to disk first, so a crash leaves either no `target` or the complete one.
+    stage: the data is flushed to disk first, so a crash leaves either no `target` or the complete one. The
+    staged file is opened as every file here (no link, no FIFO), and a link at `target` is refused, not replaced.
     """
     staged, target = Path(staged), Path(target)
-    fd = os.open(staged, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    fd = _open_in_folder(staged, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(staged, target)
+    _rename_into_place(staged, target)

@@ -4,18 +4,26 @@ A run folder, a model folder, a recipe, a suite, a corpus or a data folder may c
 there may be a link to an endless device (`/dev/zero`), a FIFO that blocks the reader forever, a
 gigabyte of JSON, a line of gigabytes (decompressed from a few megabytes of `.gz`), or a YAML document
 of a few hundred bytes whose nested aliases expand to billions of nodes. Every file csekit did not
-write in this process is opened here (`tests/test_architecture.py` finds any other read in `src/`):
+write in this process is opened here. `tests/test_architecture_files.py`
+(`test_every_read_goes_through_core_bounded_read`) finds any other read in `src/`; its allow-list names
+the exceptions (the run lock's own file, the probe set shipped in the package, the archives
+`download-data` fetched in this process). JSON-lines rows are parsed in `core/json_lines.py`, on these reads.
 
 * `open_regular` opens without blocking (`O_NONBLOCK`) and refuses anything but a regular file after
   opening (`fstat`), so a FIFO, a device or a folder is one line, never a hang;
-* whole files are read with a byte limit checked before parsing (`read_bounded_bytes`, `read_json_file`,
-  `read_yaml_file`, `read_with` for a loader that takes a handle: numpy, torch, safetensors);
+* whole files are read with a byte limit checked before parsing (`read_bounded_bytes`, `read_bounded_text`,
+  `read_json_file`, `read_yaml_file`); a loader that takes a handle or a name (numpy, torch, safetensors)
+  gets the checked file through `read_with` or `read_by_name`, with the byte limit its caller gives (a
+  checkpoint is as large as its model: none there);
 * line by line, `bounded_lines` never holds more than one line's limit, however long the line is
   (a `.gz` line included: the limit applies to the decompressed bytes);
-* YAML is composed once with its expanded size counted (aliases included) and duplicate keys refused
-  before anything is built.
+* YAML is composed once with its expanded size and nesting depth counted (aliases included) and
+  duplicate keys refused before anything is built; YAML text already read (`parse_yaml`) or given as a
+  value (`parse_yaml_value`: a `--set` value, a suite's `set:` string) is bounded the same way.
 
-Every failure is a `CsekitError` naming the file (and line).
+A refused or damaged file is a `CsekitError` naming the file (and line). The lower-level readers
+(`open_regular`, `read_bounded_bytes`) leave a missing or unreadable file as an `OSError` for the caller
+to name, and `read_with` / `read_by_name` leave the loader's own exceptions to the caller.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import re
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any, Generic, TypeVar
+from collections.abc import Iterator, Mapping
+from typing import Generic, TypeVar
 
 from csekit.core.errors import CsekitError, did_you_mean
 
@@ -47,9 +47,6 @@ class Registry(Generic[T]):
         self._builtin = builtin
         self._registered: dict[str, T] = {}
 
-    def _builtins(self) -> Mapping[str, T]:
-        return self._builtin
-
     def _plugins(self) -> dict[str, importlib.metadata.EntryPoint]:
         found = {}
         for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
@@ -60,7 +57,7 @@ class Registry(Generic[T]):
 
     def names(self) -> list[str]:
         """Every name: built-in and registered ones in order, then installed plugins' (not imported)."""
-        own = [*self._builtins(), *self._registered]
+        own = [*self._builtin, *self._registered]
         return own + sorted(name for name in self._plugins() if name not in own)
 
     def __contains__(self, name: object) -> bool:
@@ -71,8 +68,8 @@ class Registry(Generic[T]):
 
     def get(self, name: str, key: str | None = None) -> T:
         """The entry named `name`; an unknown name is one line naming `key` (where it was written) and the choices."""
-        if name in self._builtins():
-            return self._builtins()[name]
+        if name in self._builtin:
+            return self._builtin[name]
         if name in self._registered:
             return self._registered[name]
         plugin = self._plugins().get(name)
@@ -100,7 +97,7 @@ class Registry(Generic[T]):
         """Make `entry` available as `name`; registering the same entry twice is harmless."""
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise CsekitError(f'part name "{name}": use letters, digits, "_" and "-" (it is written in recipes)')
-        existing = self._builtins().get(name, self._registered.get(name))
+        existing = self._builtin.get(name, self._registered.get(name))
         if existing is not None and existing is not entry:
             raise CsekitError(f'part name "{name}" is taken by another {self.what}; choose another name')
         self._registered[name] = entry
@@ -108,7 +105,3 @@ class Registry(Generic[T]):
     def unregister(self, name: str) -> None:
         """Forget a registered entry (tests, notebooks); built-in entries stay."""
         self._registered.pop(name, None)
-
-
-Factory = Callable[..., Any]
-"""What most registries hold: a part class or a function that builds the part."""

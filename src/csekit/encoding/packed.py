@@ -43,8 +43,6 @@ PACKED_MODEL_TYPES = ("bert", "roberta")
 BACKBONE_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds"})
 """The inputs a packed pass knows what to do with; a view adding another backbone input runs padded."""
 
-PACKED_SETTINGS = ("auto", "true", "false")
-"""`run.packed` values."""
 
 
 def packing_refusal(backbone: nn.Module) -> str | None:

@@ -1,7 +1,8 @@
 """Evaluation of frozen sentence embeddings with the papers' (SentEval) protocol."""
 
 from csekit.evaluation.sts import DEV_TASKS, STS_TASKS, evaluate_dev, evaluate_sts, format_sts_table
-from csekit.evaluation.sts_data import StsSubset, load_sts_task
+from csekit.evaluation.sts_data import load_sts_task
+from csekit.evaluation.tasks import StsSubset
 
 __all__ = [
     "DEV_TASKS",

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 from scipy.special import logsumexp
 
-from csekit.evaluation.sts_data import StsSubset, load_sts_task
+from csekit.evaluation.sts_data import load_sts_task
+from csekit.evaluation.tasks import StsSubset
 
 Encoder = Callable[[list[str]], np.ndarray]
 

@@ -25,7 +25,8 @@ from csekit.core.errors import CsekitError, at
 from csekit.core.json_lines import json_rows, parse_json_row
 from csekit.core.lines import split_lines
 from csekit.data.data_dir import STS_SUBSETS, resolve_data_dir
-from csekit.evaluation.sts_data import StsSubset, load_sts_task, read_split
+from csekit.evaluation.sts_data import load_sts_task, read_split
+from csekit.evaluation.tasks import StsSubset
 from csekit.prep.match_error import mer
 
 Encoder = Callable[[list[str]], np.ndarray]

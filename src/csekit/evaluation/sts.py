@@ -17,15 +17,14 @@ from scipy.stats import spearmanr
 
 from csekit.data.data_dir import resolve_data_dir
 from csekit.evaluation.alignment import align_uniform_from_embeddings
-from csekit.evaluation.sts_data import StsSubset, load_sts_task
+from csekit.evaluation.sts_data import load_sts_task
 from csekit.evaluation.table import score_table
-from csekit.evaluation.tasks import AVG_STS, DEV_SPLITS, HEADLINE_STS, check_task, table_columns
+from csekit.evaluation.tasks import AVG_STS, DEV_SPLITS, HEADLINE_STS, StsSubset, check_task, table_columns
 
 Encoder = Callable[[list[str]], np.ndarray]
 
 STS_TASKS = HEADLINE_STS
 DEV_TASKS = DEV_SPLITS
-DEV_SCORES = (*DEV_TASKS, AVG_STS)
 _TABLE_COLUMNS = table_columns("sts")
 
 

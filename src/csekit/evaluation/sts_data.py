@@ -4,7 +4,6 @@ SimCSE's fork). Shared by the STS scores, alignment/uniformity and the bias prob
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -12,23 +11,10 @@ import numpy as np
 from csekit.core.errors import CsekitError, at
 from csekit.data.data_dir import STS_SUBSETS, find_task_dir, resolve_data_dir
 from csekit.evaluation.files import read_text, universal_lines
-from csekit.evaluation.tasks import check_task
+from csekit.evaluation.tasks import StsSubset, check_task
 
 _STSB_FILES = {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test.csv"}
 _SICK_FILES = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
-
-
-@dataclass(frozen=True)
-class StsSubset:
-    """One scored set of sentence pairs; sentences are whitespace-normalised as SentEval does."""
-
-    name: str
-    sentences1: list[str]
-    sentences2: list[str]
-    scores: list[float]
-
-    def __len__(self) -> int:
-        return len(self.scores)
 
 
 # --- reading ---------------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """The evaluation tasks, one table: SentEval's STS and transfer tasks and the dev splits used in training.
 
 Every list of tasks (what `--tasks sts` means, what the STS average covers, what `train.dev_task`
-evaluates) is read from here through `csekit.evaluation.tasks.EVAL_TASKS`.
+evaluates) is read from here through `csekit.evaluation.tasks.EVAL_TASKS`. `StsSubset`, what an STS or
+dev task gives (a registered task's `load` returns them), lives here too, so the readers in
+`csekit.evaluation.sts_data` build on this module and not the other way round.
 """
 
 from __future__ import annotations
@@ -10,15 +12,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.registry import Registry
 
-if TYPE_CHECKING:
-    from csekit.evaluation.sts_data import StsSubset
 
-GROUPS = ("sts", "dev", "transfer")
+@dataclass(frozen=True)
+class StsSubset:
+    """One scored set of sentence pairs; sentences are whitespace-normalised as SentEval does."""
+
+    name: str
+    sentences1: list[str]
+    sentences2: list[str]
+    scores: list[float]
+
+    def __len__(self) -> int:
+        return len(self.scores)
 
 
 @dataclass(frozen=True)
