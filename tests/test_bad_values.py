@@ -82,7 +82,7 @@ def test_part_option_of_the_wrong_type(
 
 def test_part_options_of_the_right_type_still_build() -> None:
     from csekit.parts.objectives import OBJECTIVES
-    from csekit.training.recipe import build_part
+    from csekit.training.part_building import build_part
 
     part = build_part(OBJECTIVES, {"name": "multi_positive", "temperature": 1, "positive_views": [1, 2]}, "o")
     assert part.temperature == 1 and part.positive_views == [1, 2]  # an int is a float; a list of ints fits

@@ -9,7 +9,8 @@ import pytest
 from csekit.core.errors import CsekitError
 from csekit.core.registry import Registry
 from csekit.parts.objectives import BUILTIN, OBJECTIVES, InfoNCE
-from csekit.training.recipe import build_part, load_recipe
+from csekit.training.part_building import build_part
+from csekit.training.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,7 +13,7 @@ from csekit.encoding.encoder import EMBEDDING_MASK, SentenceEncoder
 from csekit.parts.views import VIEWS
 from csekit.parts.views.consert import ConsertViews
 from csekit.parts.views.dropout import DropoutViews
-from csekit.training.recipe import build_part
+from csekit.training.part_building import build_part
 from csekit.training.trainer import train
 
 SENTENCES = [

@@ -23,7 +23,8 @@ from csekit.parts.step_state import StepState
 from csekit.parts.views.dropout import DropoutViews
 from csekit.parts.weighting.complementary import ComplementaryWeighting
 from csekit.training.model import ContrastiveModel
-from csekit.training.recipe import build_part, load_recipe
+from csekit.training.part_building import build_part
+from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
 # Sentences 0/2 and 1/4 are duplicates: the only negatives a model that sees itself should weight out.
@@ -392,16 +393,15 @@ def test_compositions_read_the_simcse_complementary_model_as_dclr_does(name: str
 def test_mlp_head_through_the_backbone_pooler_is_the_authors_training_representation(tiny_model_dir: Path) -> None:
     """DCLR's code trains on mlp(bert.pooler(last_hidden)): tanh(L(tanh(P [CLS]))), P pre-trained and trained."""
     encoder = SentenceEncoder.load(tiny_model_dir, pooler="cls")
-    recipe = load_recipe(None, ["model.head_at_test=false"])
     spec = {"name": "mlp", "through_backbone_pooler": True}
-    head = build_part(HEADS, spec, "model.head", dim=encoder.dim, encoder=encoder, recipe=recipe)
+    head = build_part(HEADS, spec, "model.head", dim=encoder.dim, encoder=encoder, head_at_test=False)
     assert all(p.requires_grad for p in encoder.backbone.pooler.parameters())
     cls = torch.randn(5, encoder.dim)
     pooler = encoder.backbone.pooler
     expected = torch.tanh(head.linear(torch.tanh(pooler.dense(cls))))
     torch.testing.assert_close(head(cls), expected)
     assert set(dict(head.named_parameters())) == {"linear.weight", "linear.bias"}  # the backbone owns P
-    plain = build_part(HEADS, {"name": "mlp"}, "model.head", dim=encoder.dim, encoder=encoder, recipe=recipe)
+    plain = build_part(HEADS, {"name": "mlp"}, "model.head", dim=encoder.dim, encoder=encoder, head_at_test=False)
     plain.load_state_dict(head.state_dict())
     assert not torch.allclose(plain(cls), head(cls))
 
@@ -413,15 +413,14 @@ def test_mlp_head_through_the_backbone_pooler_refuses_what_it_cannot_reproduce(
 
     spec = {"name": "mlp", "through_backbone_pooler": True}
     encoder = SentenceEncoder.load(tiny_model_dir, pooler="cls")
-    kept = load_recipe(None, ["model.head_at_test=true"])
     with pytest.raises(CsekitError, match=r"model\.head: .*training-only.*head_at_test: false"):
-        build_part(HEADS, spec, "model.head", dim=encoder.dim, encoder=encoder, recipe=kept)
+        build_part(HEADS, spec, "model.head", dim=encoder.dim, encoder=encoder, head_at_test=True)
     mean = SentenceEncoder.load(tiny_model_dir, pooler="mean")
     with pytest.raises(CsekitError, match=r"model\.head: .*needs model\.pooler cls"):
-        build_part(HEADS, spec, "model.head", dim=mean.dim, encoder=mean, recipe=load_recipe(None))
+        build_part(HEADS, spec, "model.head", dim=mean.dim, encoder=mean)
     electra = make_tiny_encoder(tmp_path / "tok", model_type="electra")
     with pytest.raises(CsekitError, match=r"model\.head\.through_backbone_pooler needs a backbone with a pooler layer"):
-        build_part(HEADS, spec, "model.head", dim=electra.dim, encoder=electra, recipe=load_recipe(None))
+        build_part(HEADS, spec, "model.head", dim=electra.dim, encoder=electra)
 
 
 def test_a_recipe_with_the_authors_representations_trains_the_backbone_pooler(

@@ -82,14 +82,8 @@ def test_repetition_draws_the_same_views_for_the_same_batch_whatever_the_global_
     again = views(SENTENCES)
     assert torch.equal(before, torch.get_rng_state())  # the global generator is neither read nor advanced
     assert all(torch.equal(first[key], again[key]) for key in first)
-    other_seed = RepetitionViews(encoder.tokenizer, encoder.pooler, 32, recipe=_recipe_with_seed(8))(SENTENCES)
+    other_seed = RepetitionViews(encoder.tokenizer, encoder.pooler, 32, seed=8)(SENTENCES)
     assert not torch.equal(first["input_ids"], other_seed["input_ids"])
-
-
-def _recipe_with_seed(seed: int):  # type: ignore[no-untyped-def]
-    from csekit.training.recipe import load_recipe
-
-    return load_recipe(None, [f"train.seed={seed}"])
 
 
 def test_repetition_refuses_prompt_poolers_and_bad_rates(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import torch
 from conftest import make_tiny_encoder
 
 from csekit.parts.heads import HEADS
-from csekit.training.recipe import build_part
+from csekit.training.part_building import build_part
 
 INITIALIZER_RANGE = 0.5
 """Far from PyTorch's default for a 32-wide Linear (uniform +-1/sqrt(32): std 0.10), so the two cannot be confused."""

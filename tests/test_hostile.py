@@ -191,7 +191,7 @@ def test_an_empty_recipe_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPa
 def test_a_number_yaml_reads_as_text_is_explained(tmp_path: Path, text: str, needle: str) -> None:
     """`1e-30` without a dot is a string in YAML 1.1; the message quoted it as if it were a number."""
     from csekit.parts.objectives import OBJECTIVES
-    from csekit.training.recipe import build_part
+    from csekit.training.part_building import build_part
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(text, encoding="utf-8")

@@ -20,7 +20,7 @@ from csekit.parts.objectives.weighted_logits import WeightedLogitsLoss
 from csekit.parts.step_state import StepState
 from csekit.parts.views.dropout import DropoutViews
 from csekit.training.model import ContrastiveModel
-from csekit.training.recipe import build_part
+from csekit.training.part_building import build_part
 from csekit.training.trainer import train
 
 SENTENCES = ["a man plays guitar", "the dog runs in the park", "she eats food", "it is big and red", "a cat sleeps"]

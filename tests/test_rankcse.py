@@ -19,7 +19,7 @@ from csekit.parts.objectives import OBJECTIVES, InfoNCE
 from csekit.parts.objectives.ranking import RankingConsistency, RankingDistillation, jensen_shannon, listmle, listnet
 from csekit.parts.views.dropout import DropoutViews
 from csekit.training.model import ContrastiveModel
-from csekit.training.recipe import build_part
+from csekit.training.part_building import build_part
 from csekit.training.trainer import train
 
 SENTENCES = ["a man plays guitar", "the dog runs in the park", "she eats food", "it is big and red"]

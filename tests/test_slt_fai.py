@@ -40,7 +40,8 @@ from csekit.prep.frequency import (
     resolve_counts_path,
 )
 from csekit.training.execution import build_run_model
-from csekit.training.recipe import build_part, load_recipe
+from csekit.training.part_building import build_part
+from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
 BOOK_COUNTS = "freq/bookcorpus_bert-base-uncased/labels.json"

@@ -17,7 +17,8 @@ from csekit.parts.objectives import OBJECTIVES, InfoNCE
 from csekit.parts.objectives.bidirectional_margin import BidirectionalMargin
 from csekit.parts.views.dropout import DropoutViews
 from csekit.training.model import ContrastiveModel
-from csekit.training.recipe import build_part, load_recipe
+from csekit.training.part_building import build_part
+from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
 SENTENCES = ["the man plays guitar", "a dog runs", "the cat sits", "she eats food"]

@@ -18,7 +18,8 @@ from csekit.parts.heads.mlp import MLPHead
 from csekit.parts.heads.whitening import GroupWhitening, SingularWhiteningWarning, WhiteningHead, whitening_matrices
 from csekit.parts.objectives import InfoNCE, MultiPositiveInfoNCE
 from csekit.parts.step_state import StepState
-from csekit.training.recipe import build_part, load_recipe
+from csekit.training.part_building import build_part
+from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -207,7 +208,10 @@ def recipe_head(name: str) -> tuple[WhiteningHead, int]:
     """The training head a shipped recipe builds, and the rows its batch statistics come from."""
     recipe = load_recipe(RECIPES / name)
     dim = BACKBONE_DIMS[recipe.model.backbone]
-    head = build_part(HEADS, recipe.model.head, "model.head", dim=dim, recipe=recipe)
+    views = recipe.data.views["num_views"]
+    head = build_part(
+        HEADS, recipe.model.head, "model.head", dim=dim, batch_size=recipe.train.batch_size, input_view_count=views
+    )
     return head.train(), recipe.train.batch_size
 
 
@@ -280,7 +284,7 @@ def test_one_group_ablations_train_on_running_statistics_and_warn_with_batch_one
     assert head.whitening.num_groups == 1 and head.whitening.statistics == "running"
     recipe = load_recipe(RECIPES / name, ["model.head.statistics=batch"])
     with pytest.warns(SingularWhiteningWarning, match=r"recipe key model\.head\.whitening: .*rank at most 63 < 768"):
-        build_part(HEADS, recipe.model.head, "model.head", dim=768, recipe=recipe)
+        build_part(HEADS, recipe.model.head, "model.head", dim=768, batch_size=recipe.train.batch_size)
 
 
 def eq13_zca_by_hand(batches: list[torch.Tensor], momentum: float, eps: float) -> list[torch.Tensor]:
@@ -330,18 +334,17 @@ def test_running_statistics_are_constants_so_gradients_through_them_are_refused(
 
 
 def test_the_warning_names_the_key_that_set_the_groups_and_the_rank() -> None:
-    recipe = load_recipe(None, ["train.batch_size=64"])
     with pytest.warns(SingularWhiteningWarning, match=r"model\.head\.group_size: .*384 channels .*rank at most 63"):
-        WhiteningHead(768, "shuffled_group", group_size=384, recipe=recipe)
+        WhiteningHead(768, "shuffled_group", group_size=384, batch_size=64)
     with pytest.warns(SingularWhiteningWarning, match=r"model\.head\.num_groups: .*2 group\(s\) of 384 channels"):
-        WhiteningHead(768, "shuffled_group", num_groups=2, recipe=recipe)
+        WhiteningHead(768, "shuffled_group", num_groups=2, batch_size=64)
     with pytest.warns(SingularWhiteningWarning, match=r"rank at most 63 < 64"):  # the boundary: 64 channels
-        WhiteningHead(768, "shuffled_group", num_groups=12, recipe=recipe)
+        WhiteningHead(768, "shuffled_group", num_groups=12, batch_size=64)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        WhiteningHead(768, "shuffled_group", num_groups=16, recipe=recipe)  # groups of 48 < 64 rows
-        WhiteningHead(768, "none", recipe=recipe)
-        WhiteningHead(768, "shuffled_group", group_size=384)  # no recipe (a user's own code): no batch known
+        WhiteningHead(768, "shuffled_group", num_groups=16, batch_size=64)  # groups of 48 < 64 rows
+        WhiteningHead(768, "none", batch_size=64)
+        WhiteningHead(768, "shuffled_group", group_size=384)  # no batch_size (a user's own code): nothing to check
 
 
 # --------------------------------------------------------------------------- positives and loss

@@ -25,7 +25,8 @@ from csekit.parts.objectives import OBJECTIVES
 from csekit.parts.step_state import StepState
 from csekit.parts.views import VIEWS
 from csekit.parts.weighting import WEIGHTINGS
-from csekit.training.recipe import Recipe, build_part
+from csekit.training.part_building import build_part
+from csekit.training.recipe import Recipe
 from csekit.training.recipe_values import part_specs
 
 
@@ -138,16 +139,20 @@ def build_model(
 ) -> tuple[ContrastiveModel, Callable[[list[str]], Any]]:
     """The model and the views function (run in the DataLoader) that a recipe describes; its training passes run
     as `plan` says (`csekit.training.execution` decides it for the run's device)."""
+    # The build arguments a part may name (csekit.training.part_building.BUILD_CONTEXT): plain values.
     context: Mapping[str, Any] = {
         "dim": encoder.dim,
         "tokenizer": encoder.tokenizer,
         "pooler": encoder.pooler,
         "max_length": recipe.model.max_length,
         "encoder": encoder,
-        "recipe": recipe,
-        "seed": recipe.train.seed,  # for parts that draw their own randomness (ConSERT's views)
+        "seed": recipe.train.seed,  # for parts that draw their own randomness (ConSERT's and ESimCSE's views)
+        "batch_size": recipe.train.batch_size,  # the global batch (ESimCSE's queue, WhitenedCSE's check)
+        "head_at_test": recipe.model.head_at_test,
+        "recipe": recipe,  # deprecated: only for users' parts that still name it
     }
     views = build_part(VIEWS, recipe.data.views, "data.views", **context)
+    context = {**context, "input_view_count": views.num_views}
     head = build_part(HEADS, recipe.model.head, "model.head", **context)
     context = {**context, "head": head}  # parts that copy or reuse the training head (ESimCSE's momentum encoder)
     negatives = [build_part(NEGATIVES, spec, f"negatives[{i}]", **context) for i, spec in enumerate(recipe.negatives)]

@@ -11,12 +11,9 @@ against the part's constructor when the part is built.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 import sys
-import types
-import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,10 +25,10 @@ from omegaconf.errors import OmegaConfBaseException
 from csekit.core.bounded_read import parse_yaml_value, read_yaml_file
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.precision import PRECISIONS
-from csekit.core.registry import Registry
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS, dev_scores
 from csekit.training.compiled import COMPILE_MODES
+from csekit.training.part_building import BUILD_CONTEXT, check_part_options, yaml_text_number_hint
 from csekit.training.recipe_values import (
     MAX_WORKERS,
     check_corpus_fields,
@@ -559,47 +556,6 @@ def _check_report_to(report_to: str, where: Any) -> None:
             )
 
 
-BUILD_CONTEXT = ("dim", "tokenizer", "pooler", "max_length", "encoder", "recipe", "seed", "head")
-"""What `csekit.training.model.build_model` gives a part itself: not listed among its options in an error."""
-
-
-def build_part(registry: Registry[Any], spec: Mapping[str, Any], key: str, **context: Any) -> Any:
-    """Instantiate the part named by `spec["name"]` from `registry` with the spec's options.
-
-    Only registered parts are built: csekit's own, those registered with `csekit.register_part` and
-    those installed packages declare (entry points, loaded here when named). A recipe is data from
-    anyone, so a name is never imported or called as a Python path. `context` holds values the
-    caller supplies (e.g. `dim`), passed only when the constructor accepts them. A wrong name or
-    option gives one line naming the recipe key and the closest valid choice.
-    """
-    options = {k: v for k, v in spec.items() if k not in ("name", "weight")}
-    factory = registry.get(str(spec["name"]), f"recipe key {key}.name")
-    check_part_options(factory, spec, key, context)
-    parameters = inspect.signature(factory).parameters
-    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
-    supplied = {k: v for k, v in context.items() if k in parameters or accepts_any}
-    try:
-        return factory(**supplied, **options)
-    except (TypeError, ValueError) as error:
-        raise CsekitError(f"recipe key {key}: {error}") from None
-
-
-def check_part_options(factory: Any, spec: Mapping[str, Any], key: str, context: Iterable[str] = ()) -> None:
-    """Every option of the part's spec is one its constructor takes, of the type it declares (`context`: the
-    parameters the caller supplies itself, left out of the options listed)."""
-    options = {k: v for k, v in spec.items() if k not in ("name", "weight")}
-    parameters = inspect.signature(factory).parameters
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        for option in options:
-            if option not in parameters:
-                valid = [p for p in parameters if p not in context]
-                raise CsekitError(
-                    f'recipe key {key}.{option}: "{spec["name"]}" has no option "{option}"'
-                    f"{did_you_mean(option, valid)}; its options: {', '.join(valid) or 'none'}"
-                )
-    _check_option_types(factory, options, key)
-
-
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     """Dotted keys of a resolved recipe (`objectives[0].temperature`) and their values."""
     if isinstance(value, Mapping):
@@ -623,92 +579,3 @@ def recipe_changes(old: Recipe, new: Recipe) -> dict[str, tuple[Any, Any]]:
         for key in [*before, *(k for k in after if k not in before)]
         if before.get(key) != after.get(key) or (key in before) != (key in after)
     }
-
-
-def _option_hints(factory: Any) -> dict[str, Any]:
-    """The constructor's resolved type hints, or none when they cannot be resolved (then nothing is checked)."""
-    target = factory.__init__ if inspect.isclass(factory) else factory
-    try:
-        return typing.get_type_hints(target)
-    except Exception:  # an unresolvable forward reference in a user's part: leave its options unchecked
-        return {}
-
-
-def _fits(value: Any, hint: Any) -> bool | None:
-    """Whether a YAML value fits a type hint: True, False, or None when the hint is not a plain type.
-
-    YAML gives int, float, bool, str, None, lists and mappings. A bool is not a number here (YAML's
-    `true` for a temperature is a mistake), an int is a float, and a float option must be finite.
-    """
-    origin = typing.get_origin(hint)
-    if hint is Any:
-        return None
-    if hint is type(None):
-        return value is None
-    if origin in (typing.Union, types.UnionType):
-        verdicts = [_fits(value, option) for option in typing.get_args(hint)]
-        if any(verdicts):
-            return True
-        return None if None in verdicts else False
-    if origin in (list, tuple, Sequence):
-        if isinstance(value, str):
-            return origin is Sequence  # a string is a Sequence (of characters), never a list
-        if not isinstance(value, list | tuple):
-            return False
-        arguments = typing.get_args(hint)
-        if len(arguments) != 1:
-            return None
-        verdicts = {_fits(item, arguments[0]) for item in value}
-        return False if False in verdicts else (None if None in verdicts else True)
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if hint is str:
-        return isinstance(value, str)
-    return None
-
-
-def _check_option_types(factory: Any, options: Mapping[str, Any], key: str) -> None:
-    """Refuse a part option whose value does not fit the constructor's annotation (`temperature: abc`).
-
-    Without this a wrong type fails deep inside a training step with a traceback, or, for a bool
-    given as a number, silently runs with 1 or 0.
-    """
-    hints = _option_hints(factory)
-    for option, value in options.items():
-        hint = hints.get(option)
-        if hint is not None and _fits(value, hint) is False:
-            expected = _describe(hint)
-            got = yaml_text_number_hint(value) if "number" in expected or "integer" in expected else None
-            raise CsekitError(f"recipe key {key}.{option}: expected {expected}, " + (got or f"got {value!r}"))
-
-
-def yaml_text_number_hint(value: Any) -> str | None:
-    """For text that reads as a number (`1e-30`: YAML 1.1 wants a dot in a number with an exponent), say so."""
-    if not isinstance(value, str):
-        return None
-    try:
-        float(value)
-    except ValueError:
-        return None
-    mantissa, _, exponent = value.strip().lower().partition("e")
-    written = f"{mantissa}.0e{exponent}" if exponent and "." not in mantissa else value.strip()
-    return f"YAML read {value} as text, not a number (a YAML number with an exponent needs a dot: {written})"
-
-
-def _describe(hint: Any) -> str:
-    """`float | None` -> "a finite number or null", for error messages."""
-    names = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string", type(None): "null"}
-    if hint in names:
-        return names[hint]
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(option) for option in typing.get_args(hint))
-    if origin in (list, tuple, Sequence):
-        items = {int: "integers", float: "numbers", str: "strings", bool: "true/false values"}
-        arguments = typing.get_args(hint)
-        return f"a list of {items[arguments[0]]}" if len(arguments) == 1 and arguments[0] in items else "a list"
-    return getattr(hint, "__name__", str(hint))

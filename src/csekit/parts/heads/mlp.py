@@ -24,6 +24,7 @@ class MLPHead(DenseTanh):
     The head is then training-only (the code evaluates the [CLS] state before both layers), needs the
     `cls` pooler, and the backbone's pooler layer, frozen by the encoder otherwise, is unfrozen.
     The Linear starts as SimCSE's code starts it: N(0, the backbone's initializer_range), bias 0.
+    `encoder` and `head_at_test` (`model.head_at_test`) are build arguments.
     """
 
     def __init__(
@@ -31,7 +32,7 @@ class MLPHead(DenseTanh):
         dim: int,
         through_backbone_pooler: bool = False,
         encoder: Any = None,
-        recipe: Any = None,
+        head_at_test: bool = False,
     ) -> None:
         super().__init__(dim, backbone_initializer_range(encoder))
         backbone_pooler = None
@@ -43,7 +44,7 @@ class MLPHead(DenseTanh):
                     f"through_backbone_pooler reads [CLS] through the backbone's pooler layer: it needs model.pooler "
                     f'cls, not "{encoder.pooler.name}"'
                 )
-            if getattr(getattr(recipe, "model", None), "head_at_test", False):
+            if head_at_test:
                 raise ValueError(
                     "through_backbone_pooler is a training-only head (DCLR's code evaluates [CLS] before it): "
                     "set model.head_at_test: false"

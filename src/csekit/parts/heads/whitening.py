@@ -292,6 +292,8 @@ class WhiteningHead(nn.Module):
     flattened batch, so they mostly fall into the same third and share its permutation and statistics.
     In eval mode (`encode`) the whitening uses running statistics, so a kept head is a fixed map;
     `statistics: running` uses them in training too (Eq. 13), updated with the step's views first.
+    The build arguments `batch_size` (`train.batch_size`: the rows a step's statistics come from) and
+    `input_view_count` (V) only check the options; outside a recipe they may be left out.
     """
 
     def __init__(
@@ -307,25 +309,24 @@ class WhiteningHead(nn.Module):
         momentum: float = 0.1,
         statistics: str = "batch",
         encoder: Any = None,
-        recipe: Any = None,
+        batch_size: int | None = None,
+        input_view_count: int | None = None,
     ) -> None:
         super().__init__()
         if num_positives < 2:
             raise ValueError("num_positives must be at least 2 (an anchor and one positive)")
-        views = _recipe_num_views(recipe)
-        if views is not None and views > num_positives:
+        if input_view_count is not None and input_view_count > num_positives:
             raise ValueError(
-                f"num_positives={num_positives} is smaller than data.views.num_views={views}; "
-                "the extra dropout views would be encoded and never used"
+                f"num_positives={num_positives} is smaller than the {input_view_count} views data.views makes; "
+                "the extra views would be encoded and never used"
             )
         self.num_positives = num_positives
         self.whitening = GroupWhitening(
             dim, whitening, num_groups, group_size, eps, eigh_dtype, gradient_through_whitening, momentum, statistics
         )
-        rows = _recipe_batch_size(recipe)
-        if rows is not None:
+        if batch_size is not None:
             key = "num_groups" if num_groups is not None else "group_size" if group_size is not None else "whitening"
-            message = singular_groups_message(self.whitening, rows, f"model.head.{key}")
+            message = singular_groups_message(self.whitening, batch_size, f"model.head.{key}")
             if message is not None:
                 warnings.warn(message, SingularWhiteningWarning, stacklevel=2)
         self.linear = nn.Linear(dim, dim)
@@ -389,17 +390,3 @@ def singular_groups_message(whitening: GroupWhitening, rows: int, key: str) -> s
         f"over batches of {rows} rows (train.batch_size): a group covariance has rank at most {rows - 1} < "
         f"{channels}, so the whitening of the missing directions is set by eps, not by the data; {advice}"
     )
-
-
-def _recipe_batch_size(recipe: Any) -> int | None:
-    """Rows a training batch's whitening statistics come from: the global `train.batch_size` (gathered)."""
-    value = getattr(getattr(recipe, "train", None), "batch_size", None)
-    return int(value) if value is not None else None
-
-
-def _recipe_num_views(recipe: Any) -> int | None:
-    views = getattr(getattr(recipe, "data", None), "views", None)
-    if not isinstance(views, dict) and not hasattr(views, "get"):
-        return None
-    value = views.get("num_views", 2 if views.get("name") == "dropout" else None)
-    return int(value) if value is not None else None

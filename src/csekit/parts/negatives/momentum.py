@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -50,7 +49,8 @@ class MomentumQueue(nn.Module):
     the paper (queue_size, when given, is the length itself); view: whose inputs the momentum encoder
     encodes (0, the sentence, in the authors' code; 1, the repeated sentence); queue_head: what maps its
     outputs, `online` (the training head, in eval mode and without gradient, as the authors' code) or
-    `momentum` (a momentum copy of the head, updated like the encoder).
+    `momentum` (a momentum copy of the head, updated like the encoder). `encoder`, `head` and `batch_size`
+    (`train.batch_size`, the global batch) are build arguments.
     """
 
     #: The view options that index the step's inputs (not the training representations): checked at load.
@@ -60,7 +60,7 @@ class MomentumQueue(nn.Module):
         self,
         encoder: SentenceEncoder,
         head: nn.Module,
-        recipe: Any = None,
+        batch_size: int | None = None,
         momentum: float = 0.995,
         queue_ratio: float = 2.5,
         queue_size: int | None = None,
@@ -77,11 +77,11 @@ class MomentumQueue(nn.Module):
         if isinstance(head, MakesViews):
             raise ValueError("negatives momentum_queue needs a head that maps each vector on its own (mlp or none)")
         if queue_size is None:
-            if recipe is None:
-                raise ValueError("give queue_size (outside a recipe there is no batch size for queue_ratio)")
+            if batch_size is None:
+                raise ValueError("give queue_size, or the batch_size that queue_ratio counts in")
             if not 0 < queue_ratio <= MAX_QUEUE_SIZE:  # NaN too
                 raise ValueError(f"option queue_ratio must be a number in (0, {MAX_QUEUE_SIZE}] (got {queue_ratio})")
-            queue_size = math.floor(queue_ratio * int(recipe.train.batch_size))
+            queue_size = math.floor(queue_ratio * int(batch_size))
         if not 1 <= queue_size <= MAX_QUEUE_SIZE:
             raise ValueError(
                 f"the queue must hold from 1 to {MAX_QUEUE_SIZE} vectors (queue_size {queue_size}; the paper's is "

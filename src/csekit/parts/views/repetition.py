@@ -15,7 +15,6 @@ whenever (and in whichever worker) it is made.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -58,6 +57,7 @@ class RepetitionViews:
     """ESimCSE's views: the sentence (view 0) and the sentence with some tokens repeated (view 1).
 
     dup_rate: the paper's duplication rate, 0.32 for BERT-base. Dropout stays on in both views.
+    seed: the run's `train.seed` (a build argument), which seeds each batch's draws with its sentences.
     """
 
     num_views = 2
@@ -68,7 +68,7 @@ class RepetitionViews:
         pooler: Pooler,
         max_length: int,
         dup_rate: float = 0.32,
-        recipe: Any = None,
+        seed: int = 0,
     ) -> None:
         if not 0.0 <= dup_rate <= 1.0:
             raise ValueError(f"option dup_rate must be in [0, 1] (got {dup_rate})")
@@ -81,7 +81,7 @@ class RepetitionViews:
         self.pooler = pooler
         self.max_length = max_length
         self.dup_rate = float(dup_rate)
-        self.seed = int(recipe.train.seed) if recipe is not None else 0
+        self.seed = int(seed)
         self.special_ids = set(tokenizer.all_special_ids)
         model_max = getattr(tokenizer, "model_max_length", None)
         self.limit = int(model_max) if isinstance(model_max, int) and model_max < 100_000 else None
