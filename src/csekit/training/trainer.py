@@ -43,7 +43,8 @@ from csekit.core.save_guard import guarded_save, saves_keep
 from csekit.data.corpus import TrainCollator, open_corpus, sentence_text
 from csekit.data.data_dir import resolve_data_dir
 from csekit.data.duplicates import DuplicateReport, SentenceGroups, SeparatingSampler, check_separable
-from csekit.encoding.encoder import SentenceEncoder, non_finite_parameters
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.model_folder import non_finite_parameters
 from csekit.encoding.pooling import MaskPooler
 from csekit.evaluation.sts import evaluate_dev
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS
