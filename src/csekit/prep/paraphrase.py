@@ -164,7 +164,10 @@ class MarianEngine(BackTranslationEngine):
     def _load(self, name: str) -> LoadedModel:
         from transformers import MarianMTModel, MarianTokenizer
 
-        return _load_translation_model(name, MarianMTModel, MarianTokenizer)
+        try:
+            return _load_translation_model(name, MarianMTModel, MarianTokenizer)
+        except ImportError:
+            raise CsekitError("the marian engine's tokenizer needs sentencepiece: pip install sentencepiece") from None
 
 
 class FileEngine:
