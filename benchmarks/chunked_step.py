@@ -149,7 +149,8 @@ def save_small_model(folder: Path) -> str:
     """A randomly initialised 2-layer, 128-wide BERT with MiniLM's tokenizer (for a short run on a small CPU)."""
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-    from csekit.encoding.encoder import SentenceEncoder, resolve_model_path
+    from csekit.encoding.encoder import SentenceEncoder
+    from csekit.encoding.hub import resolve_model_path
     from csekit.encoding.pooling import make_pooler
 
     source = resolve_model_path("minilm-l6")

@@ -23,7 +23,8 @@ from train_throughput import cpu_name
 
 from csekit.core.precision import cpu_has_native_bf16
 from csekit.data.data_dir import resolve_data_dir
-from csekit.encoding.encoder import SentenceEncoder, resolve_model_path
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.hub import resolve_model_path
 from csekit.evaluation.sts import STS_TASKS, evaluate_sts, format_sts_table
 
 

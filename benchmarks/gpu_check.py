@@ -65,7 +65,7 @@ Progress = Callable[[dict[str, Any]], None]
 
 def prepare(data: Path, model: str, out: Path, wheels: bool) -> dict[str, Any]:
     """The carry folder: the model in fp16, data.tar.gz, the wheels, manifest.json; refused over CARRY_LIMIT."""
-    from csekit.encoding.encoder import resolve_model_path
+    from csekit.encoding.hub import resolve_model_path
     from csekit.training.recipe import load_recipe
 
     if out.exists():

@@ -227,7 +227,7 @@ def _st_model(max_length: int):  # type: ignore[no-untyped-def]
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
-    from csekit.encoding.encoder import resolve_model_path
+    from csekit.encoding.hub import resolve_model_path
 
     transformer = Transformer(resolve_model_path("minilm-l6"), max_seq_length=max_length)
     pooling = Pooling(transformer.auto_model.config.hidden_size, pooling_mode="cls")

@@ -71,7 +71,7 @@ WRITE_FLAGS = ("O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_TRUNC")
 ALLOWED_WRITES = {
     ("csekit.core.run_lock", "os.open"): "the lock file: opened with O_NOFOLLOW | O_NONBLOCK and fstat-checked to be "
     "a regular file (a flock needs its own descriptor, held for the run)",
-    ("csekit.encoding.encoder", "save_pretrained"): "transformers writes the model's files itself, into the staging "
+    ("csekit.encoding.export", "save_pretrained"): "transformers writes the model's files itself, into the staging "
     "folder atomic_directory made (exclusive mkdir, 0700) and holds open: it gets /proc/self/fd/N, so a link put at "
     "the staging name is never written through; swap_in checks the name's inode before renaming it in",
     ("csekit.training.trackers", "init_trackers"): "accelerate's trackers write (TensorBoard: event files, "
@@ -328,7 +328,7 @@ def test_the_file_checks_find_each_bypass_and_accept_the_wrapped_savers() -> Non
 
 NAME_JOINS = {
     "csekit.bench": "run_dir",
-    "csekit.encoding.encoder": "_inside",
+    "csekit.encoding.model_folder": "_inside",
 }
 """Where a name read from a file (a suite's recipe name; modules.json's and csekit.json's paths) is joined to its
 folder: each such function must call child_path, and every use of the name goes through that function."""
@@ -416,7 +416,7 @@ def show(model: str) -> None:
 
 LIBRARY_WRITERS = {"save_pretrained", "init_trackers", "save_state", "save_model", "save_vocabulary", "add_hparams"}
 HELD_WRITERS = {
-    ("csekit.encoding.encoder", "save_pretrained"): ("_write", "atomic_directory"),
+    ("csekit.encoding.export", "save_pretrained"): ("_write", "atomic_directory"),
     ("csekit.training.trackers", "init_trackers"): ("start_trackers", "HeldFolder"),
 }
 """(module, library call) -> (the one function that may make it, what gives that function its folder): `_write` is
@@ -481,9 +481,9 @@ def save(self, path):
 def export(self, folder):
     self.tokenizer.save_pretrained(folder)
 """
-    assert library_writes_outside_held_folders(source, "csekit.encoding.encoder") == [
-        "csekit.encoding.encoder:11 save_pretrained in export",
-        "csekit.encoding.encoder:8 _write on a folder that is not held",
+    assert library_writes_outside_held_folders(source, "csekit.encoding.export") == [
+        "csekit.encoding.export:11 save_pretrained in export",
+        "csekit.encoding.export:8 _write on a folder that is not held",
     ]
 
 

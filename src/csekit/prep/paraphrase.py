@@ -16,13 +16,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
-from safetensors import SafetensorError
-
 from csekit.core.errors import CsekitError, at
 from csekit.core.json_lines import json_rows
 from csekit.core.lines import read_lines
 from csekit.core.registry import Registry
-from csekit.encoding.model_folder import check_tokenizer, from_pretrained
+from csekit.encoding.model_folder import LoadedModel, load_model
 from csekit.encoding.token_input import tokenize_texts
 
 TRANSLATION_SPECIAL_TOKENS = ("unk_token", "pad_token")
@@ -94,21 +92,15 @@ class BackTranslationEngine:
         self.models = models or self.default_models
         self._models: dict[str, tuple[Any, Any]] = {}
 
-    def _load(self, name: str, source: str, target: str) -> tuple[Any, Any]:
-        """The tokenizer and the model called `name` (raises OSError when it cannot be found)."""
+    def _load(self, name: str) -> LoadedModel:
+        """The translation model called `name`, with its tokenizer (`model_folder.load_model`)."""
         raise NotImplementedError
 
     def _model(self, source: str, target: str) -> tuple[Any, Any]:
         name = self.models.format(source=source, target=target)
         if name not in self._models:
-            try:
-                tokenizer, model = self._load(name, source, target)
-            except OSError as error:
-                raise CsekitError(f'cannot load "{name}": {str(error).splitlines()[0]} (needs a network)') from None
-            except (ValueError, RuntimeError, KeyError, EOFError, SafetensorError) as error:  # a damaged file
-                reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-                raise CsekitError(f'cannot load "{name}": {reason} (a file in it is missing or damaged)') from None
-            self._models[name] = (tokenizer, model.to(self.device).eval())
+            loaded = self._load(name)  # a hub name or a folder, checked; every failure one line
+            self._models[name] = (loaded.tokenizer, loaded.model.to(self.device).eval())
         return self._models[name]
 
     def _translate(self, sentences: list[str], source: str, target: str) -> list[str]:
@@ -135,6 +127,14 @@ class BackTranslationEngine:
         return candidates
 
 
+def _load_translation_model(name: str, model_class: Any, tokenizer_class: Any) -> LoadedModel:
+    """A translation model and its tokenizer, loaded (and checked) as every model is; no sentence-encoder alias is
+    suggested for a name that cannot be found."""
+    return load_model(
+        name, model_class, tokenizer_class=tokenizer_class, special_tokens=TRANSLATION_SPECIAL_TOKENS, aliases=False
+    )
+
+
 class FsmtEngine(BackTranslationEngine):
     """The paper's back-translation: facebook's WMT19 FSMT models, EN-RU-EN then EN-DE-EN (OssCSE footnote 4).
 
@@ -145,16 +145,13 @@ class FsmtEngine(BackTranslationEngine):
     default_pivots = ("ru", "de")  # the paper's order: "English-Russian-English, English-German-English"
     default_models = "facebook/wmt19-{source}-{target}"
 
-    def _load(self, name: str, source: str, target: str) -> tuple[Any, Any]:
+    def _load(self, name: str) -> LoadedModel:
         from transformers import FSMTForConditionalGeneration, FSMTTokenizer
 
         try:
-            tokenizer = from_pretrained(FSMTTokenizer, name)
+            return _load_translation_model(name, FSMTForConditionalGeneration, FSMTTokenizer)
         except ImportError:
             raise CsekitError("the fsmt engine's tokenizer needs sacremoses: pip install 'csekit[fsmt]'") from None
-        model = from_pretrained(FSMTForConditionalGeneration, name)
-        check_tokenizer(name, tokenizer, model.config.src_vocab_size, TRANSLATION_SPECIAL_TOKENS)
-        return tokenizer, model
 
 
 class MarianEngine(BackTranslationEngine):
@@ -164,12 +161,13 @@ class MarianEngine(BackTranslationEngine):
     default_pivots = ("de", "ru")
     default_models = "Helsinki-NLP/opus-mt-{source}-{target}"
 
-    def _load(self, name: str, source: str, target: str) -> tuple[Any, Any]:
+    def _load(self, name: str) -> LoadedModel:
         from transformers import MarianMTModel, MarianTokenizer
 
-        tokenizer, model = from_pretrained(MarianTokenizer, name), from_pretrained(MarianMTModel, name)
-        check_tokenizer(name, tokenizer, model.config.vocab_size, TRANSLATION_SPECIAL_TOKENS)
-        return tokenizer, model
+        try:
+            return _load_translation_model(name, MarianMTModel, MarianTokenizer)
+        except ImportError:
+            raise CsekitError("the marian engine's tokenizer needs sentencepiece: pip install sentencepiece") from None
 
 
 class FileEngine:

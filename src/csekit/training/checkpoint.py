@@ -25,7 +25,7 @@ from safetensors.torch import load_model, save_model
 from csekit.core.atomic import write_by_name, write_file
 from csekit.core.bounded_read import read_by_name, read_with
 from csekit.core.errors import CsekitError
-from csekit.encoding.encoder import non_finite_parameters
+from csekit.encoding.model_folder import non_finite_parameters
 from csekit.training.state_checks import StateMismatch, check_state
 
 MODEL_FILE = "model.safetensors"

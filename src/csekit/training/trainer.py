@@ -43,7 +43,8 @@ from csekit.core.save_guard import guarded_save, saves_keep
 from csekit.data.corpus import TrainCollator, open_corpus, sentence_text
 from csekit.data.data_dir import resolve_data_dir
 from csekit.data.duplicates import DuplicateReport, SentenceGroups, SeparatingSampler, check_separable
-from csekit.encoding.encoder import SentenceEncoder, non_finite_parameters
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.model_folder import non_finite_parameters
 from csekit.encoding.pooling import MaskPooler
 from csekit.evaluation.sts import evaluate_dev
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS
@@ -604,7 +605,7 @@ class Trainer:
             self._report("dev", {"step": self.state.step, **scores})
             score = scores.get(self.config.select_metric)
             saved = self.unwrapped.saved_encoder()
-            saved.card_facts = training_card_facts(
+            facts = training_card_facts(
                 self.recipe,
                 corpus_sentences=len(self.corpus),
                 step=self.state.step,
@@ -615,10 +616,10 @@ class Trainer:
             if _improves(score, self.state.best_score):
                 self.state.best_score, self.state.best_step = score, self.state.step
                 self.state.evaluations_without_improvement = 0
-                saved.save(self.output / "best")
+                saved.save(self.output / "best", facts)
             else:
                 self.state.evaluations_without_improvement += 1
-            saved.save(self.output / "last")
+            saved.save(self.output / "last", facts)
             self.last_score = score
             self.bar.set_postfix_str(_postfix(self.last_loss, self.config.select_metric, self.last_score))
 
