@@ -1,4 +1,4 @@
-"""Memory and time of a chunked training step (`train.chunk_size`) against the unchunked step, by global batch.
+"""Memory and time of a chunked training step (`run.chunk_size`) against the unchunked step, by global batch.
 
     python benchmarks/chunked_step.py                                    # MiniLM, batch 64/256/1024, chunk 32
     python benchmarks/chunked_step.py --small                            # a 2-layer, 128-wide random BERT
@@ -192,7 +192,7 @@ def main() -> None:
     parser.add_argument("--recipe", type=Path, default=REPO / "recipes" / "quickstart.yaml")
     parser.add_argument("--model", default="minilm-l6", help="model.backbone (default: minilm-l6)")
     parser.add_argument("--batches", type=int, nargs="+", default=[64, 256, 1024], help="global batch sizes")
-    parser.add_argument("--chunk", type=int, default=32, help="train.chunk_size (rows a pass)")
+    parser.add_argument("--chunk", type=int, default=32, help="run.chunk_size (rows a pass)")
     parser.add_argument("--unchunked-up-to", type=int, default=1024, help="largest batch also run unchunked")
     parser.add_argument("--max-length", type=int, default=32)
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])

@@ -53,7 +53,7 @@ STAGES: tuple[tuple[str, str, int], ...] = (
     ("checks", "checks: bound, fused AdamW, packed vs padded, attention kernels", 45),
     ("loop", "csekit's loop (each key on and off) against sentence-transformers", 170),
     ("quickstart", "the quickstart recipe on all-MiniLM-L6-v2 with its STS table", 110),
-    ("compile", "train.compile, in the time left", 0),
+    ("compile", "run.compile, in the time left", 0),
 )
 """(name, title, seconds of a 480-second budget); 0: what is left. Each is a function of gpu_check_stages."""
 MIN_STAGE_SECONDS = 10

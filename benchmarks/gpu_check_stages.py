@@ -170,7 +170,7 @@ def checks(stage: Stage) -> None:
 
 
 def adamw_check(stage: Stage) -> dict[str, Any]:
-    """Fused AdamW on the random BERT's parameters: a learning rate on the device (what train.sync_free uses)
+    """Fused AdamW on the random BERT's parameters: a learning rate on the device (what run.sync_free uses)
     against a host float; the same updates to float rounding, and each one's step time."""
     from csekit.encoding.encoder import SentenceEncoder
 
@@ -206,14 +206,16 @@ def packed_inputs(stage: Stage) -> tuple[Any, dict[str, torch.Tensor]]:
 
 def packed_check(stage: Stage) -> dict[str, Any]:
     """Pooled vectors and gradients of the packed and the padded pass at `precision`, against fp32 padded."""
+    from csekit.encoding.passes import PassPlan
+
     encoder, inputs = packed_inputs(stage)
     dtype = torch.bfloat16 if stage.precision == "bf16" else None
 
     def run(packed: bool, autocast: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        encoder.packed = packed
+        plan = PassPlan(packed=packed, packed_required=packed)
         encoder.zero_grad(set_to_none=True)
         with torch.autocast(torch.device(stage.device).type, dtype=dtype, enabled=autocast and dtype is not None):
-            pooled = encoder(inputs, 0, token_states=False).pooled.float()
+            pooled = encoder(inputs, token_states=False, plan=plan).pooled.float()
         weights = torch.randn(pooled.shape, generator=torch.Generator().manual_seed(1)).to(pooled.device)
         (pooled * weights).sum().backward()
         grads = torch.cat([p.grad.flatten().float() for p in encoder.parameters() if p.grad is not None])
@@ -236,16 +238,18 @@ def kernel_check(stage: Stage) -> dict[str, list[str]]:
     """The attention kernels (on a CPU, operators) a forward and backward pass launches, padded and packed."""
     from torch.profiler import ProfilerActivity, profile
 
+    from csekit.encoding.passes import PassPlan
+
     encoder, inputs = packed_inputs(stage)
     on_gpu = stage.device == "cuda"
     dtype = torch.bfloat16 if stage.precision == "bf16" else None
     kernels = {}
     for packed in (False, True):
-        encoder.packed = packed
+        plan = PassPlan(packed=packed, packed_required=packed)
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
         with profile(activities=activities) as profiler:
             with torch.autocast(torch.device(stage.device).type, dtype=dtype, enabled=dtype is not None):
-                pooled = encoder(inputs, 0, token_states=False).pooled
+                pooled = encoder(inputs, token_states=False, plan=plan).pooled
             pooled.float().sum().backward()
             step_tools.synchronize(stage.device)
         names = {
@@ -341,7 +345,7 @@ def evaluate(model: Path, pooler: str | None, root: Path, tasks: str, device: st
 
 
 def compile_stage(stage: Stage) -> None:
-    """train.compile (others off) at each batch size, in the time left; the first steps' time is the compile."""
+    """run.compile (others off) at each batch size, in the time left; the first steps' time is the compile."""
     from csekit.training import compiled
 
     modes = ["reduce-overhead", "default"]
@@ -356,11 +360,11 @@ def compile_stage(stage: Stage) -> None:
     off = throughput.key_variants(throughput.KEYS)["all off"]
     for mode in modes:
         for batch in stage.batches:
-            name = f"train.compile={mode}, batch {batch}"
+            name = f"run.compile={mode}, batch {batch}"
             flops = earlier.get("batches", {}).get(str(batch), {}).get("common_flops")
             overrides = [*throughput.loop_overrides(model, corpus, batch, stage.precision), *off]
             try:
-                rows[name] = compiled_run([*overrides, f"train.compile={mode}"], stage.work / f"c{len(rows)}", stage)
+                rows[name] = compiled_run([*overrides, f"run.compile={mode}"], stage.work / f"c{len(rows)}", stage)
                 if flops:
                     rows[name] = throughput.with_rates(rows[name], batch, flops, bound)
             except Exception as error:

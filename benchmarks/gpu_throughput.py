@@ -16,7 +16,7 @@ of `--assets/corpus.txt`, in one process (benchmarks/gpu_check.py runs the same 
   ST CMNRL          the same with `CachedMultipleNegativesRankingLoss` (GradCache, mini-batches of 32)
 
 Every step time is a window's wall time over its steps, the device synchronised once before and once after
-the window (the loop itself never waits between log points when train.sync_free is on). Every variant's
+the window (the loop itself never waits between log points when run.sync_free is on). Every variant's
 rate uses ONE FLOP count, the matrix-product FLOPs (forward and backward, `torch.utils.flop_counter`) of
 csekit's padded step on the same batch size, so a packed step is not charged less. Host syncs per step are
 counted in a separate window (`step_tools.counting_syncs`: host reads and CUDA's synchronising calls).
@@ -47,12 +47,12 @@ MAX_LENGTH = 32
 LR = 3e-5
 
 KEYS: dict[str, tuple[str, str]] = {
-    "model.packed": ("true", "false"),
-    "train.sync_free": ("true", "false"),
-    "model.fast_dropout": ("true", "false"),
-    "data.num_workers": ("2", "0"),
+    "run.packed": ("true", "false"),
+    "run.sync_free": ("true", "false"),
+    "run.fast_dropout": ("true", "false"),
+    "run.num_workers": ("2", "0"),
 }
-"""The csekit keys measured on and off: key -> (on, off). train.compile runs apart (gpu_check's last stage)."""
+"""The csekit keys measured on and off: key -> (on, off). run.compile runs apart (gpu_check's last stage)."""
 
 Step = Callable[[], None]
 

@@ -2,7 +2,7 @@
 
     python benchmarks/profile_step.py --device cuda --batch 64 --out profile-64.md
     python benchmarks/profile_step.py --device cuda --batch 512 --out profile-512.md --assets .gpu/assets
-    python benchmarks/profile_step.py --device cpu --batch 16 --out profile-cpu.md --set train.sync_free=true
+    python benchmarks/profile_step.py --device cpu --batch 16 --out profile-cpu.md --set run.sync_free=true
 
 It sets up `csekit.training.trainer.Trainer` on the quickstart recipe (MiniLM, [CLS], max length 32; with
 `--assets DIR`, a random BERT-base with DIR/tokenizer-bert and DIR/corpus.txt, as gpu_throughput.py) and
@@ -16,7 +16,7 @@ runs the loop's own step (`Trainer.step`, then what follows it) on its batches: 
 - the top 25 kernels by device time (on a CPU the operators by self time: the CPU runs the kernels) and
   the top 25 host operators by self CPU time.
 
-`--set KEY=VALUE` overrides recipe keys (e.g. train.sync_free=true, train.compile=reduce-overhead, model.packed=true).
+`--set KEY=VALUE` overrides recipe keys (e.g. run.sync_free=true, run.compile=reduce-overhead, run.packed=true).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ def summary(args: argparse.Namespace, trainer: Any, seconds: float, syncs: list[
         f"- device: {name}; torch {torch.__version__}; precision {trainer.precision}; "
         f"{torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}",
         f"- keys: {', '.join(args.set) or 'defaults'} (sync-free {'on' if trainer.sync_free is not None else 'off'}, "
-        f"compile {recipe.train.compile})",
+        f"compile {recipe.run.compile})",
         f"- step time: {seconds * 1e3:.1f} ms ({args.batch / seconds:,.0f} sentences/s), mean of {args.steps} steps",
         f"- {'kernel launches' if on_gpu else 'operator calls'} per step: {launches / PROFILED_STEPS:.0f}",
         f"- host syncs per step: {len(syncs) / args.steps:.1f} "

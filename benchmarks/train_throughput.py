@@ -15,7 +15,7 @@ bert-base-uncased's vocabulary), with which incomplete-sentence filtering masks 
     python benchmarks/train_throughput.py --steps 20 --no-methods   # csekit against sentence-transformers only
     python benchmarks/train_throughput.py --corpus-memory       # peak memory of 100k / 1M-line corpora
     python benchmarks/train_throughput.py --packed --precision fp32   # padding-free pass against length groups
-    python benchmarks/train_throughput.py --steps 20 --variants train.sync_free=false train.sync_free=true
+    python benchmarks/train_throughput.py --steps 20 --variants run.sync_free=false run.sync_free=true
                                     # csekit's loop with each variant's recipe keys (';' joins several),
                                     # in turn each round; ratios to the first variant
 
@@ -29,9 +29,9 @@ several turns (the reported ratio): this machine's speed drifts by 20-30% over m
 separate runs, minutes apart, cannot cancel and the alternating ones do.
 
 `--packed` times csekit SimCSE (quickstart.yaml) four ways in one process, taking turns on the same batches:
-in length groups (`model.packed=false`), padding-free (`model.packed=true`, the CPU default: attention in
-length groups), padding-free with attention over the whole batch (`model.length_group_size=0`) and as one
-padded pass (`model.length_group_size=0`, `model.packed=false`).
+in length groups (`run.packed=false`), padding-free (`run.packed=true`, the CPU default: attention in
+length groups), padding-free with attention over the whole batch (`run.length_group_size=0`) and as one
+padded pass (`run.length_group_size=0`, `run.packed=false`).
 
 Figures depend on the machine and on what else runs on it: report them with both.
 """
@@ -491,10 +491,10 @@ def main() -> None:
 
 
 PACKING_SETTINGS = {
-    "length groups": "quickstart.yaml+model.packed=false",
-    "padding-free": "quickstart.yaml+model.packed=true",
-    "padding-free, attention in one group": "quickstart.yaml+model.packed=true+model.length_group_size=0",
-    "one padded pass": "quickstart.yaml+model.packed=false+model.length_group_size=0",
+    "length groups": "quickstart.yaml+run.packed=false",
+    "padding-free": "quickstart.yaml+run.packed=true",
+    "padding-free, attention in one group": "quickstart.yaml+run.packed=true+run.length_group_size=0",
+    "one padded pass": "quickstart.yaml+run.packed=false+run.length_group_size=0",
 }
 
 

@@ -19,7 +19,7 @@ from csekit.encoding.encoder import SentenceEncoder
 RECIPE_VALUES = {
     "max_grad_norm zero": ("train.max_grad_norm=0", "train.max_grad_norm"),
     "max_grad_norm negative": ("train.max_grad_norm=-1.0", "train.max_grad_norm"),
-    "eval_batch_size zero": ("train.eval_batch_size=0", "train.eval_batch_size"),
+    "eval_batch_size zero": ("run.eval_batch_size=0", "run.eval_batch_size"),
     "no objectives": ("objectives=[]", "objectives"),
     "negative weight decay": ("train.weight_decay=-0.01", "train.weight_decay"),
     "negative seed": ("train.seed=-1", "train.seed"),
@@ -27,9 +27,9 @@ RECIPE_VALUES = {
     "infinite lr": ("train.lr=.inf", "train.lr"),
     "dropout of 1": ("model.dropout=1.0", "model.dropout"),
     "negative dropout": ("model.dropout=-0.1", "model.dropout"),
-    "negative workers": ("data.num_workers=-1", "data.num_workers"),
+    "negative workers": ("run.num_workers=-1", "run.num_workers"),
     "max_chars of a document, not a sentence": ("data.max_chars=300000000", "data.max_chars"),
-    "packed neither auto, true nor false": ("model.packed=always", "model.packed"),
+    "packed neither auto, true nor false": ("run.packed=always", "run.packed"),
     "objective weight text": ("objectives=[{name: infonce, weight: heavy}]", "objectives[0].weight"),
     "negative objective weight": ("objectives=[{name: infonce, weight: -1}]", "objectives[0].weight"),
 }

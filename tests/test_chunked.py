@@ -1,4 +1,4 @@
-"""Chunked (cached) steps (`train.chunk_size`) give the unchunked step's loss, loss parts and gradients.
+"""Chunked (cached) steps (`run.chunk_size`) give the unchunked step's loss, loss parts and gradients.
 
 Each family is a shipped recipe run on the tiny stand-ins of `recipe_trace.tiny_overrides` (fp32, one thread).
 Two references:
@@ -250,7 +250,7 @@ def test_the_rounding_bound_fails_a_step_that_differs(tiny: TinyInputs) -> None:
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_chunked_step_replays_dropout(tiny: TinyInputs, family: str) -> None:
     """With the recipe's dropout: the second pass of each chunk draws its first pass's masks."""
-    recipe = family_recipe(tiny, family, "model.length_group_size=0", "model.dropout=0.1")
+    recipe = family_recipe(tiny, family, "run.length_group_size=0", "model.dropout=0.1")
     reference, views = build(recipe)
     chunked, _ = build(recipe)
     encode_in_chunks_with_one_graph(reference.encoder, CHUNK)
@@ -293,16 +293,16 @@ def assert_packed_chunked_step_equals(
 
 @pytest.mark.parametrize("family", PACKED_FAMILIES)
 def test_a_packed_chunked_step_equals_the_padded_unchunked_step(tiny: TinyInputs, family: str) -> None:
-    """model.packed in a chunked step, no dropout: the padded unchunked step's loss, parts and gradients."""
-    plain, views = build(family_recipe(tiny, family, "model.dropout=0.0", "model.packed=false"))
-    chunked, _ = build(family_recipe(tiny, family, "model.dropout=0.0", "model.packed=true"))
+    """run.packed in a chunked step, no dropout: the padded unchunked step's loss, parts and gradients."""
+    plain, views = build(family_recipe(tiny, family, "model.dropout=0.0", "run.packed=false"))
+    chunked, _ = build(family_recipe(tiny, family, "model.dropout=0.0", "run.packed=true"))
     assert_packed_chunked_step_equals(tiny, plain, chunked, views)
 
 
 @pytest.mark.parametrize("family", PACKED_FAMILIES)
 def test_a_packed_chunked_step_replays_dropout(tiny: TinyInputs, family: str) -> None:
-    """model.packed with dropout: each chunk's second packed pass draws its first pass's masks."""
-    recipe = family_recipe(tiny, family, "model.length_group_size=0", "model.dropout=0.1", "model.packed=true")
+    """run.packed with dropout: each chunk's second packed pass draws its first pass's masks."""
+    recipe = family_recipe(tiny, family, "run.length_group_size=0", "model.dropout=0.1", "run.packed=true")
     reference, views = build(recipe)
     chunked, _ = build(recipe)
     encode_in_chunks_with_one_graph(reference.encoder, CHUNK)
@@ -313,7 +313,7 @@ def test_without_replay_the_gradients_differ(tiny: TinyInputs, monkeypatch: pyte
     """The replay test can fail: with the second pass drawing new masks, the gradients are another step's."""
     from csekit.training import chunked as chunked_module
 
-    recipe = family_recipe(tiny, "simcse", "model.length_group_size=0", "model.dropout=0.1")
+    recipe = family_recipe(tiny, "simcse", "run.length_group_size=0", "model.dropout=0.1")
     reference, views = build(recipe)
     chunked, _ = build(recipe)
     encode_in_chunks_with_one_graph(reference.encoder, CHUNK)
@@ -335,7 +335,7 @@ def test_weights_agree_after_optimizer_steps(tiny: TinyInputs, family: str) -> N
     (AdamW divides each gradient by its own running size: where the exact gradient is 0, e.g. an attention
     key bias's, it turns float noise into steps of lr, in any two runs that round differently.)
     """
-    recipe = family_recipe(tiny, family, "model.length_group_size=0", "model.dropout=0.1")
+    recipe = family_recipe(tiny, family, "run.length_group_size=0", "model.dropout=0.1")
     reference, views = build(recipe)
     chunked, _ = build(recipe)
     encode_in_chunks_with_one_graph(reference.encoder, CHUNK)
@@ -416,7 +416,7 @@ def train_in_a_fresh_process(recipe: Recipe, output: Path) -> tuple[list[float],
 
 
 def test_training_with_chunks_follows_training_without(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """`csekit train` with train.chunk_size, through the loop's own step (accelerate, clipping, AdamW).
+    """`csekit train` with run.chunk_size, through the loop's own step (accelerate, clipping, AdamW).
 
     The first step's loss is the same; AdamW then steps each weight by up to lr in the direction of its
     gradient's sign, which for gradients that are 0 in exact arithmetic is float noise: the weights agree
@@ -425,7 +425,7 @@ def test_training_with_chunks_follows_training_without(tmp_path: Path, tiny_mode
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
     common = ("train.max_steps=3", "train.precision=fp32", "model.dropout=0.0", "train.max_grad_norm=0.5")
     plain = train_in_a_fresh_process(tiny_recipe(tiny_model_dir, corpus, *common), tmp_path / "plain")
-    chunked_recipe = tiny_recipe(tiny_model_dir, corpus, *common, "train.chunk_size=4")
+    chunked_recipe = tiny_recipe(tiny_model_dir, corpus, *common, "run.chunk_size=4")
     chunked = train_in_a_fresh_process(chunked_recipe, tmp_path / "chunked")
     assert len(chunked[0]) == len(plain[0]) == 3
     assert chunked[0] == pytest.approx(plain[0], rel=1e-4)
@@ -443,39 +443,39 @@ def test_resume_with_another_chunk_size_is_allowed_and_recorded(tmp_path: Path, 
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
     common = ("train.eval_every=1", "train.max_steps=2")
     run = tmp_path / "run"
-    train_in_a_fresh_process(tiny_recipe(tiny_model_dir, corpus, "train.chunk_size=8", *common), run)
+    train_in_a_fresh_process(tiny_recipe(tiny_model_dir, corpus, "run.chunk_size=8", *common), run)
 
     def resume(*overrides: str) -> subprocess.CompletedProcess[str]:
         settings = [item for override in (*common, *overrides) for item in ("--set", override)]
         return run_cli("train", "--output", str(run), "--resume", "--no-progress", *settings, cwd=tmp_path)
 
-    refused = resume("train.chunk_size=4", "train.max_steps=3")  # other keys are still refused
+    refused = resume("run.chunk_size=4", "train.max_steps=3")  # other keys are still refused
     assert refused.returncode == 2 and "recipe key train.max_steps" in refused.stderr
-    resumed = resume("train.chunk_size=4")
+    resumed = resume("run.chunk_size=4")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     changed = [record for record in read_metrics(run) if record.get("event") == "recipe_changed"]
-    assert changed == [{"event": "recipe_changed", "step": 2, "changes": {"train.chunk_size": [8, 4]}}]
+    assert changed == [{"event": "recipe_changed", "step": 2, "changes": {"run.chunk_size": [8, 4]}}]
 
 
 # --- clear errors ---------------------------------------------------------------------------------------
 
 
 def test_a_chunk_that_does_not_divide_the_batch_is_refused(tmp_path: Path, tiny_model_dir: Path) -> None:
-    recipe = tiny_recipe(tiny_model_dir, make_corpus(tmp_path / "corpus.txt", lines=64), "train.chunk_size=6")
+    recipe = tiny_recipe(tiny_model_dir, make_corpus(tmp_path / "corpus.txt", lines=64), "run.chunk_size=6")
     path = tmp_path / "recipe.yaml"
     path.write_text(recipe.to_yaml(), encoding="utf-8")
     result = run_cli("train", str(path), "--output", str(tmp_path / "out"), cwd=tmp_path)  # its own interpreter
     assert_one_line_error(
-        result.returncode, result.stderr, "train.chunk_size: 6 does not divide the per-process batch of 16", "e.g. 4"
+        result.returncode, result.stderr, "run.chunk_size: 6 does not divide the per-process batch of 16", "e.g. 4"
     )
     assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("value", [0, 32])
 def test_a_chunk_size_out_of_range_is_refused(tmp_path: Path, tiny_model_dir: Path, value: int) -> None:
-    expected = r"--set train.chunk_size: recipe key train.chunk_size must be at least 1 and at most .*batch_size \(16\)"
+    expected = r"--set run.chunk_size: recipe key run.chunk_size must be at least 1 and at most .*batch_size \(16\)"
     with pytest.raises(CsekitError, match=expected):
-        tiny_recipe(tiny_model_dir, tmp_path / "corpus.txt", f"train.chunk_size={value}")
+        tiny_recipe(tiny_model_dir, tmp_path / "corpus.txt", f"run.chunk_size={value}")
 
 
 class EncodesByItself(nn.Module):
@@ -512,7 +512,7 @@ def test_torchrun_trains_with_chunks_on_two_cpu_processes(tmp_path: Path, tiny_m
     from test_distributed import free_port, launch, logged_steps
 
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=3", "train.chunk_size=4")
+    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=3", "run.chunk_size=4")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     torchrun += ["--master_port", str(free_port())]
     result = launch(torchrun, recipe, tmp_path / "out")
@@ -546,7 +546,7 @@ def test_every_shipped_recipe_trains_the_same_with_chunks(
     losses = {}
     for chunk in (None, 4):
         path = RECIPES / recipe_file
-        extra = ["train.max_steps=3", "model.dropout=0.0", *([f"train.chunk_size={chunk}"] if chunk else [])]
+        extra = ["train.max_steps=3", "model.dropout=0.0", *([f"run.chunk_size={chunk}"] if chunk else [])]
         recipe = load_recipe(path, [*tiny_overrides(load_recipe(path), tiny), *extra])
         train(recipe, tmp_path / str(chunk), show_progress=False)
         losses[chunk] = [r["loss"] for r in read_metrics(tmp_path / str(chunk)) if "loss" in r]

@@ -1,4 +1,4 @@
-"""The compiled encoder pass (train.compile): length buckets, eager losses, exact resume, fused layers.
+"""The compiled encoder pass (run.compile): length buckets, eager losses, exact resume, fused layers.
 
 Inductor builds C++ for each graph, which takes minutes for a whole model on the 2-core development
 machine; the training tests use the aot_eager backend (the same TorchDynamo capture and AOT autograd
@@ -76,7 +76,7 @@ def test_a_ready_4d_mask_is_padded_to_the_bucket_with_its_positions(tmp_path: Pa
 
 
 def run_recipe(model_dir: Path, corpus: Path, mode: str, *extra: str):  # type: ignore[no-untyped-def]
-    return tiny_recipe(model_dir, corpus, "train.max_steps=3", "train.eval_every=2", f"train.compile={mode}", *extra)
+    return tiny_recipe(model_dir, corpus, "train.max_steps=3", "train.eval_every=2", f"run.compile={mode}", *extra)
 
 
 def test_compiled_steps_give_the_eager_losses_and_resume_exactly(
@@ -115,12 +115,12 @@ def test_compiled_steps_give_the_eager_losses_and_resume_exactly(
 
 
 def test_compile_choices() -> None:
-    with pytest.raises(CsekitError, match=r"train\.compile must be one of none, default"):
-        load_recipe(None, ["train.compile=fast"])
-    assert load_recipe(None, ["train.compile=reduce-overhead"]).train.compile == "reduce-overhead"
-    with pytest.raises(CsekitError, match=r"model\.packed cannot be true with train\.compile"):
-        load_recipe(None, ["train.compile=default", "model.packed=true"])
-    assert load_recipe(None, ["train.compile=default", "model.packed=auto"]).model.packed == "auto"
+    with pytest.raises(CsekitError, match=r"run\.compile must be one of none, default"):
+        load_recipe(None, ["run.compile=fast"])
+    assert load_recipe(None, ["run.compile=reduce-overhead"]).run.compile == "reduce-overhead"
+    with pytest.raises(CsekitError, match=r"run\.packed cannot be true with run\.compile"):
+        load_recipe(None, ["run.compile=default", "run.packed=true"])
+    assert load_recipe(None, ["run.compile=default", "run.packed=auto"]).run.packed == "auto"
 
 
 def test_inductor_fuses_a_layers_position_wise_blocks_to_the_eager_values() -> None:

@@ -102,8 +102,8 @@ def test_patience_counts_on_across_a_resume(
     [
         (["train.dev_task=none", "train.patience=2"], "recipe key train.patience needs a dev task"),
         (["train.patience=0"], "recipe key train.patience must be at least 1"),
-        (["train.report_to=tensorbord"], 'recipe key train.report_to: unknown tracker "tensorbord" (did you mean'),
-        (["train.report_to=all"], 'unknown tracker "all"'),
+        (["run.report_to=tensorbord"], 'recipe key run.report_to: unknown tracker "tensorbord" (did you mean'),
+        (["run.report_to=all"], 'unknown tracker "all"'),
     ],
 )
 def test_bad_new_train_keys_are_one_line_errors(overrides: list[str], needle: str) -> None:
@@ -122,8 +122,8 @@ def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_written(
     missing = [t.value for t in LoggerType if t != LoggerType.ALL and t.value not in available]
     if not missing:
         pytest.skip("every tracker accelerate knows is installed")
-    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=1", f"train.report_to={missing[0]}")
-    with pytest.raises(CsekitError, match=f"recipe key train.report_to: {missing[0]} is not installed"):
+    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=1", f"run.report_to={missing[0]}")
+    with pytest.raises(CsekitError, match=f"recipe key run.report_to: {missing[0]} is not installed"):
         train(recipe, tmp_path / "run", show_progress=False)
     assert not (tmp_path / "run").exists()
 
@@ -139,7 +139,7 @@ def test_tensorboard_event_files_are_written_in_the_run_folder(
         "train.max_steps=4",
         "train.eval_every=2",
         "train.dev_task=stsb-dev",
-        "train.report_to=tensorboard",
+        "run.report_to=tensorboard",
     )
     train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
     run_logs = tmp_path / "run" / "logs" / recipe.name  # accelerate's TensorBoard tracker: logging_dir/project

@@ -184,7 +184,7 @@ def test_dropout_views_differ_and_the_trained_model_exports_unchanged(tiny_model
 def test_the_recipe_can_keep_pytorchs_dropout(tiny_model_dir: Path, tmp_path: Path) -> None:
     recipe_file = tmp_path / "r.yaml"
     recipe_file.write_text("objectives: [{name: infonce, temperature: 0.05}]\n", encoding="utf-8")
-    recipe = load_recipe(recipe_file, [f"model.backbone={tiny_model_dir}", "model.fast_dropout=false"])
+    recipe = load_recipe(recipe_file, [f"model.backbone={tiny_model_dir}", "run.fast_dropout=false"])
     encoder = SentenceEncoder.load(tiny_model_dir, pooler="cls")
     build_run_model(recipe, encoder)
     assert not any(isinstance(m, FastDropout) for m in encoder.backbone.modules())

@@ -73,7 +73,7 @@ def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
         }, batch
         assert all(v["seconds"] > 0 and v["tflops"] > 0 for v in variants.values()), variants
         assert row["common_flops"] > 0
-        assert variants["all off"]["syncs_per_step"] > variants["train.sync_free=true"]["syncs_per_step"]
+        assert variants["all off"]["syncs_per_step"] > variants["run.sync_free=true"]["syncs_per_step"]
     assert len(stages["loop"]["profiles"]) == len(stages["loop"]["batches"]) == 1  # tiny: batch 8 only
     quickstart = stages["quickstart"]
     assert quickstart["training"]["steps"] == 4 and quickstart["training"]["dev"]

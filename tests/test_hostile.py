@@ -524,7 +524,7 @@ def test_views_with_their_own_randomness_resume_exactly(case: str, tmp_path: Pat
         f"model.backbone={tiny_model_dir}",
         "model.max_length=16",
         f"data.corpus={corpus}",
-        f"data.num_workers={workers}",
+        f"run.num_workers={workers}",
         "train.batch_size=16",
         "train.max_steps=8",
         "train.eval_every=4",

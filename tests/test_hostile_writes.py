@@ -132,8 +132,8 @@ def test_a_logs_link_in_a_run_folder_is_not_followed_on_resume(
 @pytest.mark.parametrize("tracker", ["mlflow", "comet_ml", "clearml", "swanlab", "trackio"])
 def test_a_tracker_that_writes_outside_the_run_folder_is_refused_at_load(tracker: str) -> None:
     """mlflow writes `./mlruns`, trackio its cache, ...: where their own configuration says, outside csekit's rules."""
-    with pytest.raises(CsekitError, match=f"train.report_to: {tracker} writes its local files .* outside the run"):
-        load_recipe(None, [f"train.report_to={tracker}"])
+    with pytest.raises(CsekitError, match=f"run.report_to: {tracker} writes its local files .* outside the run"):
+        load_recipe(None, [f"run.report_to={tracker}"])
 
 
 def test_a_tracker_that_takes_a_folder_option_gets_the_held_run_folder(tmp_path: Path) -> None:
@@ -141,7 +141,7 @@ def test_a_tracker_that_takes_a_folder_option_gets_the_held_run_folder(tmp_path:
     the held `logs/<name>` through its own init option; TensorBoard and Aim take logging_dir."""
     from csekit.training.trackers import hold_tracker_logs, tracker_options
 
-    recipe = load_recipe(None, ["name=probe", "train.report_to=tensorboard,wandb,dvclive"])
+    recipe = load_recipe(None, ["name=probe", "run.report_to=tensorboard,wandb,dvclive"])
     with contextlib.ExitStack() as held:
         logs = hold_tracker_logs(tmp_path / "run", recipe, held)
         options = tracker_options(logs, recipe)

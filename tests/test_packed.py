@@ -1,4 +1,4 @@
-"""The padding-free encoder pass (`model.packed`, csekit/encoding/packed.py) against the padded pass.
+"""The padding-free encoder pass (`run.packed`, csekit/encoding/packed.py) against the padded pass.
 
 Dropout off: every pooler's vectors, the token states and every parameter's gradient equal the padded
 pass's (float32 sums in another order: 1e-5 on values, 1e-4 relative plus 1e-6 absolute on gradients), on

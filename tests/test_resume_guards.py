@@ -101,8 +101,8 @@ def test_a_huge_queue_is_one_line_before_the_run_folder(
 
 
 def test_num_workers_has_an_upper_bound(tmp_path: Path) -> None:
-    with pytest.raises(CsekitError, match=r"recipe key data.num_workers must be from 0 .* to 64"):
-        tiny_recipe(tmp_path / "model", tmp_path / "corpus.txt", "data.num_workers=100000")
+    with pytest.raises(CsekitError, match=r"recipe key run.num_workers must be from 0 .* to 64"):
+        tiny_recipe(tmp_path / "model", tmp_path / "corpus.txt", "run.num_workers=100000")
 
 
 @pytest.mark.parametrize("edit", ["batch_size: 8\n|batch_size: 16\n", "lr: 3.0e-05|lr: 0.5"])

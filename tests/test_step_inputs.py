@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from csekit.data.corpus import TrainCollator
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.packed import PACKING_LAYOUT, PackingLayout
+from csekit.encoding.passes import PassPlan
 from csekit.encoding.pooling import pad_ids
 from csekit.encoding.ready_mask import ready_attention_mask
 from csekit.parts.views.consert import ConsertViews
@@ -116,13 +117,13 @@ def test_the_collator_sends_the_packing_layout_and_the_packed_pass_finds_nothing
     assert torch.equal(layout.index, expected.index)
     assert torch.equal(layout.cumulative_lengths, expected.cumulative_lengths)
     assert layout.cumulative_lengths.dtype == torch.int32
-    encoder.packed = True
     encoder.train()
+    packed = PassPlan(packed=True, packed_required=True)
     with counting_calls(monkeypatch, torch.Tensor, "nonzero") as found, counting_calls(monkeypatch, torch, "nonzero"):
-        pooled = encoder(inputs, token_states=False).pooled
+        pooled = encoder(inputs, token_states=False, plan=packed).pooled
     assert found == []  # the pass took the collator's layout
     without = {key: value for key, value in inputs.items() if key != PACKING_LAYOUT}
-    torch.testing.assert_close(pooled, encoder(without, token_states=False).pooled, rtol=0, atol=0)
+    torch.testing.assert_close(pooled, encoder(without, token_states=False, plan=packed).pooled, rtol=0, atol=0)
     assert layout.to("cpu", non_blocking=True).index is layout.index  # how accelerate moves it
 
 
@@ -135,11 +136,10 @@ def test_the_training_pass_gives_the_backbone_a_ready_mask_and_never_asks_the_ho
     for module in encoder.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
-    encoder.packed = False
     encoder.train()
     inputs = encoder.tokenize(SENTENCES, max_length=12)
     with counting_calls(monkeypatch, torch.Tensor, "all") as asked, counting_calls(monkeypatch, torch, "all"):
-        pooled = encoder(inputs, length_group_size=0).pooled
+        pooled = encoder(inputs).pooled
     assert asked == []  # transformers' `padding_mask.all()`: a wait for the device on a GPU
     mask = ready_attention_mask(encoder.backbone, inputs["attention_mask"])
     assert mask.dim() == 4 and mask.shape[0] == len(SENTENCES)
@@ -172,7 +172,7 @@ def test_the_trainer_builds_its_loader_from_the_loader_options(
 
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
     gpu_like = LoaderOptions(2, pin_memory=False, persistent_workers=True, non_blocking=True)  # no pinning on a CPU
-    monkeypatch.setattr("csekit.training.trainer.loader_options", lambda workers, device: gpu_like)
+    monkeypatch.setattr("csekit.training.execution.loader_options", lambda workers, device: gpu_like)
     with started_trainer(tiny_recipe(tiny_model_dir, corpus, "train.max_steps=2"), tmp_path / "run") as trainer:
         assert trainer.accelerator.dataloader_config.non_blocking
         base = trainer.loader.base_dataloader

@@ -1,4 +1,4 @@
-"""Sync-free steps (train.sync_free): no read on the host between log points, and the plain loop's weights."""
+"""Sync-free steps (run.sync_free): no read on the host between log points, and the plain loop's weights."""
 
 from __future__ import annotations
 
@@ -77,9 +77,9 @@ def gpu_path_recipe(model_dir: Path, corpus: Path, *extra: str) -> Recipe:
     return tiny_recipe(
         model_dir,
         corpus,
-        "model.length_group_size=0",
-        "model.packed=false",
-        "model.fast_dropout=false",
+        "run.length_group_size=0",
+        "run.packed=false",
+        "run.fast_dropout=false",
         "train.log_every=4",
         *extra,
     )
@@ -94,9 +94,9 @@ def test_steps_between_log_points_read_nothing_on_the_host(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, sync_free: bool
 ) -> None:
     """Each window holds what the loop does between two steps: the step, its bookkeeping, the next batch."""
-    monkeypatch.setattr("csekit.training.trainer.loader_options", lambda workers, device: GPU_LOADER)
+    monkeypatch.setattr("csekit.training.execution.loader_options", lambda workers, device: GPU_LOADER)
     corpus = make_corpus(tmp_path / "corpus.txt", lines=128)  # 8 batches: no epoch starts inside the windows
-    recipe = gpu_path_recipe(tiny_model_dir, corpus, "train.max_steps=8", f"train.sync_free={str(sync_free).lower()}")
+    recipe = gpu_path_recipe(tiny_model_dir, corpus, "train.max_steps=8", f"run.sync_free={str(sync_free).lower()}")
     with started_trainer(recipe, tmp_path / "run") as trainer:
         batches = trainer._batches()
         batch = next(batches)  # the epoch's start (the sampler's shuffle)
@@ -123,7 +123,7 @@ def test_the_count_of_host_reads_sees_transformers_mask_check_and_a_blocking_cop
 
     monkeypatch.setattr(encoder_module, "ready_attention_mask", lambda backbone, mask: mask)
     corpus = make_corpus(tmp_path / "corpus.txt", lines=128)
-    recipe = gpu_path_recipe(tiny_model_dir, corpus, "train.max_steps=8", "train.sync_free=true")
+    recipe = gpu_path_recipe(tiny_model_dir, corpus, "train.max_steps=8", "run.sync_free=true")
     with started_trainer(recipe, tmp_path / "run") as trainer:
         batches = trainer._batches()
         batch = next(batches)
@@ -139,7 +139,7 @@ def test_three_cuda_steps_between_log_points_never_synchronise(tmp_path: Path, t
     """The whole step as the loop takes it, with the model's own attention (SDPA): the loader's fetch and copy
     to the device, the step, and what follows it. Steps 2-4 of a run logging every 8th: no log point."""
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = gpu_path_recipe(tiny_model_dir, corpus, "train.max_steps=8", "train.sync_free=true", "train.log_every=8")
+    recipe = gpu_path_recipe(tiny_model_dir, corpus, "train.max_steps=8", "run.sync_free=true", "train.log_every=8")
     with started_trainer(recipe, tmp_path / "run") as trainer:
         batches = trainer._batches()
         trainer.step(next(batches))  # the first step sets up AdamW's state
@@ -164,9 +164,9 @@ def test_cuda_steps_with_the_loader_never_synchronise(tmp_path: Path, tiny_model
         tiny_model_dir,
         corpus,
         "train.max_steps=8",
-        "train.sync_free=true",
+        "run.sync_free=true",
         "train.precision=bf16",
-        f"model.packed={packed}",
+        f"run.packed={packed}",
     )
     with started_trainer(recipe, tmp_path / "run") as trainer:
         assert trainer.loader_options.non_blocking and trainer.loader_options.pin_memory
@@ -204,9 +204,9 @@ def test_a_poisoned_batch_is_skipped_as_the_plain_loop_skips_it(
             "train.max_steps=9",
             "train.log_every=4",
             "train.warmup_ratio=0.3",  # the schedule must not advance on a skipped step
-            f"train.chunk_size={chunk_size or 'null'}",
+            f"run.chunk_size={chunk_size or 'null'}",
             f"objectives=[{{name: infonce}}, {poison}]",
-            f"train.sync_free={sync_free}",
+            f"run.sync_free={sync_free}",
         )
         result = train(recipe, tmp_path / sync_free, show_progress=False)
         assert result.steps == 9 and result.skipped_steps == 3
@@ -244,7 +244,7 @@ def test_two_processes_skip_the_step_one_of_them_poisoned_as_the_plain_loop(
             "train.log_every=2",
             "train.warmup_ratio=0.3",
             "objectives=[{name: infonce}, {name: nan_at, calls: [3], only_rank: 1}]",
-            f"train.sync_free={sync_free}",
+            f"run.sync_free={sync_free}",
         )
         recipe_file = tmp_path / f"{sync_free}.yaml"
         recipe_file.write_text(recipe.to_yaml(), encoding="utf-8")
@@ -271,7 +271,7 @@ def test_too_many_bad_steps_in_a_row_stop_at_the_next_read(
         "train.log_every=4",
         "train.max_bad_steps=5",
         "objectives=[{name: infonce}, {name: nan_after, after: 3}]",
-        "train.sync_free=true",
+        "run.sync_free=true",
     )
     with pytest.raises(CsekitError, match="6 steps in a row had a non-finite loss"):
         train(recipe, tmp_path / "run", show_progress=False)
@@ -318,9 +318,9 @@ def test_a_resumed_epoch_copies_its_batches_as_the_loader_options_say(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """accelerate's loader for the batches left of a resumed epoch drops non_blocking; csekit sets it again."""
-    monkeypatch.setattr("csekit.training.trainer.loader_options", lambda workers, device: GPU_LOADER)
+    monkeypatch.setattr("csekit.training.execution.loader_options", lambda workers, device: GPU_LOADER)
     corpus = make_corpus(tmp_path / "corpus.txt", lines=128)
-    recipe = gpu_path_recipe(tiny_model_dir, corpus, "train.max_steps=8", "train.sync_free=true")
+    recipe = gpu_path_recipe(tiny_model_dir, corpus, "train.max_steps=8", "run.sync_free=true")
     with started_trainer(recipe, tmp_path / "run") as trainer:
         trainer.state.batches = 3  # as a run resumed from a checkpoint after 3 batches
         batches = trainer._batches()

@@ -27,7 +27,15 @@ from csekit.encoding.export import save_model
 from csekit.encoding.model_folder import freeze_unused_pooler, load_model, non_finite_parameters
 from csekit.encoding.packed import PackingLayout, packed_pass, split_layout
 from csekit.encoding.passes import EMBEDDING_MASK, ONE_PADDED_PASS, PassPlan
-from csekit.encoding.pooling import POOLERS, MaskPooler, Pooler, PoolerOutputPooler, make_pooler, pad_ids
+from csekit.encoding.pooling import (
+    POOLERS,
+    DenoisedMaskPooler,
+    MaskPooler,
+    Pooler,
+    PoolerOutputPooler,
+    make_pooler,
+    pad_ids,
+)
 from csekit.encoding.ready_mask import ready_attention_mask
 
 INPUT_EMBEDDINGS = "inputs_embeds"
@@ -75,13 +83,20 @@ def _position_wise_tail(backbone: nn.Module) -> nn.Module | None:
     return tail
 
 
-def _make_pooler(name: str, templates: Sequence[str] | None, saved_templates: list[str] | None) -> Pooler:
-    """The pooler `name`; a prompt pooler gets `templates`, else the `mask` pooler those saved with the model."""
-    if templates is not None and not issubclass(POOLERS.get(name), MaskPooler):
+def _make_pooler(
+    name: str, templates: Sequence[str] | None, saved_templates: list[str] | None, template_positions: str | None
+) -> Pooler:
+    """The pooler `name`; a prompt pooler gets `templates`, else the `mask` pooler those saved with the model;
+    `mask_denoised` gets `template_positions` (where its template-alone pass numbers positions)."""
+    kind = POOLERS.get(name)
+    if templates is not None and not issubclass(kind, MaskPooler):
         raise CsekitError(f"prompt templates are for the prompt poolers (mask, mask_denoised), not the {name} pooler")
     if templates is None and name == MaskPooler.name:
         templates = saved_templates
-    return make_pooler(name) if templates is None else make_pooler(name, templates=list(templates))
+    options: dict[str, Any] = {} if templates is None else {"templates": list(templates)}
+    if template_positions is not None and issubclass(kind, DenoisedMaskPooler):
+        options["template_positions"] = template_positions
+    return make_pooler(name, **options)
 
 
 class SentenceEncoder(nn.Module):
@@ -125,12 +140,14 @@ class SentenceEncoder(nn.Module):
         *,
         dropout: float | None = None,
         templates: Sequence[str] | None = None,
+        template_positions: str | None = None,
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
 
         `pooler` overrides the pooler recorded with the model (default `cls` for plain checkpoints).
         `dropout` overrides the backbone's hidden and attention dropout (SimCSE's views come from it).
-        `templates` are a prompt pooler's templates (instead of those saved with the model, or its own).
+        `templates` are a prompt pooler's templates (instead of those saved with the model, or its own);
+        `template_positions` where `mask_denoised`'s template-alone pass numbers positions (row or from_zero).
         A training `max_length` that older csekit versions saved is ignored: inference never truncates below
         the backbone's limit (`max_seq_length`). The folder's checks and reading: `model_folder.load_model`.
         """
@@ -146,7 +163,9 @@ class SentenceEncoder(nn.Module):
                 f"({', '.join(sorted(key for key in missing if key.startswith('pooler.')))} were initialised at "
                 "random), so the pooler_output pooler would read noise; choose another pooler"
             )
-        encoder = cls(loaded.model, loaded.tokenizer, _make_pooler(chosen, templates, saved.templates))
+        encoder = cls(
+            loaded.model, loaded.tokenizer, _make_pooler(chosen, templates, saved.templates, template_positions)
+        )
         if saved.csekit_trained:
             encoder.trained_pooler = saved.pooler
         encoder.head = loaded.head

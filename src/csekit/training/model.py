@@ -15,9 +15,9 @@ from typing import Any
 
 from torch import Tensor, nn
 
+from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.passes import ONE_PADDED_PASS, PassPlan, PlannedEncoder
-from csekit.encoding.pooling import DenoisedMaskPooler
 from csekit.parts.heads import HEADS
 from csekit.parts.hooks import MakesViews, reads_token_states
 from csekit.parts.negatives import NEGATIVES
@@ -161,8 +161,12 @@ def build_model(
         (build_part(OBJECTIVES, spec, f"objectives[{i}]", **context), spec.get("weight", 1.0))
         for i, spec in enumerate(recipe.objectives)
     ]
-    if isinstance(encoder.pooler, DenoisedMaskPooler):  # PromptBERT's template pass (checked with the recipe)
-        encoder.pooler.template_positions = recipe.model.template_positions
+    positions = getattr(encoder.pooler, "template_positions", None)  # mask_denoised's, set when it is loaded
+    if positions is not None and positions != recipe.model.template_positions:
+        raise CsekitError(
+            f"recipe key model.template_positions is {recipe.model.template_positions} but the encoder was loaded "
+            f"with {positions}: load it with SentenceEncoder.load(..., template_positions=...)"
+        )
     model = ContrastiveModel(
         encoder, head, views.num_views, objectives, negatives, weighting, plan, recipe.model.head_at_test
     )

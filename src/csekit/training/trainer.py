@@ -232,7 +232,11 @@ class Trainer:
         """The encoder from the backbone, wrapped in the recipe's parts (views, heads, objectives)."""
         model_config = self.recipe.model
         encoder = SentenceEncoder.load(
-            model_config.backbone, model_config.pooler, dropout=model_config.dropout, templates=model_config.templates
+            model_config.backbone,
+            model_config.pooler,
+            dropout=model_config.dropout,
+            templates=model_config.templates,
+            template_positions=model_config.template_positions,
         )
         if model_config.max_length > encoder.max_seq_length:
             raise CsekitError(
