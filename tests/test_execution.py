@@ -1,0 +1,160 @@
+"""Execution apart from method: the recipe's `run:` section, its old places, resumes, and the one seam.
+
+A recipe's `run:` section says how this machine executes a step (csekit/training/execution.py decides each
+`auto`); nothing there changes what is learned beyond float rounding, so a resume may change it freely.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import make_corpus, read_metrics, run_cli, tiny_recipe
+from test_chunked import train_in_a_fresh_process
+
+from csekit.core.errors import CsekitError
+from csekit.training.execution import decide_execution
+from csekit.training.recipe import LEGACY_RUN_KEYS, RUN_SECTION, RunConfig, load_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src" / "csekit"
+
+
+def test_every_execution_setting_has_one_old_place_and_every_old_place_one_setting() -> None:
+    """The old places cover the whole section (a saved run of any age resumes with every setting it gave)."""
+    assert sorted(LEGACY_RUN_KEYS.values()) == sorted(field.name for field in dataclasses.fields(RunConfig))
+
+
+def test_an_old_recipe_loads_its_settings_into_run_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "old.yaml"
+    path.write_text("model:\n  packed: false\n  pooler: cls\ntrain:\n  chunk_size: 4\n  lr: 1.0e-5\n")
+    recipe = load_recipe(path, ["data.num_workers=0"])
+    assert (recipe.run.packed, recipe.run.chunk_size, recipe.run.num_workers) == (False, 4, 0)
+    assert recipe.train.lr == 1e-5
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and "run: section" in lines[0]
+    for key in ("model.packed as run.packed", "train.chunk_size as run.chunk_size", "data.num_workers"):
+        assert key in lines[0]
+    assert "run:" in recipe.to_yaml() and "packed" not in yaml.safe_load(recipe.to_yaml())["model"]
+    load_recipe(path, note_legacy_keys=False)
+    assert capsys.readouterr().err == ""
+
+
+def test_an_old_key_with_a_bad_value_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "old.yaml"
+    path.write_text("model:\n  pooler: cls\ntrain:\n  lr: 1.0e-5\n  chunk_size: 0\n")
+    with pytest.raises(CsekitError, match=rf"{path}:5: recipe key run\.chunk_size must be at least 1"):
+        load_recipe(path)
+
+
+def test_a_setting_given_in_both_places_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "both.yaml"
+    path.write_text("model:\n  packed: false\nrun:\n  packed: true\n")
+    with pytest.raises(CsekitError, match=rf"{path}:2: recipe key model\.packed is given again as run\.packed"):
+        load_recipe(path)
+
+
+def test_auto_is_decided_per_device_kind(tiny_model_dir: Path) -> None:
+    """The figures behind each `auto` (docs/performance.md): CPU training packs and groups by length; a GPU runs
+    one padded pass; neither is sync-free yet; a GPU collates in worker processes, a CPU in the main one."""
+    from csekit.encoding.encoder import SentenceEncoder
+
+    backbone = SentenceEncoder.load(tiny_model_dir).backbone
+    recipe = load_recipe(None)
+    cpu, cuda = (decide_execution(recipe, device_type=kind) for kind in ("cpu", "cuda"))
+    assert cpu.pass_plan(backbone) == cpu.pass_plan(backbone).__class__(True, False, 32)
+    assert cuda.pass_plan(backbone) == cuda.pass_plan(backbone).__class__(False, False, 0)
+    assert not cpu.sync_free and not cuda.sync_free
+    assert cpu.loader.num_workers == 0 and not cpu.loader.pin_memory and cuda.loader.pin_memory
+    compiled = decide_execution(load_recipe(None, ["run.compile=default"]), device_type="cpu")
+    assert not compiled.pass_plan(backbone).packed  # the compiled forward runs padded to its buckets
+
+
+def test_a_resume_may_change_every_execution_setting_of_an_old_run(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """A run saved before the run: section (its recipes give the settings under model/data/train) resumes with
+    other execution settings and no --allow-changes; each change is recorded; a method key is still refused."""
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    common = ("train.eval_every=1", "train.max_steps=2")
+    run = tmp_path / "run"
+    train_in_a_fresh_process(tiny_recipe(tiny_model_dir, corpus, *common), run)
+    for saved in (run / "recipe.yaml", run / "checkpoint" / "recipe.yaml"):  # as csekit 0.x wrote them
+        values = yaml.safe_load(saved.read_text())
+        for old, key in LEGACY_RUN_KEYS.items():
+            section, name = old.split(".")
+            values[section][name] = values[RUN_SECTION].pop(key)
+        del values[RUN_SECTION]
+        saved.write_text(yaml.safe_dump(values, sort_keys=False))
+    changes = ["run.length_group_size=4", "run.eval_batch_size=7", "run.fast_dropout=false", "run.packed=false"]
+
+    def resume(*overrides: str) -> tuple[int, str]:
+        settings = [item for override in (*common, *overrides) for item in ("--set", override)]
+        done = run_cli("train", "--output", str(run), "--resume", "--no-progress", *settings, cwd=tmp_path)
+        return done.returncode, done.stderr
+
+    code, stderr = resume(*changes, "train.lr=1e-3")
+    assert code == 2 and "recipe key train.lr" in stderr
+    code, stderr = resume(*changes)
+    assert code == 0, stderr[-2000:]
+    (record,) = [r for r in read_metrics(run) if r.get("event") == "recipe_changed"]
+    assert record["changes"] == {
+        "run.length_group_size": [32, 4],
+        "run.fast_dropout": [True, False],
+        "run.packed": ["auto", False],
+        "run.eval_batch_size": [128, 7],
+    }
+    saved = yaml.safe_load((run / "recipe.yaml").read_text())
+    assert saved[RUN_SECTION]["eval_batch_size"] == 7 and "length_group_size" not in saved["model"]
+
+
+def _encoder_attribute_writes(source: str) -> list[str]:
+    """Assignments (and setattr calls) whose target is an attribute of an object named like an encoder."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and node.args:
+            targets = [ast.Attribute(value=node.args[0], attr="?")]
+        else:
+            continue
+        for target in targets:
+            for sub in ast.walk(target):
+                owner = sub.value if isinstance(sub, ast.Attribute) else None
+                name = owner.id if isinstance(owner, ast.Name) else getattr(owner, "attr", "")
+                if "encoder" in name.lower():
+                    found.append(f"{node.lineno}: {ast.unparse(target)}")
+    return found
+
+
+def test_nothing_sets_attributes_on_a_built_encoder() -> None:
+    """How a pass runs, which head is kept, what the model card says: given to the encoder when it is made or
+    saved (encoding/encoder.py, its home), never set on it afterwards by training or evaluation code."""
+    home = SRC / "encoding" / "encoder.py"
+    found = {
+        str(path.relative_to(REPO)): writes
+        for path in sorted(SRC.rglob("*.py"))
+        if path != home and (writes := _encoder_attribute_writes(path.read_text(encoding="utf-8")))
+    }
+    assert found == {}
+
+
+def test_the_encoder_attribute_check_can_fail() -> None:
+    source = (
+        "def f(encoder, model):\n    encoder.packed = True\n    model.encoder.head = 1\n    setattr(encoder, 'x', 1)\n"
+    )
+    assert len(_encoder_attribute_writes(source)) == 3
+    assert _encoder_attribute_writes("def f(self, encoder):\n    self.encoder = encoder\n") == []
+
+
+def test_the_card_and_the_resume_exemptions_read_no_hand_kept_list() -> None:
+    """The run folder compares the method part only: no list of exempt keys to forget a new setting in."""
+    source = (SRC / "training" / "run_folder.py").read_text(encoding="utf-8")
+    assert "SAME_UPDATE_KEYS" not in source and "RUN_SECTION" in source
+    assert json.loads(json.dumps(dataclasses.asdict(RunConfig())))  # every setting serialises (metrics.jsonl)
