@@ -48,11 +48,12 @@ from torch import Tensor, nn
 import csekit
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import EncoderOutput, SentenceEncoder
+from csekit.encoding.passes import ONE_PADDED_PASS, PassPlan
 from csekit.parts.objectives import OBJECTIVES
 from csekit.parts.step_state import StepState
 from csekit.training.chunked import cached_step, chunked_forward_backward
 from csekit.training.execution import build_run_model
-from csekit.training.model import ContrastiveModel
+from csekit.training.model import ContrastiveModel, load_encoder
 from csekit.training.recipe import Recipe, load_recipe
 from csekit.training.trainer import train
 
@@ -119,10 +120,7 @@ def family_recipe(tiny: TinyInputs, family: str, *extra: str) -> Recipe:
 def build(recipe: Recipe, seed: int = 0) -> tuple[ContrastiveModel, Any]:
     """The recipe's model, its backbone moved off its initial (recall's theta_0) weights so recall is not 0."""
     torch.manual_seed(seed)
-    model_config = recipe.model
-    encoder = SentenceEncoder.load(
-        model_config.backbone, model_config.pooler, dropout=model_config.dropout, templates=model_config.templates
-    )
+    encoder = load_encoder(recipe.model)
     model, views = build_run_model(recipe, encoder)
     with torch.no_grad():
         for parameter in encoder.backbone.parameters():
@@ -150,10 +148,10 @@ def encode_in_chunks_with_one_graph(encoder: SentenceEncoder, chunk: int) -> Non
     """The reference: every training pass of `encoder` runs on `chunk` rows at a time, all in one autograd graph."""
     whole = encoder.forward
 
-    def forward(inputs: dict[str, Tensor], token_states: bool = True, plan: object = None):  # type: ignore[no-untyped-def]
+    def forward(inputs: dict[str, Tensor], token_states: bool = True, plan: PassPlan = ONE_PADDED_PASS):  # type: ignore[no-untyped-def]
         rows = inputs["attention_mask"].shape[0]
         outputs = [
-            whole({key: value[start : start + chunk] for key, value in inputs.items()}, token_states)
+            whole({key: value[start : start + chunk] for key, value in inputs.items()}, token_states, plan)
             for start in range(0, rows, chunk)
         ]
         states = [output.last_layer_states for output in outputs]
@@ -225,7 +223,7 @@ def test_chunked_step_equals_the_unchunked_step(tiny: TinyInputs, family: str) -
     torch.manual_seed(2)  # the parts' own draws (noise, channel permutations, masked words) alike
     expected = plain_step(plain, batch)
     torch.manual_seed(2)
-    actual = cached_step(chunked, chunked.encoder, batch, CHUNK)
+    actual = cached_step(chunked, chunked.training_encoder(), batch, CHUNK)
     exact = float64_gradients(tiny, family, batch, expected[0])
     assert_same_step(expected, actual, (gradients(plain), gradients(chunked), exact))
     assert all(value.item() != 0 for value in expected[1].values())  # every part takes part (recall included)
@@ -258,7 +256,7 @@ def test_chunked_step_replays_dropout(tiny: TinyInputs, family: str) -> None:
     torch.manual_seed(2)
     expected = plain_step(reference, batch)
     torch.manual_seed(2)
-    actual = cached_step(chunked, chunked.encoder, batch, CHUNK)
+    actual = cached_step(chunked, chunked.training_encoder(), batch, CHUNK)
     assert_same_step(expected, actual, (gradients(reference), gradients(chunked)))
 
 
@@ -284,7 +282,7 @@ def assert_packed_chunked_step_equals(
     ranks, handle = ran_packed(chunked.encoder)
     torch.manual_seed(2)
     try:
-        actual = cached_step(chunked, chunked.encoder, batch, CHUNK)
+        actual = cached_step(chunked, chunked.training_encoder(), batch, CHUNK)
     finally:
         handle.remove()
     assert 2 in ranks
@@ -322,7 +320,7 @@ def test_without_replay_the_gradients_differ(tiny: TinyInputs, monkeypatch: pyte
     plain_step(reference, batch)
     monkeypatch.setattr(chunked_module.RandomState, "replayed", lambda self: torch.random.fork_rng())
     torch.manual_seed(2)
-    cached_step(chunked, chunked.encoder, batch, CHUNK)
+    cached_step(chunked, chunked.training_encoder(), batch, CHUNK)
     with pytest.raises(AssertionError):
         assert_same_gradients(gradients(reference), gradients(chunked))
 
@@ -348,7 +346,7 @@ def test_weights_agree_after_optimizer_steps(tiny: TinyInputs, family: str) -> N
             if step is not None:
                 step(model, batch)
             else:
-                cached_step(model, model.encoder, batch, CHUNK)
+                cached_step(model, model.training_encoder(), batch, CHUNK)
             optimizer.step()
             optimizer.zero_grad()
     after = dict(chunked.named_parameters())
@@ -378,7 +376,7 @@ def distributed_worker(rank: int, world: int, port: int, tiny: TinyInputs, famil
     share = BATCH // world
     batch = make_batch(tiny, views, slice(rank * share, (rank + 1) * share))
     torch.manual_seed(2)
-    loss, _ = cached_step(model, model.encoder, batch, share // 2)
+    loss, _ = cached_step(model, model.training_encoder(), batch, share // 2)
     average_gradients(list(model.parameters()), world)
     losses = [torch.zeros(1) for _ in range(world)]
     dist.all_gather(losses, loss.detach().reshape(1))
@@ -504,7 +502,7 @@ def test_a_part_that_runs_the_encoder_itself_is_refused_by_name(tiny: TinyInputs
     batch = make_batch(tiny, views)
     plain_step(model, batch)  # fine without chunks
     with pytest.raises(CsekitError, match=r"the part objectives\.1 \(EncodesByItself\) runs the trained encoder"):
-        cached_step(model, model.encoder, batch, CHUNK)
+        cached_step(model, model.training_encoder(), batch, CHUNK)
 
 
 def test_torchrun_trains_with_chunks_on_two_cpu_processes(tmp_path: Path, tiny_model_dir: Path) -> None:

@@ -26,7 +26,7 @@ from csekit.parts.step_state import StepState
 from csekit.parts.views import VIEWS
 from csekit.parts.weighting import WEIGHTINGS
 from csekit.training.part_building import build_part
-from csekit.training.recipe import Recipe
+from csekit.training.recipe import ModelConfig, Recipe
 from csekit.training.recipe_values import part_specs
 
 
@@ -132,6 +132,17 @@ class ContrastiveModel(nn.Module):
                 total = weight * value if total is None else total + weight * value
         assert total is not None
         return total, parts
+
+
+def load_encoder(model: ModelConfig) -> SentenceEncoder:
+    """The encoder a recipe's `model` section names, as a run loads it (pooler, dropout, prompt templates)."""
+    return SentenceEncoder.load(
+        model.backbone,
+        model.pooler,
+        dropout=model.dropout,
+        templates=model.templates,
+        template_positions=model.template_positions,
+    )
 
 
 def build_model(

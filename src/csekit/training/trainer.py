@@ -43,7 +43,6 @@ from csekit.core.save_guard import guarded_save, saves_keep
 from csekit.data.corpus import TrainCollator, open_corpus, sentence_text
 from csekit.data.data_dir import resolve_data_dir
 from csekit.data.duplicates import DuplicateReport, SentenceGroups, SeparatingSampler, check_separable
-from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.model_folder import non_finite_parameters
 from csekit.encoding.pooling import MaskPooler
 from csekit.evaluation.sts import evaluate_dev
@@ -55,7 +54,7 @@ from csekit.training.chunked import check_chunk_size
 from csekit.training.dev_scoring import check_dev_representation, dev_encoder, dev_precision
 from csekit.training.execution import build_run_model, decide_execution
 from csekit.training.loading import skipping_batches
-from csekit.training.model import ContrastiveModel
+from csekit.training.model import ContrastiveModel, load_encoder
 from csekit.training.optimization import forward_backward, make_optimizer
 from csekit.training.processes import (
     MIXED_PRECISION,
@@ -231,13 +230,7 @@ class Trainer:
     def _build_model(self) -> None:
         """The encoder from the backbone, wrapped in the recipe's parts (views, heads, objectives)."""
         model_config = self.recipe.model
-        encoder = SentenceEncoder.load(
-            model_config.backbone,
-            model_config.pooler,
-            dropout=model_config.dropout,
-            templates=model_config.templates,
-            template_positions=model_config.template_positions,
-        )
+        encoder = load_encoder(model_config)
         if model_config.max_length > encoder.max_seq_length:
             raise CsekitError(
                 f"recipe key model.max_length: {model_config.max_length} is more tokens than "
