@@ -26,6 +26,9 @@ TRANSFER_AVERAGE = "transfer_avg"
 """The mean accuracy of the seven SentEval transfer tasks."""
 AVERAGES = (STS_AVERAGE, AVG_STS, TRANSFER_AVERAGE)
 """The averages an evaluation reports, in the order they are written."""
+ALIGN_TASK = "align"
+ALIGN_SCORES = ("align", "uniform")
+"""The `align` task's two numbers (Wang and Isola's alignment and uniformity), distances rather than scores."""
 MAX_DEPTH = 3
 """How deep a task's scores nest (STS12 -> all; MR -> acc): deeper is not what csekit writes."""
 
@@ -56,8 +59,8 @@ class EvalResult:
         tasks = report.get("tasks", {})
         if not isinstance(tasks, dict) or not all(_is_scores(value) for value in tasks.values()):
             raise CsekitError(f'{source}: "tasks" must map each task to a score or a mapping of scores')
-        align = tasks.get("align")
-        if align is not None and not (isinstance(align, dict) and {"align", "uniform"} <= set(align)):
+        align = tasks.get(ALIGN_TASK)
+        if align is not None and not (isinstance(align, dict) and set(ALIGN_SCORES) <= set(align)):
             raise CsekitError(f'{source}: "tasks.align" must give "align" and "uniform"')
         averages = report.get("averages", {})
         if not isinstance(averages, dict):
@@ -75,6 +78,16 @@ class EvalResult:
             {key: value for key, value in scores.items() if key not in AVERAGES},
             {key: scores[key] for key in AVERAGES if key in scores},
         )
+
+    @classmethod
+    def from_dev_scores(cls, scores: Mapping[str, Any]) -> EvalResult:
+        """A result from the dev scores a training logs at an evaluation (metrics.jsonl's flat `stsb-dev`,
+        `sick-dev`, `avg_sts`, `align`, `uniform`): alignment and uniformity become the `align` task, as
+        `csekit evaluate --tasks align` gives it."""
+        result = cls.from_flat({key: value for key, value in scores.items() if key not in ALIGN_SCORES})
+        if set(ALIGN_SCORES) <= set(scores):
+            result.tasks[ALIGN_TASK] = {key: scores[key] for key in ALIGN_SCORES}
+        return result
 
     def flat(self) -> dict[str, Any]:
         """Tasks and averages in one mapping, as the printed tables and the training's metrics read them."""
