@@ -186,3 +186,33 @@ def test_every_command_and_bench_read_a_model_through_command_encoder() -> None:
     files = [SRC / "cli.py", *(SRC / "commands").rglob("*.py"), *(SRC / "bench").rglob("*.py")]
     assert [found for path in files for found in _loads(path)] == []
     assert _loads(SRC / "evaluation" / "command_encoder.py") == ["evaluation/command_encoder.py: SentenceEncoder.load"]
+
+
+def test_command_encoder_warns_about_another_pooler_and_a_slow_precision(tiny_model_dir: Path) -> None:
+    """What every command used to do by itself: the pooler warning, and bf16 on a CPU that only emulates it."""
+    from csekit.evaluation.command_encoder import command_encoder
+
+    warnings: list[str] = []
+    encode = command_encoder(tiny_model_dir, "mean", "bf16", 8, show_progress=False, warn=warnings.append)
+    assert len(warnings) == 2
+    assert warnings[0].startswith(f"csekit: warning: {tiny_model_dir} was trained with the cls pooler; --pooler mean")
+    assert warnings[1].startswith("csekit: warning: --precision bf16 on a CPU without native bf16")
+    assert (encode.pooler, encode.precision, encode.label) == ("mean", "bf16", "bf16")
+    assert encode(["a man plays", "a dog runs"]).shape == (2, encode.encoder.dim)
+    quiet: list[str] = []
+    own = command_encoder(tiny_model_dir, None, "auto", 8, warn=quiet.append)
+    assert quiet == [] and own.pooler == "cls" and own.label.startswith("fp32 (auto: ")
+
+
+def test_the_evaluate_printout_reads_the_result(capsys: pytest.CaptureFixture[str]) -> None:
+    from csekit.commands.evaluate import print_evaluation
+
+    flat = {"stsb-dev": 0.7, "sick-dev": 0.6, "avg_sts": 0.65, "align": 0.3, "uniform": -2}
+    groups = {"sts": [], "dev": ["stsb-dev", "sick-dev"], "transfer": [], "align": ["align"]}
+    print_evaluation(EvalResult.from_dev_scores(flat), groups)
+    assert capsys.readouterr().out.splitlines() == [
+        "stsb-dev: 70.00",
+        "sick-dev: 60.00",
+        "avg_sts: 65.00 (the mean of stsb-dev and sick-dev)",
+        "alignment 0.3000, uniformity -2.0000 (STS-B dev)",
+    ]

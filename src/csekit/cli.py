@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
+from csekit.commands.diagnose import diagnose_models
 from csekit.commands.options import (
     BatchSizeOption,
     Command,
@@ -363,7 +364,6 @@ def diagnose(
 ) -> None:
     """The biases the papers study, one encoding pass per model: anisotropy, alignment/uniformity, frequency
     probe (SLT-FAI), Cont./Oppn. gap (OssCSE), false-negative rate (DCLR). See docs/diagnose.md."""
-    from csekit.commands.diagnose import diagnose_models
     from csekit.core.atomic import atomic_write_text
     from csekit.data.data_dir import resolve_data_dir
     from csekit.evaluation.diagnose import DCLR_BATCH_SIZE, DiagnoseSettings, format_diagnose_table, load_diagnose_data

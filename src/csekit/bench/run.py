@@ -45,21 +45,20 @@ def _run_one(
     train_seconds = time.perf_counter() - train_start
     evaluate_start = time.perf_counter()
     encode = command_encoder(folder / "best", None, "fp32", config.train.eval_batch_size, show_progress=False)
-
     root = resolve_data_dir(data_dir)
-    scores = run_evaluation(encode, root, parse_tasks(suite.tasks), n_jobs=-1)
+    evaluation = run_evaluation(encode, root, parse_tasks(suite.tasks), n_jobs=-1)
     corpus = open_corpus(config.data.corpus, root, config.data.max_chars, "skip", config.data.text_column)
     texts = [str(corpus[i]) for i in range(len(corpus))]
     sample = sample_sentences(texts, suite.sample_sentences, seed=seed)
     cosines = pairwise_cosines(encode(sample)).astype(np.float32)
-    report: dict[str, Any] = {"recipe": recipe.name, "seed": seed, "steps": result.steps, "best_step": result.best_step}
+    facts: dict[str, Any] = {"recipe": recipe.name, "seed": seed, "steps": result.steps, "best_step": result.best_step}
     # Wall time of this call (training includes its dev evaluations); a resumed run counts only its last part.
-    report["wall_seconds"] = {
+    facts["wall_seconds"] = {
         "train": round(train_seconds, 3),
         "evaluate": round(time.perf_counter() - evaluate_start, 3),
         "resumed": started,
     }
-    report = scores.report(report)
+    report = evaluation.report(facts)  # the layout of `csekit evaluate --output`, after the run's facts
     intact = f"the run's checkpoint is intact; run the suite again to finish {folder}"
     with guarded_save(f"{COSINES_FILE} and {RESULTS_FILE}", folder, intact):
         write_file(folder / COSINES_FILE, lambda handle: np.save(handle, cosines))
