@@ -336,11 +336,11 @@ def evaluate(model: Path, pooler: str | None, root: Path, tasks: str, device: st
 
     encoder = SentenceEncoder.load(model, pooler=pooler).to(device)
     started = time.perf_counter()
-    results = run_evaluation(lambda s: encoder.encode(s, 128, "fp32", False), root, parse_tasks(tasks))
+    result = run_evaluation(lambda s: encoder.encode(s, 128, "fp32", False), root, parse_tasks(tasks))
     return {
         "seconds": round(time.perf_counter() - started, 1),
-        "table": format_sts_table(results),
-        "avg": results.get("avg"),
+        "table": format_sts_table(result.flat()),
+        "avg": result.averages.get("avg"),
     }
 
 

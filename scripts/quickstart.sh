@@ -33,6 +33,6 @@ $CSEKIT evaluate "$OUT/run/best" --tasks sts --output "$OUT/after.json"
 .venv/bin/python - "$OUT/before.json" "$OUT/after.json" <<'PY'
 import json, sys
 before, after = (json.load(open(p)) for p in sys.argv[1:3])
-print(f"STS average (7 tasks, Spearman x 100): {100 * before['avg']:.2f} -> {100 * after['avg']:.2f} "
+print(f"STS average (7 tasks, Spearman x 100): {100 * before['averages']['avg']:.2f} -> {100 * after['averages']['avg']:.2f} "
       "(all-MiniLM-L6-v2 with cls pooling; not a paper reproduction)")
 PY

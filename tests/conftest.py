@@ -136,6 +136,7 @@ QUICK_FILES = frozenset(
         "test_config.py",
         "test_data.py",
         "test_diagnose.py",
+        "test_eval_result.py",
         "test_first_hour.py",
         "test_heads.py",
         "test_input_lines.py",

@@ -327,7 +327,7 @@ def test_the_file_checks_find_each_bypass_and_accept_the_wrapped_savers() -> Non
 # --- 2. names read from files become paths only through core/safe_names.py -----------------------------
 
 NAME_JOINS = {
-    "csekit.bench": "run_dir",
+    "csekit.bench.suite": "run_dir",
     "csekit.encoding.model_folder": "_inside",
 }
 """Where a name read from a file (a suite's recipe name; modules.json's and csekit.json's paths) is joined to its

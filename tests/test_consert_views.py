@@ -9,7 +9,8 @@ import torch
 from conftest import make_corpus, tiny_recipe
 
 from csekit.core.errors import CsekitError
-from csekit.encoding.encoder import EMBEDDING_MASK, SentenceEncoder
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.passes import EMBEDDING_MASK
 from csekit.parts.views import VIEWS
 from csekit.parts.views.consert import ConsertViews
 from csekit.parts.views.dropout import DropoutViews

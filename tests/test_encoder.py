@@ -161,7 +161,7 @@ def test_length_groups_give_the_whole_batch_results_and_gradients(
     """Grouping rows by length changes only the padding computed: same pooled vectors, token states, gradients."""
     from conftest import WORDS
 
-    from csekit.encoding.encoder import EMBEDDING_MASK
+    from csekit.encoding.passes import EMBEDDING_MASK
 
     encoder = SentenceEncoder.load(tiny_model_dir, pooler=pooler, dropout=0.0).train()
     rng = np.random.default_rng(0)
@@ -238,7 +238,7 @@ def test_a_pooled_only_pass_runs_less_of_the_last_layer_with_the_same_vectors_an
     tiny_model_dir: Path, pooler: str, group_size: int
 ) -> None:
     """token_states=False: the last layer's feed-forward sees one position a row; nothing else changes."""
-    from csekit.encoding.encoder import EMBEDDING_MASK
+    from csekit.encoding.passes import EMBEDDING_MASK
 
     encoder = SentenceEncoder.load(tiny_model_dir, pooler=pooler, dropout=0.0).train()
     inputs = _mixed_length_inputs(encoder)

@@ -316,7 +316,7 @@ def test_evaluate_dev_prints_and_writes_the_dev_average(tmp_path: Path, tiny_mod
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text(encoding="utf-8"))
     expected = (report["tasks"]["stsb-dev"] + report["tasks"]["sick-dev"]) / 2
-    assert report["avg_sts"] == pytest.approx(expected) and "avg_sts" not in report["tasks"]
+    assert report["averages"]["avg_sts"] == pytest.approx(expected) and "avg_sts" not in report["tasks"]
     assert f"avg_sts: {100 * expected:.2f} (the mean of stsb-dev and sick-dev)" in result.output
 
 

@@ -214,7 +214,7 @@ with open(os.environ["CALLS"], "a", encoding="utf-8") as calls:
     calls.write(" ".join(args) + "\\n")
 output = Path(args[args.index("--output") + 1])
 if args[0] == "evaluate":
-    output.write_text(json.dumps({{"avg": 0.7 if args[1].endswith("best") else 0.6}}), encoding="utf-8")
+    output.write_text(json.dumps({{"averages": {{"avg": 0.7 if args[1].endswith("best") else 0.6}}}}), encoding="utf-8")
 elif args[0] == "train":
     output.mkdir(parents=True, exist_ok=True)
     (output / "recipe.yaml").write_text("the saved recipe", encoding="utf-8")

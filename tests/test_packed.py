@@ -19,10 +19,10 @@ from torch import Tensor, nn
 
 import csekit.encoding.packed as packed_module
 from csekit.core.errors import CsekitError
-from csekit.encoding.encoder import EMBEDDING_MASK, SentenceEncoder
+from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.fast_dropout import enable_fast_dropout
 from csekit.encoding.packed import packing_refusal
-from csekit.encoding.passes import PassPlan, PlannedEncoder
+from csekit.encoding.passes import EMBEDDING_MASK, PassPlan, PlannedEncoder
 from csekit.training.execution import build_run_model, decide_execution
 from csekit.training.recipe import load_recipe
 

@@ -12,41 +12,27 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import numpy as np
 import typer
-from typer.core import TyperCommand, TyperGroup
 
+from csekit.commands.diagnose import diagnose_models
+from csekit.commands.options import (
+    BatchSizeOption,
+    Command,
+    DataDirOption,
+    Group,
+    PoolerOption,
+    PrecisionOption,
+    check_output_file,
+    require_at_least,
+    saving_output,
+    warn,
+)
 from csekit.core.errors import CsekitError, message_line
 from csekit.core.json_text import json_text
 from csekit.core.run_lock import locks_output
-
-if TYPE_CHECKING:
-    from csekit.evaluation.diagnose import DiagnoseData, DiagnoseSettings
-
-
-def _untyped_flags(params: list[Any]) -> list[Any]:
-    """The parameters, with no `<bool>` beside a flag in `--help` (it reads as if the flag took a value)."""
-    for param in params:
-        if getattr(param, "is_flag", False) and param.metavar is None:
-            param.metavar = ""  # typer prints the metavar, when one is set, instead of the type
-    return params
-
-
-class Command(TyperCommand):
-    """typer's command; its `--help` shows a type beside options that take a value only."""
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        return _untyped_flags(super().get_params(ctx))
-
-
-class Group(TyperGroup):
-    """typer's group; its `--help` shows no `<bool>` beside `--help`."""
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        return _untyped_flags(super().get_params(ctx))
-
 
 app = typer.Typer(
     cls=Group,
@@ -57,59 +43,8 @@ app = typer.Typer(
     "SNCSE, PromptBERT, MixCSE, RankCSE.",
 )
 
-DataDirOption = Annotated[
-    Path | None,
-    typer.Option("--data-dir", help="SentEval data folder (default: $CSEKIT_DATA).", show_default=False),
-]
-PoolerOption = Annotated[
-    str | None,
-    typer.Option(
-        "--pooler",
-        help="cls, mean, first_last_avg, mask (prompt) or pooler_output (default: the model's own, else cls).",
-    ),
-]
-PrecisionOption = Annotated[
-    str,
-    typer.Option(
-        "--precision",
-        help="fp32 (SentEval-exact, the numbers sentence-transformers gives), auto (bf16 where the hardware runs it "
-        "natively, else fp32), bf16 (faster where native, moves STS numbers by < 0.003; emulated and slow on CPUs "
-        "without native bf16) or fp16 (GPUs; slow on a CPU).",
-    ),
-]
-
-
 EMBEDDING_FORMATS = (".npy", ".txt", ".tsv")
 """What `csekit encode --output` writes, by the file's suffix."""
-
-
-def _check_output_file(output: Path | None, option: str = "--output") -> None:
-    """Refuse an output path that cannot become a file before the work, not after it (hours later)."""
-    if output is None:
-        return
-    if output.is_dir():
-        raise CsekitError(f"{option} {output} is a folder; give a file name in it")
-    parent = next((folder for folder in output.parents if folder.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise CsekitError(f"{option} {output}: {parent} is a file, not a folder")
-
-
-def _warn_if_not_the_trained_pooler(model: str, encoder: Any) -> None:
-    """A csekit-trained model read with another pooler than its own gives embeddings it never learnt (as
-    `diagnose` warns when models are read with different poolers)."""
-    trained, used = encoder.trained_pooler, encoder.pooler.name
-    if trained is not None and trained != used:
-        typer.echo(
-            f"csekit: warning: {model} was trained with the {trained} pooler; --pooler {used} reads another "
-            f"representation, not the one it learnt (leave --pooler out to read {trained})",
-            err=True,
-        )
-
-
-def _require_at_least(option: str, value: int, minimum: int = 1) -> None:
-    """Refuse an option below its minimum before anything is loaded or written."""
-    if value < minimum:
-        raise CsekitError(f"{option} must be at least {minimum}, got {value}")
 
 
 @app.command(cls=Command)
@@ -182,7 +117,7 @@ def evaluate(
         Path | None, typer.Option("--output", "-o", help="Write the results as JSON here (default: print them only).")
     ] = None,
     precision: PrecisionOption = "fp32",
-    batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
+    batch_size: BatchSizeOption = 128,
     whiten: Annotated[
         bool,
         typer.Option("--whiten", help="BERT-whiten the embeddings, kernel from each task's sentences (default: off)."),
@@ -197,17 +132,15 @@ def evaluate(
     ] = -1,
 ) -> None:
     """Evaluate a model SentEval's way: STS (Spearman x 100), transfer tasks (accuracy x 100), alignment/uniformity."""
+    from csekit.commands.evaluate import print_evaluation
     from csekit.core.atomic import atomic_write_text
     from csekit.data.data_dir import resolve_data_dir
-    from csekit.encoding.encoder import SentenceEncoder
-    from csekit.evaluation.sts import format_sts_table
+    from csekit.evaluation.command_encoder import command_encoder
     from csekit.evaluation.suite import parse_tasks, run_evaluation
-    from csekit.evaluation.tasks import AVG_STS
-    from csekit.evaluation.transfer import format_transfer_table
 
     groups = parse_tasks(tasks)
-    _require_at_least("--batch-size", batch_size)
-    _check_output_file(output)
+    require_at_least("--batch-size", batch_size)
+    check_output_file(output)
     if n_jobs == 0 or n_jobs < -1:
         raise CsekitError(f"--n-jobs must be -1 (all cores) or at least 1, got {n_jobs}")
     if whiten_dim is not None:
@@ -215,42 +148,19 @@ def evaluate(
             raise CsekitError(f"--whiten-dim must be at least 1, got {whiten_dim}")
         whiten = True
     root = resolve_data_dir(data_dir)
-    encoder = SentenceEncoder.load(model, pooler=pooler)
-    _warn_if_not_the_trained_pooler(model, encoder)
-    precision, precision_label = _choose_precision(precision, encoder)
-
-    def encode(sentences: list[str]) -> np.ndarray:
-        return encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
-
+    encode = command_encoder(model, pooler, precision, batch_size, warn=warn)
     started = time.perf_counter()
-    results = run_evaluation(encode, root, groups, whiten, whiten_dim, n_jobs)
+    result = run_evaluation(encode, root, groups, whiten, whiten_dim, n_jobs)
     elapsed = time.perf_counter() - started
-    average = results.pop("avg", None)
-    transfer_avg = results.pop("transfer_avg", None)
-    dev_average = results.pop(AVG_STS, None)
-    report: dict = {"model": model, "pooler": encoder.pooler.name, "precision": precision}
-    if whiten:
-        report["whiten"] = {"dim": whiten_dim}
-    report["tasks"] = results
-    averages = {"avg": average, "transfer_avg": transfer_avg, AVG_STS: dev_average}
-    report.update({key: value for key, value in averages.items() if value is not None})
-    if groups["sts"]:
-        typer.echo(format_sts_table({**results, "avg": average}))
-    for task in groups["dev"]:
-        typer.echo(f"{task}: {100 * results[task]:.2f}")
-    if dev_average is not None:
-        typer.echo(f"{AVG_STS}: {100 * dev_average:.2f} (the mean of stsb-dev and sick-dev)")
-    if groups["transfer"]:
-        typer.echo(format_transfer_table({**results, "transfer_avg": transfer_avg}))
-    if groups["align"]:
-        typer.echo(
-            f"alignment {results['align']['align']:.4f}, uniformity {results['align']['uniform']:.4f} (STS-B dev)"
-        )
+    print_evaluation(result, groups)
     whitening = f", whitened{'' if whiten_dim is None else f' to {whiten_dim} dims'}" if whiten else ""
-    typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision_label}{whitening}, {elapsed:.1f} s)")
+    typer.echo(f"({model}, pooler {encode.pooler}, {encode.label}{whitening}, {elapsed:.1f} s)")
     if output is not None:
-        report["seconds"] = round(elapsed, 2)
-        with _saving_output(output):
+        facts: dict[str, Any] = {"model": model, "pooler": encode.pooler, "precision": encode.precision}
+        if whiten:
+            facts["whiten"] = {"dim": whiten_dim}
+        report = {**result.report(facts), "seconds": round(elapsed, 2)}
+        with saving_output(output):
             atomic_write_text(output, json_text(report, indent=2) + "\n")
 
 
@@ -330,16 +240,16 @@ def encode(
     ],
     pooler: PoolerOption = None,
     precision: PrecisionOption = "fp32",
-    batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
+    batch_size: BatchSizeOption = 128,
 ) -> None:
     """Write one embedding row per input line (a float32 .npy matrix, or tab-separated text for .txt/.tsv)."""
     from csekit.core.atomic import write_file
     from csekit.core.bounded_read import TEXT_FILE_LIMIT, read_bounded_bytes
     from csekit.core.lines import split_lines
-    from csekit.encoding.encoder import SentenceEncoder
+    from csekit.evaluation.command_encoder import command_encoder
 
-    _require_at_least("--batch-size", batch_size)
-    _check_output_file(output)
+    require_at_least("--batch-size", batch_size)
+    check_output_file(output)
     if output.suffix.lower() not in EMBEDDING_FORMATS:
         raise CsekitError(f"--output {output}: write .npy (a float32 matrix) or .txt/.tsv (tab-separated text)")
     try:
@@ -353,17 +263,15 @@ def encode(
     except UnicodeDecodeError as error:
         line = data[: error.start].count(b"\n") + 1
         raise CsekitError(f"{input}:{line}: not valid UTF-8") from None
-    encoder = SentenceEncoder.load(model, pooler=pooler)
-    _warn_if_not_the_trained_pooler(model, encoder)
-    precision, precision_label = _choose_precision(precision, encoder)
-    embeddings = encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
-    with _saving_output(output):
+    encode = command_encoder(model, pooler, precision, batch_size, warn=warn)
+    embeddings = encode(sentences)
+    with saving_output(output):
         output.parent.mkdir(parents=True, exist_ok=True)
         if output.suffix.lower() == ".npy":
             write_file(output, lambda handle: np.save(handle, embeddings))
         else:  # 9 significant digits: a float32 read back is the same float32
             write_file(output, lambda handle: np.savetxt(handle, embeddings, fmt="%.9g", delimiter="\t"))
-    typer.echo(f"wrote {embeddings.shape[0]} x {embeddings.shape[1]} embeddings to {output} ({precision_label})")
+    typer.echo(f"wrote {embeddings.shape[0]} x {embeddings.shape[1]} embeddings to {output} ({encode.label})")
 
 
 @app.command(cls=Command)
@@ -383,11 +291,11 @@ def probe(
         Path | None, typer.Option(help="A .jsonl probe set of your own (default: the one shipped with csekit).")
     ] = None,
     precision: PrecisionOption = "fp32",
-    batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
+    batch_size: BatchSizeOption = 128,
 ) -> None:
     """OssCSE's bias probes: Spearman on Cont./Oppn. STS splits (by MER) and a sentence-transformation probe."""
     from csekit.core.atomic import atomic_write_text
-    from csekit.encoding.encoder import SentenceEncoder
+    from csekit.evaluation.command_encoder import command_encoder
     from csekit.evaluation.probes import (
         bias_probe,
         format_bias_table,
@@ -398,22 +306,16 @@ def probe(
         transformation_probe,
     )
 
-    _require_at_least("--batch-size", batch_size)
-    _check_output_file(output)
+    require_at_least("--batch-size", batch_size)
+    check_output_file(output)
     chosen = select_datasets(load_probe_datasets(data_dir), datasets)
     rows = load_transformation_probe(transformations)
-    encoder = SentenceEncoder.load(model, pooler=pooler)
-    _warn_if_not_the_trained_pooler(model, encoder)
-    precision, precision_label = _choose_precision(precision, encoder)
-
-    def encode(sentences: list[str]) -> np.ndarray:
-        return encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=True)
-
+    encode = command_encoder(model, pooler, precision, batch_size, warn=warn)
     started = time.perf_counter()
     report = {
         "model": model,
-        "pooler": encoder.pooler.name,
-        "precision": precision,
+        "pooler": encode.pooler,
+        "precision": encode.precision,
         "datasets": datasets,
         "bias": bias_probe(encode, chosen),
         "transformations": transformation_probe(encode, rows),
@@ -421,77 +323,13 @@ def probe(
     typer.echo(format_bias_table(report["bias"]))
     typer.echo("")
     typer.echo(format_transformation_table(report["transformations"]))
-    typer.echo(f"({model}, pooler {encoder.pooler.name}, {precision_label}, {time.perf_counter() - started:.1f} s)")
+    typer.echo(f"({model}, pooler {encode.pooler}, {encode.label}, {time.perf_counter() - started:.1f} s)")
     if output is not None:
-        with _saving_output(output):
+        with saving_output(output):
             atomic_write_text(output, json_text(report, indent=2) + "\n")
 
 
 DEFAULT_COUNTS = "freq/bookcorpus_bert-base-uncased/labels.json"
-
-
-def _encoding_function(encoder: Any, precision: str, batch_size: int) -> tuple[Any, str, str]:
-    """(encode callable, chosen precision, how the output names it) for one loaded encoder."""
-    chosen, label = _choose_precision(precision, encoder)
-
-    def encode(sentences: list[str]) -> np.ndarray:
-        return encoder.encode(sentences, batch_size=batch_size, precision=chosen, show_progress_bar=True)
-
-    return encode, chosen, label
-
-
-def _diagnose_models(
-    models: list[str],
-    pooler: str | None,
-    data: DiagnoseData,
-    settings: DiagnoseSettings,
-    counts: dict[str, int],
-    counts_source: str,
-    complementary: str | None,
-    precision: str,
-    batch_size: int,
-) -> dict[str, dict[str, Any]]:
-    """`csekit diagnose`'s work: every model (and frequency labels) loaded first, so a bad one fails before
-    any encoding; then one pass per model, and one of a distinct complementary model shared by them all.
-    Every model is read with `pooler` (None: each its own)."""
-    from csekit.encoding.encoder import SentenceEncoder
-    from csekit.encoding.token_input import token_ids
-    from csekit.evaluation.cache import EmbeddingCache
-    from csekit.evaluation.diagnose import diagnose as diagnose_model
-    from csekit.prep.frequency import frequency_labels
-
-    encoders = {name: SentenceEncoder.load(name, pooler) for name in models}
-    poolers = {name: encoder.pooler.name for name, encoder in encoders.items()}
-    if len(set(poolers.values())) > 1:
-        read_as = ", ".join(f"{name} with {used}" for name, used in poolers.items())
-        typer.echo(
-            f"csekit: warning: the models are read with different poolers ({read_as}), so their numbers "
-            "compare two representations, not before and after; pass --pooler to read them all the same way",
-            err=True,
-        )
-    labels = {
-        name: frequency_labels(counts, encoder.tokenizer, source=f"--counts {counts_source}")
-        for name, encoder in encoders.items()
-    }
-    judge = None
-    if complementary is not None and complementary not in encoders:
-        judge = EmbeddingCache(_encoding_function(SentenceEncoder.load(complementary), precision, batch_size)[0])
-    reports: dict[str, dict[str, Any]] = {}
-    for name, encoder in encoders.items():
-        encode, chosen, label = _encoding_function(encoder, precision, batch_size)
-        started = time.perf_counter()
-        metrics = diagnose_model(
-            encode,
-            data,
-            lambda batch, tokenizer=encoder.tokenizer: token_ids(tokenizer, batch),
-            labels[name],
-            settings,
-            complementary=None if complementary in (None, name) else judge,
-        )
-        seconds = time.perf_counter() - started
-        reports[name] = {"pooler": encoder.pooler.name, "precision": chosen, "seconds": round(seconds, 2), **metrics}
-        typer.echo(f"({name}, pooler {encoder.pooler.name}, {label}, {seconds:.1f} s)", err=True)
-    return reports
 
 
 @app.command(cls=Command)
@@ -521,7 +359,7 @@ def diagnose(
         ),
     ] = 10_000,
     precision: PrecisionOption = "fp32",
-    batch_size: Annotated[int, typer.Option(help="Sentences per forward pass.")] = 128,
+    batch_size: BatchSizeOption = 128,
     seed: Annotated[int, typer.Option(help="Seed of the random pairs, samples, batches and probe folds.")] = 0,
 ) -> None:
     """The biases the papers study, one encoding pass per model: anisotropy, alignment/uniformity, frequency
@@ -531,16 +369,16 @@ def diagnose(
     from csekit.evaluation.diagnose import DCLR_BATCH_SIZE, DiagnoseSettings, format_diagnose_table, load_diagnose_data
     from csekit.prep.frequency import read_counts, resolve_counts_path
 
-    _require_at_least("--batch-size", batch_size)
-    _check_output_file(output)
-    _require_at_least("--sentences", sentences, DCLR_BATCH_SIZE)
+    require_at_least("--batch-size", batch_size)
+    check_output_file(output)
+    require_at_least("--sentences", sentences, DCLR_BATCH_SIZE)
     if not -1.0 <= phi <= 1.0:
         raise CsekitError(f"--phi is a cosine, between -1 and 1, got {phi}")
     root = resolve_data_dir(data_dir)
     counts_path = resolve_counts_path(counts, root)
     data = load_diagnose_data(root)
     settings = DiagnoseSettings(sentences=sentences, phi=phi, seed=seed)
-    reports = _diagnose_models(
+    reports = diagnose_models(
         list(dict.fromkeys(models)),
         pooler,
         data,
@@ -564,7 +402,7 @@ def diagnose(
         "models": reports,
     }
     if output is not None:
-        with _saving_output(output):
+        with saving_output(output):
             atomic_write_text(output, json_text(report, indent=2) + "\n")
 
 
@@ -626,9 +464,9 @@ def augment(
         raise CsekitError(f"--output {output}: must end in .jsonl (a recipe reads the fields from it)")
     if not 0 <= min_mer <= max_mer <= 1:
         raise CsekitError(f"--min-mer {min_mer} / --max-mer {max_mer}: need 0 <= min <= max <= 1")
-    _require_at_least("--chunk-size", chunk_size)
+    require_at_least("--chunk-size", chunk_size)
     if limit is not None:
-        _require_at_least("--limit", limit)
+        require_at_least("--limit", limit)
     if paraphrases is not None and engine != "file":
         raise CsekitError(f"--paraphrases is read only with --engine file (the engine is {engine})")
     if can not in ("cannot", "can not"):
@@ -659,14 +497,14 @@ def freq(
     from csekit.core.atomic import atomic_write_text
     from csekit.prep.frequency import count_tokens, counts_by_token, load_counting_tokenizer
 
-    _require_at_least("--chunk-lines", chunk_lines)
-    _check_output_file(output)
+    require_at_least("--chunk-lines", chunk_lines)
+    check_output_file(output)
     try:
         loaded = load_counting_tokenizer(tokenizer)
     except CsekitError as error:
         raise CsekitError(f"--tokenizer: {error}") from None
     counts = count_tokens(corpus, loaded, chunk_lines=chunk_lines, show_progress=progress)
-    with _saving_output(output):
+    with saving_output(output):
         output.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(output, json.dumps(counts_by_token(counts, loaded), indent=0, ensure_ascii=False) + "\n")
     typer.echo(f"counted {int(counts.sum())} tokens of {int((counts > 0).sum())} types; wrote {output}")
@@ -702,28 +540,6 @@ def download_data(
     with guarded_save("the data", dest, "the files already in it are kept; run csekit download-data again"):
         path = download_senteval_data(dest)
     typer.echo(f"data in {path}; export CSEKIT_DATA={path}")
-
-
-def _saving_output(output: Path) -> contextlib.AbstractContextManager[None]:
-    """A failed write of a command's --output file (a full disk) is one line; the file is written atomically."""
-    from csekit.core.save_guard import guarded_save
-
-    return guarded_save(output.name, output.parent, f"{output} was not written (a previous version is unchanged)")
-
-
-def _choose_precision(requested: str, encoder: object) -> tuple[str, str]:
-    """--precision for the encoder's device, and how the command's last line names it (with auto's reason).
-
-    An explicit bf16 on a CPU without native bf16 is warned about at once, before the slow work.
-    """
-    from csekit.core.precision import resolve_precision, slow_bf16_warning
-
-    device = encoder.device  # type: ignore[attr-defined]
-    chosen, reason = resolve_precision(requested, device)
-    warning = slow_bf16_warning(chosen, device, "--precision")
-    if warning is not None:
-        typer.echo(warning, err=True)
-    return chosen, f"{chosen} (auto: {reason})" if requested == "auto" else chosen
 
 
 def main() -> None:

@@ -196,14 +196,30 @@ def _score(task: str, value: float) -> str:
     return f"{value:.4f}" if task in UNSCALED_SCORES else f"{value * 100:.2f}"
 
 
+def score_rows(scores: Mapping[str, Any]) -> dict[str, float | None]:
+    """The card's rows of an evaluation result's layout ({"tasks": ..., "averages": ...}, see
+    csekit.evaluation.result): a task's named scores as `task key` rows (the align task's as `align` and
+    `uniform`), then the averages; a flat mapping of scores (a card of an older csekit) as it is."""
+    if "tasks" not in scores and "averages" not in scores:
+        return dict(scores)
+    rows: dict[str, float | None] = {}
+    for task, value in (scores.get("tasks") or {}).items():
+        if isinstance(value, Mapping):
+            rows.update({key if task == "align" else f"{task} {key}": item for key, item in value.items()})
+        else:
+            rows[task] = value
+    rows.update(scores.get("averages") or {})
+    return rows
+
+
 def _training_sections(facts: Mapping[str, Any]) -> list[str]:
     """The recipe, corpus, step, dev score and evaluation table of a model saved by the trainer."""
     recipe = facts.get("recipe") or {}
     corpus = recipe.get("data", {}).get("corpus")
     lines = [*_recipe_section(recipe, facts), ""]
     lines.append(f"Corpus: `{corpus}`, {facts.get('corpus_sentences', 0):,} sentences.")
-    metric, scores = facts.get("select_metric"), facts.get("scores") or {}
-    if metric in scores:
+    metric, scores = facts.get("select_metric"), score_rows(facts.get("scores") or {})
+    if scores.get(metric) is not None:
         lines += [
             "",
             f"Dev score (selection metric): {metric} = {scores[metric] * 100:.2f} at step {facts.get('step')}.",
@@ -247,7 +263,7 @@ def render_model_card(
     """The README.md of a saved model; `facts` (from training) is None for a model saved outside training.
 
     `facts` keys: recipe (the recipe as plain dicts), corpus_sentences, step, total_steps, precision,
-    select_metric, scores (the dev scores at `step`, as fractions).
+    select_metric, scores (the dev scores at `step`, as fractions, in the layout {"tasks": ..., "averages": ...}).
     """
     recipe = (facts or {}).get("recipe")
     base = (recipe or {}).get("model", {}).get("backbone") or base_model or "unknown"

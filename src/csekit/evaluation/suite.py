@@ -14,6 +14,7 @@ from csekit.core.errors import CsekitError, did_you_mean
 from csekit.evaluation.alignment import evaluate_align_uniform
 from csekit.evaluation.cache import EmbeddingCache
 from csekit.evaluation.post_whitening import whitened
+from csekit.evaluation.result import STS_AVERAGE, TRANSFER_AVERAGE, EvalResult
 from csekit.evaluation.sts import DEV_TASKS, STS_TASKS, dev_average, evaluate_dev, evaluate_sts, sts_average
 from csekit.evaluation.sts_data import load_sts_task
 from csekit.evaluation.tasks import AVG_STS, EVAL_TASKS
@@ -53,12 +54,12 @@ def run_evaluation(
     whiten: bool = False,
     whiten_dim: int | None = None,
     n_jobs: int | None = 1,
-) -> dict:
+) -> EvalResult:
     """Run the requested evaluations with one model pass over all their distinct sentences.
 
     Each task is scored in its own call, so that with whitening every task's kernel comes from that
-    task's own sentences (Su et al.); the cache keeps the model pass shared. Returns the `tasks`
-    results plus `avg`, `avg_sts` (the two dev splits' mean) and `transfer_avg` when complete.
+    task's own sentences (Su et al.); the cache keeps the model pass shared. Returns the tasks' results
+    and the averages whose tasks all ran: `avg`, `avg_sts` (the two dev splits' mean), `transfer_avg`.
     """
     cache = EmbeddingCache(encode_raw)
     sentences: list[str] = []
@@ -70,23 +71,18 @@ def run_evaluation(
     cache.prefetch(sentences)
     encode = whitened(cache, whiten_dim) if whiten else cache
 
-    results: dict = {}
+    tasks: dict = {}
     for name in groups["sts"]:
-        results.update({k: v for k, v in evaluate_sts(encode, root, [name]).items() if k != "avg"})
+        tasks.update(EvalResult.from_flat(evaluate_sts(encode, root, [name])).tasks)
     for name in groups["dev"]:
-        results.update(evaluate_dev(encode, root, name))
+        tasks.update(EvalResult.from_flat(evaluate_dev(encode, root, name)).tasks)
     for name in groups["transfer"]:
-        results.update(
-            {k: v for k, v in evaluate_transfer(encode, root, [name], n_jobs).items() if k != "transfer_avg"}
-        )
+        tasks.update(EvalResult.from_flat(evaluate_transfer(encode, root, [name], n_jobs)).tasks)
     if groups["align"]:
-        results["align"] = evaluate_align_uniform(encode, root, "stsb-dev")
-    averages = (
-        ("avg", sts_average(results)),
-        (AVG_STS, dev_average(results)),
-        ("transfer_avg", transfer_average(results)),
-    )
-    for key, value in averages:
-        if value is not None:
-            results[key] = value
-    return results
+        tasks["align"] = evaluate_align_uniform(encode, root, "stsb-dev")
+    averages = {
+        STS_AVERAGE: sts_average(tasks),
+        AVG_STS: dev_average(tasks),
+        TRANSFER_AVERAGE: transfer_average(tasks),
+    }
+    return EvalResult(tasks, {key: value for key, value in averages.items() if value is not None})

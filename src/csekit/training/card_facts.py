@@ -6,13 +6,15 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from csekit.evaluation.result import EvalResult
 from csekit.training.recipe import Recipe
 
 
 def training_card_facts(
     recipe: Recipe, *, corpus_sentences: int, step: int, total_steps: int, precision: str, scores: Mapping[str, float]
 ) -> dict[str, Any]:
-    """Plain data for the card: the recipe as dicts, so the encoder layer never needs the Recipe type."""
+    """Plain data for the card: the recipe as dicts, so the encoder layer never needs the Recipe type; the dev
+    `scores` (as metrics.jsonl logs them) in the one result layout, {"tasks": ..., "averages": ...}."""
     return {
         "recipe": dataclasses.asdict(recipe),
         "corpus_sentences": corpus_sentences,
@@ -20,5 +22,5 @@ def training_card_facts(
         "total_steps": total_steps,
         "precision": precision,
         "select_metric": recipe.train.select_metric,
-        "scores": dict(scores),
+        "scores": EvalResult.from_dev_scores(scores).as_json(),
     }

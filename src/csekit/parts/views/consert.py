@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 from transformers import PreTrainedTokenizerBase
 
-from csekit.encoding.encoder import EMBEDDING_MASK, SentenceEncoder
+from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.passes import EMBEDDING_MASK
 from csekit.encoding.pooling import Pooler, pad_ids
 
 AUGMENTATIONS = ("none", "shuffle", "token_cutoff", "span_cutoff", "feature_cutoff")

@@ -1,0 +1,115 @@
+"""A suite's recipes against the published numbers of its `published:` file: per column, the paper's number
+beside csekit's seeds and the range one more seed falls in."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from csekit.bench.results import STS_COLUMNS, TRANSFER_COLUMNS, score_at
+from csekit.bench.suite import Suite
+from csekit.evaluation.published import PUBLISHED_COLUMNS, PaperComparison, PublishedRow, compare_with_paper
+
+PAPER_CSV_STATS = ("paper", "paper diff", "paper range low", "paper range high", "paper within")
+PAPER_PLOT = "sts_avg_vs_paper.png"
+
+
+def paper_comparisons(
+    suite: Suite, runs: dict[str, list[dict[str, Any]]], published: dict[str, PublishedRow]
+) -> dict[str, dict[str, PaperComparison]]:
+    """Per recipe with a published row and finished runs: each published column against csekit's seeds."""
+    paths = dict((*STS_COLUMNS, *TRANSFER_COLUMNS))
+    comparisons: dict[str, dict[str, PaperComparison]] = {}
+    for recipe in suite.recipes:
+        row = published.get(recipe.published_as)
+        if row is None or not row.scores or recipe.name not in runs:
+            continue
+        for label, paper in row.scores.items():
+            values = [100.0 * v for v in (score_at(r, paths[label]) for r in runs[recipe.name]) if v is not None]
+            if values:
+                comparison = compare_with_paper(paper, values, row.runs_of(label))
+                comparisons.setdefault(recipe.name, {})[label] = comparison
+    return comparisons
+
+
+def paper_labels(papers: dict[str, dict[str, PaperComparison]]) -> list[str]:
+    """The published columns compared for any recipe, in the papers' order."""
+    return [label for label in PUBLISHED_COLUMNS if any(label in columns for columns in papers.values())]
+
+
+def paper_csv_cells(comparison: PaperComparison | None) -> list[str]:
+    if comparison is None:
+        return ["", "", "", "", ""]
+    within = {None: "", True: "yes", False: "no"}[comparison.within]
+    ends = ["" if end is None else f"{end:.4f}" for end in (comparison.low, comparison.high)]
+    return [f"{comparison.paper:.2f}", f"{comparison.difference:.4f}", *ends, within]
+
+
+PAPER_RULE = (
+    "Per task: the paper's number, csekit's mean ± standard deviation over seeds (x 100), the difference "
+    "(csekit minus paper), and the range one more csekit run falls in with 95% probability: mean ± "
+    "t(0.975, n-1) · s · sqrt(1 + 1/n), s the standard deviation over the n seeds with n - 1 in the "
+    "denominator. A paper reports one run, so the question is whether it could have been one more of "
+    'csekit\'s seeds; "yes" when the paper\'s number lies in that range, "-" with fewer than 2 seeds. A number '
+    "the paper gives as the mean of k runs (marked) is compared as one: the range of the mean of k more runs, "
+    "sqrt(1/k + 1/n) for sqrt(1 + 1/n), with k = 2 where the source does not give the count."
+)
+
+
+def format_paper_markdown(
+    suite: Suite,
+    runs: dict[str, list[dict[str, Any]]],
+    published: dict[str, PublishedRow],
+    papers: dict[str, dict[str, PaperComparison]],
+) -> str:
+    """One section per recipe: its paper's row beside csekit's seeds, or why there is none to compare with."""
+    judged = [c.within for columns in papers.values() for c in columns.values() if c.within is not None]
+    shown = suite.published
+    if shown is not None and shown.is_relative_to(Path.cwd()):
+        shown = shown.relative_to(Path.cwd())
+    markdown = f"\n## Against the published numbers\n\nPublished numbers: {shown}. {PAPER_RULE}\n"
+    if judged:
+        markdown += f"\nWithin the seed spread: {sum(judged)} of {len(judged)} published numbers.\n"
+    for recipe in suite.recipes:
+        markdown += f"\n### {recipe.name}\n\n"
+        row = published.get(recipe.published_as)
+        if row is None:
+            markdown += f"No entry {recipe.published_as!r} in the published file.\n"
+        elif row.reason is not None:
+            markdown += f"No published numbers: {row.reason}\n"
+        elif recipe.name not in runs:
+            markdown += f"Paper: {row.source}. No finished run yet.\n"
+        else:
+            markdown += _paper_table(row, papers.get(recipe.name, {}))
+    return markdown
+
+
+def _paper_table(row: PublishedRow, columns: dict[str, PaperComparison]) -> str:
+    """The table of one recipe: a line per published column."""
+    lines = [f"Paper: {row.source}." + (f" Note: {row.note}" if row.note else ""), ""]
+    lines += ["| Task | Paper | csekit | Difference | 95% range | Paper within |", "|---|---|---|---|---|---|"]
+    for label, paper in row.scores.items():
+        comparison = columns.get(label)
+        if comparison is None:
+            lines.append(f"| {label} | {paper:.2f} | not evaluated | - | - | - |")
+            continue
+        spread = "-" if comparison.low is None else f"{comparison.low:.2f} to {comparison.high:.2f}"
+        within = {None: "-", True: "yes", False: "no"}[comparison.within]
+        measured = f"{comparison.mean:.2f} ± {comparison.std:.2f} ({comparison.seeds} seeds)"
+        published = f"{paper:.2f}" + _mean_mark(row, label)
+        lines.append(f"| {label} | {published} | {measured} | {signed(comparison.difference)} | {spread} | {within} |")
+    return "\n".join(lines) + "\n"
+
+
+def _mean_mark(row: PublishedRow, label: str) -> str:
+    """' (mean of k runs)' after a published mean (' (mean of runs)' where the count is not given)."""
+    if label not in row.means:
+        return ""
+    runs = row.means[label]
+    return f" (mean of {runs} runs)" if runs else " (mean of runs)"
+
+
+def signed(value: float) -> str:
+    """A difference with its sign and 2 decimals; one that rounds to zero prints 0.00, not -0.00 or +0.00."""
+    text = f"{value:+.2f}"
+    return "0.00" if text in ("+0.00", "-0.00") else text

@@ -1,0 +1,188 @@
+"""A bench suite: its YAML file read and checked (mistakes name the file and line), and its runs' folders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from csekit.core.bounded_read import parse_yaml, read_bounded_text
+from csekit.core.errors import CsekitError, at
+from csekit.core.safe_names import check_name, child_path
+from csekit.evaluation.published import load_published
+from csekit.training.recipe import MAX_SEED
+
+SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline", "published"}
+RECIPE_KEYS = {"recipe", "name", "set", "control", "paper"}
+
+
+@dataclass
+class SuiteRecipe:
+    name: str
+    path: Path
+    overrides: list[str] = field(default_factory=list)
+    control: str | None = None  # a recipe name: the summary also compares this recipe with it, seed by seed
+    paper: str | None = None  # the entry of the suite's published file this recipe is compared with (default: name)
+
+    @property
+    def published_as(self) -> str:
+        return self.paper or self.name
+
+
+@dataclass
+class Suite:
+    name: str
+    seeds: list[int]
+    tasks: str
+    recipes: list[SuiteRecipe]
+    sample_sentences: int = 1000
+    baseline: str | None = None  # a recipe name: the summary compares every other one with it, seed by seed
+    published: Path | None = None  # the papers' numbers (benchmarks/published/*.yaml), compared task by task
+
+
+def _line_of(text: str, key: str) -> int | None:
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.lstrip(" -").startswith(f"{key}:"):
+            return number
+    return None
+
+
+def _line_naming(text: str, key: str, value: str) -> int | None:
+    """The line that sets `key` to `value`, in block or flow style (`{..., key: value}`)."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if f"{key}: {value}" in line or f"{key}: '{value}'" in line or f'{key}: "{value}"' in line:
+            return number
+    return _line_of(text, key)
+
+
+def _is_seed(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEED
+
+
+def load_suite(path: str | Path) -> Suite:
+    """Read and check a suite file; mistakes are CsekitErrors naming the file and line."""
+    path = Path(path)
+    text = read_bounded_text(path, "suite file", limit=2**20)
+    raw = parse_yaml(text, str(path), "suite")[0] or {}
+    if not isinstance(raw, dict):
+        raise CsekitError(f"{path}: a suite is a mapping with keys {', '.join(sorted(SUITE_KEYS))}")
+    for key in raw:
+        if key not in SUITE_KEYS:
+            raise CsekitError(
+                f"{at(path, _line_of(text, key))}: unknown suite key {key!r}; expected {sorted(SUITE_KEYS)}"
+            )
+    seeds = raw.get("seeds", [42])
+    if not isinstance(seeds, list) or not seeds or not all(_is_seed(s) for s in seeds):
+        raise CsekitError(
+            f"{at(path, _line_of(text, 'seeds'))}: seeds must be a non-empty list of integers in [0, {MAX_SEED}]"
+        )
+    tasks = raw.get("tasks", "sts")
+    if isinstance(tasks, list):
+        tasks = ",".join(str(t) for t in tasks)
+    from csekit.evaluation.suite import parse_tasks
+
+    try:
+        parse_tasks(str(tasks))
+    except CsekitError as error:
+        raise CsekitError(f"{at(path, _line_of(text, 'tasks'))}: {error}") from None
+    entries = raw.get("recipes")
+    if not isinstance(entries, list) or not entries:
+        raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: recipes must be a non-empty list")
+    recipes: list[SuiteRecipe] = []
+    for entry in entries:
+        recipes.append(_suite_recipe(path, text, entry, [r.name for r in recipes]))
+    sample = raw.get("sample_sentences", 1000)
+    if not isinstance(sample, int) or sample < 2:
+        raise CsekitError(f"{at(path, _line_of(text, 'sample_sentences'))}: sample_sentences must be an integer >= 2")
+    baseline = raw.get("baseline")
+    if baseline is not None and str(baseline) not in [r.name for r in recipes]:
+        raise CsekitError(
+            f"{at(path, _line_of(text, 'baseline'))}: baseline {baseline!r} is not a recipe name of this suite; "
+            f"expected one of {[r.name for r in recipes]}"
+        )
+    _check_controls(path, text, recipes)
+    return Suite(
+        str(raw.get("name") or path.stem),
+        seeds,
+        str(tasks),
+        recipes,
+        sample,
+        None if baseline is None else str(baseline),
+        _published_file(path, text, raw.get("published"), recipes),
+    )
+
+
+def _suite_recipe(path: Path, text: str, entry: Any, taken: list[str]) -> SuiteRecipe:
+    """One entry of a suite's `recipes:` list, checked (`taken`: the names of the entries before it)."""
+    if isinstance(entry, str):
+        entry = {"recipe": entry}
+    if not isinstance(entry, dict) or "recipe" not in entry:
+        raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: each recipe needs a `recipe:` path")
+    unknown = set(entry) - RECIPE_KEYS
+    if unknown:
+        key = sorted(unknown)[0]
+        raise CsekitError(
+            f"{at(path, _line_of(text, key))}: unknown recipe key {key!r}; expected {sorted(RECIPE_KEYS)}"
+        )
+    recipe_path = (path.parent / str(entry["recipe"])).resolve()
+    if not recipe_path.exists():
+        raise CsekitError(f"{at(path, _line_of(text, 'recipe'))}: recipe {recipe_path} does not exist")
+    overrides = entry.get("set") or []
+    if not isinstance(overrides, list):
+        raise CsekitError(f"{at(path, _line_of(text, 'set'))}: set must be a list of key=value strings")
+    name = entry.get("name") or recipe_path.stem
+    if not isinstance(name, str | int | float) or isinstance(name, bool):
+        raise CsekitError(f"{at(path, _line_of(text, 'name'))}: a recipe name must be text")
+    name = str(name)
+    # The name becomes the run folder OUTPUT/NAME-seedK: it must stay one folder inside OUTPUT.
+    check_name(name, f"{at(path, _line_naming(text, 'name', name))}: recipe name", folder="--output")
+    if name in taken:
+        raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: two recipes are named {name!r}; give one a name")
+    control = entry.get("control")
+    paper = entry.get("paper")
+    if paper is not None and (not isinstance(paper, str) or not paper):
+        raise CsekitError(
+            f"{at(path, _line_of(text, 'paper'))}: paper must name an entry of the suite's published file"
+        )
+    return SuiteRecipe(name, recipe_path, [str(o) for o in overrides], None if control is None else str(control), paper)
+
+
+def _published_file(path: Path, text: str, value: Any, recipes: list[SuiteRecipe]) -> Path | None:
+    """The suite's `published:` file (relative to the suite), read and checked now; each `paper:` names an entry."""
+    if value is None:
+        for recipe in recipes:
+            if recipe.paper is not None:
+                line = _line_naming(text, "paper", recipe.paper)
+                raise CsekitError(f"{at(path, line)}: paper needs a `published:` file in the suite")
+        return None
+    if not isinstance(value, str) or not value:
+        raise CsekitError(f"{at(path, _line_of(text, 'published'))}: published must be a path to a YAML file")
+    published = (path.parent / value).resolve()
+    try:
+        rows = load_published(published)
+    except CsekitError as error:
+        raise CsekitError(f"{at(path, _line_of(text, 'published'))}: {error}") from None
+    for recipe in recipes:
+        if recipe.paper is not None and recipe.paper not in rows:
+            raise CsekitError(
+                f"{at(path, _line_naming(text, 'paper', recipe.paper))}: paper {recipe.paper!r} of {recipe.name!r} "
+                f"is not an entry of {published}"
+            )
+    return published
+
+
+def _check_controls(path: Path, text: str, recipes: list[SuiteRecipe]) -> None:
+    """Each `control:` names another recipe of the suite."""
+    names = [r.name for r in recipes]
+    for recipe in recipes:
+        if recipe.control is not None and (recipe.control not in names or recipe.control == recipe.name):
+            raise CsekitError(
+                f"{at(path, _line_naming(text, 'control', recipe.control))}: control {recipe.control!r} of "
+                f"{recipe.name!r} is not another recipe name of this suite; "
+                f"expected one of {[n for n in names if n != recipe.name]}"
+            )
+
+
+def run_dir(output: Path, recipe: SuiteRecipe, seed: int) -> Path:
+    """`OUTPUT/NAME-seedK`, never outside OUTPUT (the name comes from the suite file, see `child_path`)."""
+    return child_path(output, f"{recipe.name}-seed{seed}", f"suite recipe name {recipe.name!r}")

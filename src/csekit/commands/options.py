@@ -1,0 +1,87 @@
+"""What every `csekit` command shares: typer's command classes, the common options, and the checks made on
+options before anything is loaded or written."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from typer.core import TyperCommand, TyperGroup
+
+from csekit.core.errors import CsekitError
+
+
+def _untyped_flags(params: list[Any]) -> list[Any]:
+    """The parameters, with no `<bool>` beside a flag in `--help` (it reads as if the flag took a value)."""
+    for param in params:
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""  # typer prints the metavar, when one is set, instead of the type
+    return params
+
+
+class Command(TyperCommand):
+    """typer's command; its `--help` shows a type beside options that take a value only."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _untyped_flags(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    """typer's group; its `--help` shows no `<bool>` beside `--help`."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _untyped_flags(super().get_params(ctx))
+
+
+DataDirOption = Annotated[
+    Path | None,
+    typer.Option("--data-dir", help="SentEval data folder (default: $CSEKIT_DATA).", show_default=False),
+]
+PoolerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--pooler",
+        help="cls, mean, first_last_avg, mask (prompt) or pooler_output (default: the model's own, else cls).",
+    ),
+]
+PrecisionOption = Annotated[
+    str,
+    typer.Option(
+        "--precision",
+        help="fp32 (SentEval-exact, the numbers sentence-transformers gives), auto (bf16 where the hardware runs it "
+        "natively, else fp32), bf16 (faster where native, moves STS numbers by < 0.003; emulated and slow on CPUs "
+        "without native bf16) or fp16 (GPUs; slow on a CPU).",
+    ),
+]
+BatchSizeOption = Annotated[int, typer.Option(help="Sentences per forward pass.")]
+
+
+def warn(message: str) -> None:
+    """A warning line on stderr."""
+    typer.echo(message, err=True)
+
+
+def check_output_file(output: Path | None, option: str = "--output") -> None:
+    """Refuse an output path that cannot become a file before the work, not after it (hours later)."""
+    if output is None:
+        return
+    if output.is_dir():
+        raise CsekitError(f"{option} {output} is a folder; give a file name in it")
+    parent = next((folder for folder in output.parents if folder.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise CsekitError(f"{option} {output}: {parent} is a file, not a folder")
+
+
+def require_at_least(option: str, value: int, minimum: int = 1) -> None:
+    """Refuse an option below its minimum before anything is loaded or written."""
+    if value < minimum:
+        raise CsekitError(f"{option} must be at least {minimum}, got {value}")
+
+
+def saving_output(output: Path) -> contextlib.AbstractContextManager[None]:
+    """A failed write of a command's --output file (a full disk) is one line; the file is written atomically."""
+    from csekit.core.save_guard import guarded_save
+
+    return guarded_save(output.name, output.parent, f"{output} was not written (a previous version is unchanged)")
