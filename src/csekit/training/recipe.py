@@ -1,11 +1,12 @@
 """Recipes: YAML files that compose a training run from named parts.
 
-A recipe has five sections: `model` (backbone, pooler, head), `data` (corpus, views), `train`
+A recipe has six sections: `model` (backbone, pooler, head), `data` (corpus, views), `train`
 (optimisation and selection), `negatives` and `weighting` (extra negative sources and how in-batch
-negatives are weighted), and `objectives` (loss terms with weights). The schema is a set of
+negatives are weighted), `objectives` (loss terms with weights): what is learned; and `run` (`RunConfig`):
+how this machine executes a step, decided in `csekit.training.execution`. The schema is a set of
 dataclasses checked by OmegaConf; a wrong key or type is reported with the file, the line and the
-closest valid key. Part options (everything beside `name` and `weight` in a part) are checked
-against the part's constructor when the part is built.
+closest valid key. Part options (everything beside `name` and `weight` in a part) are checked against the
+part's constructor when the recipe is loaded (`csekit.training.part_building`).
 """
 
 from __future__ import annotations
