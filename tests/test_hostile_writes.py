@@ -94,7 +94,7 @@ def test_swap_in_never_changes_modes_through_a_link_inside(tmp_path: Path) -> No
 
 # --- defect 1: the TensorBoard tracker's folder ----------------------------------------------------------------
 
-TENSORBOARD = "  report_to: tensorboard\n  max_steps: 2\n"
+TENSORBOARD = "  max_steps: 2\nrun:\n  report_to: tensorboard\n"
 
 
 @pytest.mark.parametrize("name", ["../../x", "ABSOLUTE", "a/b"])
