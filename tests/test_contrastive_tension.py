@@ -1,0 +1,97 @@
+"""Contrastive Tension (in-batch negatives) against sentence-transformers' ContrastiveTensionLossInBatchNegatives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import DISTINCT_SENTENCES, make_tiny_encoder
+from st_reference import sentence_transformer_of, st_losses
+
+from csekit.core.errors import CsekitError
+from csekit.parts.heads.mlp import IdentityHead, MLPHead
+from csekit.parts.objectives import ContrastiveTension
+from csekit.parts.views import VIEWS
+from csekit.training.model import ContrastiveModel
+
+SENTENCES = DISTINCT_SENTENCES[:8]
+
+
+def ct_model(tmp_path: Path, **options: object) -> tuple[ContrastiveModel, ContrastiveTension]:
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mean", initializer_range=0.2)
+    head = IdentityHead(encoder.dim)
+    objective = ContrastiveTension(encoder, head, **options)  # type: ignore[arg-type]
+    return ContrastiveModel(encoder, head, 1, [(objective, 1.0)]), objective
+
+
+def perturb(module: torch.nn.Module, seed: int) -> None:
+    """Move the weights away from the other encoder's, the same way on both sides (two encoders part in training)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=generator))
+
+
+@pytest.mark.parametrize(("scale", "similarity"), [(20.0, "cosine"), (1.0, "dot")])
+def test_loss_and_gradients_equal_sentence_transformers(tmp_path: Path, scale: float, similarity: str) -> None:
+    losses = st_losses()
+    util = pytest.importorskip("sentence_transformers.util")
+    model, objective = ct_model(tmp_path, scale=scale, similarity=similarity)
+    reference_model = sentence_transformer_of(model.encoder, tmp_path / "st")
+    reference = losses.ContrastiveTensionLossInBatchNegatives(
+        reference_model, scale=scale, similarity_fct=util.cos_sim if similarity == "cosine" else util.dot_score
+    )
+    # model1 (the copy) differs from model2 (the saved encoder) after the first step: make it so on both sides
+    perturb(objective.copy_encoder.backbone, seed=7)
+    perturb(reference.model1[0].auto_model, seed=7)
+    model.eval()  # dropout off in both encoders, on both sides: the same computation
+    reference.eval()
+
+    views = VIEWS.get("single", "test")(model.encoder.tokenizer, model.encoder.pooler, 32)
+    ours, _ = model(views(SENTENCES), SENTENCES)
+    ours.backward()
+    features = reference_model.tokenize(SENTENCES)
+    theirs = reference([features], None)
+    theirs.backward()
+
+    assert ours.item() > 0.1
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-6, abs=1e-6)
+    assert objective.logit_scale.grad is not None
+    torch.testing.assert_close(objective.logit_scale.grad, reference.logit_scale.grad, rtol=1e-4, atol=1e-6)
+    pairs = [
+        (model.encoder.backbone, reference.model2[0].auto_model),  # the saved encoder is sentence-transformers' model2
+        (objective.copy_encoder.backbone, reference.model1[0].auto_model),  # the copy is its model1
+    ]
+    for ours_module, theirs_module in pairs:
+        named = dict(theirs_module.named_parameters())
+        compared = 0
+        for name, param in ours_module.named_parameters():
+            if param.grad is None:
+                assert named[name].grad is None or not named[name].grad.any(), name
+                continue
+            torch.testing.assert_close(param.grad, named[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+            compared += 1
+        assert compared > 10
+
+
+def test_both_encoders_and_the_scale_train_and_only_the_encoder_is_saved(tmp_path: Path) -> None:
+    model, objective = ct_model(tmp_path)
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    assert all(id(p) in trainable for p in objective.copy_encoder.parameters())
+    assert id(objective.logit_scale) in trainable
+    assert model.saved_encoder() is model.encoder
+    held, _ = ct_model(tmp_path, learn_scale=False)
+    assert not held.objectives[0].logit_scale.requires_grad
+
+
+def test_refuses_a_head_and_a_missing_view(tmp_path: Path) -> None:
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mean")
+    with pytest.raises(ValueError, match=r"model\.head to none"):
+        ContrastiveTension(encoder, MLPHead(encoder.dim))
+    with pytest.raises(ValueError, match="similarity"):
+        ContrastiveTension(encoder, similarity="euclid")
+    model, _ = ct_model(tmp_path, view=1)
+    views = VIEWS.get("single", "test")(model.encoder.tokenizer, model.encoder.pooler, 32)
+    with pytest.raises(CsekitError, match="option view 1"):
+        model(views(SENTENCES), SENTENCES)
