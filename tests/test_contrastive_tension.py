@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -95,3 +96,34 @@ def test_refuses_a_head_and_a_missing_view(tmp_path: Path) -> None:
     views = VIEWS.get("single", "test")(model.encoder.tokenizer, model.encoder.pooler, 32)
     with pytest.raises(CsekitError, match="option view 1"):
         model(views(SENTENCES), SENTENCES)
+
+
+def test_a_ct_recipe_trains_both_encoders_and_exports_only_its_own(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from conftest import make_corpus, tiny_recipe
+    from safetensors.torch import load_file
+
+    from csekit.training.trainer import train
+
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        corpus,
+        "train.max_steps=3",
+        "train.eval_every=0",
+        "model.head={name: none}",
+        "data.views={name: single}",
+        "objectives=[{name: contrastive_tension}]",
+    )
+    assert train(recipe, tmp_path / "run", show_progress=False).steps == 3
+    start = load_file(next(tiny_model_dir.glob("*.safetensors")))
+    exported = load_file(next((tmp_path / "run" / "best").glob("*.safetensors")))
+    assert set(exported) == set(start)  # the encoder alone, not the copy
+    checkpoint = load_file(tmp_path / "run" / "checkpoint" / "model.safetensors")
+    copy_keys = [key for key in checkpoint if key.startswith("objectives.0.copy_encoder.")]
+    assert copy_keys and "objectives.0.logit_scale" in checkpoint
+    assert float(checkpoint["objectives.0.logit_scale"]) != pytest.approx(math.log(20.0))  # the scale trained
+    name = next(key for key in start if key.endswith("word_embeddings.weight"))
+    copy_name = next(key for key in copy_keys if key.endswith("word_embeddings.weight"))
+    assert not torch.equal(exported[name], start[name])  # the encoder (model2) trained
+    assert not torch.equal(checkpoint[copy_name], start[name])  # the copy (model1) trained too
+    assert not torch.equal(checkpoint[copy_name], exported[name])  # apart: two encoders, not one
