@@ -127,3 +127,23 @@ def test_a_ct_recipe_trains_both_encoders_and_exports_only_its_own(tmp_path: Pat
     assert not torch.equal(exported[name], start[name])  # the encoder (model2) trained
     assert not torch.equal(checkpoint[copy_name], start[name])  # the copy (model1) trained too
     assert not torch.equal(checkpoint[copy_name], exported[name])  # apart: two encoders, not one
+
+
+def test_contrastive_tension_composes_with_simcse(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Beside SimCSE's infonce on two dropout views, the copy reads view 0's inputs; both losses are logged."""
+    from conftest import make_corpus, read_metrics, tiny_recipe
+
+    from csekit.training.trainer import train
+
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        corpus,
+        "train.max_steps=2",
+        "train.eval_every=0",
+        "model.head={name: none}",
+        "objectives=[{name: infonce}, {name: contrastive_tension, weight: 0.5}]",
+    )
+    assert train(recipe, tmp_path / "run", show_progress=False).steps == 2
+    record = next(r for r in read_metrics(tmp_path / "run") if "loss" in r)
+    assert record["loss"] == pytest.approx(record["infonce"] + 0.5 * record["contrastive_tension"], rel=1e-5)

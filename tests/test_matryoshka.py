@@ -123,3 +123,31 @@ def test_a_recipe_builds_and_trains_the_inner_objective(tmp_path: Path) -> None:
     assert objective.objective.temperature == 0.1 and objective.dims == [32, 16]
     loss, parts = model(views(SENTENCES[:4]), SENTENCES[:4])
     assert list(parts) == ["matryoshka"] and torch.isfinite(loss)
+
+
+def test_matryoshka_composes_with_dclr_noise_and_weighting(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """DCLR's noise negatives and weights enter the inner infonce at every width (the noise cut like the rest)."""
+    from conftest import make_corpus, tiny_recipe
+
+    from csekit.training.trainer import train
+
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    recipe = tiny_recipe(
+        tiny_model_dir,
+        corpus,
+        "train.max_steps=2",
+        "train.eval_every=0",
+        "model.head={name: none}",
+        "negatives=[{name: dclr_noise}]",
+        "weighting={name: dclr}",
+        "objectives=[{name: matryoshka, dims: [32, 8], objective: {name: infonce}}]",
+    )
+    assert train(recipe, tmp_path / "run", show_progress=False).steps == 2
+
+
+def test_the_inner_objective_reads_token_states_through_the_wrapper() -> None:
+    class ReadsTokens(InfoNCE):
+        reads_token_states = True
+
+    assert Matryoshka(ReadsTokens(), dims=[8], dim=32).reads_token_states
+    assert not Matryoshka(InfoNCE(), dims=[8], dim=32).reads_token_states
