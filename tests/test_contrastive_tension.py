@@ -147,3 +147,41 @@ def test_contrastive_tension_composes_with_simcse(tmp_path: Path, tiny_model_dir
     assert train(recipe, tmp_path / "run", show_progress=False).steps == 2
     record = next(r for r in read_metrics(tmp_path / "run") if "loss" in r)
     assert record["loss"] == pytest.approx(record["infonce"] + 0.5 * record["contrastive_tension"], rel=1e-5)
+
+
+def ct_resume_recipe(path: Path, model_dir: Path, corpus: Path, marker: Path) -> Path:
+    path.write_text(
+        f"""
+model: {{backbone: "{model_dir}", pooler: mean, max_length: 16, head: {{name: none}}}}
+data: {{corpus: "{corpus}", views: {{name: single}}}}
+train: {{batch_size: 16, lr: 1.0e-3, max_steps: 12, eval_every: 4, log_every: 1, dev_task: none, seed: 7}}
+objectives:
+  - {{name: contrastive_tension}}
+  - {{name: kill_once, weight: 0.0, at_call: 7, marker: "{marker}"}}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_the_copy_and_the_scale_survive_sigkill_and_resume_bit_exactly(tmp_path: Path, tiny_model_dir: Path) -> None:
+    from conftest import assert_same_checkpoint_weights, make_corpus, read_metrics, run_cli_with_test_parts
+
+    def run_train(recipe: Path, output: Path, *extra: str):  # type: ignore[no-untyped-def]
+        args = ("train", str(recipe), "--output", str(output), "--no-progress", *extra)
+        return run_cli_with_test_parts(*args, plugin_dir=output.parent / "plugin")
+
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=128)
+    marker = tmp_path / "killed"
+    marker.write_text("not this run", encoding="utf-8")
+    straight = run_train(ct_resume_recipe(tmp_path / "a.yaml", tiny_model_dir, corpus, marker), tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr
+    marker.unlink()
+    recipe = ct_resume_recipe(tmp_path / "b.yaml", tiny_model_dir, corpus, marker)
+    killed = run_train(recipe, tmp_path / "resumed")
+    assert killed.returncode == -9 and marker.exists()  # SIGKILL during step 7; the checkpoint is from step 4
+    resumed = run_train(recipe, tmp_path / "resumed", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "resumed")  # the copy and the scale included
+    losses = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "straight") if "loss" in r}
+    assert {r["step"]: r["loss"] for r in read_metrics(tmp_path / "resumed") if "loss" in r} == losses
