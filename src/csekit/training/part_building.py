@@ -6,6 +6,10 @@ plain values, so that a part can be built outside a recipe with the same argumen
 batch_size=64)`). The options are checked twice with the same code: against each constructor when the
 recipe is loaded (`csekit.training.recipe.validate_recipe`, before any backbone is read) and when the part
 is built. This module imports nothing of the recipe, so that both can use it.
+
+A part that wraps another of its kind (Matryoshka around any objective) lists in `nested_parts` the options
+that hold the other's spec: that spec is built first, as a part with the key `<key>.<option>`, and the
+wrapper gets the built part (`nested_options`, `nested_spec`).
 """
 
 from __future__ import annotations
