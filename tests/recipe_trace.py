@@ -61,6 +61,8 @@ BATCH_SIZE = 8
 CORPUS_ROWS = 64
 """8 batches an epoch: the 20 steps cross two epoch boundaries (reshuffling), and every SLT-FAI warm-up
 of the shipped recipes (0.01 to 0.5 epoch) ends inside them, so both sides of it are traced."""
+TINY_WIDTH = 32
+"""The tiny models' hidden size (conftest.make_tiny_encoder): Matryoshka's widths are scaled to it."""
 TINY_GROUPS = 8
 """Whitening groups of 4 of the tiny model's 32 channels: estimable from a batch of 8 rows, like the
 recipes' groups of 2 or 3 channels from a batch of 64."""
@@ -177,6 +179,9 @@ def tiny_overrides(recipe: Recipe, tiny: TinyInputs) -> list[str]:
                 for name in objective["teachers"]
             ]
             overrides.append(f"objectives.{index}.teachers=[{', '.join(str(path) for path in teachers)}]")
+        if "dims" in objective:  # Matryoshka's widths, scaled from the recipe's widest to the tiny model's
+            dims = [max(1, int(d) * TINY_WIDTH // max(objective["dims"])) for d in objective["dims"]]
+            overrides.append(f"objectives.{index}.dims=[{', '.join(str(d) for d in dims)}]")
     return overrides
 
 

@@ -29,7 +29,14 @@ EXPECTED_METHODS = {
     "sncse+dclr-minilm": ["simcse", "dclr", "sncse"],
     "esimcse-bert-base": ["simcse", "esimcse"],
     "rankcse-minilm": ["simcse", "rankcse"],
+    "ct-bert-base": ["simcse", "contrastive_tension"],
+    "matryoshka-simcse-minilm": ["simcse", "matryoshka"],
 }
+
+
+def test_a_method_inside_matryoshka_is_cited_too() -> None:
+    recipe = {"objectives": [{"name": "matryoshka", "dims": [8], "objective": {"name": "bml"}}]}
+    assert methods_used(recipe, "cls") == ["simcse", "sncse", "matryoshka"]
 
 
 def bibtex_keys(card: str) -> list[str]:

@@ -84,6 +84,24 @@ BIBTEX: Mapping[str, str] = {
   eprint = {2109.04380},
   archivePrefix = {arXiv}
 }""",
+    "contrastive_tension": """@inproceedings{carlsson2021semantic,
+  title = {Semantic Re-tuning with Contrastive Tension},
+  author = {Carlsson, Fredrik and Gyllensten, Amaru Cuba and Gogoulou, Evangelia and Hellqvist, Erik Ylip{\\"a}{\\"a}
+            and Sahlgren, Magnus},
+  booktitle = {International Conference on Learning Representations (ICLR)},
+  year = {2021},
+  url = {https://openreview.net/forum?id=Ov_sMNau-PF}
+}""",
+    "matryoshka": """@inproceedings{kusupati2022matryoshka,
+  title = {Matryoshka Representation Learning},
+  author = {Kusupati, Aditya and Bhatt, Gantavya and Rege, Aniket and Wallingford, Matthew and Sinha, Aditya
+            and Ramanujan, Vivek and Howard-Snyder, William and Chen, Kaifeng and Kakade, Sham and Jain, Prateek
+            and Farhadi, Ali},
+  booktitle = {Advances in Neural Information Processing Systems (NeurIPS)},
+  year = {2022},
+  eprint = {2205.13147},
+  archivePrefix = {arXiv}
+}""",
     "rankcse": """@inproceedings{liu2023rankcse,
   title = {{RankCSE}: Unsupervised Sentence Representations Learning via Learning to Rank},
   author = {Liu, Jiduan and Liu, Jiahao and Wang, Qifan and Wang, Jingang and Wu, Wei and Xian, Yunsen and Zhao, Dongyan
@@ -117,8 +135,19 @@ def _part_names(recipe: Mapping[str, Any]) -> dict[str, list[str]]:
         "views": [str((data.get("views") or {}).get("name", ""))],
         "negatives": [str(part.get("name", "")) for part in recipe.get("negatives") or ()],
         "weighting": [str(weighting.get("name", ""))] if weighting else [],
-        "objectives": [str(part.get("name", "")) for part in recipe.get("objectives") or ()],
+        "objectives": [str(part.get("name", "")) for part in _with_inner(recipe.get("objectives") or ())],
     }
+
+
+def _with_inner(specs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Part specs and the specs a wrapper holds (matryoshka's `objective`), so a wrapped method is cited too."""
+    found: list[Mapping[str, Any]] = []
+    for spec in specs:
+        found.append(spec)
+        inner = spec.get("objective")
+        if isinstance(inner, Mapping):
+            found += _with_inner([inner])
+    return found
 
 
 def methods_used(recipe: Mapping[str, Any] | None, pooler: str) -> list[str]:
@@ -151,6 +180,10 @@ def methods_used(recipe: Mapping[str, Any] | None, pooler: str) -> list[str]:
         chosen.append("esimcse")
     if "rank_distill" in objectives:
         chosen.append("rankcse")
+    if "contrastive_tension" in objectives:
+        chosen.append("contrastive_tension")
+    if "matryoshka" in objectives:
+        chosen.append("matryoshka")
     return chosen
 
 

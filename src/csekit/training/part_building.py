@@ -6,6 +6,10 @@ plain values, so that a part can be built outside a recipe with the same argumen
 batch_size=64)`). The options are checked twice with the same code: against each constructor when the
 recipe is loaded (`csekit.training.recipe.validate_recipe`, before any backbone is read) and when the part
 is built. This module imports nothing of the recipe, so that both can use it.
+
+A part that wraps another of its kind (Matryoshka around any objective) lists in `nested_parts` the options
+that hold the other's spec: that spec is built first, as a part with the key `<key>.<option>`, and the
+wrapper gets the built part (`nested_options`, `nested_spec`).
 """
 
 from __future__ import annotations
@@ -61,6 +65,10 @@ def build_part(registry: Registry[Any], spec: Mapping[str, Any], key: str, **con
     options = {k: v for k, v in spec.items() if k not in ("name", "weight")}
     factory = registry.get(str(spec["name"]), f"recipe key {key}.name")
     check_part_options(factory, spec, key, context)
+    for option in nested_options(factory, options):  # a wrapper's inner part (matryoshka's objective): built first
+        options[option] = build_part(
+            registry, nested_spec(options[option], f"{key}.{option}"), f"{key}.{option}", **context
+        )
     parameters = inspect.signature(factory).parameters
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     supplied = {k: v for k, v in context.items() if k in parameters or accepts_any}
@@ -77,6 +85,22 @@ def build_part(registry: Registry[Any], spec: Mapping[str, Any], key: str, **con
         return factory(**supplied, **options)
     except (TypeError, ValueError) as error:
         raise CsekitError(f"recipe key {key}: {error}") from None
+
+
+def nested_options(factory: Any, options: Mapping[str, Any]) -> list[str]:
+    """The options of `options` that hold another part's spec (the factory's `nested_parts`), built as parts of
+    the same kind with the recipe key `<key>.<option>`."""
+    return [option for option in getattr(factory, "nested_parts", ()) if option in options]
+
+
+def nested_spec(spec: Any, key: str, where: Callable[[str], str] | None = None) -> Mapping[str, Any]:
+    """A nested part's spec: a mapping with a name (no weight of its own: the wrapper weighs it)."""
+    located = f"{where(key)}: " if where is not None else ""
+    if not isinstance(spec, Mapping) or "name" not in spec:
+        raise CsekitError(f'{located}recipe key {key} must be a part\'s spec, a mapping with a "name"')
+    if "weight" in spec:
+        raise CsekitError(f"{located}recipe key {key}.weight: a nested part has no weight of its own; remove it")
+    return spec
 
 
 def check_part_options(

@@ -32,6 +32,7 @@ from csekit.parts.negatives import NEGATIVES
 from csekit.parts.objectives import OBJECTIVES
 from csekit.parts.views import VIEWS
 from csekit.parts.weighting import WEIGHTINGS
+from csekit.training.part_building import nested_options, nested_spec
 
 MAX_WORKERS = 64
 """The most DataLoader worker processes a recipe may ask for (each is a process with its own memory)."""
@@ -70,10 +71,17 @@ def recipe_parts(recipe: Any, where: Where = lambda key: "recipe") -> list[Part]
     for key, spec in part_specs(recipe):
         if not isinstance(spec, Mapping) or "name" not in spec:
             raise CsekitError(f'{where(key)}: recipe key {key} must be a mapping with a "name"')
-        factory = PART_REGISTRIES[key.split("[")[0]].get(
-            str(spec["name"]), f"{where(key + '.name')}: recipe key {key}.name"
-        )
-        parts.append((key, factory, spec))
+        parts += _with_nested(key, spec, PART_REGISTRIES[key.split("[")[0]], where)
+    return parts
+
+
+def _with_nested(key: str, spec: Mapping[str, Any], registry: Any, where: Where) -> list[Part]:
+    """The part and the parts its options hold (matryoshka's inner objective, key `objectives[i].objective`)."""
+    factory = registry.get(str(spec["name"]), f"{where(key + '.name')}: recipe key {key}.name")
+    parts: list[Part] = [(key, factory, spec)]
+    for option in nested_options(factory, spec):
+        inner = f"{key}.{option}"
+        parts += _with_nested(inner, nested_spec(spec[option], inner, where), registry, where)
     return parts
 
 

@@ -12,7 +12,9 @@ from torch import nn
 
 from csekit.core.registry import Registry
 from csekit.parts.objectives.bidirectional_margin import BidirectionalMargin
+from csekit.parts.objectives.contrastive_tension import ContrastiveTension
 from csekit.parts.objectives.infonce import InfoNCE, cosine_matrix
+from csekit.parts.objectives.matryoshka import Matryoshka
 from csekit.parts.objectives.multi_positive import MultiPositiveInfoNCE
 from csekit.parts.objectives.nt_xent import NTXent
 from csekit.parts.objectives.ranking import RankingConsistency, RankingDistillation
@@ -34,6 +36,8 @@ BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
         "bml": BidirectionalMargin,  # SNCSE's bidirectional margin loss on negations (soft negatives)
         "rank_distill": RankingDistillation,  # RankCSE's listwise ranking distillation from frozen teachers
         "rank_consistency": RankingConsistency,  # RankCSE's JS divergence between the two views' ranking lists
+        "contrastive_tension": ContrastiveTension,  # Contrastive Tension, in-batch (a trained copy of the encoder)
+        "matryoshka": Matryoshka,  # Matryoshka: an inner objective at every truncated width
     }
 )
 """`objectives` names; see `OBJECTIVES`."""
@@ -46,8 +50,10 @@ __all__ = [
     "OBJECTIVES",
     "AdversarialTuning",
     "BidirectionalMargin",
+    "ContrastiveTension",
     "IncompleteSentenceFiltering",
     "InfoNCE",
+    "Matryoshka",
     "MultiPositiveInfoNCE",
     "NTXent",
     "RankingConsistency",

@@ -10,12 +10,14 @@ from csekit.core.registry import Registry
 from csekit.parts.views.consert import ConsertViews
 from csekit.parts.views.dropout import DropoutViews
 from csekit.parts.views.repetition import RepetitionViews
+from csekit.parts.views.single import SingleView
 
 BUILTIN: Mapping[str, Callable[..., Any]] = MappingProxyType(
     {
         "dropout": DropoutViews,  # SimCSE: the same ids twice, dropout makes the views differ
         "consert": ConsertViews,  # ConSERT's embedding-level augmentations (SLT-FAI's ConSERT variant)
         "repetition": RepetitionViews,  # ESimCSE: view 1 repeats some of the sentence's tokens
+        "single": SingleView,  # one view: Contrastive Tension's second representation is a second encoder's
     }
 )
 """`data.views` names; see `VIEWS`."""
