@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import inspect
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -145,3 +146,11 @@ def test_a_users_part_that_names_recipe_still_gets_it_with_a_deprecation_warning
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # csekit's own parts take no deprecated argument
         build_part(objectives.OBJECTIVES, {"name": "infonce"}, "objectives[0]", recipe=recipe, seed=1)
+
+
+def test_a_part_option_error_names_the_file_and_line(tmp_path: Path) -> None:
+    """A mistyped option of a part in a recipe file is reported at its line (it named the key only)."""
+    path = tmp_path / "recipe.yaml"
+    path.write_text("model:\n  pooler: cls\nobjectives:\n  - name: infonce\n    temprature: 0.05\n")
+    with pytest.raises(CsekitError, match=rf"^{re.escape(str(path))}:5: recipe key objectives\[0\]\.temprature"):
+        load_recipe(path)

@@ -441,7 +441,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     # with the file and line, not when the model is built or at the first step.
     parts = recipe_parts(recipe, where)
     for key, factory, spec in parts:
-        check_part_options(factory, spec, key, BUILD_CONTEXT)
+        check_part_options(factory, spec, key, BUILD_CONTEXT, where)
     check_view_indices(parts, where)
     check_corpus_fields(parts, recipe.data.corpus, where)
     POOLERS.get(recipe.model.pooler, f"{where('model.pooler')}: recipe key model.pooler")
