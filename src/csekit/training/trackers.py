@@ -22,6 +22,7 @@ from accelerate.tracking import get_available_trackers
 from csekit.core.atomic import HeldFolder, hold_folder
 from csekit.core.errors import CsekitError
 from csekit.core.safe_names import check_name, child_path
+from csekit.evaluation.result import EvalResult
 from csekit.training.recipe import TRACKER_FOLDER_OPTIONS, Recipe, tracker_names
 
 TRACKER_LOGS = "logs"
@@ -83,3 +84,19 @@ def flat_hyperparameters(recipe: Recipe) -> dict[str, str | int | float | bool]:
 
     add("", asdict(recipe))
     return flat
+
+
+def result_values(section: str, result: EvalResult) -> dict[str, float]:
+    """An evaluation's numbers for the trackers, named by their place in the one result shape
+    (`dev/tasks/stsb-dev`, `dev/tasks/align/uniform`, `dev/averages/avg_sts`); a score that is no number is left out."""
+    values: dict[str, float] = {}
+
+    def add(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                add(f"{prefix}/{key}", inner)
+        elif isinstance(value, int | float) and not isinstance(value, bool):
+            values[prefix] = float(value)
+
+    add(section, result.as_json())
+    return values
