@@ -111,7 +111,9 @@ TASK_GROUPS_HELP = "sts, dev, transfer, align, all (sts + transfer + align), or 
 @locks_output("output")
 def evaluate(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
-    tasks: Annotated[str | None, typer.Option(help=TASK_GROUPS_HELP, show_default="sts, or none with --pairs")] = None,
+    tasks: Annotated[
+        str | None, typer.Option(help=TASK_GROUPS_HELP + " Default: sts; none with --pairs/--retrieval.")
+    ] = None,
     pooler: PoolerOption = None,
     data_dir: DataDirOption = None,
     output: Annotated[

@@ -19,7 +19,8 @@ PairsOption = Annotated[
     typer.Option(
         "--pairs",
         help="Score your own sentence pairs: a .tsv, .csv or .jsonl file with sentence1, sentence2, score (named by "
-        "a header); Spearman and Pearson x 100 of the cosine. Repeatable; each file is one task, pairs:NAME.",
+        "a header); Spearman and Pearson x 100 of the cosine. Repeatable; each file is one task, pairs:NAME "
+        "(default: none).",
         show_default=False,
     ),
 ]
@@ -37,7 +38,7 @@ RetrievalOption = Annotated[
     typer.Option(
         "--retrieval",
         help="Search a BEIR-layout folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv) by exact cosine; nDCG@10, "
-        "MRR@10, Recall@10, Recall@100 x 100. Repeatable; each folder is one task, retrieval:NAME.",
+        "MRR@10, Recall@10, Recall@100 x 100. Repeatable; each folder is one task, retrieval:NAME (default: none).",
         show_default=False,
     ),
 ]
