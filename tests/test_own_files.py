@@ -81,9 +81,9 @@ def test_tsv_csv_and_json_lines_give_the_same_pairs_and_columns_are_found_by_the
     tsv = read_pairs(
         write_pairs_tsv(tmp_path / "a.tsv", [(b, a, s) for a, b, s in rows], "sentence2\tsentence1\tscore")
     )
-    csv_text = "id,score,sentence1,sentence2\n" + "".join(
-        f'{i},{s},"{a}, x","{b}"\n' for i, (a, b, s) in enumerate(rows)
-    )
+    # a spreadsheet's CSV: its byte-order mark, quoted fields holding commas
+    header = "\ufeffsentence1,score,id,sentence2\n"
+    csv_text = header + "".join(f'"{a}, x",{s},{i},"{b}"\n' for i, (a, b, s) in enumerate(rows))
     (tmp_path / "b.csv").write_text(csv_text, encoding="utf-8")
     csv_pairs = read_pairs(tmp_path / "b.csv")
     jsonl = "".join(json.dumps({"q": a, "p": b, "label": float(s)}) + "\n" for a, b, s in rows)
@@ -127,7 +127,7 @@ def test_evaluate_scores_each_pairs_file_as_its_own_task_and_writes_it_in_the_re
     assert result.tasks["pairs:legal"]["pairs"] == 12 and result.tasks["pairs:medical"]["skipped"] == 0
     assert report["skipped_lines"] == {"pairs:legal": [{"line": 14, "reason": "no score"}]}
     assert f"skipped {first}:14: no score" in err
-    assert "pairs:legal: Spearman " in printed and "(12 pairs; 1 lines skipped)" in printed
+    assert "pairs:legal: Spearman " in printed and "(12 pairs; 1 line skipped)" in printed
 
 
 PAIRS_ERRORS = {
@@ -250,6 +250,15 @@ def test_retrieval_metrics_equal_pytrec_eval_on_a_graded_set_with_ties(tmp_path:
 
 def corpus_texts_of(folder: Path) -> list[str]:
     return [json.loads(line)["text"] for line in (folder / "corpus.jsonl").read_text().splitlines()]
+
+
+def test_a_null_title_is_no_title_and_a_title_is_joined_to_the_text_as_beir_does(tmp_path: Path) -> None:
+    from csekit.evaluation.retrieval_data import corpus_texts
+
+    folder = write_beir(tmp_path / "set", {"d1": "a b"}, {"q1": "a"}, [("q1", "d1", 1)])
+    rows = [{"_id": "d1", "title": None, "text": "a b"}, {"_id": "d2", "title": "Title", "text": "c d"}]
+    (folder / "corpus.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert list(corpus_texts(read_retrieval_set(folder), 10)) == [["a b", "Title c d"]]
 
 
 def test_the_ranking_breaks_ties_by_decreasing_id_and_leaves_out_the_querys_own_document(tmp_path: Path) -> None:

@@ -82,7 +82,8 @@ def _percent(value: Any) -> str:
 def format_file_task(name: str, scores: dict[str, Any]) -> str:
     """One line of a pairs or retrieval task's scores (x 100) and what they were computed on."""
     if name.startswith("pairs:"):
-        skipped = f"; {scores['skipped']:,} lines skipped" if scores["skipped"] else ""
+        count = scores["skipped"]
+        skipped = f"; {count:,} line{'s' if count > 1 else ''} skipped" if count else ""
         return (
             f"{name}: Spearman {_percent(scores['spearman'])}, Pearson {_percent(scores['pearson'])} "
             f"({scores['pairs']:,} pairs{skipped})"

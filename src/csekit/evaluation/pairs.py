@@ -109,6 +109,8 @@ class _PairsReader:
         where = at(self.path, number)
         try:
             text = raw.decode("utf-8").rstrip("\r\n")
+            if number == 1:
+                text = text.removeprefix("\ufeff")  # the byte-order mark spreadsheets write before a CSV's header
         except UnicodeDecodeError:
             raise CsekitError(f"{where}: not valid UTF-8") from None
         if not text.strip():

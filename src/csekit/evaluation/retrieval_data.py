@@ -69,10 +69,10 @@ def corpus_texts(retrieval: RetrievalSet, chunk: int) -> Iterator[list[str]]:
     `doc_ids` (checked: a corpus that changed since it was read is refused)."""
     texts: list[str] = []
     position = 0
-    for number, doc_id, row in _rows(retrieval.corpus, "corpus", {"title": str}):
+    for number, doc_id, row in _rows(retrieval.corpus, "corpus", {"title": (str, type(None))}):
         if position >= len(retrieval.doc_ids) or retrieval.doc_ids[position] != doc_id:
             raise CsekitError(f"{at(retrieval.corpus, number)}: the corpus changed while it was read")
-        texts.append(f"{row.get('title', '')} {row['text']}".strip())
+        texts.append(f"{row.get('title') or ''} {row['text']}".strip())
         position += 1
         if len(texts) == chunk:
             yield texts
@@ -90,7 +90,7 @@ def read_retrieval_set(folder: Path, split: str = "test") -> RetrievalSet:
     qrels_path = child_path(folder / "qrels", f"{split}.tsv", "--split")
     if not qrels_path.exists():
         raise CsekitError(f"retrieval folder {folder}: no qrels/{split}.tsv (BEIR's layout; --split names the qrels)")
-    doc_lines = _unique_ids(folder / "corpus.jsonl", "corpus", {"title": str})
+    doc_lines = _unique_ids(folder / "corpus.jsonl", "corpus", {"title": (str, type(None))})
     query_texts: dict[str, str] = {}
     query_lines: dict[str, int] = {}
     queries = folder / "queries.jsonl"
