@@ -118,6 +118,7 @@ def test_evaluate_scores_each_pairs_file_as_its_own_task_and_writes_it_in_the_re
         "".join(json.dumps({"sentence1": a, "sentence2": b, "score": s}) + "\n" for a, b, s in many_pairs(9, 1))
     )
     out = tmp_path / "out.json"
+    monkeypatch.delenv("CSEKIT_DATA", raising=False)  # no SentEval task runs: no data folder is needed
     args = ["evaluate", str(model), "--pairs", str(first), "--pairs", str(tmp_path / "medical.jsonl"), "-o", str(out)]
     code, printed, err = run_evaluate(monkeypatch, capsys, *args)
     assert code == 0, err
