@@ -18,6 +18,7 @@ import numpy as np
 import typer
 
 from csekit.commands.diagnose import diagnose_models
+from csekit.commands.evaluate import PairsColumnsOption, PairsOption, RetrievalOption, SplitOption
 from csekit.commands.options import (
     BatchSizeOption,
     Command,
@@ -110,7 +111,9 @@ TASK_GROUPS_HELP = "sts, dev, transfer, align, all (sts + transfer + align), or 
 @locks_output("output")
 def evaluate(
     model: Annotated[str, typer.Argument(help="Model folder, hub name, or alias (minilm-l6).")],
-    tasks: Annotated[str, typer.Option(help=TASK_GROUPS_HELP)] = "sts",
+    tasks: Annotated[
+        str | None, typer.Option(help=TASK_GROUPS_HELP + " Default: sts; none with --pairs/--retrieval.")
+    ] = None,
     pooler: PoolerOption = None,
     data_dir: DataDirOption = None,
     output: Annotated[
@@ -130,15 +133,21 @@ def evaluate(
         int,
         typer.Option("--n-jobs", help="Classifier fits run at once for transfer tasks, in processes (-1: all cores)."),
     ] = -1,
+    pairs: PairsOption = None,
+    pairs_columns: PairsColumnsOption = None,
+    retrieval: RetrievalOption = None,
+    split: SplitOption = "test",
 ) -> None:
-    """Evaluate a model SentEval's way: STS (Spearman x 100), transfer tasks (accuracy x 100), alignment/uniformity."""
-    from csekit.commands.evaluate import print_evaluation
+    """Evaluate a model SentEval's way: STS (Spearman x 100), transfer tasks (accuracy x 100), alignment/uniformity;
+    and on your own files: sentence pairs (--pairs), retrieval sets (--retrieval)."""
+    from csekit.commands.evaluate import evaluation_groups, print_evaluation, warn_skipped
     from csekit.core.atomic import atomic_write_text
     from csekit.data.data_dir import resolve_data_dir
     from csekit.evaluation.command_encoder import command_encoder
-    from csekit.evaluation.suite import parse_tasks, run_evaluation
+    from csekit.evaluation.file_tasks import read_file_tasks, skipped_report
+    from csekit.evaluation.suite import run_evaluation
 
-    groups = parse_tasks(tasks)
+    groups = evaluation_groups(tasks, bool(pairs or retrieval), whiten or whiten_dim is not None, bool(retrieval))
     require_at_least("--batch-size", batch_size)
     check_output_file(output)
     if n_jobs == 0 or n_jobs < -1:
@@ -147,18 +156,23 @@ def evaluate(
         if whiten_dim < 1:
             raise CsekitError(f"--whiten-dim must be at least 1, got {whiten_dim}")
         whiten = True
-    root = resolve_data_dir(data_dir)
+    root = resolve_data_dir(data_dir) if any(groups.values()) else None
+    own_files = read_file_tasks(pairs or (), pairs_columns, retrieval or (), split)  # bad files: one line, now
     encode = command_encoder(model, pooler, precision, batch_size, warn=warn)
     started = time.perf_counter()
-    result = run_evaluation(encode, root, groups, whiten, whiten_dim, n_jobs)
+    result = run_evaluation(encode, root, groups, whiten, whiten_dim, n_jobs, own_files)
     elapsed = time.perf_counter() - started
     print_evaluation(result, groups)
+    skipped = skipped_report(own_files)
+    warn_skipped(skipped, {read.task.name: read.task.path for read in own_files})
     whitening = f", whitened{'' if whiten_dim is None else f' to {whiten_dim} dims'}" if whiten else ""
     typer.echo(f"({model}, pooler {encode.pooler}, {encode.label}{whitening}, {elapsed:.1f} s)")
     if output is not None:
         facts: dict[str, Any] = {"model": model, "pooler": encode.pooler, "precision": encode.precision}
         if whiten:
             facts["whiten"] = {"dim": whiten_dim}
+        if skipped:
+            facts["skipped_lines"] = skipped
         report = {**result.report(facts), "seconds": round(elapsed, 2)}
         with saving_output(output):
             atomic_write_text(output, json_text(report, indent=2) + "\n")

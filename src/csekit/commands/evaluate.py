@@ -1,17 +1,64 @@
-"""`csekit evaluate`'s printing: the papers' tables of one `EvalResult`, then what was evaluated and how."""
+"""`csekit evaluate`'s options for a user's own files and its printing: the papers' tables of one `EvalResult`,
+the file tasks' scores, then what was evaluated and how."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
 
+from csekit.core.errors import CsekitError
 from csekit.evaluation.result import STS_AVERAGE, TRANSFER_AVERAGE, EvalResult
 from csekit.evaluation.sts import format_sts_table
-from csekit.evaluation.tasks import AVG_STS
+from csekit.evaluation.tasks import AVG_STS, FILE_TASK_KINDS
 from csekit.evaluation.transfer import format_transfer_table
+
+PairsOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--pairs",
+        help="Score your own sentence pairs: a .tsv, .csv or .jsonl file with sentence1, sentence2, score (named by "
+        "a header); Spearman and Pearson x 100 of the cosine. Repeatable; each file is one task, pairs:NAME "
+        "(default: none).",
+        show_default=False,
+    ),
+]
+PairsColumnsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--pairs-columns",
+        help="The --pairs columns for sentence1,sentence2,score: three header names, or three 1-based column "
+        "numbers for a file without a header (default: sentence1,sentence2,score).",
+        show_default=False,
+    ),
+]
+RetrievalOption = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--retrieval",
+        help="Search a BEIR-layout folder (corpus.jsonl, queries.jsonl, qrels/SPLIT.tsv) by exact cosine; nDCG@10, "
+        "MRR@10, Recall@10, Recall@100 x 100. Repeatable; each folder is one task, retrieval:NAME (default: none).",
+        show_default=False,
+    ),
+]
+SplitOption = Annotated[str, typer.Option("--split", help="The qrels file of --retrieval folders: qrels/SPLIT.tsv.")]
+
+
+def evaluation_groups(tasks: str | None, own_files: bool, whiten: bool, retrieval: bool) -> dict[str, list[str]]:
+    """The SentEval task groups to run: `--tasks`, else `sts`, else none when only the user's files are scored."""
+    from csekit.evaluation.suite import parse_tasks
+
+    if whiten and retrieval:
+        raise CsekitError("--whiten does not go with --retrieval (a whitening kernel from a whole corpus is not built)")
+    if tasks is None and own_files:
+        return {"sts": [], "dev": [], "transfer": [], "align": []}
+    return parse_tasks("sts" if tasks is None else tasks)
 
 
 def print_evaluation(result: EvalResult, groups: dict[str, list[str]]) -> None:
-    """The STS table, the dev scores and their mean, the transfer table and alignment/uniformity, as run."""
+    """The STS table, the dev scores and their mean, the transfer table and alignment/uniformity, as run; then
+    each of the user's own tasks."""
     tasks, averages = result.tasks, result.averages
     if groups["sts"]:
         typer.echo(format_sts_table({**tasks, STS_AVERAGE: averages.get(STS_AVERAGE)}))
@@ -23,3 +70,35 @@ def print_evaluation(result: EvalResult, groups: dict[str, list[str]]) -> None:
         typer.echo(format_transfer_table({**tasks, TRANSFER_AVERAGE: averages.get(TRANSFER_AVERAGE)}))
     if groups["align"]:
         typer.echo(f"alignment {tasks['align']['align']:.4f}, uniformity {tasks['align']['uniform']:.4f} (STS-B dev)")
+    for name, scores in tasks.items():
+        if name.partition(":")[0] in FILE_TASK_KINDS:
+            typer.echo(format_file_task(name, scores))
+
+
+def _percent(value: Any) -> str:
+    return "n/a" if value is None or value != value else f"{100 * value:.2f}"
+
+
+def format_file_task(name: str, scores: dict[str, Any]) -> str:
+    """One line of a pairs or retrieval task's scores (x 100) and what they were computed on."""
+    if name.startswith("pairs:"):
+        count = scores["skipped"]
+        skipped = f"; {count:,} line{'s' if count > 1 else ''} skipped" if count else ""
+        return (
+            f"{name}: Spearman {_percent(scores['spearman'])}, Pearson {_percent(scores['pearson'])} "
+            f"({scores['pairs']:,} pairs{skipped})"
+        )
+    return (
+        f"{name}: nDCG@10 {_percent(scores['ndcg@10'])}, MRR@10 {_percent(scores['mrr@10'])}, Recall@10 "
+        f"{_percent(scores['recall@10'])}, Recall@100 {_percent(scores['recall@100'])} "
+        f"({scores['queries']:,} queries, {scores['documents']:,} documents)"
+    )
+
+
+def warn_skipped(skipped: dict[str, list[dict[str, Any]]], paths: dict[str, Path], shown: int = 5) -> None:
+    """The first lines each pairs file skipped, with their reasons, on stderr (all of them: --output's JSON)."""
+    for name, lines in skipped.items():
+        for line in lines[:shown]:
+            typer.echo(f"csekit: skipped {paths[name]}:{line['line']}: {line['reason']}", err=True)
+        if len(lines) > shown:
+            typer.echo(f"csekit: ... more skipped lines of {paths[name]} (see the counts above)", err=True)

@@ -5,7 +5,7 @@ Shared by `csekit evaluate` and `csekit bench`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +13,7 @@ import numpy as np
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.evaluation.alignment import evaluate_align_uniform
 from csekit.evaluation.cache import EmbeddingCache
+from csekit.evaluation.file_tasks import ReadTask, score_file_tasks
 from csekit.evaluation.post_whitening import whitened
 from csekit.evaluation.result import STS_AVERAGE, TRANSFER_AVERAGE, EvalResult
 from csekit.evaluation.sts import DEV_TASKS, STS_TASKS, dev_average, evaluate_dev, evaluate_sts, sts_average
@@ -49,17 +50,20 @@ def parse_tasks(tasks: str) -> dict[str, list[str]]:
 
 def run_evaluation(
     encode_raw: Callable[[list[str]], np.ndarray],
-    root: Path,
+    root: Path | None,
     groups: dict[str, list[str]],
     whiten: bool = False,
     whiten_dim: int | None = None,
     n_jobs: int | None = 1,
+    files: Sequence[ReadTask] = (),
 ) -> EvalResult:
     """Run the requested evaluations with one model pass over all their distinct sentences.
 
     Each task is scored in its own call, so that with whitening every task's kernel comes from that
-    task's own sentences (Su et al.); the cache keeps the model pass shared. Returns the tasks' results
-    and the averages whose tasks all ran: `avg`, `avg_sts` (the two dev splits' mean), `transfer_avg`.
+    task's own sentences (Su et al.); the cache keeps the model pass shared. `files` are the user's own tasks
+    (`--pairs`, `--retrieval`; `root`, the SentEval data folder, may then be None when no SentEval task runs).
+    Returns the tasks' results and the averages whose tasks all ran: `avg`, `avg_sts` (the two dev splits'
+    mean), `transfer_avg`.
     """
     cache = EmbeddingCache(encode_raw)
     sentences: list[str] = []
@@ -68,6 +72,8 @@ def run_evaluation(
             sentences += sub.sentences1 + sub.sentences2
     for name in groups["transfer"]:
         sentences += load_transfer_task(root, name).sentences()
+    for read in files:
+        sentences += read.sentences()
     cache.prefetch(sentences)
     encode = whitened(cache, whiten_dim) if whiten else cache
 
@@ -80,6 +86,7 @@ def run_evaluation(
         tasks.update(EvalResult.from_flat(evaluate_transfer(encode, root, [name], n_jobs)).tasks)
     if groups["align"]:
         tasks["align"] = evaluate_align_uniform(encode, root, "stsb-dev")
+    tasks.update(score_file_tasks(encode, encode_raw, files))
     averages = {
         STS_AVERAGE: sts_average(tasks),
         AVG_STS: dev_average(tasks),

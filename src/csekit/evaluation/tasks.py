@@ -8,7 +8,7 @@ dev task gives (a registered task's `load` returns them), lives here too, so the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -85,6 +85,33 @@ TRAINING_DEV_TASKS: Mapping[str, tuple[str, ...]] = MappingProxyType(
     {"sts": ("stsb-dev", "sick-dev"), "stsb-dev": ("stsb-dev",), "sick-dev": ("sick-dev",)}
 )
 """`train.dev_task` -> the dev splits evaluated at each evaluation (`sts`: both, giving `avg_sts` too)."""
+
+
+FILE_TASK_KINDS: Mapping[str, str] = MappingProxyType(
+    {"pairs": "a file of scored sentence pairs (--pairs)", "retrieval": "a BEIR-layout retrieval folder (--retrieval)"}
+)
+"""The tasks a user's own files give, beside the table above: each file (or folder) is one task, `KIND:NAME`."""
+
+
+@dataclass(frozen=True)
+class FileTask:
+    """One task read from a user's file or folder; `name` (`pairs:NAME`, `retrieval:NAME`) names it in results."""
+
+    kind: str
+    path: Path
+    name: str
+
+
+def file_tasks(kind: str, paths: Sequence[Path]) -> list[FileTask]:
+    """Each path one task named after its file (without the suffix) or folder; two of one name are refused."""
+    tasks: dict[str, FileTask] = {}
+    for path in paths:
+        stem = path.stem if kind == "pairs" else path.resolve().name
+        task = FileTask(kind, path, f"{kind}:{stem}")
+        if task.name in tasks:
+            raise CsekitError(f"--{kind} {tasks[task.name].path} and {path} would both be task {task.name}; rename one")
+        tasks[task.name] = task
+    return list(tasks.values())
 
 
 def tasks_of(*groups: str) -> tuple[str, ...]:
