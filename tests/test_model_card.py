@@ -29,6 +29,7 @@ EXPECTED_METHODS = {
     "sncse+dclr-minilm": ["simcse", "dclr", "sncse"],
     "esimcse-bert-base": ["simcse", "esimcse"],
     "rankcse-minilm": ["simcse", "rankcse"],
+    "cropping-bert-base": ["simcse", "contriever", "cropping"],
 }
 
 

@@ -103,6 +103,23 @@ BIBTEX: Mapping[str, str] = {
   eprint = {2105.11741},
   archivePrefix = {arXiv}
 }""",
+    "contriever": """@article{izacard2022contriever,
+  title = {Unsupervised Dense Information Retrieval with Contrastive Learning},
+  author = {Izacard, Gautier and Caron, Mathilde and Hosseini, Lucas and Riedel, Sebastian and Bojanowski, Piotr
+            and Joulin, Armand and Grave, Edouard},
+  journal = {Transactions on Machine Learning Research},
+  year = {2022},
+  eprint = {2112.09118},
+  archivePrefix = {arXiv}
+}""",
+    "cropping": """@article{gonzalezmarquez2026cropping,
+  title = {Cropping Outperforms Dropout as an Augmentation Strategy for Self-Supervised Training of Text Embeddings},
+  author = {Gonz{\\'a}lez-M{\\'a}rquez, Rita and Berens, Philipp and Kobak, Dmitry},
+  journal = {Transactions on Machine Learning Research},
+  year = {2026},
+  eprint = {2508.03453},
+  archivePrefix = {arXiv}
+}""",
 }
 """BibTeX by method: venues, pages and arXiv ids as the papers in docs cite them (pages only where confirmed)."""
 
@@ -151,6 +168,8 @@ def methods_used(recipe: Mapping[str, Any] | None, pooler: str) -> list[str]:
         chosen.append("esimcse")
     if "rank_distill" in objectives:
         chosen.append("rankcse")
+    if "cropping" in parts.get("views", ()):
+        chosen += ["contriever", "cropping"]
     return chosen
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from csekit.core.registry import Registry
 from csekit.parts.views.consert import ConsertViews
+from csekit.parts.views.cropping import CroppingViews
 from csekit.parts.views.dropout import DropoutViews
 from csekit.parts.views.repetition import RepetitionViews
 
@@ -16,6 +17,7 @@ BUILTIN: Mapping[str, Callable[..., Any]] = MappingProxyType(
         "dropout": DropoutViews,  # SimCSE: the same ids twice, dropout makes the views differ
         "consert": ConsertViews,  # ConSERT's embedding-level augmentations (SLT-FAI's ConSERT variant)
         "repetition": RepetitionViews,  # ESimCSE: view 1 repeats some of the sentence's tokens
+        "cropping": CroppingViews,  # Contriever's random contiguous crops (the TMLR 2026 cropping study)
     }
 )
 """`data.views` names; see `VIEWS`."""
