@@ -30,6 +30,7 @@ EXPECTED_METHODS = {
     "esimcse-bert-base": ["simcse", "esimcse"],
     "rankcse-minilm": ["simcse", "rankcse"],
     "cropping-bert-base": ["simcse", "contriever", "cropping"],
+    "tsdae-bert-base": ["simcse", "tsdae"],
 }
 
 

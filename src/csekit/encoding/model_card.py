@@ -120,6 +120,16 @@ BIBTEX: Mapping[str, str] = {
   eprint = {2508.03453},
   archivePrefix = {arXiv}
 }""",
+    "tsdae": """@inproceedings{wang2021tsdae,
+  title = {{TSDAE}: Using Transformer-based Sequential Denoising Auto-Encoder for Unsupervised Sentence Embedding
+           Learning},
+  author = {Wang, Kexin and Reimers, Nils and Gurevych, Iryna},
+  booktitle = {Findings of the Association for Computational Linguistics: EMNLP 2021},
+  pages = {671--688},
+  year = {2021},
+  eprint = {2104.06979},
+  archivePrefix = {arXiv}
+}""",
 }
 """BibTeX by method: venues, pages and arXiv ids as the papers in docs cite them (pages only where confirmed)."""
 
@@ -170,6 +180,8 @@ def methods_used(recipe: Mapping[str, Any] | None, pooler: str) -> list[str]:
         chosen.append("rankcse")
     if "cropping" in parts.get("views", ()):
         chosen += ["contriever", "cropping"]
+    if "tsdae" in objectives or "deletion" in parts.get("views", ()):
+        chosen.append("tsdae")
     return chosen
 
 

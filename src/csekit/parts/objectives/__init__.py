@@ -18,6 +18,7 @@ from csekit.parts.objectives.nt_xent import NTXent
 from csekit.parts.objectives.ranking import RankingConsistency, RankingDistillation
 from csekit.parts.objectives.recall import RecallLoss
 from csekit.parts.objectives.slt_fai import AdversarialTuning, IncompleteSentenceFiltering
+from csekit.parts.objectives.tsdae import DenoisingReconstruction
 from csekit.parts.objectives.two_way_margin import TwoWayMargin, two_way_margin
 from csekit.parts.objectives.weighted_logits import WeightedLogitsLoss
 
@@ -34,6 +35,7 @@ BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
         "bml": BidirectionalMargin,  # SNCSE's bidirectional margin loss on negations (soft negatives)
         "rank_distill": RankingDistillation,  # RankCSE's listwise ranking distillation from frozen teachers
         "rank_consistency": RankingConsistency,  # RankCSE's JS divergence between the two views' ranking lists
+        "tsdae": DenoisingReconstruction,  # TSDAE: a decoder tied to the encoder rebuilds the sentence from its vector
     }
 )
 """`objectives` names; see `OBJECTIVES`."""
@@ -46,6 +48,7 @@ __all__ = [
     "OBJECTIVES",
     "AdversarialTuning",
     "BidirectionalMargin",
+    "DenoisingReconstruction",
     "IncompleteSentenceFiltering",
     "InfoNCE",
     "MultiPositiveInfoNCE",
