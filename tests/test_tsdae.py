@@ -11,7 +11,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DISTINCT_SENTENCES, make_corpus, make_tiny_encoder, tiny_recipe
+from conftest import (
+    DISTINCT_SENTENCES,
+    assert_same_checkpoint_weights,
+    make_corpus,
+    make_tiny_encoder,
+    read_metrics,
+    run_cli_with_test_parts,
+    tiny_recipe,
+)
 from safetensors.torch import load_file
 from scipy.stats import chisquare
 
@@ -179,3 +187,42 @@ def test_the_tsdae_recipes_carry_the_papers_settings(recipe_file: str, lr: float
     assert recipe.data.views == {"name": "deletion", "del_ratio": 0.6}
     assert [spec["name"] for spec in recipe.objectives] == ["tsdae"]
     assert methods_used(dataclasses.asdict(recipe), "cls")[-1] == "tsdae"
+
+
+def tsdae_recipe(path: Path, model_dir: Path, corpus: Path, marker: Path) -> Path:
+    path.write_text(
+        f"""
+model: {{backbone: "{model_dir}", pooler: cls, max_length: 16, head: {{name: none}}}}
+data: {{corpus: "{corpus}", views: {{name: deletion, del_ratio: 0.6}}}}
+train: {{batch_size: 8, lr: 1.0e-3, max_steps: 6, eval_every: 2, log_every: 1, dev_task: none, seed: 7}}
+objectives:
+  - {{name: tsdae}}
+  - {{name: kill_once, weight: 0.0, at_call: 5, marker: "{marker}"}}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_a_killed_tsdae_run_resumes_bit_exactly_decoder_and_noise_included(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    marker = tmp_path / "killed"
+    marker.write_text("not this run", encoding="utf-8")
+
+    def run(recipe: Path, output: Path, *extra: str):  # type: ignore[no-untyped-def]
+        args = ("train", str(recipe), "--output", str(output), "--no-progress", *extra)
+        return run_cli_with_test_parts(*args, plugin_dir=output.parent / "plugin")
+
+    straight = run(tsdae_recipe(tmp_path / "a.yaml", tiny_model_dir, corpus, marker), tmp_path / "straight")
+    assert straight.returncode == 0, straight.stderr
+    marker.unlink()
+    recipe = tsdae_recipe(tmp_path / "b.yaml", tiny_model_dir, corpus, marker)
+    killed = run(recipe, tmp_path / "resumed")
+    assert killed.returncode == -9 and marker.exists()  # SIGKILL during step 5; the checkpoint is from step 4
+    resumed = run(recipe, tmp_path / "resumed", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "resumed")
+    losses = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "straight") if "loss" in r}
+    assert {r["step"]: r["loss"] for r in read_metrics(tmp_path / "resumed") if "loss" in r} == losses
