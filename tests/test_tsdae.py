@@ -176,6 +176,9 @@ def test_a_backbone_without_a_decoder_is_one_line_naming_the_recipe_key(tmp_path
     with pytest.raises(CsekitError, match=r"recipe key objectives\[0\]: tsdae needs a decoder .*'mpnet'") as caught:
         train(recipe, tmp_path / "run", show_progress=False)
     assert "\n" not in str(caught.value)
+    opt = make_tiny_encoder(tmp_path / "opt", model_type="opt")  # OPTForCausalLM exists, without cross-attention
+    with pytest.raises(ValueError, match=r"'opt' \(OPTForCausalLM\) has no cross-attention"):
+        DenoisingReconstruction(opt, opt.tokenizer, 16)
 
 
 @pytest.mark.parametrize(

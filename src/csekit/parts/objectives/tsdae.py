@@ -10,7 +10,8 @@ the encoder's checkpoint as sentence-transformers loads it (its LM head from the
 the cross-attention new). With `tie_encoder_decoder` (the default, as sentence-transformers') every decoder
 weight that the encoder has is the encoder's own parameter: sentence-transformers points the encoder at the
 decoder's, csekit the decoder at the encoder's (the encoder stays as built); both start from the same
-checkpoint, so the values and the sharing are the same. A backbone without such a class is refused in one line.
+checkpoint, so the values and the sharing are the same. A backbone without such a class, or whose class has
+no cross-attention (OPT, Llama), is refused in one line.
 """
 
 from __future__ import annotations
@@ -46,8 +47,16 @@ def load_decoder(backbone: nn.Module) -> Any:
     location = str(getattr(config, "_name_or_path", "") or "")
     with quiet_transformers():
         if location:
-            return from_pretrained(AutoModelForCausalLM, location, config=config, **hub_options(location))
-        return AutoModelForCausalLM.from_config(config)
+            decoder = from_pretrained(AutoModelForCausalLM, location, config=config, **hub_options(location))
+        else:
+            decoder = AutoModelForCausalLM.from_config(config)
+    if not any("crossattention" in name.replace("_", "") for name, _ in decoder.named_parameters()):
+        raise ValueError(
+            f"tsdae needs a decoder that attends to the sentence vector, and transformers' causal-LM model for "
+            f"model type {config.model_type!r} ({type(decoder).__name__}) has no cross-attention: choose another "
+            "model.backbone"
+        )
+    return decoder
 
 
 def tie_decoder_to_encoder(decoder: Any, backbone: nn.Module) -> int:
