@@ -31,6 +31,8 @@ EXPECTED_METHODS = {
     "rankcse-minilm": ["simcse", "rankcse"],
     "ct-bert-base": ["simcse", "contrastive_tension"],
     "matryoshka-simcse-minilm": ["simcse", "matryoshka"],
+    "cropping-bert-base": ["simcse", "contriever", "cropping"],
+    "tsdae-bert-base": ["simcse", "tsdae"],
 }
 
 

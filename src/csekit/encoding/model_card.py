@@ -121,6 +121,33 @@ BIBTEX: Mapping[str, str] = {
   eprint = {2105.11741},
   archivePrefix = {arXiv}
 }""",
+    "contriever": """@article{izacard2022contriever,
+  title = {Unsupervised Dense Information Retrieval with Contrastive Learning},
+  author = {Izacard, Gautier and Caron, Mathilde and Hosseini, Lucas and Riedel, Sebastian and Bojanowski, Piotr
+            and Joulin, Armand and Grave, Edouard},
+  journal = {Transactions on Machine Learning Research},
+  year = {2022},
+  eprint = {2112.09118},
+  archivePrefix = {arXiv}
+}""",
+    "cropping": """@article{gonzalezmarquez2026cropping,
+  title = {Cropping Outperforms Dropout as an Augmentation Strategy for Self-Supervised Training of Text Embeddings},
+  author = {Gonz{\\'a}lez-M{\\'a}rquez, Rita and Berens, Philipp and Kobak, Dmitry},
+  journal = {Transactions on Machine Learning Research},
+  year = {2026},
+  eprint = {2508.03453},
+  archivePrefix = {arXiv}
+}""",
+    "tsdae": """@inproceedings{wang2021tsdae,
+  title = {{TSDAE}: Using Transformer-based Sequential Denoising Auto-Encoder for Unsupervised Sentence Embedding
+           Learning},
+  author = {Wang, Kexin and Reimers, Nils and Gurevych, Iryna},
+  booktitle = {Findings of the Association for Computational Linguistics: EMNLP 2021},
+  pages = {671--688},
+  year = {2021},
+  eprint = {2104.06979},
+  archivePrefix = {arXiv}
+}""",
 }
 """BibTeX by method: venues, pages and arXiv ids as the papers in docs cite them (pages only where confirmed)."""
 
@@ -184,6 +211,10 @@ def methods_used(recipe: Mapping[str, Any] | None, pooler: str) -> list[str]:
         chosen.append("contrastive_tension")
     if "matryoshka" in objectives:
         chosen.append("matryoshka")
+    if "cropping" in parts.get("views", ()):
+        chosen += ["contriever", "cropping"]
+    if "tsdae" in objectives or "deletion" in parts.get("views", ()):
+        chosen.append("tsdae")
     return chosen
 
 

@@ -20,6 +20,7 @@ from csekit.parts.objectives.nt_xent import NTXent
 from csekit.parts.objectives.ranking import RankingConsistency, RankingDistillation
 from csekit.parts.objectives.recall import RecallLoss
 from csekit.parts.objectives.slt_fai import AdversarialTuning, IncompleteSentenceFiltering
+from csekit.parts.objectives.tsdae import DenoisingReconstruction
 from csekit.parts.objectives.two_way_margin import TwoWayMargin, two_way_margin
 from csekit.parts.objectives.weighted_logits import WeightedLogitsLoss
 
@@ -38,6 +39,7 @@ BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
         "rank_consistency": RankingConsistency,  # RankCSE's JS divergence between the two views' ranking lists
         "contrastive_tension": ContrastiveTension,  # Contrastive Tension, in-batch (a trained copy of the encoder)
         "matryoshka": Matryoshka,  # Matryoshka: an inner objective at every truncated width
+        "tsdae": DenoisingReconstruction,  # TSDAE: a decoder tied to the encoder rebuilds the sentence from its vector
     }
 )
 """`objectives` names; see `OBJECTIVES`."""
@@ -51,6 +53,7 @@ __all__ = [
     "AdversarialTuning",
     "BidirectionalMargin",
     "ContrastiveTension",
+    "DenoisingReconstruction",
     "IncompleteSentenceFiltering",
     "InfoNCE",
     "Matryoshka",
