@@ -8,6 +8,9 @@ writes its own generator states (`rng_state_<rank>.pt`), since each process draw
 
 Any file that is missing, damaged or holds something other than what csekit wrote gives one
 `CsekitError` naming the file, before the first training step.
+
+`write_checkpoint` writes the whole folder (into a held staging folder, swapped in) and `read_checkpoint`
+reads it back into a resumed run; the trainer calls them.
 """
 
 from __future__ import annotations

@@ -26,16 +26,13 @@ from csekit.core.atomic import atomic_write_text, remove_staging_leftovers
 from csekit.core.errors import CsekitError
 from csekit.core.run_lock import hold_run_lock
 from csekit.core.save_guard import guarded_save, saves_keep
-from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.model_folder import non_finite_parameters
-from csekit.encoding.pooling import MaskPooler
-from csekit.evaluation.sts import evaluate_dev
 from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import read_checkpoint, write_checkpoint
-from csekit.training.dev_scoring import check_dev_representation, dev_encoder, dev_precision
+from csekit.training.dev_scoring import check_dev_representation, dev_precision, score_dev
 from csekit.training.execution import build_run_model, decide_execution
 from csekit.training.interrupt import TrainingInterrupted, ctrl_c_stops_after_the_step
-from csekit.training.model import ContrastiveModel
+from csekit.training.model import ContrastiveModel, load_encoder
 from csekit.training.optimization import forward_backward, make_optimizer
 from csekit.training.processes import (
     MIXED_PRECISION,
@@ -160,24 +157,7 @@ class Trainer:
 
     def _build_model(self) -> None:
         """The encoder from the backbone, wrapped in the recipe's parts (views, heads, objectives)."""
-        model_config = self.recipe.model
-        encoder = SentenceEncoder.load(
-            model_config.backbone,
-            model_config.pooler,
-            dropout=model_config.dropout,
-            templates=model_config.templates,
-            template_positions=model_config.template_positions,
-        )
-        if model_config.max_length > encoder.max_seq_length:
-            raise CsekitError(
-                f"recipe key model.max_length: {model_config.max_length} is more tokens than "
-                f"{model_config.backbone} accepts ({encoder.max_seq_length})"
-            )
-        if isinstance(encoder.pooler, MaskPooler):  # before the run folder exists, not at the first batch
-            try:
-                encoder.pooler.check_room(encoder.tokenizer, encoder.max_seq_length)
-            except CsekitError as error:
-                raise CsekitError(f"recipe key model.templates: {error} ({model_config.backbone})") from None
+        encoder = load_encoder(self.recipe)
         check_dev_representation(encoder, self.config)
         self.model, self.views = build_run_model(self.recipe, encoder, self.execution)
 
@@ -428,15 +408,8 @@ class Trainer:
         if not self.data.dev_tasks:
             return {}
         precision, batch_size = dev_precision(self.config, self.precision), self.execution.eval_batch_size
-        with dev_encoder(self.unwrapped.saved_encoder(), self.unwrapped.head, self.config) as encoder:
-            return evaluate_dev(
-                lambda sentences: encoder.encode(
-                    sentences, batch_size=batch_size, precision=precision, show_progress_bar=False
-                ),
-                self.data.data_path,
-                self.data.dev_tasks,
-                align_uniform=True,
-            )
+        saved, head, data = self.unwrapped.saved_encoder(), self.unwrapped.head, self.data
+        return score_dev(saved, head, self.config, precision, batch_size, data.data_path, data.dev_tasks)
 
     def evaluate(self) -> None:
         """Score on the dev task, keep the best model by the selection metric, save last/, then checkpoint."""
