@@ -5,6 +5,9 @@ named parts, steps AdamW with linear decay, evaluates on the dev task every `eva
 the best model by the selection metric, and writes `metrics.jsonl`. Model directories and the
 resumable training state are written atomically, so an interrupted run never leaves a half-written
 checkpoint and `--resume` continues from the last saved state.
+
+Its rooms: the corpus and the batches (`train_data.py`), what a run shows (`progress_log.py`), Ctrl-C and
+SIGTERM (`interrupt.py`), checkpoint/ written and read (`checkpoint.py`), how a step runs (`execution.py`).
 """
 
 from __future__ import annotations
