@@ -120,7 +120,7 @@ def family_recipe(tiny: TinyInputs, family: str, *extra: str) -> Recipe:
 def build(recipe: Recipe, seed: int = 0) -> tuple[ContrastiveModel, Any]:
     """The recipe's model, its backbone moved off its initial (recall's theta_0) weights so recall is not 0."""
     torch.manual_seed(seed)
-    encoder = load_encoder(recipe.model)
+    encoder = load_encoder(recipe)
     model, views = build_run_model(recipe, encoder)
     with torch.no_grad():
         for parameter in encoder.backbone.parameters():

@@ -147,11 +147,11 @@ def test_tensorboard_event_files_are_written_in_the_run_folder(
     scalars = event_accumulator.EventAccumulator(str(run_logs))
     scalars.Reload()
     tags = set(scalars.Tags()["scalars"])
-    assert {"train/loss", "train/infonce", "train/lr", "train/sentences_per_second", "dev/stsb-dev"} <= tags
+    assert {"train/loss", "train/infonce", "train/lr", "train/sentences_per_second", "dev/tasks/stsb-dev"} <= tags
     assert [event.step for event in scalars.Scalars("train/loss")] == [1, 2, 3, 4]
     logged = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "run") if "loss" in r}
     assert [event.value for event in scalars.Scalars("train/loss")] == pytest.approx([logged[s] for s in (1, 2, 3, 4)])
-    assert [event.step for event in scalars.Scalars("dev/stsb-dev")] == [2, 4]
+    assert [event.step for event in scalars.Scalars("dev/tasks/stsb-dev")] == [2, 4]
 
 
 def test_loading_and_saving_models_prints_no_library_progress_bars(

@@ -19,7 +19,8 @@ from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.hub import hub_reachable, looks_like_hub_id
 from csekit.parts.hooks import StartsLater
 from csekit.parts.objectives.slt_fai import AdversarialTuning, IncompleteSentenceFiltering
-from csekit.training.trainer import _progress_line, never_active_warnings, train
+from csekit.training.progress_log import _progress_line, never_active_warnings
+from csekit.training.trainer import train
 
 
 @pytest.fixture

@@ -440,12 +440,12 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_checkpoint(
 ) -> None:
     import errno
 
-    from csekit.training import trainer
+    from csekit.training import checkpoint
 
     def disk_full(*args: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(trainer, "save_shared_state", disk_full)
+    monkeypatch.setattr(checkpoint, "save_shared_state", disk_full)
     before = (run / "checkpoint" / "model.safetensors").read_bytes()
     code, err = resume(monkeypatch, capsys, run, "--set", "train.max_steps=4", "--allow-changes")
     last = err.strip().splitlines()[-1]  # after the precision note: the error comes once the run has started

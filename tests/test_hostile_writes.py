@@ -61,17 +61,17 @@ def test_a_checkpoint_staging_folder_replaced_by_a_link_is_one_line_and_not_writ
 ) -> None:
     """`.checkpoint.tmp` became a link between its mkdir and the first write: the weights went to the link's
     target, its modes became 0755/0644, and the link was renamed into place as checkpoint/."""
-    import csekit.training.trainer as trainer
+    import csekit.training.checkpoint as checkpoint
 
     elsewhere = _private_folder(tmp_path / "elsewhere")
     run = tmp_path / "run"
-    save = trainer.save_shared_state
+    save = checkpoint.save_shared_state
 
     def replaced_first(folder: Path, *args: object) -> None:
         _replace_by_link(run / ".checkpoint.tmp", elsewhere)
         save(folder, *args)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(trainer, "save_shared_state", replaced_first)
+    monkeypatch.setattr(checkpoint, "save_shared_state", replaced_first)
     recipe = write_recipe(tmp_path, tiny_model_dir, make_corpus(tmp_path / "c.txt", lines=32))
     args = ["train", str(recipe), "--output", str(run), "--set", "train.max_steps=2", "--set", "train.precision=fp32"]
     code, err = run_main(monkeypatch, capsys, *args, "--no-progress")

@@ -112,7 +112,7 @@ def test_steps_between_log_points_read_nothing_on_the_host(
         with counting_host_reads(monkeypatch) as reads:
             assert trainer.step(batch)
             trainer._after_step()  # step 4: the log point reads
-        assert trainer.state.step == 4 and trainer.window_steps == 0 and "tolist" in reads
+        assert trainer.state.step == 4 and trainer.progress.window_steps == 0 and "tolist" in reads
 
 
 def test_the_count_of_host_reads_sees_transformers_mask_check_and_a_blocking_copy(

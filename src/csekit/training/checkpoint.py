@@ -8,10 +8,14 @@ writes its own generator states (`rng_state_<rank>.pt`), since each process draw
 
 Any file that is missing, damaged or holds something other than what csekit wrote gives one
 `CsekitError` naming the file, before the first training step.
+
+`write_checkpoint` writes the whole folder (into a held staging folder, swapped in) and `read_checkpoint`
+reads it back into a resumed run; the trainer calls them.
 """
 
 from __future__ import annotations
 
+import json
 import pickle
 import random
 from collections.abc import Mapping
@@ -20,12 +24,29 @@ from typing import Any
 
 import numpy as np
 import torch
+from accelerate import Accelerator
 from safetensors.torch import load_model, save_model
 
-from csekit.core.atomic import write_by_name, write_file
+from csekit.core.atomic import (
+    HeldFolder,
+    atomic_write_text,
+    recover_directory,
+    staging_folder,
+    swap_in,
+    write_by_name,
+    write_file,
+)
 from csekit.core.bounded_read import read_by_name, read_with
 from csekit.core.errors import CsekitError
 from csekit.encoding.model_folder import non_finite_parameters
+from csekit.training.run_folder import (
+    CHECKPOINT_STAGING,
+    SAVED_RECIPE,
+    STATE_FILE,
+    TrainerState,
+    check_checkpoint,
+    read_trainer_state,
+)
 from csekit.training.state_checks import StateMismatch, check_state
 
 MODEL_FILE = "model.safetensors"
@@ -175,3 +196,68 @@ def load_rng_state(folder: Path, process: int) -> None:
             torch.cuda.set_rng_state_all(cuda_states)
     except (KeyError, ValueError, TypeError, RuntimeError, AttributeError, IndexError) as error:
         raise CsekitError(f"checkpoint file {path} does not hold generator states ({str(error)[:200]})") from None
+
+
+def write_checkpoint(
+    accelerator: Accelerator,
+    output: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    state: TrainerState,
+    recipe_yaml: str,
+) -> None:
+    """The run's checkpoint/ (every process takes part): every file into `.checkpoint.tmp`, a folder each process
+    holds open (a link put at its name is never written through), then swapped in (core/atomic.py).
+
+    The caller guards it (`guarded_save`): a failed write leaves the previous checkpoint/ whole.
+    """
+    main = accelerator.is_main_process
+    held = staging_folder(output / "checkpoint", CHECKPOINT_STAGING) if main else None
+    try:
+        accelerator.wait_for_everyone()
+        held = held or HeldFolder(output / CHECKPOINT_STAGING)
+        staging = held.path
+        if main:
+            save_shared_state(staging, model, optimizer, scheduler, accelerator.scaler)
+        save_rng_state(staging, accelerator.process_index)
+        accelerator.wait_for_everyone()
+        if main:
+            atomic_write_text(staging / STATE_FILE, json.dumps(state.__dict__))
+            atomic_write_text(staging / SAVED_RECIPE, recipe_yaml)  # what a --resume must continue
+            swap_in(held, output / "checkpoint")
+    except BaseException:
+        if main and held is not None:  # a half-written staging folder takes the space a full disk lacks
+            held.remove()
+        raise
+    finally:
+        if held is not None:
+            held.close()
+    accelerator.wait_for_everyone()
+
+
+def read_checkpoint(
+    accelerator: Accelerator,
+    output: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    total_steps: int,
+) -> TrainerState | None:
+    """Weights, optimizer, schedule and RNG states from the run's checkpoint/ into the freshly built ones, and
+    the position it holds; None when the run stopped before its first checkpoint. Folders a killed swap left
+    half-renamed (checkpoint/, best/, last/) are recovered first."""
+    checkpoint_dir = output / "checkpoint"
+    for folder in (checkpoint_dir, output / "best", output / "last"):
+        recover_directory(folder)
+    if not check_checkpoint(checkpoint_dir):
+        return None
+    state = read_trainer_state(checkpoint_dir / STATE_FILE)
+    if state.step > total_steps:  # the loop ends at total_steps: it would never stop
+        raise CsekitError(
+            f"checkpoint file {checkpoint_dir / STATE_FILE}: step {state.step} is beyond this run's "
+            f"{total_steps} steps (train.max_steps / train.epochs)"
+        )
+    load_shared_state(checkpoint_dir, model, optimizer, scheduler, accelerator.scaler, accelerator.device)
+    load_rng_state(checkpoint_dir, accelerator.process_index)
+    return state

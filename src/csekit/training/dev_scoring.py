@@ -23,13 +23,15 @@ in fp32 whatever the training precision (the authors' evaluation runs outside au
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from torch import nn
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.pooling import DenoisedMaskPooler, backbone_pooler_layer, make_pooler
+from csekit.evaluation.sts import evaluate_dev
 from csekit.training.recipe import TrainConfig
 
 
@@ -53,6 +55,28 @@ def dev_encoder(saved: SentenceEncoder, head: nn.Module, train: TrainConfig) -> 
         if train.dev_pooler_output:
             encoder = restore.enter_context(pooler_output_for_dev(encoder))
         yield encoder
+
+
+def score_dev(
+    saved: SentenceEncoder,
+    head: nn.Module,
+    train: TrainConfig,
+    precision: str,
+    batch_size: int,
+    data_path: Path | None,
+    tasks: Sequence[str],
+) -> dict[str, float]:
+    """The dev tasks' scores (with alignment and uniformity) of `saved` as it is now, encoded as `dev_encoder`
+    says, in `precision` (`dev_precision`), `batch_size` sentences at a time."""
+    with dev_encoder(saved, head, train) as encoder:
+        return evaluate_dev(
+            lambda sentences: encoder.encode(
+                sentences, batch_size=batch_size, precision=precision, show_progress_bar=False
+            ),
+            data_path,
+            tasks,
+            align_uniform=True,
+        )
 
 
 def check_dev_representation(encoder: SentenceEncoder, train: TrainConfig) -> None:

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.passes import ONE_PADDED_PASS, PassPlan, PlannedEncoder
+from csekit.encoding.pooling import MaskPooler
 from csekit.parts.heads import HEADS
 from csekit.parts.hooks import MakesViews, reads_token_states
 from csekit.parts.negatives import NEGATIVES
@@ -26,7 +27,7 @@ from csekit.parts.step_state import StepState
 from csekit.parts.views import VIEWS
 from csekit.parts.weighting import WEIGHTINGS
 from csekit.training.part_building import build_part
-from csekit.training.recipe import ModelConfig, Recipe
+from csekit.training.recipe import Recipe
 from csekit.training.recipe_values import part_specs
 
 
@@ -134,15 +135,28 @@ class ContrastiveModel(nn.Module):
         return total, parts
 
 
-def load_encoder(model: ModelConfig) -> SentenceEncoder:
-    """The encoder a recipe's `model` section names, as a run loads it (pooler, dropout, prompt templates)."""
-    return SentenceEncoder.load(
+def load_encoder(recipe: Recipe) -> SentenceEncoder:
+    """The recipe's backbone and pooler, checked against the recipe before the run folder exists (not at the first
+    batch): `model.max_length` fits the backbone, and a mask pooler's template leaves room for a sentence."""
+    model = recipe.model
+    encoder = SentenceEncoder.load(
         model.backbone,
         model.pooler,
         dropout=model.dropout,
         templates=model.templates,
         template_positions=model.template_positions,
     )
+    if model.max_length > encoder.max_seq_length:
+        raise CsekitError(
+            f"recipe key model.max_length: {model.max_length} is more tokens than "
+            f"{model.backbone} accepts ({encoder.max_seq_length})"
+        )
+    if isinstance(encoder.pooler, MaskPooler):
+        try:
+            encoder.pooler.check_room(encoder.tokenizer, encoder.max_seq_length)
+        except CsekitError as error:
+            raise CsekitError(f"recipe key model.templates: {error} ({model.backbone})") from None
+    return encoder
 
 
 def build_model(

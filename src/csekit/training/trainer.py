@@ -5,18 +5,16 @@ named parts, steps AdamW with linear decay, evaluates on the dev task every `eva
 the best model by the selection metric, and writes `metrics.jsonl`. Model directories and the
 resumable training state are written atomically, so an interrupted run never leaves a half-written
 checkpoint and `--resume` continues from the last saved state.
+
+Its rooms: the corpus and the batches (`train_data.py`), what a run shows (`progress_log.py`), Ctrl-C and
+SIGTERM (`interrupt.py`), checkpoint/ written and read (`checkpoint.py`), how a step runs (`execution.py`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import json
 import math
-import shlex
-import signal
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,35 +23,19 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
-from torch.utils.data import DataLoader, Dataset, Subset
-from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from csekit.core.atomic import (
-    HeldFolder,
-    atomic_write_text,
-    recover_directory,
-    remove_staging_leftovers,
-    staging_folder,
-    swap_in,
-)
+from csekit.core.atomic import atomic_write_text, remove_staging_leftovers
 from csekit.core.errors import CsekitError
 from csekit.core.run_lock import hold_run_lock
 from csekit.core.save_guard import guarded_save, saves_keep
-from csekit.data.corpus import TrainCollator, open_corpus, sentence_text
-from csekit.data.data_dir import resolve_data_dir
-from csekit.data.duplicates import DuplicateReport, SentenceGroups, SeparatingSampler, check_separable
 from csekit.encoding.model_folder import non_finite_parameters
-from csekit.encoding.pooling import MaskPooler
-from csekit.evaluation.sts import evaluate_dev
-from csekit.evaluation.tasks import TRAINING_DEV_TASKS
-from csekit.parts.hooks import StartsLater
+from csekit.evaluation.result import EvalResult
 from csekit.training.card_facts import training_card_facts
-from csekit.training.checkpoint import load_rng_state, load_shared_state, save_rng_state, save_shared_state
-from csekit.training.chunked import check_chunk_size
-from csekit.training.dev_scoring import check_dev_representation, dev_encoder, dev_precision
+from csekit.training.checkpoint import read_checkpoint, write_checkpoint
+from csekit.training.dev_scoring import check_dev_representation, dev_precision, score_dev
 from csekit.training.execution import build_run_model, decide_execution
-from csekit.training.loading import skipping_batches
+from csekit.training.interrupt import TrainingInterrupted, ctrl_c_stops_after_the_step
 from csekit.training.model import ContrastiveModel, load_encoder
 from csekit.training.optimization import forward_backward, make_optimizer
 from csekit.training.processes import (
@@ -62,45 +44,23 @@ from csekit.training.processes import (
     own_accelerator_state,
     several_cpu_processes,
 )
+from csekit.training.progress_log import ProgressLog, never_active_warnings
 from csekit.training.recipe import Recipe
-from csekit.training.recipe_values import fields_read, recipe_parts
 from csekit.training.run_folder import (
-    CHECKPOINT_STAGING,
     METRICS_FILE,
     SAVED_RECIPE,
-    STATE_FILE,
     MetricsLog,
     TrainerState,
-    check_checkpoint,
     check_output,
     check_run_in_folder,
     create_output,
-    read_trainer_state,
     recipe_changes_on_resume,
 )
 from csekit.training.sync_free import SyncFreeSteps, read_on_host, set_schedule_step
-from csekit.training.trackers import TRACKER_LOGS, available_trackers, hold_tracker_logs, start_trackers
+from csekit.training.trackers import TRACKER_LOGS, available_trackers, hold_tracker_logs, result_values, start_trackers
+from csekit.training.train_data import TrainData, epoch_batches
 
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM stopped the run after a step; the checkpoint holds that step, so `--resume` continues.
-
-    A KeyboardInterrupt, so that code which catches `Exception` does not swallow the user's Ctrl-C.
-    `signal_number` is the signal that asked to stop (the CLI exits with 128 + it: 130, or 143 for SIGTERM).
-    """
-
-    def __init__(self, step: int, output_dir: Path, signal_number: int = signal.SIGINT) -> None:
-        super().__init__(f"interrupted at step {step}; the checkpoint in {output_dir} holds it")
-        self.step = step
-        self.output_dir = output_dir
-        self.signal_number = int(signal_number)
-
-    def resume_command(self, data_dir: str | Path | None = None) -> str:
-        """The command that continues the run (from its saved recipe)."""
-        command = ["csekit", "train", "--output", str(self.output_dir), "--resume"]
-        if data_dir is not None:
-            command += ["--data-dir", str(data_dir)]
-        return shlex.join(command)
+__all__ = ["TrainResult", "Trainer", "TrainingInterrupted", "train"]
 
 
 @dataclass
@@ -110,16 +70,6 @@ class TrainResult:
     best_score: float | None
     best_step: int | None
     skipped_steps: int
-
-
-def _optional_data_dir(data_dir: str | Path | None) -> Path | None:
-    """The data folder if one is given (it may hold the corpus); without a dev task none is required."""
-    try:
-        return resolve_data_dir(data_dir)
-    except CsekitError:
-        if data_dir is not None:
-            raise
-        return None
 
 
 def train(
@@ -168,9 +118,10 @@ class Trainer:
         self._start_accelerator()
         self._check_output_and_recipe(allow_changes)
         set_seed(self.config.seed)
-        self._load_data(data_dir)
+        self.data = TrainData.load(recipe, data_dir)
         self._build_model()
-        self._make_loader()
+        processes, execution = self.accelerator.num_processes, self.execution
+        self.loader = self.data.loader(self.views, processes, execution.chunk_size, self.loader_options)
         self._open_output(held_until_the_end)  # every input is valid: only now is anything written
         self._set_up_optimization()
         self.state = TrainerState()
@@ -208,81 +159,11 @@ class Trainer:
         check_output(self.output, self.resume)
         self.changes = recipe_changes_on_resume(self.output, self.recipe, allow_changes) if self.resume else {}
 
-    def _load_data(self, data_dir: str | Path | None) -> None:
-        """The data folder (required by a dev task) and the corpus, checked line by line."""
-        self.dev_tasks = TRAINING_DEV_TASKS.get(self.config.dev_task, ())  # checked with the recipe
-        self.data_path = resolve_data_dir(data_dir) if self.dev_tasks else _optional_data_dir(data_dir)
-        data = self.recipe.data
-        fields = [name for _, _, name in fields_read(recipe_parts(self.recipe))]  # checked: a .jsonl corpus
-        self.corpus = open_corpus(data.corpus, self.data_path, data.max_chars, data.bad_lines, data.text_column, fields)
-        self._find_duplicates()
-
-    def _find_duplicates(self) -> None:
-        """Which rows repeat a sentence (reported at the start in every mode; drop and separate act on it)."""
-        data = self.recipe.data
-        texts = (sentence_text(self.corpus[row], data.text_column) for row in range(len(self.corpus)))
-        self.sentence_groups = SentenceGroups.of(texts, normalise=data.duplicates_normalise)
-        most_repeated = sentence_text(self.corpus[self.sentence_groups.most_repeated()[0]], data.text_column)
-        self.duplicates = DuplicateReport.of(
-            self.sentence_groups, most_repeated, data.duplicates, data.duplicates_normalise, self.config.batch_size
-        )
-
     def _build_model(self) -> None:
         """The encoder from the backbone, wrapped in the recipe's parts (views, heads, objectives)."""
-        model_config = self.recipe.model
-        encoder = load_encoder(model_config)
-        if model_config.max_length > encoder.max_seq_length:
-            raise CsekitError(
-                f"recipe key model.max_length: {model_config.max_length} is more tokens than "
-                f"{model_config.backbone} accepts ({encoder.max_seq_length})"
-            )
-        if isinstance(encoder.pooler, MaskPooler):  # before the run folder exists, not at the first batch
-            try:
-                encoder.pooler.check_room(encoder.tokenizer, encoder.max_seq_length)
-            except CsekitError as error:
-                raise CsekitError(f"recipe key model.templates: {error} ({model_config.backbone})") from None
+        encoder = load_encoder(self.recipe)
         check_dev_representation(encoder, self.config)
         self.model, self.views = build_run_model(self.recipe, encoder, self.execution)
-
-    def _make_loader(self) -> None:
-        """Shuffled batches of `batch_size` sentences in all, split evenly over the processes.
-
-        `data.duplicates`: keep shuffles the corpus; drop shuffles its distinct sentences; separate orders
-        every row so that no global batch holds two copies of a sentence (`SeparatingSampler`).
-        """
-        batch_size, processes = self.config.batch_size, self.accelerator.num_processes
-        if batch_size % processes:
-            raise CsekitError(
-                f"recipe key train.batch_size: {batch_size} is not divisible by the {processes} processes"
-            )
-        check_chunk_size(self.execution.chunk_size, batch_size // processes, processes)
-        data = self.recipe.data
-        if self.duplicates.training_rows < batch_size:
-            distinct = " distinct" if data.duplicates == "drop" else ""
-            raise CsekitError(
-                f"corpus {data.corpus} has {self.duplicates.training_rows}{distinct} sentences, fewer than "
-                f"train.batch_size ({batch_size})"
-            )
-        rows: Dataset = self.corpus
-        sampler = None
-        if data.duplicates == "drop":  # the first occurrence of each sentence, shuffled as keep shuffles
-            rows = Subset(self.corpus, self.sentence_groups.distinct_rows())
-        elif data.duplicates == "separate":
-            groups = self.sentence_groups
-            check_separable(groups, batch_size, processes, data.corpus, self.duplicates.most_repeated)
-            sampler = SeparatingSampler(groups, batch_size, self.config.seed)
-        self.loader = DataLoader(
-            rows,
-            batch_size=batch_size // processes,
-            shuffle=sampler is None,
-            sampler=sampler,
-            drop_last=True,
-            collate_fn=TrainCollator(self.views, data.text_column),
-            num_workers=self.loader_options.num_workers,
-            pin_memory=self.loader_options.pin_memory,
-            persistent_workers=self.loader_options.persistent_workers,
-            generator=torch.Generator().manual_seed(self.config.seed),
-        )
 
     def _open_output(self, held_until_the_end: contextlib.ExitStack) -> None:
         """Create the folder and lock it for the run (the lock is released when `held_until_the_end` closes)."""
@@ -310,26 +191,12 @@ class Trainer:
 
     def _resume_from_checkpoint(self) -> None:
         """Weights, optimizer, schedule, RNG states and position from checkpoint/; the log cut back to it."""
-        for folder in (self.checkpoint_dir, self.output / "best", self.output / "last"):
-            recover_directory(folder)
-        if check_checkpoint(self.checkpoint_dir):
-            self.state = read_trainer_state(self.checkpoint_dir / STATE_FILE)
-            if self.state.step > self.total_steps:  # the loop ends at total_steps: it would never stop
-                raise CsekitError(
-                    f"checkpoint file {self.checkpoint_dir / STATE_FILE}: step {self.state.step} is beyond this run's "
-                    f"{self.total_steps} steps (train.max_steps / train.epochs)"
-                )
-            load_shared_state(
-                self.checkpoint_dir,
-                self.unwrapped,
-                self.optimizer,
-                self.scheduler,
-                self.accelerator.scaler,
-                self.accelerator.device,
-            )
-            load_rng_state(self.checkpoint_dir, self.accelerator.process_index)
-            self.checkpointed_step = self.state.step
-            self.metrics.truncate_after(self.state.step)
+        state = read_checkpoint(
+            self.accelerator, self.output, self.unwrapped, self.optimizer, self.scheduler, self.total_steps
+        )
+        if state is not None:
+            self.state, self.checkpointed_step = state, state.step
+            self.metrics.truncate_after(state.step)
         else:  # stopped before its first checkpoint: start over, without the old run's records
             self.metrics.truncate_after(-1)
         if self.changes:
@@ -349,8 +216,8 @@ class Trainer:
             return
         for line in self.execution.precision_note:
             print(line, file=sys.stderr)
-        if self.duplicates.distinct < self.duplicates.sentences:  # always in metrics.jsonl's start event
-            print(f"csekit: {self.duplicates.summary()}", file=sys.stderr)
+        if self.data.duplicates.distinct < self.data.duplicates.sentences:  # always in metrics.jsonl's start event
+            print(f"csekit: {self.data.duplicates.summary()}", file=sys.stderr)
         for line in never_active_warnings(self.unwrapped.part_names, self.steps_per_epoch, self.total_steps):
             print(line, file=sys.stderr)
         # An accepted change (--allow-changes) reaches the checkpoint's own copy of the recipe with the next
@@ -362,11 +229,11 @@ class Trainer:
                 {
                     "event": "start",
                     "step": 0,
-                    "corpus": self.corpus.report.summary(),
+                    "corpus": self.data.corpus.report.summary(),
                     "total_steps": self.total_steps,
                     "processes": self.accelerator.num_processes,
                     "precision": self.precision,
-                    "duplicates": self.duplicates.record(),
+                    "duplicates": self.data.duplicates.record(),
                 }
             )
         if self.trackers:
@@ -379,32 +246,20 @@ class Trainer:
         checkpointing on the way; Ctrl-C stops after the current step with a checkpoint of it."""
         self._start_progress()
         self.model.train()
-        with saves_keep(self._what_is_intact), self._ctrl_c_stops_after_the_step():
+        with saves_keep(self._what_is_intact), ctrl_c_stops_after_the_step() as stop:
             for batch in self._batches():
                 if self.step(batch) and self._after_step():
                     break
-                if self._interrupt_check_due() and self._any_process(self.interrupt_requested):
-                    self._stop_at_interrupt()
+                if self._interrupt_check_due() and self._any_process(stop.requested):
+                    self._stop_at_interrupt(stop.signal_number)
         return self.finish()
 
     def _start_progress(self) -> None:
         """On a terminal one progress bar; when stderr is a file, plain lines at each log record instead."""
         visible = self.show_progress and self.main
-        self.plain_lines = visible and not sys.stderr.isatty()
-        self.bar = tqdm(
-            total=self.total_steps,
-            initial=self.state.step,
-            desc="training",
-            unit="step",
-            disable=not visible or self.plain_lines,
-            dynamic_ncols=True,
-        )
-        self.last_loss: float | None = None
-        self.last_score: float | None = None  # the latest dev score, shown in the progress bar
+        self.progress = ProgressLog(self.total_steps, self.state.step, visible, self.config.select_metric)
         self.checkpointed_batches: int | None = None  # the data position of the latest checkpoint this run wrote
-        self.window: dict[str, float] = {}  # loss sums since the last log record
-        self.window_steps, self.window_start, self.bad_in_a_row = 0, time.perf_counter(), 0
-        self.run_started, self.run_first_step = time.perf_counter(), self.state.step  # for the time left
+        self.bad_in_a_row = 0
         self.read_step = self.state.step  # the step the latest read of a sync-free run found
 
     def _after_step(self) -> bool:
@@ -425,7 +280,7 @@ class Trainer:
         eval_due = self.config.eval_every > 0 and self.state.step % self.config.eval_every == 0
         if eval_due or self.state.step == self.total_steps:
             self.evaluate()
-            self.window_start = time.perf_counter()
+            self.progress.restart_window()
             patience_on = self.config.patience is not None
             if patience_on and self._any_process(self.main and self._patience_ran_out()):
                 self._stop_early()
@@ -433,14 +288,12 @@ class Trainer:
         return self.state.step >= self.total_steps
 
     def _batches(self) -> Iterator[dict[str, Any]]:
-        """The batches from the data position on, epoch after epoch (each epoch shuffled by its seed)."""
-        for epoch in itertools.count(self.state.batches // self.steps_per_epoch):
-            if self.state.step >= self.total_steps or self._patience_ran_out():  # done, or stopped early before
-                return
-            self.loader.set_epoch(epoch)
-            skip = self.state.batches - epoch * self.steps_per_epoch
-            options = self.loader_options
-            yield from (skipping_batches(self.accelerator, self.loader, skip, options) if skip > 0 else self.loader)
+        """The batches from the data position on, until the run is done or stopped early (see `epoch_batches`)."""
+
+        def finished() -> bool:
+            return self.state.step >= self.total_steps or self._patience_ran_out()
+
+        return epoch_batches(self.accelerator, self.loader, self.state, self.loader_options, finished)
 
     def step(self, batch: dict[str, Any]) -> bool:
         """One optimizer step on `batch`; False when it was skipped for a non-finite loss or gradient.
@@ -468,7 +321,7 @@ class Trainer:
             self.sync_free.step(names, reduced, grad_norm)
             self.optimizer.zero_grad(set_to_none=True)
             self.state.step += 1  # as if taken; the next read corrects it for skipped steps
-            self.bar.update(1)
+            self.progress.bar.update(1)
             return True
         values = read_on_host(reduced)
         loss_finite = math.isfinite(values[0])
@@ -480,11 +333,8 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.bad_in_a_row = 0
         self.state.step += 1
-        self.bar.update(1)
-        self.last_loss = values[0]
-        for name, value in zip(names, values, strict=True):
-            self.window[name] = self.window.get(name, 0.0) + value
-        self.window_steps += 1
+        self.progress.bar.update(1)
+        self.progress.add_step(names, values)
         return True
 
     def _read_due(self) -> bool:
@@ -502,14 +352,10 @@ class Trainer:
         """
         assert self.sync_free is not None
         reading = self.sync_free.read()
-        self.bar.update(reading.steps_taken - self.state.step)
+        self.progress.bar.update(reading.steps_taken - self.state.step)
         self.state.step = self.read_step = reading.steps_taken
         set_schedule_step(self.scheduler, self.state.step)
-        for name, total in reading.sums.items():
-            self.window[name] = self.window.get(name, 0.0) + total
-        self.window_steps += reading.good_steps
-        if reading.last_loss is not None:
-            self.last_loss = reading.last_loss
+        self.progress.add_sums(reading.sums, reading.good_steps, reading.last_loss)
         self.bad_in_a_row = reading.bad_in_a_row
         if reading.skipped:
             self.state.skipped_steps += reading.skipped
@@ -556,37 +402,18 @@ class Trainer:
 
     def _log_window(self) -> None:
         """A metrics record with the mean loss and parts since the last one, the lr and the throughput."""
-        elapsed = time.perf_counter() - self.window_start
-        record = {
-            "step": self.state.step,
-            **{name: total / self.window_steps for name, total in self.window.items()},
-            "lr": self.scheduler.get_last_lr()[0],
-            "sentences_per_second": self.window_steps * self.config.batch_size / max(elapsed, 1e-9),
-        }
+        record = self.progress.record(self.state.step, self.scheduler.get_last_lr()[0], self.config.batch_size)
         self.metrics.write(record)
         self._report("train", record)
-        self.bar.set_postfix_str(_postfix(self.last_loss, self.config.select_metric, self.last_score))
-        if self.plain_lines:
-            elapsed, steps = time.perf_counter() - self.run_started, self.state.step - self.run_first_step
-            line = _progress_line(record, self.total_steps, self.config.select_metric, self.last_score, elapsed, steps)
-            print(line, file=sys.stderr, flush=True)
-        self.window, self.window_steps = {}, 0
-        self.window_start = time.perf_counter()
+        self.progress.show(record)
 
     def dev_scores(self) -> dict[str, float]:
         """The dev task's scores of the model as it is now (none without a dev task); see `dev_scoring`."""
-        if not self.dev_tasks:
+        if not self.data.dev_tasks:
             return {}
         precision, batch_size = dev_precision(self.config, self.precision), self.execution.eval_batch_size
-        with dev_encoder(self.unwrapped.saved_encoder(), self.unwrapped.head, self.config) as encoder:
-            return evaluate_dev(
-                lambda sentences: encoder.encode(
-                    sentences, batch_size=batch_size, precision=precision, show_progress_bar=False
-                ),
-                self.data_path,
-                self.dev_tasks,
-                align_uniform=True,
-            )
+        saved, head, data = self.unwrapped.saved_encoder(), self.unwrapped.head, self.data
+        return score_dev(saved, head, self.config, precision, batch_size, data.data_path, data.dev_tasks)
 
     def evaluate(self) -> None:
         """Score on the dev task, keep the best model by the selection metric, save last/, then checkpoint."""
@@ -599,12 +426,13 @@ class Trainer:
         scores = self.dev_scores() if self.main else {}
         if self.main:
             self.metrics.write({"step": self.state.step, **scores})
-            self._report("dev", {"step": self.state.step, **scores})
+            if self.trackers:  # the dev scores in the one result shape (dev/tasks/stsb-dev, dev/averages/avg_sts)
+                self.accelerator.log(result_values("dev", EvalResult.from_dev_scores(scores)), step=self.state.step)
             score = scores.get(self.config.select_metric)
             saved = self.unwrapped.saved_encoder()
             facts = training_card_facts(
                 self.recipe,
-                corpus_sentences=len(self.corpus),
+                corpus_sentences=len(self.data.corpus),
                 step=self.state.step,
                 total_steps=self.total_steps,
                 precision=self.precision,
@@ -617,14 +445,22 @@ class Trainer:
             else:
                 self.state.evaluations_without_improvement += 1
             saved.save(self.output / "last", facts)
-            self.last_score = score
-            self.bar.set_postfix_str(_postfix(self.last_loss, self.config.select_metric, self.last_score))
+            self.progress.show_score(score)
 
     def save_checkpoint(self) -> None:
         """The resumable state: weights, optimizer, scheduler, RNG states (every process's) and the step."""
         self._check_weights_finite()
         with self._saving("checkpoint/"):
-            self._write_checkpoint()
+            write_checkpoint(
+                self.accelerator,
+                self.output,
+                self.unwrapped,
+                self.optimizer,
+                self.scheduler,
+                self.state,
+                self.recipe.to_yaml(),
+            )
+        self.checkpointed_batches, self.checkpointed_step = self.state.batches, self.state.step
 
     def _check_weights_finite(self) -> None:
         """Stop before saving weights that are NaN or infinite: the last good checkpoint stays as it is."""
@@ -648,32 +484,6 @@ class Trainer:
             kept = f"the last good checkpoint ({self.checkpoint_dir}, step {self.checkpointed_step}) is intact"
         return f"{kept}. Free the space, then: csekit train --output {self.output} --resume"
 
-    def _write_checkpoint(self) -> None:
-        """Every file into `.checkpoint.tmp`, a folder each process holds open (a link put at its name is never
-        written through), then swapped in as checkpoint/ (core/atomic.py)."""
-        held = staging_folder(self.checkpoint_dir, CHECKPOINT_STAGING) if self.main else None
-        try:
-            self.accelerator.wait_for_everyone()
-            held = held or HeldFolder(self.output / CHECKPOINT_STAGING)
-            staging = held.path
-            if self.main:
-                save_shared_state(staging, self.unwrapped, self.optimizer, self.scheduler, self.accelerator.scaler)
-            save_rng_state(staging, self.accelerator.process_index)
-            self.accelerator.wait_for_everyone()
-            if self.main:
-                atomic_write_text(staging / STATE_FILE, json.dumps(self.state.__dict__))
-                atomic_write_text(staging / SAVED_RECIPE, self.recipe.to_yaml())  # what a --resume must continue
-                swap_in(held, self.checkpoint_dir)
-        except BaseException:
-            if self.main and held is not None:  # a half-written staging folder takes the space a full disk lacks
-                held.remove()
-            raise
-        finally:
-            if held is not None:
-                held.close()
-        self.accelerator.wait_for_everyone()
-        self.checkpointed_batches, self.checkpointed_step = self.state.batches, self.state.step
-
     def _patience_ran_out(self) -> bool:
         patience = self.config.patience
         return patience is not None and self.state.evaluations_without_improvement >= patience
@@ -686,44 +496,12 @@ class Trainer:
         best = "n/a" if state.best_score is None else f"{100 * state.best_score:.2f}"
         record = {"event": "early_stop", "step": state.step, "best_step": state.best_step}
         self.metrics.write({**record, "best_score": state.best_score, "patience": patience})
-        self.bar.close()
+        self.progress.bar.close()
         print(
             f"csekit: early stop at step {state.step}: {self.config.select_metric} did not improve in {patience} "
             f"evaluations; best {best} at step {state.best_step}, kept in {self.output / 'best'}",
             file=sys.stderr,
         )
-
-    @contextlib.contextmanager
-    def _ctrl_c_stops_after_the_step(self) -> Iterator[None]:
-        """While the loop runs, Ctrl-C (SIGINT) or SIGTERM asks it to stop after the step; a second stops at once.
-
-        SIGTERM is what schedulers, `timeout`, Docker and systemd send before they kill: it is treated as
-        Ctrl-C, so the work since the last checkpoint is saved. Stopping between steps keeps the checkpoint
-        consistent (weights, optimizer, RNG and data position of one step). Signal handlers can only be set
-        in the main thread; elsewhere the signals act as before.
-        """
-        self.interrupt_requested = False
-        self.stop_signal = signal.SIGINT
-        previous: dict[int, Any] = {}
-
-        def restore() -> None:
-            for number, handler in previous.items():
-                signal.signal(number, handler)
-
-        def request_stop(signum: int, frame: Any) -> None:
-            self.interrupt_requested, self.stop_signal = True, signum
-            restore()
-
-        try:
-            for number in (signal.SIGINT, signal.SIGTERM):
-                previous[number] = signal.signal(number, request_stop)
-        except ValueError:  # not the main thread
-            yield
-            return
-        try:
-            yield
-        finally:
-            restore()
 
     def _any_process(self, flag: bool) -> bool:
         """Whether `flag` holds on any process: every process then takes the same branch (one all-reduce)."""
@@ -732,15 +510,15 @@ class Trainer:
         total = self.accelerator.reduce(torch.tensor(float(flag), device=self.accelerator.device), "sum")
         return bool(total.item() > 0)
 
-    def _stop_at_interrupt(self) -> None:
+    def _stop_at_interrupt(self, signal_number: int) -> None:
         """Checkpoint the step just taken (unless its evaluation did), end the trackers, raise TrainingInterrupted."""
         if self.sync_free is not None:
             self._read_device()
         if self.checkpointed_batches != self.state.batches:
             self.save_checkpoint()
-        self.bar.close()
+        self.progress.bar.close()
         self.accelerator.end_training()
-        raise TrainingInterrupted(self.state.step, self.output, self.stop_signal)
+        raise TrainingInterrupted(self.state.step, self.output, signal_number)
 
     def _report(self, section: str, record: dict[str, Any]) -> None:
         """Send a record's numbers to the recipe's trackers (run.report_to), as section/name at its step."""
@@ -752,47 +530,11 @@ class Trainer:
         """Close the bar, wait for every process and end accelerate's run."""
         if self.sync_free is not None:
             self._read_device()
-        self.bar.close()
+        self.progress.bar.close()
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
         state = self.state
         return TrainResult(self.output, state.step, state.best_score, state.best_step, state.skipped_steps)
-
-
-def never_active_warnings(named_parts: list[tuple[str, object]], steps_per_epoch: int, total_steps: int) -> list[str]:
-    """A warning for each part that starts later (`StartsLater`) than the run's last step: it would never train."""
-    warnings = []
-    for name, part in named_parts:
-        if not isinstance(part, StartsLater):
-            continue
-        first = part.first_active_step(steps_per_epoch)
-        if first >= total_steps:
-            warnings.append(
-                f"csekit: warning: {name} switches on after {first:,} steps ({steps_per_epoch:,} steps an epoch), "
-                f"but this run has {total_steps:,}: it never trains; give train.max_steps above {first:,}"
-            )
-    return warnings
-
-
-def _progress_line(
-    record: dict[str, Any], total_steps: int, metric: str, score: float | None, elapsed: float, steps_run: int
-) -> str:
-    """A plain progress line for logs written to a file: step, loss, the latest dev score of the selection
-    metric (named), throughput, the time this process has trained and the time left at its pace so far
-    (`steps_run` steps in `elapsed` seconds, evaluations included)."""
-    dev = f" {metric} {100 * score:.2f}" if score is not None else ""
-    left = elapsed / steps_run * (total_steps - record["step"]) if steps_run > 0 else 0.0
-    return (
-        f"step {record['step']}/{total_steps} loss {record['loss']:.4f}{dev} "
-        f"{record['sentences_per_second']:.1f} sent/s, {_clock(elapsed)} elapsed, {_clock(left)} left"
-    )
-
-
-def _clock(seconds: float) -> str:
-    """`m:ss`, or `h:mm:ss` from an hour on (tqdm's way)."""
-    minutes, second = divmod(round(seconds), 60)
-    hours, minute = divmod(minutes, 60)
-    return f"{hours}:{minute:02d}:{second:02d}" if hours else f"{minute}:{second:02d}"
 
 
 def _improves(score: float | None, best: float | None) -> bool:
@@ -802,10 +544,3 @@ def _improves(score: float | None, best: float | None) -> bool:
     if math.isnan(score):
         return best is None
     return best is None or math.isnan(best) or score > best
-
-
-def _postfix(loss: float | None, metric: str, score: float | None) -> str:
-    text = f"loss={loss:.4f}" if loss is not None else ""
-    if score is not None:
-        text += f" {metric}={score * 100:.2f}"
-    return text

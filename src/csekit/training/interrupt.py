@@ -1,0 +1,76 @@
+"""Stopping a run cleanly: Ctrl-C or SIGTERM asks the loop to stop after the step it is taking.
+
+The trainer checkpoints that step and raises `TrainingInterrupted`, whose `resume_command` is the command that
+continues the run; the CLI prints it and exits with 128 + the signal's number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM stopped the run after a step; the checkpoint holds that step, so `--resume` continues.
+
+    A KeyboardInterrupt, so that code which catches `Exception` does not swallow the user's Ctrl-C.
+    `signal_number` is the signal that asked to stop (the CLI exits with 128 + it: 130, or 143 for SIGTERM).
+    """
+
+    def __init__(self, step: int, output_dir: Path, signal_number: int = signal.SIGINT) -> None:
+        super().__init__(f"interrupted at step {step}; the checkpoint in {output_dir} holds it")
+        self.step = step
+        self.output_dir = output_dir
+        self.signal_number = int(signal_number)
+
+    def resume_command(self, data_dir: str | Path | None = None) -> str:
+        """The command that continues the run (from its saved recipe)."""
+        command = ["csekit", "train", "--output", str(self.output_dir), "--resume"]
+        if data_dir is not None:
+            command += ["--data-dir", str(data_dir)]
+        return shlex.join(command)
+
+
+@dataclass
+class StopRequest:
+    """Whether a signal asked the run to stop, and which (the loop reads it between steps)."""
+
+    requested: bool = False
+    signal_number: int = signal.SIGINT
+
+
+@contextlib.contextmanager
+def ctrl_c_stops_after_the_step() -> Iterator[StopRequest]:
+    """While the loop runs, Ctrl-C (SIGINT) or SIGTERM asks it to stop after the step; a second stops at once.
+
+    SIGTERM is what schedulers, `timeout`, Docker and systemd send before they kill: it is treated as
+    Ctrl-C, so the work since the last checkpoint is saved. Stopping between steps keeps the checkpoint
+    consistent (weights, optimizer, RNG and data position of one step). Signal handlers can only be set
+    in the main thread; elsewhere the signals act as before (and the request is never set).
+    """
+    stop = StopRequest()
+    previous: dict[int, Any] = {}
+
+    def restore() -> None:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+    def request_stop(signum: int, frame: Any) -> None:
+        stop.requested, stop.signal_number = True, signum
+        restore()
+
+    try:
+        for number in (signal.SIGINT, signal.SIGTERM):
+            previous[number] = signal.signal(number, request_stop)
+    except ValueError:  # not the main thread
+        yield stop
+        return
+    try:
+        yield stop
+    finally:
+        restore()
