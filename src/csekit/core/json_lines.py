@@ -94,6 +94,14 @@ def json_rows(
     """(line number, row) of each non-blank line of the JSON-lines file `path`, streamed and bounded (`limit`
     bytes a line); a missing, unreadable or special file, a longer line or a bad row is a CsekitError naming
     the file (and line) and `what` it is."""
+    for number, line in numbered_lines(path, what, limit):
+        if line.strip():
+            yield number, parse_json_row(line, at(path, number), required, optional)
+
+
+def numbered_lines(path: Path, what: str, limit: int) -> Iterator[tuple[int, bytes]]:
+    """(line number, line) of the file `path` of rows of `what`, streamed and bounded (`limit` bytes a line); a
+    missing, unreadable or special file or a longer line is a CsekitError naming the file (and line)."""
     try:
         handle = open_regular(path)
     except FileNotFoundError:
@@ -104,5 +112,4 @@ def json_rows(
         for number, (line, size) in enumerate(bounded_lines(handle, limit), start=1):
             if line is None:
                 raise CsekitError(f"{at(path, number)}: a line of {size:,} bytes, more than a {what} row can be")
-            if line.strip():
-                yield number, parse_json_row(line, at(path, number), required, optional)
+            yield number, line

@@ -20,9 +20,8 @@ from typing import Any
 import numpy as np
 from scipy.stats import pearsonr, spearmanr
 
-from csekit.core.bounded_read import bounded_lines, open_regular
 from csekit.core.errors import CsekitError, at
-from csekit.core.json_lines import RowProblem, json_row
+from csekit.core.json_lines import RowProblem, json_row, numbered_lines
 
 PAIRS_LINE_LIMIT = 2**20
 """The longest line of a pairs file read (1 MiB; a pair of sentences is a few hundred bytes)."""
@@ -78,17 +77,8 @@ def read_pairs(path: Path, columns: tuple[str, str, str] | tuple[int, int, int] 
     if suffix in JSON_SUFFIXES and isinstance(columns[0], int):
         raise CsekitError(f"pairs file {path}: a JSON-lines file names its fields; give --pairs-columns as names")
     reader = _PairsReader(path, columns, DELIMITERS.get(suffix))
-    try:
-        handle = open_regular(path)
-    except FileNotFoundError:
-        raise CsekitError(f"pairs file {path} does not exist") from None
-    except OSError as error:
-        raise CsekitError(f"pairs file {path}: cannot read it ({error.strerror or error})") from None
-    with handle:
-        for number, (line, size) in enumerate(bounded_lines(handle, PAIRS_LINE_LIMIT), start=1):
-            if line is None:
-                raise CsekitError(f"{at(path, number)}: a line of {size:,} bytes, more than a pairs row can be")
-            reader.add(number, line)
+    for number, line in numbered_lines(path, "pairs file", PAIRS_LINE_LIMIT):
+        reader.add(number, line)
     return reader.result()
 
 
