@@ -469,3 +469,27 @@ def test_the_model_load_check_can_fail() -> None:
     assert model_loads_elsewhere({"csekit/prep/paraphrase.py": source}) == [
         "csekit/prep/paraphrase.py:2 FSMTTokenizer.from_pretrained"
     ]
+
+
+MAX_FILE_LINES = 600
+"""No file of the project's code (src, tests, benchmarks, examples) is longer: a room read in one sitting."""
+
+
+def files_over(paths: Iterable[Path], limit: int = MAX_FILE_LINES) -> list[str]:
+    """`path: lines` of each file longer than `limit` lines."""
+    counts = ((path, len(path.read_text(encoding="utf-8").splitlines())) for path in paths)
+    return [f"{path}: {count}" for path, count in counts if count > limit]
+
+
+def test_no_python_file_is_longer_than_600_lines() -> None:
+    root = SRC.parent
+    paths = [path for folder in ("src", "tests", "benchmarks", "examples") for path in (root / folder).rglob("*.py")]
+    assert len(paths) > 100
+    assert files_over(paths) == []
+
+
+def test_the_file_length_check_can_fail(tmp_path: Path) -> None:
+    long = tmp_path / "long.py"
+    long.write_text("x = 1\n" * (MAX_FILE_LINES + 1), encoding="utf-8")
+    assert files_over([long]) == [f"{long}: {MAX_FILE_LINES + 1}"]
+    assert files_over([long], limit=MAX_FILE_LINES + 1) == []
