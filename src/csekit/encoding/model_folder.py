@@ -439,6 +439,8 @@ def load_model(
     special_tokens: tuple[str, ...] | None = None,
     config_overrides: dict[str, Any] | None = None,
     aliases: bool = True,
+    config: Any | None = None,
+    new_weights: bool = False,
 ) -> LoadedModel:
     """Load a model by alias, hub name or folder (csekit, sentence-transformers or plain transformers layout).
 
@@ -447,7 +449,9 @@ def load_model(
     must define `special_tokens` (`ENCODER_SPECIAL_TOKENS` by default) and fit the embedding matrix. From a local
     folder, weights the checkpoint lacks (but the backbone's unread pooler layer) are refused: transformers would
     fill them in at random. Every failure is one line; `aliases`: the offline aliases are suggested for a name that
-    cannot be found.
+    cannot be found. `config`: a ready config for the weights instead of the folder's (a decoder built from an
+    encoder's); `new_weights`: weights the checkpoint lacks are the model's own new ones (TSDAE's cross-attention
+    and LM head: initialised at random by design), not a damaged folder.
     """
     location = resolve_model_path(name_or_path)
     path = Path(location)
@@ -460,7 +464,9 @@ def load_model(
         with quiet_transformers():
             model, missing = None, frozenset[str]()
             if model_class is not None:
-                model, missing = _load_weights(model_class, layout.transformer_dir, local, hub, config_overrides)
+                model, missing = _load_weights(
+                    model_class, layout.transformer_dir, local and not new_weights, hub, config_overrides, config
+                )
             tokenizer = from_pretrained(tokenizer_class or _auto_tokenizer(), layout.transformer_dir, **hub)
     except (OSError, ValueError, RuntimeError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as error:
         raise CsekitError(_load_failure(location, error, local, hub, aliases)) from None
@@ -479,7 +485,12 @@ def _auto_tokenizer() -> Any:
 
 
 def _load_weights(
-    model_class: Any, location: str, local: bool, hub: dict[str, Any], overrides: dict[str, Any] | None
+    model_class: Any,
+    location: str,
+    local: bool,
+    hub: dict[str, Any],
+    overrides: dict[str, Any] | None,
+    config: Any | None = None,
 ) -> tuple[Any, frozenset[str]]:
     """The model and the names of the weights its checkpoint lacked (initialised at random).
 
@@ -489,7 +500,8 @@ def _load_weights(
     """
     from transformers import AutoConfig
 
-    config = from_pretrained(AutoConfig, location, **hub, **(overrides or {}))
+    if config is None:
+        config = from_pretrained(AutoConfig, location, **hub, **(overrides or {}))
     config.output_hidden_states = False
     model, info = from_pretrained(model_class, location, config=config, output_loading_info=True, **hub)
     if local:

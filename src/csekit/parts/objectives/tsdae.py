@@ -25,8 +25,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from csekit.encoding.encoder import SentenceEncoder
-from csekit.encoding.hub import hub_options
-from csekit.encoding.model_folder import from_pretrained, quiet_transformers
+from csekit.encoding.model_folder import load_model, quiet_transformers
 from csekit.parts.step_state import StepState
 
 
@@ -46,8 +45,8 @@ def load_decoder(backbone: nn.Module) -> Any:
     config.is_decoder, config.add_cross_attention, config.output_hidden_states = True, True, False
     location = str(getattr(config, "_name_or_path", "") or "")
     with quiet_transformers():
-        if location:
-            decoder = from_pretrained(AutoModelForCausalLM, location, config=config, **hub_options(location))
+        if location:  # checked as every model load (csekit.encoding.model_folder.load_model)
+            decoder = load_model(location, AutoModelForCausalLM, config=config, new_weights=True).model
         else:
             decoder = AutoModelForCausalLM.from_config(config)
     if not any("crossattention" in name.replace("_", "") for name, _ in decoder.named_parameters()):
