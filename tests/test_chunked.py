@@ -151,7 +151,11 @@ def encode_in_chunks_with_one_graph(encoder: SentenceEncoder, chunk: int) -> Non
     def forward(inputs: dict[str, Tensor], token_states: bool = True, plan: PassPlan = ONE_PADDED_PASS):  # type: ignore[no-untyped-def]
         rows = inputs["attention_mask"].shape[0]
         outputs = [
-            whole({key: value[start : start + chunk] for key, value in inputs.items()}, token_states, plan)
+            whole(
+                {key: value[start : start + chunk] for key, value in inputs.items()},
+                token_states=token_states,
+                plan=plan,
+            )
             for start in range(0, rows, chunk)
         ]
         states = [output.last_layer_states for output in outputs]

@@ -386,3 +386,13 @@ def test_a_kept_head_that_cannot_fold_into_a_dense_layer_is_refused_before_anyth
     with pytest.raises(CsekitError, match="Identity head cannot be exported to sentence-transformers"):
         tiny_encoder.save(tmp_path / "model")
     assert not (tmp_path / "model").exists()
+
+
+def test_the_pass_options_are_named_never_positional(tiny_model_dir: Path) -> None:
+    """`encoder(inputs, 32)` once meant groups of 32 rows; with the plan given by name it cannot silently mean
+    `token_states=32` now."""
+    encoder = SentenceEncoder.load(tiny_model_dir)
+    inputs = encoder.tokenize(["a dog runs", "a cat sleeps on the mat"])
+    with pytest.raises(TypeError):
+        encoder(inputs, 4)
+    assert encoder(inputs, token_states=False, plan=PassPlan(length_group_size=1)).last_layer_states is None

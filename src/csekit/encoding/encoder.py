@@ -218,7 +218,7 @@ class SentenceEncoder(nn.Module):
         return positions
 
     def forward(
-        self, inputs: dict[str, Tensor], token_states: bool = True, plan: PassPlan = ONE_PADDED_PASS
+        self, inputs: dict[str, Tensor], *, token_states: bool = True, plan: PassPlan = ONE_PADDED_PASS
     ) -> EncoderOutput:
         """Run the backbone and the pooler on tokenised inputs (any extra keys go to the backbone).
 
