@@ -121,13 +121,15 @@ class SentenceEncoder(nn.Module):
 
     def with_head(self, head: nn.Module | None) -> SentenceEncoder:
         """This encoder (the same backbone, tokenizer and pooler) with `head` applied to what it pools."""
-        encoder = type(self)(self.backbone, self.tokenizer, self.pooler, head)
-        encoder.trained_pooler = self.trained_pooler
-        return encoder
+        return self._sharing(self.pooler, head)
 
     def with_pooler(self, pooler: Pooler) -> SentenceEncoder:
         """This encoder (the same backbone, tokenizer and head) pooling with `pooler` instead."""
-        encoder = type(self)(self.backbone, self.tokenizer, pooler, self.head)
+        return self._sharing(pooler, self.head)
+
+    def _sharing(self, pooler: Pooler, head: nn.Module | None) -> SentenceEncoder:
+        """A view of this encoder: the same backbone and tokenizer (and what it was trained with), `pooler`, `head`."""
+        encoder = type(self)(self.backbone, self.tokenizer, pooler, head)
         encoder.trained_pooler = self.trained_pooler
         return encoder
 

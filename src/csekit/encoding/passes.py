@@ -72,8 +72,7 @@ class PlannedEncoder:
         return getattr(self.encoder, name)
 
     def __call__(self, inputs: dict[str, Tensor], token_states: bool = True) -> Any:
-        plan = self.plan if self.encoder.training else ONE_PADDED_PASS
-        return self.encoder(inputs, token_states=token_states, plan=plan)
+        return self.encoder(inputs, token_states=token_states, plan=plan_of(self))
 
 
 def plan_of(encoder: Any) -> PassPlan:
