@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from conftest import make_corpus, read_metrics, run_cli, tiny_recipe
 from test_chunked import train_in_a_fresh_process
@@ -60,18 +61,34 @@ def test_a_setting_given_in_both_places_is_refused(tmp_path: Path) -> None:
         load_recipe(path)
 
 
-def test_auto_is_decided_per_device_kind(tiny_model_dir: Path) -> None:
-    """The figures behind each `auto` (docs/performance.md): CPU training packs and groups by length; a GPU runs
-    one padded pass; neither is sync-free yet; a GPU collates in worker processes, a CPU in the main one."""
+def test_auto_is_decided_per_device_kind(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The figures behind each `auto` (docs/performance.md, "On a GPU III"): CPU training packs and groups by
+    length; CUDA packs in one pass where the flash kernel runs it (bf16/fp16, Ampere on) and runs padded
+    elsewhere; CUDA steps are sync-free, CPU steps not; a GPU collates in worker processes, a CPU in the main
+    one."""
+    from csekit.encoding import packed
     from csekit.encoding.encoder import SentenceEncoder
+    from csekit.encoding.passes import PassPlan
 
     backbone = SentenceEncoder.load(tiny_model_dir).backbone
-    recipe = load_recipe(None)
-    cpu, cuda = (decide_execution(recipe, device_type=kind) for kind in ("cpu", "cuda"))
-    assert cpu.pass_plan(backbone) == cpu.pass_plan(backbone).__class__(True, False, 32)
-    assert cuda.pass_plan(backbone) == cuda.pass_plan(backbone).__class__(False, False, 0)
-    assert not cpu.sync_free and not cuda.sync_free
+    capability = {"value": (9, 0)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability["value"])
+
+    def decided(kind: str, precision: str) -> object:
+        return decide_execution(load_recipe(None, [f"train.precision={precision}"]), device_type=kind)
+
+    cpu, cuda = decided("cpu", "fp32"), decided("cuda", "bf16")
+    assert cpu.pass_plan(backbone) == PassPlan(True, False, 32)
+    assert cuda.pass_plan(backbone) == PassPlan(True, False, 0)
+    assert decided("cuda", "fp32").pass_plan(backbone) == PassPlan(False, False, 0)  # no flash kernel in fp32
+    capability["value"] = (7, 5)  # a T4: no flash kernel, so the packed attention would run in groups
+    assert decided("cuda", "bf16").pass_plan(backbone) == PassPlan(False, False, 0)
+    assert not packed.flash_packing_runs(torch.device("cpu"), torch.bfloat16)
+    assert not cpu.sync_free and cuda.sync_free
     assert cpu.loader.num_workers == 0 and not cpu.loader.pin_memory and cuda.loader.pin_memory
+    monkeypatch.undo()
     compiled = decide_execution(load_recipe(None, ["run.compile=default"]), device_type="cpu")
     assert not compiled.pass_plan(backbone).packed  # the compiled forward runs padded to its buckets
 

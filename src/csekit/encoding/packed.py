@@ -214,8 +214,25 @@ class AttentionGroups:
         return torch.cat(real)[self.restore]
 
 
+FLASH_CAPABILITY = (8, 0)
+"""The least CUDA compute capability that PyTorch's flash kernels run on (Ampere)."""
+
+
+def flash_packing_runs(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the packed pass's attention runs as the flash kernel's variable-length form on `device` in `dtype`.
+
+    Elsewhere (a CPU, fp32, a GPU older than Ampere) it runs in length groups, which on a GPU cost a pass
+    per group; `run.packed: auto` packs on CUDA only where this holds (csekit.training.execution).
+    """
+    if device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if not (torch.cuda.is_available() and torch.backends.cuda.is_flash_attention_available()):
+        return False
+    return torch.cuda.get_device_capability(device) >= FLASH_CAPABILITY
+
+
 def _uses_flash(query: Tensor) -> bool:
-    return query.is_cuda and query.dtype in (torch.float16, torch.bfloat16) and query.shape[-1] % 8 == 0
+    return query.shape[-1] % 8 == 0 and flash_packing_runs(query.device, query.dtype)
 
 
 def _attend(

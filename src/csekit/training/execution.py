@@ -8,15 +8,18 @@ its fast dropout and compiled forward, the trainer its step, loader, trackers an
 
 Each `auto`, per device kind, and the measurement behind it (docs/performance.md, by section):
 
-- `run.packed`: on for CPU training, off on CUDA ("Padding-free pass": 0.83x the length groups' step on a
-  2-core Zen 3 in fp32; unmeasured on a GPU).
+- `run.packed`: on for CPU training ("Padding-free pass": 0.83x the length groups' step on a 2-core Zen 3 in
+  fp32) and on CUDA where the flash kernel runs it ("On a GPU III": on an H200 in bf16, 46.4 against 82.4 ms
+  a step at batch 64, 106.4 against 121.8 ms at 512).
 - `run.length_group_size`: groups on a CPU, one pass on CUDA ("Throughput against sentence-transformers": on
   an H100 at batch 512, 1,138 ms a step in groups, 122 ms in one pass).
-- `run.sync_free`: off on both ("Sync-free and compiled steps": no faster on a CPU; unmeasured on a GPU).
+- `run.sync_free`: on CUDA, off on a CPU ("On a GPU III": 51.3 against 82.4 ms at batch 64, 78.1 against
+  121.8 ms at 512; "Sync-free and compiled steps": no faster on a CPU).
 - `run.num_workers`: none on a CPU, up to 2 on CUDA ("Speed IV": batch 512 collates in 46-64 ms on one
-  core, about a GPU step).
-- `run.keep_freed_memory`, `run.fast_dropout`: CPU only ("Training throughput": 48,000 page faults a bf16
-  step without the first; about 4x cheaper masks with the second).
+  core, about a GPU step; "On a GPU III": 72.0 against 121.8 ms at 512).
+- `run.keep_freed_memory`: CPU only ("Training throughput": 48,000 page faults a bf16 step without it).
+- `run.fast_dropout`: on (it changes CPU training only: "Training throughput", about 4x cheaper masks; "On a
+  GPU III" measured no loss from it on CUDA).
 - `train.precision: auto`: bf16 where the device runs it natively, else fp32 ("Precision that fits the
   hardware": emulated bf16 took 27x fp32's step on a Zen 3).
 """
@@ -33,7 +36,7 @@ from torch import nn
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.fast_dropout import enable_fast_dropout
-from csekit.encoding.packed import packing_refusal
+from csekit.encoding.packed import flash_packing_runs, packing_refusal
 from csekit.encoding.passes import PassPlan
 from csekit.training.compiled import compile_backbone
 from csekit.training.loading import LoaderOptions, loader_options
@@ -42,10 +45,12 @@ from csekit.training.processes import keep_freed_memory, training_device_type, t
 from csekit.training.recipe import Recipe, RunConfig, tracker_names
 from csekit.training.sync_free import use_sync_free
 
-PACKED_AUTO_DEVICES = ("cpu",)
-"""Device kinds where `run.packed: auto` packs training passes (measured faster there; see the table above).
-Evaluation never packs: on a CPU it was measured slower (`encode` sorts rows by length, so its batches carry
-about 2% padding, and the packed pass adds gathers around attention)."""
+PACKED_AUTO_DEVICES = ("cpu", "cuda")
+"""Device kinds where `run.packed: auto` packs training passes (measured faster there; see the table above);
+on CUDA only where the flash kernel runs the packed attention (`flash_packing_runs`: bf16 or fp16, Ampere
+on), since elsewhere it runs in length groups. Evaluation never packs: on a CPU it was measured slower
+(`encode` sorts rows by length, so its batches carry about 2% padding, and the packed pass adds gathers
+around attention)."""
 
 LENGTH_GROUP_DEVICES = ("cpu",)
 """Device kinds where training passes run in length groups (`run.length_group_size`). On a CPU the cost of a
@@ -53,9 +58,21 @@ pass is its arithmetic, so cutting padding pays; on a GPU many small passes cost
 host sync each (a group's longest length is read on the host), which outweighs the padding saved."""
 
 
-SYNC_FREE_AUTO_DEVICES: tuple[str, ...] = ()
-"""Device kinds where `run.sync_free: auto` turns it on. None yet: on a CPU a read costs no wait and the rounds
-measured there were dominated by the shared machine's load; on a GPU it is unmeasured."""
+SYNC_FREE_AUTO_DEVICES = ("cuda",)
+"""Device kinds where `run.sync_free: auto` turns it on: CUDA ("On a GPU III": 1.6x the plain step at batch 64
+and 512 on an H200). Not a CPU: a read costs no wait there, and the rounds measured were dominated by the
+shared machine's load."""
+
+HALF_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def packs_when_auto(device_type: str, precision: str) -> bool:
+    """Whether `run.packed: auto` packs training passes on `device_type` at the run's `precision`."""
+    if device_type not in PACKED_AUTO_DEVICES:
+        return False
+    if device_type == "cuda":
+        return precision in HALF_PRECISION and flash_packing_runs(torch.device("cuda"), HALF_PRECISION[precision])
+    return True
 
 
 @dataclass(frozen=True)
@@ -89,7 +106,8 @@ class Execution:
             raise CsekitError(f"recipe key run.packed: true: {refusal}; use auto (runs it padded) or false")
         if packed == "auto":
             # The packed pass drives the layers one by one and would never call the compiled (bucketed) forward.
-            packed = self.device_type in PACKED_AUTO_DEVICES and refusal is None and self.run.compile == "none"
+            runs_compiled = self.run.compile != "none"
+            packed = packs_when_auto(self.device_type, self.precision) and refusal is None and not runs_compiled
         groups = self.run.length_group_size if self.device_type in LENGTH_GROUP_DEVICES else 0
         return PassPlan(packed=bool(packed), packed_required=self.run.packed is True, length_group_size=groups)
 

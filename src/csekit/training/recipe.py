@@ -119,7 +119,8 @@ class RunConfig:
 
     # Padding-free encoder passes (csekit.encoding.packed): every row's real tokens concatenated, attention within
     # rows; the same vectors and gradients as the padded pass (dropout masks are drawn in another shape). true |
-    # false | auto: auto packs where it was measured faster (CPU training); true refuses backbones it cannot run.
+    # false | auto: auto packs where it was measured faster (CPU training; CUDA in bf16/fp16 on Ampere or newer);
+    # true refuses backbones it cannot run.
     packed: bool | str = "auto"
     # On a CPU, training passes run on groups of this many rows of similar token length, each padded only to its
     # own longest (0: one pass); the same loss and gradients up to float rounding. A GPU runs one pass.
@@ -132,7 +133,7 @@ class RunConfig:
     # each process's share of train.batch_size.
     chunk_size: int | None = None
     # auto | true | false: between log points a step never waits for the device (csekit.training.sync_free); the
-    # same weights; needs train.optimizer adamw and not train.precision fp16.
+    # same weights; needs train.optimizer adamw and not train.precision fp16. auto: on for CUDA, off on a CPU.
     sync_free: str = "auto"
     # none | default | reduce-overhead | max-autotune: the backbone's training forward through torch.compile
     # (csekit.training.compiled); the first steps take the compile's time. Not with ConSERT's views.
