@@ -303,11 +303,12 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def run_cli_with_test_parts(
-    *args: str, plugin_dir: Path, cwd: Path | None = None, stderr: Path | None = None
+    *args: str, plugin_dir: Path, cwd: Path | None = None, stderr: Path | None = None, own_group: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """`csekit ARGS` in a fresh interpreter that sees parts_for_tests' parts as an installed plugin (in `plugin_dir`).
 
-    With `stderr`, the error stream goes to that file (as a user redirecting it), not to a pipe.
+    With `stderr`, the error stream goes to that file (as a user redirecting it), not to a pipe. With `own_group`,
+    the process leads its own process group (a signal to the group then reaches it and its children only).
     """
     from parts_for_tests import write_entry_points
 
@@ -316,9 +317,11 @@ def run_cli_with_test_parts(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     command = [sys.executable, "-m", "csekit.cli", *args]
     if stderr is None:
-        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd)
+        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, start_new_session=own_group)
     with open(stderr, "w", encoding="utf-8") as handle:
-        return subprocess.run(command, stdout=subprocess.PIPE, stderr=handle, text=True, env=env, cwd=cwd)
+        return subprocess.run(
+            command, stdout=subprocess.PIPE, stderr=handle, text=True, env=env, cwd=cwd, start_new_session=own_group
+        )
 
 
 def assert_same_checkpoint_weights(expected_run: Path, actual_run: Path) -> None:
