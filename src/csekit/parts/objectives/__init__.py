@@ -13,6 +13,7 @@ from torch import nn
 from csekit.core.registry import Registry
 from csekit.parts.objectives.bidirectional_margin import BidirectionalMargin
 from csekit.parts.objectives.contrastive_tension import ContrastiveTension
+from csekit.parts.objectives.diffcse import ReplacedTokenDetection
 from csekit.parts.objectives.infonce import InfoNCE, cosine_matrix
 from csekit.parts.objectives.matryoshka import Matryoshka
 from csekit.parts.objectives.multi_positive import MultiPositiveInfoNCE
@@ -40,6 +41,7 @@ BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
         "contrastive_tension": ContrastiveTension,  # Contrastive Tension, in-batch (a trained copy of the encoder)
         "matryoshka": Matryoshka,  # Matryoshka: an inner objective at every truncated width
         "tsdae": DenoisingReconstruction,  # TSDAE: a decoder tied to the encoder rebuilds the sentence from its vector
+        "diffcse": ReplacedTokenDetection,  # DiffCSE: a discriminator told the sentence vector finds an MLM's edits
     }
 )
 """`objectives` names; see `OBJECTIVES`."""
@@ -62,6 +64,7 @@ __all__ = [
     "RankingConsistency",
     "RankingDistillation",
     "RecallLoss",
+    "ReplacedTokenDetection",
     "TwoWayMargin",
     "WeightedLogitsLoss",
     "cosine_matrix",
