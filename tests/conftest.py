@@ -92,7 +92,6 @@ def make_tiny_encoder(
     return SentenceEncoder.from_config(config, tokenizer, pooler=pooler)
 
 
-
 def make_tiny_mlm(folder: Path, seed: int = 0, model_type: str = "bert", initializer_range: float = 0.02) -> Path:
     """A saved 1-layer masked-LM model of `model_type` with the tiny vocabulary (a DiffCSE generator); its folder."""
     torch.manual_seed(seed)
@@ -111,6 +110,7 @@ def make_tiny_mlm(folder: Path, seed: int = 0, model_type: str = "bert", initial
     AutoModelForMaskedLM.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
 
 OSSCSE_TEMPLATE_TEXTS = (
     'This sentence : "a man plays the guitar ." means .',

@@ -27,7 +27,8 @@ class BatchNormProjection(nn.Module):
         super().__init__()
         if head_at_test:
             raise ValueError(
-                "batchnorm_mlp is a training-only head (DiffCSE evaluates [CLS] before it): set model.head_at_test: false"
+                "batchnorm_mlp is a training-only head (DiffCSE evaluates [CLS] before it): "
+                "set model.head_at_test: false"
             )
         initializer_range = backbone_initializer_range(encoder)
         first, second = nn.Linear(dim, 2 * dim, bias=False), nn.Linear(2 * dim, dim, bias=False)

@@ -75,7 +75,9 @@ def load_generator(name: str, tokenizer: PreTrainedTokenizerBase, vocab_rows: in
         )
     generator = loaded.model
     if int(generator.config.vocab_size) > vocab_rows:
-        raise ValueError(f"generator: {name} predicts {generator.config.vocab_size} tokens, the backbone has {vocab_rows}")
+        raise ValueError(
+            f"generator: {name} predicts {generator.config.vocab_size} tokens, the backbone has {vocab_rows}"
+        )
     return generator.requires_grad_(False)
 
 
@@ -105,7 +107,9 @@ class ReplacedTokenDetection(nn.Module):
         if tokenizer.mask_token_id is None or tokenizer.cls_token_id is None:
             raise ValueError("diffcse masks and edits sentences: the backbone's tokenizer needs a mask and a cls token")
         if encoder.pooler.view_dependent:
-            raise ValueError(f"diffcse edits the bare sentence: use a pooler without a template, not {encoder.pooler.name}")
+            raise ValueError(
+                f"diffcse edits the bare sentence: use a pooler without a template, not {encoder.pooler.name}"
+            )
         discriminator = copy.deepcopy(encoder.backbone).requires_grad_(True)
         if not isinstance(getattr(discriminator, "embeddings", None), nn.Module):
             raise ValueError(
@@ -135,9 +139,10 @@ class ReplacedTokenDetection(nn.Module):
 
     def edit(self, ids: Tensor, attention_mask: Tensor, generator: torch.Generator) -> Tensor:
         """The generator's edit of `ids` [B, L]: argmax at every position of the masked sentence, [CLS] first."""
-        masked = mask_tokens(
-            ids.cpu(), torch.isin(ids.cpu(), self.special_ids), self.mask_ratio, self.mask_token_id, self.vocab_len, generator
-        ).to(ids.device)
+        cpu_ids = ids.cpu()
+        special = torch.isin(cpu_ids, self.special_ids)
+        masked = mask_tokens(cpu_ids, special, self.mask_ratio, self.mask_token_id, self.vocab_len, generator)
+        masked = masked.to(ids.device)
         model = self.generator
         if next(model.parameters()).device != ids.device:
             model.to(ids.device)
