@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import DISTINCT_SENTENCES, make_corpus, make_tiny_encoder, make_tiny_mlm, tiny_recipe
+from mlm_reference import authors_mask_tokens
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
@@ -18,31 +19,13 @@ from csekit.encoding.encoder import EncoderOutput, SentenceEncoder
 from csekit.parts.heads import HEADS
 from csekit.parts.heads.projection import BatchNormProjection
 from csekit.parts.objectives import OBJECTIVES
-from csekit.parts.objectives.diffcse import ReplacedTokenDetection, mask_tokens
+from csekit.parts.objectives.diffcse import ReplacedTokenDetection
+from csekit.parts.objectives.masking import mask_tokens
 from csekit.parts.step_state import StepState
 from csekit.parts.views.repetition import batch_generator
 from csekit.training.trainer import train
 
 SENTENCES = DISTINCT_SENTENCES[:4]
-
-
-def authors_mask_tokens(inputs: Tensor, tokenizer: object, mask_ratio: float) -> Tensor:
-    """train.py's `OurDataCollatorWithPadding.mask_tokens` (mlm inputs only), drawing from torch's global generator."""
-    inputs = inputs.clone()
-    labels = inputs.clone()
-    probability_matrix = torch.full(labels.shape, mask_ratio)
-    special_tokens_mask = [
-        tokenizer.get_special_tokens_mask(val, already_has_special_tokens=True) for val in labels.tolist()
-    ]
-    special_tokens_mask = torch.tensor(special_tokens_mask, dtype=torch.bool)
-    probability_matrix.masked_fill_(special_tokens_mask, value=0.0)
-    masked_indices = torch.bernoulli(probability_matrix).bool()
-    indices_replaced = torch.bernoulli(torch.full(labels.shape, 0.8)).bool() & masked_indices
-    inputs[indices_replaced] = tokenizer.convert_tokens_to_ids(tokenizer.mask_token)
-    indices_random = torch.bernoulli(torch.full(labels.shape, 0.5)).bool() & masked_indices & ~indices_replaced
-    random_words = torch.randint(len(tokenizer), labels.shape, dtype=torch.long)
-    inputs[indices_random] = random_words[indices_random]
-    return inputs
 
 
 def authors_conditional_electra(
@@ -85,10 +68,12 @@ def test_the_masking_draws_as_the_authors_collator(tmp_path: Path) -> None:
     special = torch.isin(ids, torch.tensor(tokenizer.all_special_ids))
     torch.manual_seed(11)
     expected = authors_mask_tokens(ids, tokenizer, 0.3)
-    ours = mask_tokens(ids, special, 0.3, tokenizer.mask_token_id, len(tokenizer), torch.Generator().manual_seed(11))
+    ours, chosen = mask_tokens(
+        ids, special, 0.3, tokenizer.mask_token_id, len(tokenizer), torch.Generator().manual_seed(11)
+    )
     assert torch.equal(ours, expected)
     changed = ours != ids
-    assert not changed[special].any() and (ours == tokenizer.mask_token_id).any()
+    assert not (changed & ~chosen).any() and not chosen[special].any() and (ours == tokenizer.mask_token_id).any()
     assert abs(float((ours[~special] == tokenizer.mask_token_id).float().mean()) - 0.3 * 0.8) < 0.05
 
 

@@ -38,26 +38,9 @@ from transformers import PreTrainedTokenizerBase
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.model_folder import load_model
+from csekit.parts.objectives.masking import by_sentence, mask_tokens
 from csekit.parts.step_state import StepState
 from csekit.parts.views.repetition import batch_generator
-
-
-def mask_tokens(
-    ids: Tensor, special: Tensor, mask_ratio: float, mask_token_id: int, vocab_len: int, generator: torch.Generator
-) -> Tensor:
-    """`ids` [B, L] masked as the authors' collator masks them: draws in its order (chosen, [MASK], random, words).
-
-    `special` [B, L] marks what is never chosen (the tokenizer's special tokens, padding among them)."""
-    probability = torch.full(ids.shape, float(mask_ratio))
-    probability.masked_fill_(special, 0.0)
-    chosen = torch.bernoulli(probability, generator=generator).bool()
-    to_mask = torch.bernoulli(torch.full(ids.shape, 0.8), generator=generator).bool() & chosen
-    masked = ids.clone()
-    masked[to_mask] = mask_token_id
-    to_random = torch.bernoulli(torch.full(ids.shape, 0.5), generator=generator).bool() & chosen & ~to_mask
-    words = torch.randint(vocab_len, ids.shape, dtype=torch.long, generator=generator)
-    masked[to_random] = words[to_random]
-    return masked
 
 
 def load_generator(name: str, tokenizer: PreTrainedTokenizerBase, vocab_rows: int) -> Any:
@@ -141,7 +124,7 @@ class ReplacedTokenDetection(nn.Module):
         """The generator's edit of `ids` [B, L]: argmax at every position of the masked sentence, [CLS] first."""
         cpu_ids = ids.cpu()
         special = torch.isin(cpu_ids, self.special_ids)
-        masked = mask_tokens(cpu_ids, special, self.mask_ratio, self.mask_token_id, self.vocab_len, generator)
+        masked = mask_tokens(cpu_ids, special, self.mask_ratio, self.mask_token_id, self.vocab_len, generator)[0]
         masked = masked.to(ids.device)
         model = self.generator
         if next(model.parameters()).device != ids.device:
@@ -175,11 +158,7 @@ class ReplacedTokenDetection(nn.Module):
                 f"objective diffcse: {output.input_ids.shape[0]} encoded rows for {views} training views of {n} "
                 "sentences (a head that makes views of its own cannot be used with diffcse)"
             )
-
-        def by_sentence(rows: Tensor) -> Tensor:  # [V*n, ...] view by view -> [n*V, ...] sentence by sentence
-            return rows.reshape(views, n, *rows.shape[1:]).transpose(0, 1).reshape(n * views, *rows.shape[1:])
-
-        ids, attention_mask = by_sentence(output.input_ids), by_sentence(output.attention_mask)
+        ids, attention_mask = by_sentence(output.input_ids, views), by_sentence(output.attention_mask, views)
         conditions = torch.stack(state.embeddings, dim=1).reshape(n * views, -1)
         edited = self.edit(ids, attention_mask, batch_generator(self.seed, ["diffcse", *state.sentences]))
         return {"rtd": self.detection_loss(ids, attention_mask, edited, conditions)}
