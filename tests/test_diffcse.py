@@ -5,11 +5,22 @@ line naming the recipe key; a DiffCSE recipe trains and keeps the generator out 
 from __future__ import annotations
 
 import copy
+import json
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import DISTINCT_SENTENCES, make_corpus, make_tiny_encoder, make_tiny_mlm, tiny_recipe
+from conftest import (
+    DISTINCT_SENTENCES,
+    assert_same_checkpoint_weights,
+    make_corpus,
+    make_tiny_encoder,
+    make_tiny_mlm,
+    read_metrics,
+    run_cli_with_test_parts,
+    tiny_recipe,
+)
 from mlm_reference import authors_mask_tokens
 from safetensors.torch import load_file
 from torch import Tensor, nn
@@ -200,3 +211,47 @@ def test_a_diffcse_recipe_trains_and_saves_the_encoder_alone(tmp_path: Path, tin
     assert not any("discriminator" in key or "electra" in key or "generator" in key for key in exported)
     checkpoint = load_file(tmp_path / "run" / "checkpoint" / "model.safetensors")
     assert any("discriminator" in key for key in checkpoint) and not any("generator" in key for key in checkpoint)
+
+
+def test_a_diffcse_run_interrupted_and_resumed_equals_the_straight_run(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Ctrl-C during step 3, then --resume: the losses and the checkpoint (discriminator, its head, the batch-norm
+    head's statistics) of the uninterrupted run."""
+    generator = make_tiny_mlm(tmp_path / "generator", initializer_range=0.2)
+    marker = tmp_path / "interrupted"
+    objectives = [
+        {"name": "infonce", "temperature": 0.05},
+        {"name": "diffcse", "generator": str(generator), "mask_ratio": 0.3, "weight": 0.5},
+        {"name": "interrupt_once", "weight": 0.0, "at_call": 3, "marker": str(marker)},
+    ]
+    settings = [
+        f"model.backbone={tiny_model_dir}",
+        "model.max_length=16",
+        "model.head={name: batchnorm_mlp}",
+        "model.head_at_test=false",
+        f"data.corpus={make_corpus(tmp_path / 'corpus.txt', lines=96)}",
+        "train.batch_size=16",
+        "train.max_steps=8",
+        "train.eval_every=4",
+        "train.log_every=1",
+        "train.dev_task=none",
+        "train.precision=fp32",
+        f"objectives={json.dumps(objectives)}",
+    ]
+    overrides = [item for setting in settings for item in ("--set", setting)]
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("name: diffcse-resume\n", encoding="utf-8")
+
+    def csekit(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_cli_with_test_parts(*args, "--no-progress", plugin_dir=tmp_path / "plugin", cwd=tmp_path)
+
+    marker.write_text("not this run", encoding="utf-8")
+    straight = csekit("train", str(recipe), *overrides, "--output", "straight")
+    assert straight.returncode == 0, straight.stderr
+    marker.unlink()
+    assert csekit("train", str(recipe), *overrides, "--output", "run").returncode == 130
+    resumed = csekit("train", "--output", "run", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    losses = [(r["step"], r["loss"], r["rtd"]) for r in read_metrics(tmp_path / "run") if "loss" in r]
+    assert len(losses) == 8
+    assert losses == [(r["step"], r["loss"], r["rtd"]) for r in read_metrics(tmp_path / "straight") if "loss" in r]
+    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "run")
