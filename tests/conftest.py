@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig, BertTokenizerFast, PreTrainedTokenizerFast
+from transformers import AutoConfig, AutoModelForMaskedLM, BertTokenizerFast, PreTrainedTokenizerFast
 
 from csekit import cli
 from csekit.core.precision import NATIVE_BF16_VARIABLE
@@ -90,6 +90,26 @@ def make_tiny_encoder(
         initializer_range=initializer_range,
     )
     return SentenceEncoder.from_config(config, tokenizer, pooler=pooler)
+
+
+def make_tiny_mlm(folder: Path, seed: int = 0, model_type: str = "bert", initializer_range: float = 0.02) -> Path:
+    """A saved 1-layer masked-LM model of `model_type` with the tiny vocabulary (a DiffCSE generator); its folder."""
+    torch.manual_seed(seed)
+    tokenizer = make_tokenizer(folder)
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        initializer_range=initializer_range,
+    )
+    AutoModelForMaskedLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
 OSSCSE_TEMPLATE_TEXTS = (

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from conftest import WORDS, make_tiny_encoder
+from conftest import WORDS, make_tiny_encoder, make_tiny_mlm
 
 from csekit.core.errors import CsekitError
 from csekit.core.precision import cpu_model_and_flags
@@ -105,6 +105,7 @@ class TinyInputs:
     text_corpus: Path
     osscse_corpus: Path  # .jsonl with text, paraphrase and negation, as `csekit augment` writes it
     counts: Path  # {token: count} over the tiny vocabulary
+    generators: dict[str, Path]  # model type -> DiffCSE's MLM generator (a tiny masked LM of the tiny vocabulary)
 
 
 def make_tiny_inputs(folder: Path) -> TinyInputs:
@@ -143,7 +144,11 @@ def make_tiny_inputs(folder: Path) -> TinyInputs:
     counts = {token: 1000 if token in frequent else 1 + index % 7 for token, index in vocabulary.items()}
     counts_path = folder / "counts.json"
     counts_path.write_text(json.dumps(counts), encoding="utf-8")
-    return TinyInputs(backbones, complementary, text_corpus, osscse_corpus, counts_path)
+    generators = {
+        model_type: make_tiny_mlm(folder / f"tiny-{model_type}-generator", 2, model_type, BACKBONE_SPREAD)
+        for model_type in sorted(backbones)
+    }
+    return TinyInputs(backbones, complementary, text_corpus, osscse_corpus, counts_path, generators)
 
 
 def tiny_overrides(recipe: Recipe, tiny: TinyInputs) -> list[str]:
@@ -179,6 +184,8 @@ def tiny_overrides(recipe: Recipe, tiny: TinyInputs) -> list[str]:
                 for name in objective["teachers"]
             ]
             overrides.append(f"objectives.{index}.teachers=[{', '.join(str(path) for path in teachers)}]")
+        if "generator" in objective:  # DiffCSE: a tiny masked LM of the backbone's kind and vocabulary
+            overrides.append(f"objectives.{index}.generator={tiny.generators[model_type]}")
         if "dims" in objective:  # Matryoshka's widths, scaled from the recipe's widest to the tiny model's
             dims = [max(1, int(d) * TINY_WIDTH // max(objective["dims"])) for d in objective["dims"]]
             overrides.append(f"objectives.{index}.dims=[{', '.join(str(d) for d in dims)}]")
