@@ -3,6 +3,7 @@ and a ModelMeta that tells mteb what the model is and what it was trained on."""
 
 from __future__ import annotations
 
+import ast
 import datetime
 import json
 import math
@@ -227,3 +228,21 @@ def test_a_damaged_training_record_in_csekit_json_is_one_line(
     config.write_text(json.dumps({**json.loads(config.read_text()), "training": {"corpus": 5}}))
     code, err = run_main(monkeypatch, capsys, "evaluate", str(tiny_model_dir), "--mteb", "MockSTSTask")
     assert_one_line_error(code, err, str(config), '"training" must give base_model, corpus and saved_on')
+
+
+def calls_without_cache_none(source: str) -> list[int]:
+    """Lines of `mteb.evaluate(...)` calls that do not pass `cache=None` (mteb's default cache is ~/.cache/mteb)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call)
+        and ast.unparse(node.func).endswith("mteb.evaluate")
+        and not any(k.arg == "cache" and ast.unparse(k.value) == "None" for k in node.keywords)
+    ]
+
+
+def test_mteb_never_writes_into_its_own_cache_folder() -> None:
+    """csekit's mteb runs pass cache=None: mteb's result files go only into the held folder, never ~/.cache/mteb."""
+    source = (Path(__file__).resolve().parents[1] / "src" / "csekit" / "evaluation" / "mteb_run.py").read_text()
+    assert "mteb.evaluate(" in source and calls_without_cache_none(source) == []
+    assert calls_without_cache_none("import mteb\nmteb.evaluate(model, tasks)\n") == [2]  # the check can fail
