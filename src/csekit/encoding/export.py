@@ -115,6 +115,8 @@ def _write(out: Path, encoder: Exportable, card_facts: Mapping[str, Any] | None)
             "similarity_fn_name": "cosine",
         },
     )
+    if card_facts is not None and "training" in card_facts:  # the run's base model, corpus, dev task, date
+        meta["training"] = dict(card_facts["training"])
     _write_json(out / CSEKIT_CONFIG, meta)
     base_model = getattr(encoder.backbone.config, "_name_or_path", None) or None
     card = render_model_card(
