@@ -25,6 +25,7 @@ from csekit.core.precision import DTYPES, resolve_precision
 from csekit.core.progress import progress
 from csekit.encoding.decoder import is_decoder_only, prepare_tokenizer, real_token_positions, set_attention
 from csekit.encoding.export import save_model
+from csekit.encoding.lora import add_lora
 from csekit.encoding.model_folder import freeze_unused_pooler, load_model, non_finite_parameters
 from csekit.encoding.packed import PackingLayout, packed_pass, split_layout
 from csekit.encoding.passes import EMBEDDING_MASK, ONE_PADDED_PASS, PassPlan
@@ -149,6 +150,7 @@ class SentenceEncoder(nn.Module):
         templates: Sequence[str] | None = None,
         template_positions: str | None = None,
         attention: str | None = None,
+        lora: Mapping[str, Any] | None = None,
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
 
@@ -157,6 +159,7 @@ class SentenceEncoder(nn.Module):
         `templates` are a prompt pooler's templates (instead of those saved with the model, or its own);
         `template_positions` where `mask_denoised`'s template-alone pass numbers positions (row or from_zero).
         `attention`: a decoder LLM's causal or bidirectional attention (None: as saved; `csekit.encoding.decoder`).
+        `lora`: LoRA adapters on the backbone, which then trains only them (`csekit.encoding.lora`).
         A training `max_length` that older csekit versions saved is ignored: inference never truncates below
         the backbone's limit (`max_seq_length`). The folder's checks and reading: `model_folder.load_model`.
         """
@@ -179,9 +182,8 @@ class SentenceEncoder(nn.Module):
                 f"({', '.join(sorted(key for key in missing if key.startswith('pooler.')))} were initialised at "
                 "random), so the pooler_output pooler would read noise; choose another pooler"
             )
-        encoder = cls(
-            loaded.model, loaded.tokenizer, _make_pooler(chosen, templates, saved.templates, template_positions)
-        )
+        backbone = add_lora(loaded.model, lora) if lora is not None else loaded.model
+        encoder = cls(backbone, loaded.tokenizer, _make_pooler(chosen, templates, saved.templates, template_positions))
         if saved.csekit_trained:
             encoder.trained_pooler = saved.pooler
         encoder.head = loaded.head

@@ -24,6 +24,7 @@ from csekit.core.save_guard import guarded_save
 from csekit.core.version import __version__
 from csekit.encoding.decoder import eos_token_id
 from csekit.encoding.kept_head import DenseTanh, ExportsAsDenseTanh
+from csekit.encoding.lora import plain_model, plain_weights
 from csekit.encoding.model_card import CARD_FILE, render_model_card
 from csekit.encoding.model_folder import CSEKIT_CONFIG, non_finite_parameters, quiet_transformers
 from csekit.encoding.pooling import Pooler, PoolerOutputPooler
@@ -90,7 +91,8 @@ def _exportable_pooler_layer(encoder: Exportable) -> nn.Linear | None:
 def _write(out: Path, encoder: Exportable, card_facts: Mapping[str, Any] | None) -> None:
     head = _exportable_head(encoder) if encoder.head is not None else None  # fail before writing anything
     pooler_layer = _exportable_pooler_layer(encoder)
-    encoder.backbone.save_pretrained(out)
+    # A LoRA backbone is saved as the plain model with its adapters merged (csekit.encoding.lora).
+    plain_model(encoder.backbone).save_pretrained(out, state_dict=plain_weights(encoder.backbone))
     encoder.tokenizer.save_pretrained(out)
     modules = _ModuleList(out, encoder.dim)
     modules.add("Transformer", "")

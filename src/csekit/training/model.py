@@ -146,6 +146,7 @@ def load_encoder(recipe: Recipe) -> SentenceEncoder:
         templates=model.templates,
         template_positions=model.template_positions,
         attention=model.attention,
+        lora=model.lora,
     )
     if model.max_length > encoder.max_seq_length:
         raise CsekitError(

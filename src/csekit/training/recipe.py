@@ -59,6 +59,8 @@ class ModelConfig:
     template_positions: str = "row"
     # Decoder LLMs (csekit.encoding.decoder): causal (the model's own) or bidirectional (LLM2Vec's); null: as saved.
     attention: str | None = None
+    # LoRA adapters through peft (csekit.encoding.lora): {r, alpha, dropout, target_modules}; only they train.
+    lora: dict[str, Any] | None = None
 
 
 @dataclass
