@@ -15,6 +15,7 @@ from csekit.parts.objectives.bidirectional_margin import BidirectionalMargin
 from csekit.parts.objectives.contrastive_tension import ContrastiveTension
 from csekit.parts.objectives.infonce import InfoNCE, cosine_matrix
 from csekit.parts.objectives.matryoshka import Matryoshka
+from csekit.parts.objectives.mntp import MaskedNextTokenPrediction
 from csekit.parts.objectives.multi_positive import MultiPositiveInfoNCE
 from csekit.parts.objectives.nt_xent import NTXent
 from csekit.parts.objectives.ranking import RankingConsistency, RankingDistillation
@@ -40,6 +41,7 @@ BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
         "contrastive_tension": ContrastiveTension,  # Contrastive Tension, in-batch (a trained copy of the encoder)
         "matryoshka": Matryoshka,  # Matryoshka: an inner objective at every truncated width
         "tsdae": DenoisingReconstruction,  # TSDAE: a decoder tied to the encoder rebuilds the sentence from its vector
+        "mntp": MaskedNextTokenPrediction,  # LLM2Vec's masked next-token prediction (a decoder's adaptation)
     }
 )
 """`objectives` names; see `OBJECTIVES`."""
@@ -56,6 +58,7 @@ __all__ = [
     "DenoisingReconstruction",
     "IncompleteSentenceFiltering",
     "InfoNCE",
+    "MaskedNextTokenPrediction",
     "Matryoshka",
     "MultiPositiveInfoNCE",
     "NTXent",
