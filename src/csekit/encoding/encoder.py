@@ -344,8 +344,9 @@ class SentenceEncoder(nn.Module):
         mask, ids = inputs["attention_mask"], inputs["input_ids"]
         if self.training:  # the host is not asked whether the batch has padding (see `ready_attention_mask`)
             backbone_inputs["attention_mask"] = ready_attention_mask(self.backbone, mask)
-        if self.decoder_only and "position_ids" not in backbone_inputs:
-            backbone_inputs["position_ids"] = real_token_positions(mask)
+        if self.decoder_only:  # no key/value cache: nothing is generated
+            backbone_inputs.setdefault("position_ids", real_token_positions(mask))
+            backbone_inputs["use_cache"] = False
         tail = None if token_states else _position_wise_tail(self.backbone)
         positions = self.pooler.read_positions(mask, ids) if tail is not None else None
         if tail is not None and positions is not None:
