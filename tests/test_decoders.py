@@ -159,3 +159,8 @@ def test_a_saved_decoder_loads_in_sentence_transformers_with_the_same_embeddings
         torch.from_numpy(loaded.encode(SENTENCES)), torch.from_numpy(expected), rtol=0, atol=1e-5
     )
     torch.testing.assert_close(torch.from_numpy(reloaded.encode(SENTENCES)), torch.from_numpy(expected), rtol=0, atol=0)
+    reloaded.save(tmp_path / "again")  # saved twice: the tokenizer appends one EOS, not two
+    again = SentenceEncoder.load(tmp_path / "again")
+    ids = again.pooler.encode_ids(again.tokenizer, ["a man"], None)["input_ids"][0]
+    assert ids.count(again.tokenizer.eos_token_id) == (pooler == "last_token")
+    torch.testing.assert_close(torch.from_numpy(again.encode(SENTENCES)), torch.from_numpy(expected), rtol=0, atol=0)

@@ -28,6 +28,7 @@ from csekit.encoding.lora import plain_model, plain_weights
 from csekit.encoding.model_card import CARD_FILE, render_model_card
 from csekit.encoding.model_folder import CSEKIT_CONFIG, non_finite_parameters, quiet_transformers
 from csekit.encoding.pooling import Pooler, PoolerOutputPooler
+from csekit.encoding.token_input import tokenize_texts
 
 TOKENIZER_FILE_LIMIT = 2**26
 """The largest tokenizer.json rewritten for a last_token model (Llama 3's and Qwen2's are 7-11 MB)."""
@@ -188,6 +189,8 @@ def _append_eos_when_tokenizing(out: Path, tokenizer: Any) -> None:
     from tokenizers import Tokenizer, processors
 
     eos = eos_token_id(tokenizer)
+    if tokenize_texts(tokenizer, ["a"], 1)["input_ids"][0][-1] == eos:
+        return  # it appends EOS already (a saved last_token model's, saved again)
     path = out / "tokenizer.json"
     if not path.is_file():
         raise CsekitError(
