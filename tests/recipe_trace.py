@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 from conftest import WORDS, make_tiny_encoder, make_tiny_mlm
+from tiny_decoders import make_tiny_decoder
 
 from csekit.core.errors import CsekitError
 from csekit.core.precision import cpu_model_and_flags
@@ -77,8 +78,15 @@ spreads at which its weighting zeroes some in-batch negatives of most steps but 
 (measured over the 20 steps: 0 to 50% of a step's negatives for BERT, 29 to 89% for RoBERTa, 4 to 71%
 with dropout; at 0.3 the model with dropout zeroed none)."""
 
-MODEL_TYPE_OF_BACKBONE = {"bert-base-uncased": "bert", "minilm-l6": "bert", "roberta-base": "roberta"}
-"""The transformers model type of the tiny stand-in for each backbone the shipped recipes name."""
+MODEL_TYPE_OF_BACKBONE = {
+    "bert-base-uncased": "bert",
+    "minilm-l6": "bert",
+    "roberta-base": "roberta",
+    "princeton-nlp/Sheared-LLaMA-1.3B": "llama",
+}
+"""The transformers model type of the tiny stand-in for each backbone the shipped recipes name (decoder types:
+tests/tiny_decoders.py's tiny decoder, initializer range 0.2)."""
+DECODER_TYPES = ("llama",)
 
 COMMON_OVERRIDES = (
     f"train.max_steps={STEPS}",
@@ -120,7 +128,11 @@ def make_tiny_inputs(folder: Path) -> TinyInputs:
         return path
 
     backbones, complementary = {}, {}
-    for model_type in sorted(set(MODEL_TYPE_OF_BACKBONE.values())):
+    for model_type in DECODER_TYPES:  # no complementary model: DCLR's recipes are on BERT and RoBERTa
+        encoder = make_tiny_decoder(model_type, seed=0)
+        backbones[model_type] = folder / f"tiny-{model_type}"
+        encoder.save(backbones[model_type])
+    for model_type in sorted(set(MODEL_TYPE_OF_BACKBONE.values()) - set(DECODER_TYPES)):
         backbones[model_type] = make_model(f"tiny-{model_type}", model_type, 0, BACKBONE_SPREAD)
         for dropout, spread in COMPLEMENTARY_SPREAD.items():
             name = f"tiny-{model_type}-complementary{'-dropout' if dropout else ''}"

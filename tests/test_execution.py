@@ -27,7 +27,9 @@ SRC = REPO / "src" / "csekit"
 
 def test_every_execution_setting_has_one_old_place_and_every_old_place_one_setting() -> None:
     """The old places cover the whole section (a saved run of any age resumes with every setting it gave)."""
-    assert sorted(LEGACY_RUN_KEYS.values()) == sorted(field.name for field in dataclasses.fields(RunConfig))
+    newer = {"gradient_checkpointing"}  # settings added after the run: section existed have no old place
+    fields = {field.name for field in dataclasses.fields(RunConfig)} - newer
+    assert sorted(LEGACY_RUN_KEYS.values()) == sorted(fields)
 
 
 def test_an_old_recipe_loads_its_settings_into_run_with_one_line(

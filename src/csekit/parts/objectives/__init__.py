@@ -17,6 +17,7 @@ from csekit.parts.objectives.diffcse import ReplacedTokenDetection
 from csekit.parts.objectives.infonce import InfoNCE, cosine_matrix
 from csekit.parts.objectives.matryoshka import Matryoshka
 from csekit.parts.objectives.mlm import MaskedLanguageModeling
+from csekit.parts.objectives.mntp import MaskedNextTokenPrediction
 from csekit.parts.objectives.multi_positive import MultiPositiveInfoNCE
 from csekit.parts.objectives.nt_xent import NTXent
 from csekit.parts.objectives.ranking import RankingConsistency, RankingDistillation
@@ -44,6 +45,7 @@ BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
         "tsdae": DenoisingReconstruction,  # TSDAE: a decoder tied to the encoder rebuilds the sentence from its vector
         "mlm": MaskedLanguageModeling,  # SimCSE's MLM auxiliary objective (--do_mlm): masked tokens predicted
         "diffcse": ReplacedTokenDetection,  # DiffCSE: a discriminator told the sentence vector finds an MLM's edits
+        "mntp": MaskedNextTokenPrediction,  # LLM2Vec's masked next-token prediction (a decoder's adaptation)
     }
 )
 """`objectives` names; see `OBJECTIVES`."""
@@ -61,6 +63,7 @@ __all__ = [
     "IncompleteSentenceFiltering",
     "InfoNCE",
     "MaskedLanguageModeling",
+    "MaskedNextTokenPrediction",
     "Matryoshka",
     "MultiPositiveInfoNCE",
     "NTXent",
