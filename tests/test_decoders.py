@@ -66,7 +66,9 @@ def test_pooled_vectors_with_left_and_right_padding_agree(pooler: str, attention
     left = _left_padded(encoder, SENTENCES)
     assert right["attention_mask"][:, -1].tolist() != left["attention_mask"][:, -1].tolist()  # really two layouts
     with torch.no_grad():
-        torch.testing.assert_close(encoder(left).pooled, encoder(right).pooled, rtol=0, atol=0)
+        # Not bit for bit: the softmax sums its keys in another order on another CPU's kernels (wrong position
+        # ids, the defect this guards, move the vectors by far more).
+        torch.testing.assert_close(encoder(left).pooled, encoder(right).pooled, rtol=0, atol=1e-5)
         # And each row as if alone (no padding at all).
         alone = torch.cat([encoder(encoder.tokenize([s])).pooled for s in SENTENCES])
     torch.testing.assert_close(encoder(right).pooled.detach(), alone, rtol=0, atol=1e-5)
