@@ -69,12 +69,12 @@ def fsdp_worker(rank: int, world: int, port: int, model_dir: Path, out: Path) ->
     from accelerate import Accelerator
     from torch.distributed.tensor import DTensor
 
-    from csekit.training.sharding import FullModel, mark_layers_to_shard, shard_cpu_processes
+    from csekit.training.sharding import FullModel, ready_to_shard, shard_cpu_processes
 
     accelerator = Accelerator(cpu=True)
     shard_cpu_processes(accelerator)
     model, views, optimizer = build(model_dir)
-    mark_layers_to_shard(model, model.encoder.backbone)
+    ready_to_shard(model)
     full = FullModel(accelerator, model)
     model, optimizer = accelerator.prepare(model, optimizer)
     share = len(SENTENCES) // world
@@ -254,3 +254,18 @@ def test_execution_left_auto_runs_padded_and_waits_for_the_device(tiny_model_dir
     assert execution.run.packed == "auto"
     sharded = sharded_execution(execution)
     assert sharded.run.packed is False and sharded.sync_free is False
+
+
+def test_a_part_that_reads_the_sharded_weights_is_refused(tiny_model_dir: Path) -> None:
+    """OssCSE's recall loss reads the backbone's weights outside their layers' forward: FSDP holds only shards
+    there (found training the combined recipe under FSDP), so it is one line naming the recipe key."""
+    from csekit.core.errors import CsekitError
+    from csekit.training.sharding import ready_to_shard
+
+    keys = [f"model.backbone={tiny_model_dir}", "objectives=[{name: infonce}, {name: recall}]"]
+    model, _ = build_run_model(load_recipe(None, keys), SentenceEncoder.load(tiny_model_dir))
+    with pytest.raises(CsekitError, match=r"recipe key objectives\[1\] \(recall\): not supported under FSDP"):
+        ready_to_shard(model)
+    plain, _ = build_run_model(load_recipe(None, keys[:1]), SentenceEncoder.load(tiny_model_dir))
+    ready_to_shard(plain)
+    assert "BertLayer" in plain._no_split_modules  # what TRANSFORMER_BASED_WRAP wraps

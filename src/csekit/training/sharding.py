@@ -31,6 +31,7 @@ from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 from csekit.core.errors import CsekitError
 from csekit.training.execution import Execution
+from csekit.training.model import ContrastiveModel
 from csekit.training.optimization import make_optimizer
 from csekit.training.recipe import Recipe
 from csekit.training.run_folder import TrainerState
@@ -107,10 +108,23 @@ def sharded_execution(execution: Execution) -> Execution:
     return dataclasses.replace(execution, sync_free=False, run=dataclasses.replace(execution.run, packed=False))
 
 
-def mark_layers_to_shard(model: torch.nn.Module, backbone: torch.nn.Module) -> None:
-    """Let accelerate's TRANSFORMER_BASED_WRAP find the backbone's layers (and any helper model's of the same
-    kind) in csekit's model: it reads `_no_split_modules` from the model it prepares."""
-    layers = getattr(backbone, "_no_split_modules", None)
+READS_SHARDED_WEIGHTS = {
+    "recall": "it reads the backbone's weights outside their layers' forward, where FSDP holds only shards",
+    "momentum_queue": "its momentum encoder's update reads the backbone's weights outside their layers' forward",
+    "tsdae": "its decoder shares the encoder's weights across FSDP's shard units",
+}
+"""Parts that read the trained weights themselves (not through a layer's forward): not proven sharded."""
+
+
+def ready_to_shard(model: ContrastiveModel) -> None:
+    """Refuse the parts FSDP would break (one line naming the recipe key), then let accelerate's
+    TRANSFORMER_BASED_WRAP find the backbone's layers (and a helper model's of the same kind): it reads
+    `_no_split_modules` from the model it prepares."""
+    for label, _ in model.part_names:
+        name = label.rsplit("(", 1)[-1].rstrip(")")
+        if name in READS_SHARDED_WEIGHTS:
+            raise CsekitError(f"recipe key {label}: not supported under FSDP yet: {READS_SHARDED_WEIGHTS[name]}")
+    layers = getattr(model.encoder.backbone, "_no_split_modules", None)
     if layers and getattr(model, "_no_split_modules", None) is None:
         model._no_split_modules = list(layers)  # type: ignore[assignment]
 

@@ -61,7 +61,7 @@ from csekit.training.sharding import (
     FullModel,
     check_sharding_request,
     is_sharded,
-    mark_layers_to_shard,
+    ready_to_shard,
     shard_cpu_processes,
     sharded_execution,
 )
@@ -177,6 +177,8 @@ class Trainer:
         encoder = load_encoder(self.recipe)
         check_dev_representation(encoder, self.config)
         self.model, self.views = build_run_model(self.recipe, encoder, self.execution)
+        if is_sharded(self.accelerator):
+            ready_to_shard(self.model)  # before anything is written
 
     def _open_output(self, held_until_the_end: contextlib.ExitStack) -> None:
         """Create the folder and lock it for the run (the lock is released when `held_until_the_end` closes)."""
@@ -195,7 +197,6 @@ class Trainer:
         optimizer = make_optimizer(self.model, self.recipe)
         self.full_model: FullModel | None = None
         if is_sharded(self.accelerator):  # a plain copy on the main process for dev scores and saves
-            mark_layers_to_shard(self.model, self.model.encoder.backbone)
             self.full_model = FullModel(self.accelerator, self.model)
         self.model, self.optimizer, self.loader = self.accelerator.prepare(self.model, optimizer, self.loader)
         self.steps_per_epoch = len(self.loader)
