@@ -479,7 +479,7 @@ class Trainer:
             write_checkpoint(
                 self.accelerator,
                 self.output,
-                self._plain() or self.unwrapped,  # the main process writes it
+                self.unwrapped if self.full_model is None else self.full_model.copy,  # the main process writes it
                 self.optimizer if self.full_model is None else self.full_model.optimizer_state(self.optimizer),
                 self.scheduler,
                 self.state,
