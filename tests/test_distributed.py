@@ -177,3 +177,24 @@ def test_accelerate_launch_without_the_config_says_it_started_one_process(tmp_pa
     assert logged_steps(tmp_path / "out") == (1, [1])
     assert "accelerate started a single process" in result.stderr
     assert "configs/accelerate-cpu.yaml" in result.stderr
+
+
+def test_a_checkpoint_reads_on_accelerates_cpu_device_of_several_processes(tmp_path: Path) -> None:
+    """On CPU processes (gloo) accelerate's device is "cpu:0", a name safetensors and torch.load refuse: every
+    `--resume` of a run on several CPU processes stopped with "device cpu:0 is invalid"."""
+    from types import SimpleNamespace
+
+    from conftest import train_finished_run
+    from transformers import get_linear_schedule_with_warmup
+
+    from csekit.training.checkpoint import read_checkpoint
+    from csekit.training.optimization import make_optimizer
+
+    root = train_finished_run(tmp_path)
+    recipe = load_recipe(root / "recipe.yaml")
+    model, _ = build_run_model(recipe, SentenceEncoder.load(root / "tiny-model"))
+    optimizer = make_optimizer(model, recipe)
+    scheduler = get_linear_schedule_with_warmup(optimizer, 0, 2)  # as the trainer makes it
+    accelerator = SimpleNamespace(device=torch.device("cpu", 0), scaler=None, process_index=0)
+    state = read_checkpoint(accelerator, root / "run", model, optimizer, scheduler, 2)  # type: ignore[arg-type]
+    assert state is not None and state.step == 2

@@ -123,14 +123,28 @@ def check_format(folder: Path) -> None:
 
 def load_shared_state(
     folder: Path,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer | None,
     scheduler: Any,
     scaler: Any | None,
     device: torch.device,
 ) -> None:
-    """Load what `save_shared_state` wrote into the freshly built model, optimizer and scheduler."""
+    """Load what `save_shared_state` wrote into the freshly built model, optimizer and scheduler.
+
+    Without a model and optimizer (the processes other than the main one under FSDP, which receive the weights
+    and optimizer state from it: csekit.training.sharding) only the scheduler and scaler are read.
+    """
     check_format(folder)
+    if model is not None and optimizer is not None:
+        _load_model_and_optimizer(folder, model, optimizer, device)
+    _load_state_dict(folder / SCHEDULER_FILE, scheduler, device)
+    if scaler is not None:
+        _load_state_dict(folder / SCALER_FILE, scaler, device)
+
+
+def _load_model_and_optimizer(
+    folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
+) -> None:
     model_path = folder / MODEL_FILE
     if not model_path.is_file():
         raise CsekitError(f"checkpoint file {model_path} is missing; the checkpoint is incomplete")
@@ -153,10 +167,7 @@ def load_shared_state(
                 check()
             except ValueError as error:
                 raise CsekitError(f"checkpoint file {model_path} ({name}): {error}") from None
-    for path, target in ((folder / OPTIMIZER_FILE, optimizer), (folder / SCHEDULER_FILE, scheduler)):
-        _load_state_dict(path, target, device)
-    if scaler is not None:
-        _load_state_dict(folder / SCALER_FILE, scaler, device)
+    _load_state_dict(folder / OPTIMIZER_FILE, optimizer, device)
 
 
 def _load_state_dict(path: Path, target: Any, device: torch.device) -> None:
@@ -239,8 +250,8 @@ def write_checkpoint(
 def read_checkpoint(
     accelerator: Accelerator,
     output: Path,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    model: torch.nn.Module | None,
+    optimizer: torch.optim.Optimizer | None,
     scheduler: Any,
     total_steps: int,
 ) -> TrainerState | None:
@@ -258,6 +269,9 @@ def read_checkpoint(
             f"checkpoint file {checkpoint_dir / STATE_FILE}: step {state.step} is beyond this run's "
             f"{total_steps} steps (train.max_steps / train.epochs)"
         )
-    load_shared_state(checkpoint_dir, model, optimizer, scheduler, accelerator.scaler, accelerator.device)
+    # Not "cpu:0", accelerate's device on CPU processes (gloo): safetensors and torch.load refuse that name, which
+    # failed every resume of a run on several CPU processes.
+    device = torch.device("cpu") if accelerator.device.type == "cpu" else accelerator.device
+    load_shared_state(checkpoint_dir, model, optimizer, scheduler, accelerator.scaler, device)
     load_rng_state(checkpoint_dir, accelerator.process_index)
     return state

@@ -130,7 +130,10 @@ def gradient_norm(
     """
     total_norm = getattr(torch.nn.utils, "get_total_norm", None)  # torch >= 2.6
     if max_grad_norm is not None or total_norm is None or accelerator.distributed_type not in NORM_ONLY_DISTRIBUTIONS:
-        return accelerator.clip_grad_norm_(parameters, max_grad_norm or float("inf"))
+        norm = accelerator.clip_grad_norm_(parameters, max_grad_norm or float("inf"))
+        # FSDP2: the norm over every process's shards, as a replicated DTensor; its value, the same everywhere
+        full_tensor = getattr(norm, "full_tensor", None)
+        return full_tensor() if callable(full_tensor) else norm
     accelerator.unscale_gradients()  # fp16: the scaler's factor out first, as clip_grad_norm_ does
     return total_norm([p.grad for p in parameters if p.grad is not None], 2.0)
 

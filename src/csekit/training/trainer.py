@@ -13,6 +13,7 @@ SIGTERM (`interrupt.py`), checkpoint/ written and read (`checkpoint.py`), how a 
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import sys
 from collections.abc import Iterator
@@ -55,6 +56,14 @@ from csekit.training.run_folder import (
     check_run_in_folder,
     create_output,
     recipe_changes_on_resume,
+)
+from csekit.training.sharding import (
+    FullModel,
+    check_sharding_request,
+    is_sharded,
+    ready_to_shard,
+    shard_cpu_processes,
+    sharded_execution,
 )
 from csekit.training.sync_free import SyncFreeSteps, read_on_host, set_schedule_step
 from csekit.training.trackers import TRACKER_LOGS, available_trackers, hold_tracker_logs, result_values, start_trackers
@@ -138,6 +147,7 @@ class Trainer:
     def _start_accelerator(self) -> None:
         """The precision for this machine, then the Accelerator (one process or several)."""
         hint_if_accelerate_started_one_process()
+        check_sharding_request()
         self.trackers = available_trackers(self.recipe)
         self.precision = decide_execution(self.recipe, self.trackers).precision  # the Accelerator needs it first
         logs = ProjectConfiguration(project_dir=str(self.output), logging_dir=str(self.output / TRACKER_LOGS))
@@ -148,7 +158,10 @@ class Trainer:
             log_with=self.trackers or None,
             project_config=logs if self.trackers else None,
         )
+        shard_cpu_processes(self.accelerator)
         self.execution = decide_execution(self.recipe, self.trackers, self.accelerator.device.type)
+        if is_sharded(self.accelerator):
+            self.execution = sharded_execution(self.execution)
         self.loader_options = self.execution.loader
         # Read when the loader is prepared: on a GPU its copies are queued without a wait (csekit.training.loading).
         self.accelerator.dataloader_config.non_blocking = self.loader_options.non_blocking
@@ -164,6 +177,8 @@ class Trainer:
         encoder = load_encoder(self.recipe)
         check_dev_representation(encoder, self.config)
         self.model, self.views = build_run_model(self.recipe, encoder, self.execution)
+        if is_sharded(self.accelerator):
+            ready_to_shard(self.model)  # before anything is written
 
     def _open_output(self, held_until_the_end: contextlib.ExitStack) -> None:
         """Create the folder and lock it for the run (the lock is released when `held_until_the_end` closes)."""
@@ -180,6 +195,9 @@ class Trainer:
     def _set_up_optimization(self) -> None:
         """AdamW and the linear schedule over the run's length; model, optimizer and loader prepared."""
         optimizer = make_optimizer(self.model, self.recipe)
+        self.full_model: FullModel | None = None
+        if is_sharded(self.accelerator):  # a plain copy on the main process for dev scores and saves
+            self.full_model = FullModel(self.accelerator, self.model)
         self.model, self.optimizer, self.loader = self.accelerator.prepare(self.model, optimizer, self.loader)
         self.steps_per_epoch = len(self.loader)
         if self.steps_per_epoch == 0:
@@ -191,9 +209,14 @@ class Trainer:
 
     def _resume_from_checkpoint(self) -> None:
         """Weights, optimizer, schedule, RNG states and position from checkpoint/; the log cut back to it."""
-        state = read_checkpoint(
-            self.accelerator, self.output, self.unwrapped, self.optimizer, self.scheduler, self.total_steps
+        total_steps, scheduler = self.total_steps, self.scheduler
+        read = functools.partial(
+            read_checkpoint, self.accelerator, self.output, scheduler=scheduler, total_steps=total_steps
         )
+        if self.full_model is None:
+            state = read(self.unwrapped, self.optimizer)
+        else:  # the main process reads the whole model and sends every process its shards
+            state = self.full_model.resume(read, self.model, self.optimizer, self.recipe)
         if state is not None:
             self.state, self.checkpointed_step = state, state.step
             self.metrics.truncate_after(state.step)
@@ -412,7 +435,9 @@ class Trainer:
         if not self.data.dev_tasks:
             return {}
         precision, batch_size = dev_precision(self.config, self.precision), self.execution.eval_batch_size
-        saved, head, data = self.unwrapped.saved_encoder(), self.unwrapped.head, self.data
+        plain = self._plain()
+        assert plain is not None  # on the main process
+        saved, head, data = plain.saved_encoder(), plain.head, self.data
         return score_dev(saved, head, self.config, precision, batch_size, data.data_path, data.dev_tasks)
 
     def evaluate(self) -> None:
@@ -429,7 +454,7 @@ class Trainer:
             if self.trackers:  # the dev scores in the one result shape (dev/tasks/stsb-dev, dev/averages/avg_sts)
                 self.accelerator.log(result_values("dev", EvalResult.from_dev_scores(scores)), step=self.state.step)
             score = scores.get(self.config.select_metric)
-            saved = self.unwrapped.saved_encoder()
+            saved = self._plain().saved_encoder()  # type: ignore[union-attr]  # the main process has it
             facts = training_card_facts(
                 self.recipe,
                 corpus_sentences=len(self.data.corpus),
@@ -454,8 +479,8 @@ class Trainer:
             write_checkpoint(
                 self.accelerator,
                 self.output,
-                self.unwrapped,
-                self.optimizer,
+                self.unwrapped if self.full_model is None else self.full_model.copy,  # the main process writes it
+                self.optimizer if self.full_model is None else self.full_model.optimizer_state(self.optimizer),
                 self.scheduler,
                 self.state,
                 self.recipe.to_yaml(),
@@ -464,13 +489,23 @@ class Trainer:
 
     def _check_weights_finite(self) -> None:
         """Stop before saving weights that are NaN or infinite: the last good checkpoint stays as it is."""
-        bad = non_finite_parameters(self.unwrapped)
+        plain = self._plain()
+        bad = non_finite_parameters(plain) if plain is not None else []
+        if self.full_model is not None and self._any_process(bool(bad)) and not bad:
+            bad = ["a tensor the main process found"]  # its copy of the sharded model is the whole model
         if bad:
             raise CsekitError(
                 f"the weights are no longer finite after step {self.state.step} ({len(bad)} tensors hold NaN or "
                 f"infinity, e.g. {bad[0]}); stopped without saving them. The last good checkpoint in "
                 f"{self.checkpoint_dir} is kept; try a lower train.lr (it is {self.config.lr:g})"
             )
+
+    def _plain(self) -> ContrastiveModel | None:
+        """The whole model as trained so far: under FSDP a plain copy gathered from the shards at the first call
+        of each step (every process calls then), held by the main process (None elsewhere)."""
+        if self.full_model is None:
+            return self.unwrapped
+        return self.full_model.at_step(self.model, self.state.step)  # type: ignore[return-value]
 
     def _saving(self, what: str) -> contextlib.AbstractContextManager[None]:
         """A failed write of `what` (a full disk, a file-size limit) is one line saying the last good checkpoint is
