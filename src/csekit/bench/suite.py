@@ -115,12 +115,12 @@ def _suite_tasks(path: Path, text: str, value: Any) -> tuple[str, dict[str, list
     from csekit.evaluation.file_tasks import read_file_tasks, split_file_entries
     from csekit.evaluation.suite import parse_tasks
 
-    entries = value if isinstance(value, list) else str(value).split(",")
+    text_of_tasks = ",".join(str(entry) for entry in value) if isinstance(value, list) else str(value)
     try:
-        others, files = split_file_entries([str(entry).strip() for entry in entries if str(entry).strip()])
+        others, files = split_file_entries([entry.strip() for entry in text_of_tasks.split(",") if entry.strip()])
         files = {kind: [path.parent / file for file in paths] for kind, paths in files.items()}
         if others or not any(files.values()):
-            parse_tasks(",".join(others))
+            parse_tasks(",".join(others) if others else text_of_tasks)  # nothing named: the text as written
         read_file_tasks(files["pairs"], None, files["retrieval"])
     except CsekitError as error:
         raise CsekitError(f"{at(path, _line_of(text, 'tasks'))}: {error}") from None
