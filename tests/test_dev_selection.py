@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -214,3 +216,19 @@ def test_a_bench_suite_evaluates_and_selects_on_the_users_files(tmp_path: Path, 
     (tmp_path / "suite" / "kb" / "queries.jsonl").write_text('{"_id": "q0"}\n', encoding="utf-8")
     with pytest.raises(CsekitError, match=r"suite.yaml:2: .*queries.jsonl:1"):
         load_suite(suite)
+
+
+def test_the_readme_example_builds_files_csekit_reads(tmp_path: Path) -> None:
+    from conftest import shared_data_dir
+
+    data = shared_data_dir()
+    if data is None:
+        pytest.skip("the data folder (STS-B, SICK) is not here")
+    script = Path(__file__).resolve().parents[1] / "examples" / "own_domain.py"
+    args = [str(tmp_path / "domain"), "--data-dir", str(data), "--stsb-pairs", "30", "--sick-pairs", "200"]
+    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert len(read_pairs(tmp_path / "domain" / "stsb-train.tsv").scores) == 30
+    kb = read_retrieval_set(tmp_path / "domain" / "sick-related")
+    assert kb.query_ids and all(kb.qrels[query] and query not in kb.qrels[query] for query in kb.query_ids)
+    assert f"{len(kb.doc_ids):,} documents, {len(kb.query_ids):,} queries" in result.stdout
