@@ -14,6 +14,7 @@ import numpy as np
 from csekit.bench.suite import Suite, run_dir
 from csekit.core.bounded_read import bounded_lines, open_regular, read_json_file, read_with
 from csekit.core.errors import CsekitError
+from csekit.evaluation.file_tasks import FILE_TASK_SCORES
 from csekit.evaluation.result import AVERAGES, STS_AVERAGE, TRANSFER_AVERAGE, EvalResult
 from csekit.evaluation.tasks import table_columns
 from csekit.training.run_folder import METRICS_FILE, METRICS_LINE_LIMIT, metrics_record
@@ -40,6 +41,18 @@ OTHER_COLUMNS = (
     ("uniform", ("tasks", "align", "uniform")),
 )
 UNSCALED = {"align", "uniform"}  # reported as they are; everything else x 100
+
+
+def file_task_columns(runs: dict[str, list[dict[str, Any]]]) -> list[tuple[str, tuple[str, ...]]]:
+    """A column for each score of each of the user's file tasks the runs report (`pairs:NAME/spearman`, named as
+    `train.select_metric` names it), in the order the runs give the tasks."""
+    tasks = dict.fromkeys(task for reports in runs.values() for r in reports for task in r.get("tasks") or {})
+    return [
+        (f"{task}/{score}", ("tasks", task, score))
+        for task in tasks
+        if task.partition(":")[0] in FILE_TASK_SCORES
+        for score in FILE_TASK_SCORES[task.partition(":")[0]]
+    ]
 
 
 def score_at(report: dict[str, Any], path: tuple[str, ...]) -> float | None:

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from csekit.bench.results import COSINES_FILE, RESULTS_FILE
-from csekit.bench.suite import Suite, SuiteRecipe, load_suite, run_dir
+from csekit.bench.suite import Suite, SuiteRecipe, load_suite, run_dir, suite_groups
 from csekit.bench.summary import summarise
 from csekit.core.atomic import atomic_write_text, write_file
 from csekit.core.errors import CsekitError
@@ -34,7 +34,8 @@ def _run_one(
     from csekit.data.data_dir import resolve_data_dir
     from csekit.evaluation.alignment import pairwise_cosines, sample_sentences
     from csekit.evaluation.command_encoder import command_encoder
-    from csekit.evaluation.suite import parse_tasks, run_evaluation
+    from csekit.evaluation.file_tasks import read_file_tasks
+    from csekit.evaluation.suite import run_evaluation
     from csekit.training.recipe import load_recipe
     from csekit.training.trainer import train
 
@@ -46,7 +47,8 @@ def _run_one(
     evaluate_start = time.perf_counter()
     encode = command_encoder(folder / "best", None, "fp32", config.run.eval_batch_size, show_progress=False)
     root = resolve_data_dir(data_dir)
-    evaluation = run_evaluation(encode, root, parse_tasks(suite.tasks), n_jobs=-1)
+    files = read_file_tasks(suite.pairs, None, suite.retrieval)
+    evaluation = run_evaluation(encode, root, suite_groups(suite), n_jobs=-1, files=files)
     corpus = open_corpus(config.data.corpus, root, config.data.max_chars, "skip", config.data.text_column)
     texts = [str(corpus[i]) for i in range(len(corpus))]
     sample = sample_sentences(texts, suite.sample_sentences, seed=seed)
@@ -107,14 +109,13 @@ def check_suite_inputs(
 def _missing_task_data(suite: Suite, data_dir: Path | None) -> str | None:
     """The suite's evaluation tasks whose data folder is missing (checked before training, not after it)."""
     from csekit.data.data_dir import find_task_dir, resolve_data_dir
-    from csekit.evaluation.suite import parse_tasks
     from csekit.evaluation.tasks import EVAL_TASKS
 
     try:
         root = resolve_data_dir(data_dir)
     except CsekitError:
         return None  # every recipe's check has said so already
-    groups = parse_tasks(suite.tasks)
+    groups = suite_groups(suite)
     missing = []
     for name in (*groups["sts"], *groups["dev"], *groups["transfer"]):
         task = EVAL_TASKS.get(name)

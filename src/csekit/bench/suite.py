@@ -38,6 +38,9 @@ class Suite:
     sample_sentences: int = 1000
     baseline: str | None = None  # a recipe name: the summary compares every other one with it, seed by seed
     published: Path | None = None  # the papers' numbers (benchmarks/published/*.yaml), compared task by task
+    # The user's own files among `tasks` (pairs:PATH, retrieval:PATH), relative to the suite; `tasks` the rest.
+    pairs: list[Path] = field(default_factory=list)
+    retrieval: list[Path] = field(default_factory=list)
 
 
 def _line_of(text: str, key: str) -> int | None:
@@ -76,15 +79,7 @@ def load_suite(path: str | Path) -> Suite:
         raise CsekitError(
             f"{at(path, _line_of(text, 'seeds'))}: seeds must be a non-empty list of integers in [0, {MAX_SEED}]"
         )
-    tasks = raw.get("tasks", "sts")
-    if isinstance(tasks, list):
-        tasks = ",".join(str(t) for t in tasks)
-    from csekit.evaluation.suite import parse_tasks
-
-    try:
-        parse_tasks(str(tasks))
-    except CsekitError as error:
-        raise CsekitError(f"{at(path, _line_of(text, 'tasks'))}: {error}") from None
+    tasks, files = _suite_tasks(path, text, raw.get("tasks", "sts"))
     entries = raw.get("recipes")
     if not isinstance(entries, list) or not entries:
         raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: recipes must be a non-empty list")
@@ -104,12 +99,32 @@ def load_suite(path: str | Path) -> Suite:
     return Suite(
         str(raw.get("name") or path.stem),
         seeds,
-        str(tasks),
+        tasks,
         recipes,
         sample,
         None if baseline is None else str(baseline),
         _published_file(path, text, raw.get("published"), recipes),
+        files["pairs"],
+        files["retrieval"],
     )
+
+
+def _suite_tasks(path: Path, text: str, value: Any) -> tuple[str, dict[str, list[Path]]]:
+    """The suite's `tasks` (a comma list or a YAML list): SentEval's tasks as `--tasks` names them, and the user's
+    files (`pairs:PATH`, `retrieval:PATH`, relative to the suite), each read and checked now."""
+    from csekit.evaluation.file_tasks import read_file_tasks, split_file_entries
+    from csekit.evaluation.suite import parse_tasks
+
+    text_of_tasks = ",".join(str(entry) for entry in value) if isinstance(value, list) else str(value)
+    try:
+        others, files = split_file_entries([entry.strip() for entry in text_of_tasks.split(",") if entry.strip()])
+        files = {kind: [path.parent / file for file in paths] for kind, paths in files.items()}
+        if others or not any(files.values()):
+            parse_tasks(",".join(others) if others else text_of_tasks)  # nothing named: the text as written
+        read_file_tasks(files["pairs"], None, files["retrieval"])
+    except CsekitError as error:
+        raise CsekitError(f"{at(path, _line_of(text, 'tasks'))}: {error}") from None
+    return ",".join(others), files
 
 
 def _suite_recipe(path: Path, text: str, entry: Any, taken: list[str]) -> SuiteRecipe:
@@ -181,6 +196,13 @@ def _check_controls(path: Path, text: str, recipes: list[SuiteRecipe]) -> None:
                 f"{recipe.name!r} is not another recipe name of this suite; "
                 f"expected one of {[n for n in names if n != recipe.name]}"
             )
+
+
+def suite_groups(suite: Suite) -> dict[str, list[str]]:
+    """The SentEval task groups the suite evaluates (none when it names only the user's files)."""
+    from csekit.evaluation.suite import parse_tasks
+
+    return parse_tasks(suite.tasks) if suite.tasks else {"sts": [], "dev": [], "transfer": [], "align": []}
 
 
 def run_dir(output: Path, recipe: SuiteRecipe, seed: int) -> Path:

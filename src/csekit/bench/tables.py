@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from csekit.bench.papers import PAPER_CSV_STATS, paper_csv_cells, paper_labels, signed
-from csekit.bench.results import OTHER_COLUMNS, STS_COLUMNS, TRANSFER_COLUMNS, UNSCALED, score_at
+from csekit.bench.results import OTHER_COLUMNS, STS_COLUMNS, TRANSFER_COLUMNS, UNSCALED, file_task_columns, score_at
 from csekit.bench.suite import Suite
 from csekit.evaluation.published import PaperComparison
 
@@ -20,7 +20,7 @@ def table_rows(runs: dict[str, list[dict[str, Any]]]) -> tuple[list[str], list[d
     """Columns present in any run, and per method the mean and standard deviation (ddof=0) over seeds."""
     columns = [
         (label, path)
-        for label, path in (*STS_COLUMNS, *TRANSFER_COLUMNS, *OTHER_COLUMNS)
+        for label, path in (*STS_COLUMNS, *TRANSFER_COLUMNS, *OTHER_COLUMNS, *file_task_columns(runs))
         if any(score_at(r, path) is not None for reports in runs.values() for r in reports)
     ]
     rows = []

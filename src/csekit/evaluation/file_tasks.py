@@ -10,12 +10,33 @@ from typing import Any
 
 import numpy as np
 
+from csekit.core.errors import CsekitError
 from csekit.evaluation.pairs import PairsFile, parse_columns, read_pairs, score_pairs, skipped_lines
-from csekit.evaluation.retrieval import evaluate_retrieval
+from csekit.evaluation.retrieval import METRICS, evaluate_retrieval
 from csekit.evaluation.retrieval_data import RetrievalSet, read_retrieval_set
-from csekit.evaluation.tasks import FileTask, file_tasks
+from csekit.evaluation.tasks import FILE_TASK_KINDS, FileTask, file_tasks
 
 Encoder = Callable[[list[str]], np.ndarray]
+
+FILE_TASK_SCORES = {"pairs": ("spearman", "pearson"), "retrieval": METRICS}
+"""The scores of each kind of file task (its counts, `pairs`, `queries`..., are facts about the file, not scores):
+what a training selects on (`KIND:NAME/score`) and what bench's tables show."""
+
+
+def split_file_entries(entries: Sequence[str]) -> tuple[list[str], dict[str, list[Path]]]:
+    """A list of task names where `pairs:PATH` and `retrieval:PATH` name a user's files (`train.dev_task`, a bench
+    suite's `tasks`): the other entries, and the paths of each kind (a CsekitError for a kind without a path)."""
+    others: list[str] = []
+    paths: dict[str, list[Path]] = {kind: [] for kind in FILE_TASK_KINDS}
+    for entry in entries:
+        kind, colon, path = entry.partition(":")
+        if not (colon and kind in FILE_TASK_KINDS):
+            others.append(entry)
+        elif not path.strip():
+            raise CsekitError(f'"{entry}" names no file; give {kind}:PATH')
+        else:
+            paths[kind].append(Path(path.strip()).expanduser())
+    return others, paths
 
 
 @dataclass(frozen=True)

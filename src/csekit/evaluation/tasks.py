@@ -102,14 +102,16 @@ class FileTask:
     name: str
 
 
-def file_tasks(kind: str, paths: Sequence[Path]) -> list[FileTask]:
-    """Each path one task named after its file (without the suffix) or folder; two of one name are refused."""
+def file_tasks(kind: str, paths: Sequence[Path], given_by: str | None = None) -> list[FileTask]:
+    """Each path one task named after its file (without the suffix) or folder; two of one name are refused
+    (`given_by` names where the paths were given in that error: `--KIND` by default)."""
     tasks: dict[str, FileTask] = {}
     for path in paths:
         stem = path.stem if kind == "pairs" else path.resolve().name
         task = FileTask(kind, path, f"{kind}:{stem}")
         if task.name in tasks:
-            raise CsekitError(f"--{kind} {tasks[task.name].path} and {path} would both be task {task.name}; rename one")
+            given = given_by or f"--{kind}"
+            raise CsekitError(f"{given} {tasks[task.name].path} and {path} would both be task {task.name}; rename one")
         tasks[task.name] = task
     return list(tasks.values())
 
@@ -125,9 +127,3 @@ def check_task(name: str, groups: tuple[str, ...], what: str) -> EvalTask:
     if name not in allowed:
         raise CsekitError(f'unknown {what} "{name}"{did_you_mean(name, allowed)}; choose from {", ".join(allowed)}')
     return EVAL_TASKS.get(name)
-
-
-def dev_scores(dev_task: str) -> tuple[str, ...]:
-    """The scores a training run's dev evaluation gives for `train.dev_task` (what `select_metric` may name)."""
-    tasks = TRAINING_DEV_TASKS.get(dev_task, ())
-    return (*tasks, AVG_STS) if len(tasks) > 1 else tasks

@@ -26,12 +26,15 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 from torch import nn
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.pooling import DenoisedMaskPooler, backbone_pooler_layer, make_pooler
+from csekit.evaluation.file_tasks import ReadTask
 from csekit.evaluation.sts import evaluate_dev
+from csekit.training.dev_selection import score_dev_files
 from csekit.training.recipe import TrainConfig
 
 
@@ -65,18 +68,17 @@ def score_dev(
     batch_size: int,
     data_path: Path | None,
     tasks: Sequence[str],
+    files: Sequence[ReadTask] = (),
 ) -> dict[str, float]:
-    """The dev tasks' scores (with alignment and uniformity) of `saved` as it is now, encoded as `dev_encoder`
-    says, in `precision` (`dev_precision`), `batch_size` sentences at a time."""
+    """The dev splits' scores (with alignment and uniformity) and the dev files' (`dev_selection`) of `saved` as
+    it is now, encoded as `dev_encoder` says, in `precision` (`dev_precision`), `batch_size` sentences at a time."""
     with dev_encoder(saved, head, train) as encoder:
-        return evaluate_dev(
-            lambda sentences: encoder.encode(
-                sentences, batch_size=batch_size, precision=precision, show_progress_bar=False
-            ),
-            data_path,
-            tasks,
-            align_uniform=True,
-        )
+
+        def encode(sentences: list[str]) -> np.ndarray:
+            return encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=False)
+
+        scores = evaluate_dev(encode, data_path, tasks, align_uniform=True) if tasks else {}
+        return {**scores, **score_dev_files(encode, files)}
 
 
 def check_dev_representation(encoder: SentenceEncoder, train: TrainConfig) -> None:

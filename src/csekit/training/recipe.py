@@ -27,9 +27,9 @@ from csekit.core.bounded_read import parse_yaml_value, read_yaml_file
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.precision import PRECISIONS
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
-from csekit.evaluation.tasks import TRAINING_DEV_TASKS, dev_scores
 from csekit.training.backbone_options import check_backbone_options
 from csekit.training.compiled import COMPILE_MODES
+from csekit.training.dev_selection import check_dev_selection
 from csekit.training.part_building import BUILD_CONTEXT, check_part_options, yaml_text_number_hint
 from csekit.training.recipe_values import (
     MAX_WORKERS,
@@ -94,10 +94,12 @@ class TrainConfig:
     optimizer: str = "adamw"
     max_grad_norm: float | None = 1.0  # the reference code trains with the HF Trainer's default clipping
     max_bad_steps: int = 20  # this many non-finite steps in a row stop the run
-    # Dev splits evaluated every eval_every steps: sts (STS-B dev and SICK-R dev, and their mean avg_sts, as
-    # SimCSE's and DCLR's code log them), stsb-dev, sick-dev, or none.
-    dev_task: str = "sts"
-    select_metric: str = "stsb-dev"  # the dev score that picks the best checkpoint: stsb-dev, sick-dev or avg_sts
+    # Dev tasks evaluated every eval_every steps, one or a list: sts (STS-B dev and SICK-R dev, and their mean
+    # avg_sts, as SimCSE's and DCLR's code log them), stsb-dev, sick-dev, none, or your own files: pairs:PATH
+    # and retrieval:PATH (csekit.training.dev_selection).
+    dev_task: Any = "sts"
+    # The dev score that picks the best checkpoint: stsb-dev, sick-dev, avg_sts, pairs:NAME/spearman, ...
+    select_metric: str = "stsb-dev"
     # Stop after this many evaluations in a row without a better select_metric (null: never stop early).
     patience: int | None = None
     # How dev is scored during training, for selecting the checkpoint (the saved model is unchanged):
@@ -437,7 +439,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
             raise CsekitError(f"{where(key)}: recipe key {key} {message}")
     check_data(recipe.data, where)
     _check_run(recipe, where)
-    _check_dev_selection(train, where)
+    check_dev_selection(train.dev_task, train.select_metric, train.patience, where)
     _check_dev_scoring(recipe, where)
     _check_templates(recipe.model, where)
     check_backbone_options(recipe.model, where)
@@ -455,27 +457,6 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     check_view_indices(parts, where)
     check_corpus_fields(parts, recipe.data.corpus, where)
     POOLERS.get(recipe.model.pooler, f"{where('model.pooler')}: recipe key model.pooler")
-
-
-def _check_dev_selection(train: TrainConfig, where: Any) -> None:
-    """`dev_task` must be known and `select_metric` one of the scores it gives."""
-    choices = [*TRAINING_DEV_TASKS, "none"]
-    if train.dev_task not in choices:
-        raise CsekitError(
-            f'{where("train.dev_task")}: recipe key train.dev_task: unknown dev task "{train.dev_task}"'
-            f"{did_you_mean(train.dev_task, choices)}; choose {', '.join(choices)}"
-        )
-    scores = dev_scores(train.dev_task)
-    if scores and train.select_metric not in scores:
-        raise CsekitError(
-            f'{where("train.select_metric")}: recipe key train.select_metric: "{train.select_metric}" is not a '
-            f"score of dev_task {train.dev_task}; choose {', '.join(scores)}"
-        )
-    if train.patience is not None and not scores:
-        raise CsekitError(
-            f"{where('train.patience')}: recipe key train.patience needs a dev task to count evaluations without "
-            f"improvement (train.dev_task is {train.dev_task}); set train.dev_task or remove train.patience"
-        )
 
 
 TEMPLATE_POSITIONS = ("row", "from_zero")

@@ -21,8 +21,9 @@ from csekit.core.errors import CsekitError
 from csekit.data.corpus import TrainCollator, open_corpus, sentence_text
 from csekit.data.data_dir import resolve_data_dir
 from csekit.data.duplicates import DuplicateReport, SentenceGroups, SeparatingSampler, check_separable
-from csekit.evaluation.tasks import TRAINING_DEV_TASKS
+from csekit.evaluation.file_tasks import ReadTask
 from csekit.training.chunked import check_chunk_size
+from csekit.training.dev_selection import parse_dev_tasks, read_dev_files
 from csekit.training.interrupt import loader_workers_leave_stop_signals
 from csekit.training.loading import LoaderOptions, skipping_batches
 from csekit.training.recipe import Recipe
@@ -42,10 +43,12 @@ def optional_data_dir(data_dir: str | Path | None) -> Path | None:
 
 @dataclass
 class TrainData:
-    """The corpus, which of its rows repeat a sentence, and the data folder of the dev task (if any)."""
+    """The corpus, which of its rows repeat a sentence, the dev splits (with the data folder they are read from)
+    and the dev files (`csekit.training.dev_selection`)."""
 
     recipe: Recipe
     dev_tasks: tuple[str, ...]
+    dev_files: list[ReadTask]
     data_path: Path | None
     corpus: Any
     sentence_groups: SentenceGroups
@@ -53,14 +56,15 @@ class TrainData:
 
     @classmethod
     def load(cls, recipe: Recipe, data_dir: str | Path | None) -> TrainData:
-        """The data folder (required by a dev task) and the corpus, checked line by line."""
-        dev_tasks = tuple(TRAINING_DEV_TASKS.get(recipe.train.dev_task, ()))  # checked with the recipe
+        """The data folder (required by a dev split), the dev files and the corpus, checked line by line."""
+        dev = parse_dev_tasks(recipe.train.dev_task)  # checked with the recipe
+        dev_tasks, dev_files = dev.splits, read_dev_files(dev)
         data_path = resolve_data_dir(data_dir) if dev_tasks else optional_data_dir(data_dir)
         data = recipe.data
         fields = [name for _, _, name in fields_read(recipe_parts(recipe))]  # checked: a .jsonl corpus
         corpus = open_corpus(data.corpus, data_path, data.max_chars, data.bad_lines, data.text_column, fields)
         groups, duplicates = _find_duplicates(recipe, corpus)
-        return cls(recipe, dev_tasks, data_path, corpus, groups, duplicates)
+        return cls(recipe, dev_tasks, dev_files, data_path, corpus, groups, duplicates)
 
     def loader(self, views: Any, processes: int, chunk_size: Any, options: LoaderOptions) -> DataLoader:
         """Shuffled batches of `batch_size` sentences in all, split evenly over the processes.

@@ -432,13 +432,15 @@ class Trainer:
 
     def dev_scores(self) -> dict[str, float]:
         """The dev task's scores of the model as it is now (none without a dev task); see `dev_scoring`."""
-        if not self.data.dev_tasks:
+        if not (self.data.dev_tasks or self.data.dev_files):
             return {}
         precision, batch_size = dev_precision(self.config, self.precision), self.execution.eval_batch_size
         plain = self._plain()
         assert plain is not None  # on the main process
         saved, head, data = plain.saved_encoder(), plain.head, self.data
-        return score_dev(saved, head, self.config, precision, batch_size, data.data_path, data.dev_tasks)
+        return score_dev(
+            saved, head, self.config, precision, batch_size, data.data_path, data.dev_tasks, data.dev_files
+        )
 
     def evaluate(self) -> None:
         """Score on the dev task, keep the best model by the selection metric, save last/, then checkpoint."""
