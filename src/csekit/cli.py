@@ -18,7 +18,14 @@ import numpy as np
 import typer
 
 from csekit.commands.diagnose import diagnose_models
-from csekit.commands.evaluate import PairsColumnsOption, PairsOption, RetrievalOption, SplitOption
+from csekit.commands.evaluate import (
+    ClassifierOption,
+    PairsColumnsOption,
+    PairsOption,
+    RetrievalOption,
+    SentenceEndOption,
+    SplitOption,
+)
 from csekit.commands.options import (
     BatchSizeOption,
     Command,
@@ -137,17 +144,20 @@ def evaluate(
     pairs_columns: PairsColumnsOption = None,
     retrieval: RetrievalOption = None,
     split: SplitOption = "test",
+    sentence_end: SentenceEndOption = None,
+    classifier: ClassifierOption = "sklearn",
 ) -> None:
     """Evaluate a model SentEval's way: STS (Spearman x 100), transfer tasks (accuracy x 100), alignment/uniformity;
     and on your own files: sentence pairs (--pairs), retrieval sets (--retrieval)."""
-    from csekit.commands.evaluate import evaluation_groups, print_evaluation, warn_skipped
+    from csekit.commands.evaluate import evaluation_groups, print_evaluation, protocol_label, warn_skipped
     from csekit.core.atomic import atomic_write_text
     from csekit.data.data_dir import resolve_data_dir
     from csekit.evaluation.command_encoder import command_encoder
     from csekit.evaluation.file_tasks import read_file_tasks, skipped_report
-    from csekit.evaluation.suite import run_evaluation
+    from csekit.evaluation.suite import protocol_facts, run_evaluation
 
-    groups = evaluation_groups(tasks, bool(pairs or retrieval), whiten or whiten_dim is not None, bool(retrieval))
+    own = bool(pairs or retrieval)
+    groups = evaluation_groups(tasks, own, whiten or whiten_dim is not None, bool(retrieval), classifier, sentence_end)
     require_at_least("--batch-size", batch_size)
     check_output_file(output)
     if n_jobs == 0 or n_jobs < -1:
@@ -158,17 +168,19 @@ def evaluate(
         whiten = True
     root = resolve_data_dir(data_dir) if any(groups.values()) else None
     own_files = read_file_tasks(pairs or (), pairs_columns, retrieval or (), split)  # bad files: one line, now
-    encode = command_encoder(model, pooler, precision, batch_size, warn=warn)
+    encode = command_encoder(model, pooler, precision, batch_size, warn=warn, sentence_end=sentence_end)
     started = time.perf_counter()
-    result = run_evaluation(encode, root, groups, whiten, whiten_dim, n_jobs, own_files)
+    result = run_evaluation(encode, root, groups, whiten, whiten_dim, n_jobs, own_files, classifier)
     elapsed = time.perf_counter() - started
     print_evaluation(result, groups)
     skipped = skipped_report(own_files)
     warn_skipped(skipped, {read.task.name: read.task.path for read in own_files})
     whitening = f", whitened{'' if whiten_dim is None else f' to {whiten_dim} dims'}" if whiten else ""
-    typer.echo(f"({model}, pooler {encode.pooler}, {encode.label}{whitening}, {elapsed:.1f} s)")
+    protocol = protocol_label(encode.sentence_end, groups, classifier)
+    typer.echo(f"({model}, pooler {encode.pooler}, {encode.label}{whitening}{protocol}, {elapsed:.1f} s)")
     if output is not None:
         facts: dict[str, Any] = {"model": model, "pooler": encode.pooler, "precision": encode.precision}
+        facts.update(protocol_facts(encode.sentence_end, groups, classifier))
         if whiten:
             facts["whiten"] = {"dim": whiten_dim}
         if skipped:

@@ -34,7 +34,7 @@ def _run_one(
     from csekit.data.data_dir import resolve_data_dir
     from csekit.evaluation.alignment import pairwise_cosines, sample_sentences
     from csekit.evaluation.command_encoder import command_encoder
-    from csekit.evaluation.suite import parse_tasks, run_evaluation
+    from csekit.evaluation.suite import parse_tasks, protocol_facts, run_evaluation
     from csekit.training.recipe import load_recipe
     from csekit.training.trainer import train
 
@@ -46,12 +46,14 @@ def _run_one(
     evaluate_start = time.perf_counter()
     encode = command_encoder(folder / "best", None, "fp32", config.run.eval_batch_size, show_progress=False)
     root = resolve_data_dir(data_dir)
-    evaluation = run_evaluation(encode, root, parse_tasks(suite.tasks), n_jobs=-1)
+    groups = parse_tasks(suite.tasks)
+    evaluation = run_evaluation(encode, root, groups, n_jobs=-1, classifier=suite.transfer_classifier)
     corpus = open_corpus(config.data.corpus, root, config.data.max_chars, "skip", config.data.text_column)
     texts = [str(corpus[i]) for i in range(len(corpus))]
     sample = sample_sentences(texts, suite.sample_sentences, seed=seed)
     cosines = pairwise_cosines(encode(sample)).astype(np.float32)
     facts: dict[str, Any] = {"recipe": recipe.name, "seed": seed, "steps": result.steps, "best_step": result.best_step}
+    facts.update(protocol_facts(encode.sentence_end, groups, suite.transfer_classifier))
     # Wall time of this call (training includes its dev evaluations); a resumed run counts only its last part.
     facts["wall_seconds"] = {
         "train": round(train_seconds, 3),

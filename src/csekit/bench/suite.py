@@ -10,9 +10,10 @@ from csekit.core.bounded_read import parse_yaml, read_bounded_text
 from csekit.core.errors import CsekitError, at
 from csekit.core.safe_names import check_name, child_path
 from csekit.evaluation.published import load_published
+from csekit.evaluation.tasks import TRANSFER_CLASSIFIERS
 from csekit.training.recipe import MAX_SEED
 
-SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline", "published"}
+SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline", "published", "transfer_classifier"}
 RECIPE_KEYS = {"recipe", "name", "set", "control", "paper"}
 
 
@@ -38,6 +39,7 @@ class Suite:
     sample_sentences: int = 1000
     baseline: str | None = None  # a recipe name: the summary compares every other one with it, seed by seed
     published: Path | None = None  # the papers' numbers (benchmarks/published/*.yaml), compared task by task
+    transfer_classifier: str = "sklearn"  # SentEval's transfer protocol: sklearn or pytorch (the papers')
 
 
 def _line_of(text: str, key: str) -> int | None:
@@ -101,6 +103,12 @@ def load_suite(path: str | Path) -> Suite:
             f"expected one of {[r.name for r in recipes]}"
         )
     _check_controls(path, text, recipes)
+    classifier = raw.get("transfer_classifier", "sklearn")
+    if classifier not in TRANSFER_CLASSIFIERS:
+        raise CsekitError(
+            f"{at(path, _line_of(text, 'transfer_classifier'))}: transfer_classifier must be one of "
+            f"{', '.join(TRANSFER_CLASSIFIERS)}, found {classifier!r}"
+        )
     return Suite(
         str(raw.get("name") or path.stem),
         seeds,
@@ -109,6 +117,7 @@ def load_suite(path: str | Path) -> Suite:
         sample,
         None if baseline is None else str(baseline),
         _published_file(path, text, raw.get("published"), recipes),
+        classifier,
     )
 
 

@@ -43,11 +43,48 @@ RetrievalOption = Annotated[
     ),
 ]
 SplitOption = Annotated[str, typer.Option("--split", help="The qrels file of --retrieval folders: qrels/SPLIT.tsv.")]
+SentenceEndOption = Annotated[
+    str | None,
+    typer.Option(
+        "--sentence-end",
+        help="Write each sentence's end as an author's evaluation did before encoding: none, promptbert ('.' unless "
+        "it ends in . ? \" ') or sncse (' .' unless it ends in punctuation) (default: the model's own, else none).",
+        show_default=False,
+    ),
+]
+ClassifierOption = Annotated[
+    str,
+    typer.Option(
+        "--classifier",
+        help="SentEval's transfer protocol: sklearn (logistic regression, C grid) or pytorch (Adam, L2 grid "
+        "1e-5..1e-2, early stopping: the papers' usepytorch numbers).",
+    ),
+]
 
 
-def evaluation_groups(tasks: str | None, own_files: bool, whiten: bool, retrieval: bool) -> dict[str, list[str]]:
-    """The SentEval task groups to run: `--tasks`, else `sts`, else none when only the user's files are scored."""
+def protocol_label(sentence_end: str, groups: dict[str, list[str]], classifier: str) -> str:
+    """What the last line adds about how the numbers were computed: a sentence-end rule, the transfer classifier."""
+    label = "" if sentence_end == "none" else f", sentence end {sentence_end}"
+    return label + (f", transfer classifier {classifier}" if groups["transfer"] else "")
+
+
+def evaluation_groups(
+    tasks: str | None,
+    own_files: bool,
+    whiten: bool,
+    retrieval: bool,
+    classifier: str = "sklearn",
+    sentence_end: str | None = None,
+) -> dict[str, list[str]]:
+    """The SentEval task groups to run: `--tasks`, else `sts`, else none when only the user's files are scored
+    (`--classifier` and `--sentence-end` checked here too, before the model loads)."""
+    from csekit.encoding.sentence_end import check_sentence_end
     from csekit.evaluation.suite import parse_tasks
+    from csekit.evaluation.transfer import check_classifier
+
+    check_classifier(classifier)
+    if sentence_end is not None:
+        check_sentence_end(sentence_end, "--sentence-end")
 
     if whiten and retrieval:
         raise CsekitError("--whiten does not go with --retrieval (a whitening kernel from a whole corpus is not built)")

@@ -37,6 +37,7 @@ from csekit.encoding.pooling import (
     pad_ids,
 )
 from csekit.encoding.ready_mask import ready_attention_mask
+from csekit.encoding.sentence_end import NO_SENTENCE_END, check_sentence_end, end_sentences
 
 INPUT_EMBEDDINGS = "inputs_embeds"
 """transformers' input key for token embeddings looked up in advance (they replace `input_ids` in the backbone)."""
@@ -100,7 +101,8 @@ def _make_pooler(
 
 
 class SentenceEncoder(nn.Module):
-    """A backbone, its tokenizer and a pooler; optionally a head kept at test time."""
+    """A backbone, its tokenizer and a pooler; optionally a head kept at test time and a sentence-end rule that
+    `encode` applies (`csekit.encoding.sentence_end`: how the authors' evaluation wrote each sentence)."""
 
     def __init__(
         self,
@@ -108,12 +110,15 @@ class SentenceEncoder(nn.Module):
         tokenizer: Tokenizer,
         pooler: Pooler,
         head: nn.Module | None = None,
+        *,
+        sentence_end: str = NO_SENTENCE_END,
     ) -> None:
         super().__init__()
         self.backbone = backbone
         self.tokenizer = tokenizer
         self.pooler = pooler
         self.head = head
+        self.sentence_end = check_sentence_end(sentence_end, "SentenceEncoder sentence_end")
         #: The pooler a csekit-trained model was saved with (the representation it learnt); None for other models.
         self.trained_pooler: str | None = None
         pooler.bind(tokenizer)
@@ -127,9 +132,14 @@ class SentenceEncoder(nn.Module):
         """This encoder (the same backbone, tokenizer and head) pooling with `pooler` instead."""
         return self._sharing(pooler, self.head)
 
-    def _sharing(self, pooler: Pooler, head: nn.Module | None) -> SentenceEncoder:
+    def with_sentence_end(self, rule: str) -> SentenceEncoder:
+        """This encoder (every module shared) writing each sentence's end as `rule` says before `encode`."""
+        return self._sharing(self.pooler, self.head, rule)
+
+    def _sharing(self, pooler: Pooler, head: nn.Module | None, sentence_end: str | None = None) -> SentenceEncoder:
         """A view of this encoder: the same backbone and tokenizer (and what it was trained with), `pooler`, `head`."""
-        encoder = type(self)(self.backbone, self.tokenizer, pooler, head)
+        rule = self.sentence_end if sentence_end is None else sentence_end
+        encoder = type(self)(self.backbone, self.tokenizer, pooler, head, sentence_end=rule)
         encoder.trained_pooler = self.trained_pooler
         return encoder
 
@@ -143,13 +153,15 @@ class SentenceEncoder(nn.Module):
         dropout: float | None = None,
         templates: Sequence[str] | None = None,
         template_positions: str | None = None,
+        sentence_end: str | None = None,
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
 
         `pooler` overrides the pooler recorded with the model (default `cls` for plain checkpoints).
         `dropout` overrides the backbone's hidden and attention dropout (SimCSE's views come from it).
         `templates` are a prompt pooler's templates (instead of those saved with the model, or its own);
-        `template_positions` where `mask_denoised`'s template-alone pass numbers positions (row or from_zero).
+        `template_positions` where `mask_denoised`'s template-alone pass numbers positions (row or from_zero);
+        `sentence_end` the rule `encode` applies (None: the one saved with the model, else none).
         A training `max_length` that older csekit versions saved is ignored: inference never truncates below
         the backbone's limit (`max_seq_length`). The folder's checks and reading: `model_folder.load_model`.
         """
@@ -166,7 +178,10 @@ class SentenceEncoder(nn.Module):
                 "random), so the pooler_output pooler would read noise; choose another pooler"
             )
         encoder = cls(
-            loaded.model, loaded.tokenizer, _make_pooler(chosen, templates, saved.templates, template_positions)
+            loaded.model,
+            loaded.tokenizer,
+            _make_pooler(chosen, templates, saved.templates, template_positions),
+            sentence_end=sentence_end if sentence_end is not None else saved.sentence_end,
         )
         if saved.csekit_trained:
             encoder.trained_pooler = saved.pooler
@@ -365,7 +380,8 @@ class SentenceEncoder(nn.Module):
         """Embed sentences as float32 numpy rows, in input order.
 
         Duplicates are encoded once, and sentences are sorted by length so batches carry little
-        padding; the test-time representation is the pooled vector (through `head` if one is kept).
+        padding; the test-time representation is the pooled vector (through `head` if one is kept). Each
+        sentence is first written as the encoder's `sentence_end` rule says.
         `precision` is fp32 (SentEval-exact), bf16, fp16 or auto (bf16 where the device runs it natively).
         """
         precision = resolve_precision(precision, self.device)[0]
@@ -374,7 +390,8 @@ class SentenceEncoder(nn.Module):
         if len(sentences) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         unique = list(dict.fromkeys(sentences))
-        ids = self.pooler.encode_ids(self.tokenizer, unique, None, max_positions=self.max_seq_length)
+        texts = end_sentences(unique, self.sentence_end)
+        ids = self.pooler.encode_ids(self.tokenizer, texts, None, max_positions=self.max_seq_length)
         # Sorting by token count (not characters) leaves almost no padding in a batch.
         order = sorted(range(len(unique)), key=lambda i: -len(ids["input_ids"][i]))
         if show_progress_bar is None:

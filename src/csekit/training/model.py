@@ -145,6 +145,7 @@ def load_encoder(recipe: Recipe) -> SentenceEncoder:
         dropout=model.dropout,
         templates=model.templates,
         template_positions=model.template_positions,
+        sentence_end=model.sentence_end,
     )
     if model.max_length > encoder.max_seq_length:
         raise CsekitError(

@@ -27,6 +27,7 @@ from csekit.core.bounded_read import parse_yaml_value, read_yaml_file
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.precision import PRECISIONS
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
+from csekit.encoding.sentence_end import SENTENCE_ENDS
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS, dev_scores
 from csekit.training.compiled import COMPILE_MODES
 from csekit.training.part_building import BUILD_CONTEXT, check_part_options, yaml_text_number_hint
@@ -56,6 +57,9 @@ class ModelConfig:
     # (the paper's "same positions"); from_zero: 0, 1, ... with the part after the sentence shifted by its
     # length, as PromptBERT's code numbers them (get_delta), which differs from row on RoBERTa only.
     template_positions: str = "row"
+    # How the saved model writes each sentence's end before evaluating (csekit.encoding.sentence_end): none,
+    # promptbert ('.' unless it ends in . ? " ') or sncse (' .' unless it ends in punctuation), as their scripts did.
+    sentence_end: str = "none"
 
 
 @dataclass
@@ -105,6 +109,7 @@ class TrainConfig:
     dev_denoise: bool = False
     dev_pooler_output: bool = False
     dev_precision: str = "fp32"
+    dev_sentence_end: bool = True  # dev written with model.sentence_end (SNCSE's dev script), or as given (false)
 
 
 @dataclass
@@ -488,6 +493,7 @@ def _check_dev_scoring(recipe: Recipe, where: Any) -> None:
             f"not {model.pooler}",
         ),
         ("train.dev_precision", train.dev_precision in DEV_PRECISIONS, "must be fp32 or training"),
+        ("model.sentence_end", model.sentence_end in SENTENCE_ENDS, f"must be one of {', '.join(SENTENCE_ENDS)}"),
         (
             "train.dev_denoise",
             not train.dev_denoise or denoised,
