@@ -47,7 +47,7 @@ def _line(label: str, paper: float, values: list[float]) -> str:
     within = "yes" if low <= paper <= high else "no"
     return (
         f"| {label} | {paper:.2f} | {mean:.2f} ± {std0:.2f} ({len(values)} seeds) | {_signed(mean - paper)} | "
-        f"{low:.2f} to {high:.2f} | {within} |"
+        f"{low:.2f} to {high:.2f} | {within} | sentence end none |"
     )
 
 
@@ -288,15 +288,15 @@ def test_csekit_bench_prints_the_comparison_of_a_tiny_models_seeds(tmp_path: Pat
         report = json.loads((out / f"simcse-seed{seed}" / "results.json").read_text(encoding="utf-8"))
         values.append(100.0 * report["tasks"]["STSBenchmark"]["test"])
     assert len(set(values)) == 3  # three different seeds
-    table = "| Task | Paper | csekit | Difference | 95% range | Paper within |\n|---|---|---|---|---|---|\n"
-    expected = table + _line("STS-B", 99.5, values) + "\n| STS Avg. | 76.25 | not evaluated | - | - | - |\n"
+    table = "| Task | Paper | csekit | Difference | 95% range | Paper within | Protocol |\n" + "|---" * 7 + "|\n"
+    expected = table + _line("STS-B", 99.5, values) + "\n| STS Avg. | 76.25 | not evaluated | - | - | - | - |\n"
     assert "Paper: hand-written (Table 0).\n\n" + expected in result.output
 
     mean = sum(values) / 3
     (tmp_path / "pub.yaml").write_text(f"simcse: {{source: at the mean, scores: {{STS-B: {mean:.2f}}}}}\n")
     again = CliRunner().invoke(app, ["bench", str(suite), "--output", str(out), "--summary-only"])
     assert again.exit_code == 0, again.output
-    assert _line("STS-B", round(mean, 2), values).endswith("| yes |")
+    assert _line("STS-B", round(mean, 2), values).endswith("| yes | sentence end none |")
     assert _line("STS-B", round(mean, 2), values) in again.output
 
 

@@ -131,3 +131,13 @@ def test_the_report_names_the_transfer_protocol_and_reads_back(tmp_path: Path) -
     assert isinstance(report["tasks"]["MR"]["C"], list)
     assert EvalResult.from_json(report, "results.json").tasks["MR"]["acc"] == pytest.approx(1.0)
     assert "transfer_classifier" not in protocol_facts("sncse", {**groups, "transfer": []}, "pytorch")
+
+
+def test_bench_names_the_protocol_beside_each_compared_number() -> None:
+    from csekit.bench.papers import protocol
+
+    runs = [{"transfer_classifier": "pytorch", "sentence_end": "sncse"}, {"sentence_end": "sncse"}]
+    assert protocol("MR", runs) == "SentEval pytorch and sklearn classifier (paper: pytorch)"
+    assert protocol("Transfer Avg.", runs[:1]) == "SentEval pytorch classifier (paper: pytorch)"
+    assert protocol("STS-B", runs) == "sentence end sncse"
+    assert protocol("STS-B", [{}]) == "sentence end none"  # a results.json from before the protocol was recorded
