@@ -198,11 +198,12 @@ def test_results_md_and_csv_put_each_paper_number_beside_csekits_seeds(tmp_path:
     simcse = section.split("### simcse\n")[1].split("###")[0]
     assert simcse.startswith("\nPaper: Table 5 of the test.\n\n| Task | Paper | csekit | Difference |")
     assert _line("STS12", 71.0, [70.0, 72.0, 71.0]) + "\n" in simcse  # 71.0 is the mean: within
-    assert _line("STS13", 90.0, [80.0, 81.0, 79.0]).endswith("| no |") and _line("STS13", 90.0, [80, 81, 79]) in simcse
-    assert "| SICK-R | 70.00 | not evaluated | - | - | - |" in simcse
-    assert "| STS Avg. | 75.00 | not evaluated | - | - | - |" in simcse
+    assert _line("STS13", 90.0, [80.0, 81.0, 79.0]).endswith("| no | sentence end none |")
+    assert _line("STS13", 90.0, [80, 81, 79]) in simcse
+    assert "| SICK-R | 70.00 | not evaluated | - | - | - | - |" in simcse
+    assert "| STS Avg. | 75.00 | not evaluated | - | - | - | - |" in simcse
     assert section.split("### renamed\n")[1].split("###")[0] == simcse  # compared with simcse's row
-    assert "| STS12 | 70.00 | 69.00 ± 0.00 (1 seeds) | -1.00 | - | - |" in section
+    assert "| STS12 | 70.00 | 69.00 ± 0.00 (1 seeds) | -1.00 | - | - | sentence end none |" in section
     assert "Paper: Table 6. Note: one seed only" in section
     assert "### unread\n\nNo published numbers: the table is an image\n" in section
     assert "### absent\n\nNo entry 'absent' in the published file.\n" in section
