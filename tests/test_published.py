@@ -315,6 +315,7 @@ def test_the_paper_suites_resolve_and_name_the_command_for_each_missing_input(tm
     path = REPO / "benchmarks" / "suites" / f"papers-{backbone}.yaml"
     suite = load_suite(path)
     assert len(suite.seeds) >= 3 and suite.published == PUBLISHED / f"{backbone}.yaml"
+    assert suite.transfer_classifier == "pytorch"  # the papers' transfer protocol (issue #53)
     assert "Expected device time" in path.read_text(encoding="utf-8")
     published = load_published(suite.published)
     hub_name = {"bert-base": "bert-base-uncased", "roberta-base": "roberta-base"}[backbone]
