@@ -54,6 +54,7 @@ def test_smoke_suite_runs_resumes_and_plots(tmp_path: Path, tiny_model_dir: Path
 
 def test_default_suite_is_valid() -> None:
     suite = load_suite(REPO / "benchmarks" / "suites" / "default.yaml")
+    assert suite.transfer_classifier == "sklearn"  # the default protocol; `transfer_classifier: pytorch` the papers'
     methods = ["simcse", "dclr", "whitenedcse", "slt-fai", "osscse", "combined"]
     assert [r.name for r in suite.recipes] == [f"{m}-minilm" for m in methods] and suite.seeds == [42, 43, 44]
     assert suite.recipes[0].path == (REPO / "recipes" / "quickstart.yaml").resolve()
@@ -72,6 +73,10 @@ def test_default_suite_is_valid() -> None:
         ("tasks: STS21\nrecipes: [a.yaml]\n", 'suite.yaml:1: --tasks: unknown task "STS21"'),
         ("recipes:\n  - recipe: missing.yaml\n", "suite.yaml:2: recipe"),
         ("recipes: [a.yaml]\nbaseline: simcse\n", "suite.yaml:2: baseline 'simcse' is not a recipe name of this suite"),
+        (
+            "recipes: [a.yaml]\ntransfer_classifier: svm\n",
+            "suite.yaml:2: transfer_classifier must be one of sklearn, pytorch, found 'svm'",
+        ),
     ],
 )
 def test_bad_suites_name_file_and_line(tmp_path: Path, text: str, needle: str) -> None:

@@ -47,7 +47,7 @@ def _line(label: str, paper: float, values: list[float]) -> str:
     within = "yes" if low <= paper <= high else "no"
     return (
         f"| {label} | {paper:.2f} | {mean:.2f} ± {std0:.2f} ({len(values)} seeds) | {_signed(mean - paper)} | "
-        f"{low:.2f} to {high:.2f} | {within} |"
+        f"{low:.2f} to {high:.2f} | {within} | sentence end none |"
     )
 
 
@@ -198,11 +198,12 @@ def test_results_md_and_csv_put_each_paper_number_beside_csekits_seeds(tmp_path:
     simcse = section.split("### simcse\n")[1].split("###")[0]
     assert simcse.startswith("\nPaper: Table 5 of the test.\n\n| Task | Paper | csekit | Difference |")
     assert _line("STS12", 71.0, [70.0, 72.0, 71.0]) + "\n" in simcse  # 71.0 is the mean: within
-    assert _line("STS13", 90.0, [80.0, 81.0, 79.0]).endswith("| no |") and _line("STS13", 90.0, [80, 81, 79]) in simcse
-    assert "| SICK-R | 70.00 | not evaluated | - | - | - |" in simcse
-    assert "| STS Avg. | 75.00 | not evaluated | - | - | - |" in simcse
+    assert _line("STS13", 90.0, [80.0, 81.0, 79.0]).endswith("| no | sentence end none |")
+    assert _line("STS13", 90.0, [80, 81, 79]) in simcse
+    assert "| SICK-R | 70.00 | not evaluated | - | - | - | - |" in simcse
+    assert "| STS Avg. | 75.00 | not evaluated | - | - | - | - |" in simcse
     assert section.split("### renamed\n")[1].split("###")[0] == simcse  # compared with simcse's row
-    assert "| STS12 | 70.00 | 69.00 ± 0.00 (1 seeds) | -1.00 | - | - |" in section
+    assert "| STS12 | 70.00 | 69.00 ± 0.00 (1 seeds) | -1.00 | - | - | sentence end none |" in section
     assert "Paper: Table 6. Note: one seed only" in section
     assert "### unread\n\nNo published numbers: the table is an image\n" in section
     assert "### absent\n\nNo entry 'absent' in the published file.\n" in section
@@ -288,15 +289,15 @@ def test_csekit_bench_prints_the_comparison_of_a_tiny_models_seeds(tmp_path: Pat
         report = json.loads((out / f"simcse-seed{seed}" / "results.json").read_text(encoding="utf-8"))
         values.append(100.0 * report["tasks"]["STSBenchmark"]["test"])
     assert len(set(values)) == 3  # three different seeds
-    table = "| Task | Paper | csekit | Difference | 95% range | Paper within |\n|---|---|---|---|---|---|\n"
-    expected = table + _line("STS-B", 99.5, values) + "\n| STS Avg. | 76.25 | not evaluated | - | - | - |\n"
+    table = "| Task | Paper | csekit | Difference | 95% range | Paper within | Protocol |\n" + "|---" * 7 + "|\n"
+    expected = table + _line("STS-B", 99.5, values) + "\n| STS Avg. | 76.25 | not evaluated | - | - | - | - |\n"
     assert "Paper: hand-written (Table 0).\n\n" + expected in result.output
 
     mean = sum(values) / 3
     (tmp_path / "pub.yaml").write_text(f"simcse: {{source: at the mean, scores: {{STS-B: {mean:.2f}}}}}\n")
     again = CliRunner().invoke(app, ["bench", str(suite), "--output", str(out), "--summary-only"])
     assert again.exit_code == 0, again.output
-    assert _line("STS-B", round(mean, 2), values).endswith("| yes |")
+    assert _line("STS-B", round(mean, 2), values).endswith("| yes | sentence end none |")
     assert _line("STS-B", round(mean, 2), values) in again.output
 
 
@@ -314,6 +315,7 @@ def test_the_paper_suites_resolve_and_name_the_command_for_each_missing_input(tm
     path = REPO / "benchmarks" / "suites" / f"papers-{backbone}.yaml"
     suite = load_suite(path)
     assert len(suite.seeds) >= 3 and suite.published == PUBLISHED / f"{backbone}.yaml"
+    assert suite.transfer_classifier == "pytorch"  # the papers' transfer protocol (issue #53)
     assert "Expected device time" in path.read_text(encoding="utf-8")
     published = load_published(suite.published)
     hub_name = {"bert-base": "bert-base-uncased", "roberta-base": "roberta-base"}[backbone]

@@ -18,7 +18,20 @@ import numpy as np
 import typer
 
 from csekit.commands.diagnose import diagnose_models
-from csekit.commands.evaluate import MtebOption, PairsColumnsOption, PairsOption, RetrievalOption, SplitOption
+from csekit.commands.evaluate import (
+    ClassifierOption,
+    MtebOption,
+    PairsColumnsOption,
+    PairsOption,
+    RetrievalOption,
+    SentenceEndOption,
+    SplitOption,
+    check_evaluate_numbers,
+    evaluation_groups,
+    print_evaluation,
+    protocol_label,
+    warn_skipped,
+)
 from csekit.commands.options import (
     BatchSizeOption,
     Command,
@@ -138,33 +151,29 @@ def evaluate(
     retrieval: RetrievalOption = None,
     split: SplitOption = "test",
     mteb: MtebOption = None,
+    sentence_end: SentenceEndOption = None,
+    classifier: ClassifierOption = "sklearn",
 ) -> None:
     """Evaluate a model SentEval's way: STS (Spearman x 100), transfer tasks (accuracy x 100), alignment/uniformity;
     on your own files: sentence pairs (--pairs), retrieval sets (--retrieval); and on MTEB (--mteb)."""
-    from csekit.commands.evaluate import evaluation_groups, print_evaluation, warn_skipped
     from csekit.core.atomic import atomic_write_text
     from csekit.data.data_dir import resolve_data_dir
     from csekit.evaluation.command_encoder import command_encoder
     from csekit.evaluation.file_tasks import read_file_tasks, skipped_report
     from csekit.evaluation.mteb_run import resolve_tasks, run_mteb
-    from csekit.evaluation.suite import run_evaluation
+    from csekit.evaluation.suite import protocol_facts, run_evaluation
 
     whitened = whiten or whiten_dim is not None
     mteb_tasks = resolve_tasks(mteb, whitened)  # an unknown name: one line, before the model is loaded
-    groups = evaluation_groups(tasks, bool(pairs or retrieval or mteb), whitened, bool(retrieval))
-    require_at_least("--batch-size", batch_size)
+    own = bool(pairs or retrieval or mteb)
+    groups = evaluation_groups(tasks, own, whitened, bool(retrieval), classifier, sentence_end)
+    check_evaluate_numbers(batch_size, n_jobs, whiten_dim)
     check_output_file(output)
-    if n_jobs == 0 or n_jobs < -1:
-        raise CsekitError(f"--n-jobs must be -1 (all cores) or at least 1, got {n_jobs}")
-    if whiten_dim is not None:
-        if whiten_dim < 1:
-            raise CsekitError(f"--whiten-dim must be at least 1, got {whiten_dim}")
-        whiten = True
     root = resolve_data_dir(data_dir) if any(groups.values()) else None
     own_files = read_file_tasks(pairs or (), pairs_columns, retrieval or (), split)  # bad files: one line, now
-    encode = command_encoder(model, pooler, precision, batch_size, warn=warn)
+    encode = command_encoder(model, pooler, precision, batch_size, warn=warn, sentence_end=sentence_end)
     started = time.perf_counter()
-    result = run_evaluation(encode, root, groups, whiten, whiten_dim, n_jobs, own_files)
+    result = run_evaluation(encode, root, groups, whitened, whiten_dim, n_jobs, own_files, classifier)
     mteb_run = run_mteb(encode, model, mteb_tasks, output) if mteb_tasks else None
     result.tasks.update(mteb_run.tasks if mteb_run else {})
     elapsed = time.perf_counter() - started
@@ -173,11 +182,13 @@ def evaluate(
         typer.echo(line)
     skipped = skipped_report(own_files)
     warn_skipped(skipped, {read.task.name: read.task.path for read in own_files})
-    whitening = f", whitened{'' if whiten_dim is None else f' to {whiten_dim} dims'}" if whiten else ""
-    typer.echo(f"({model}, pooler {encode.pooler}, {encode.label}{whitening}, {elapsed:.1f} s)")
+    whitening = f", whitened{'' if whiten_dim is None else f' to {whiten_dim} dims'}" if whitened else ""
+    protocol = protocol_label(encode.sentence_end, groups, classifier)
+    typer.echo(f"({model}, pooler {encode.pooler}, {encode.label}{whitening}{protocol}, {elapsed:.1f} s)")
     if output is not None:
         facts: dict[str, Any] = {"model": model, "pooler": encode.pooler, "precision": encode.precision}
-        if whiten:
+        facts.update(protocol_facts(encode.sentence_end, groups, classifier))
+        if whitened:
             facts["whiten"] = {"dim": whiten_dim}
         if skipped:
             facts["skipped_lines"] = skipped

@@ -52,7 +52,10 @@ PAPER_RULE = (
     "denominator. A paper reports one run, so the question is whether it could have been one more of "
     'csekit\'s seeds; "yes" when the paper\'s number lies in that range, "-" with fewer than 2 seeds. A number '
     "the paper gives as the mean of k runs (marked) is compared as one: the range of the mean of k more runs, "
-    "sqrt(1/k + 1/n) for sqrt(1 + 1/n), with k = 2 where the source does not give the count."
+    "sqrt(1/k + 1/n) for sqrt(1 + 1/n), with k = 2 where the source does not give the count. Protocol: how "
+    "csekit computed its number: the sentence-end rule its model applied (`csekit.encoding.sentence_end`: none, or "
+    "an author's end punctuation) and, for a transfer task, SentEval's classifier (sklearn or pytorch); every "
+    "published transfer number comes from SentEval's PyTorch classifier."
 )
 
 
@@ -80,25 +83,38 @@ def format_paper_markdown(
         elif recipe.name not in runs:
             markdown += f"Paper: {row.source}. No finished run yet.\n"
         else:
-            markdown += _paper_table(row, papers.get(recipe.name, {}))
+            markdown += _paper_table(row, papers.get(recipe.name, {}), runs[recipe.name])
     return markdown
 
 
-def _paper_table(row: PublishedRow, columns: dict[str, PaperComparison]) -> str:
-    """The table of one recipe: a line per published column."""
+def _paper_table(row: PublishedRow, columns: dict[str, PaperComparison], runs: list[dict[str, Any]]) -> str:
+    """The table of one recipe: a line per published column, with the protocol csekit's number was computed by."""
     lines = [f"Paper: {row.source}." + (f" Note: {row.note}" if row.note else ""), ""]
-    lines += ["| Task | Paper | csekit | Difference | 95% range | Paper within |", "|---|---|---|---|---|---|"]
+    lines += [
+        "| Task | Paper | csekit | Difference | 95% range | Paper within | Protocol |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for label, paper in row.scores.items():
         comparison = columns.get(label)
         if comparison is None:
-            lines.append(f"| {label} | {paper:.2f} | not evaluated | - | - | - |")
+            lines.append(f"| {label} | {paper:.2f} | not evaluated | - | - | - | - |")
             continue
         spread = "-" if comparison.low is None else f"{comparison.low:.2f} to {comparison.high:.2f}"
         within = {None: "-", True: "yes", False: "no"}[comparison.within]
         measured = f"{comparison.mean:.2f} ± {comparison.std:.2f} ({comparison.seeds} seeds)"
         published = f"{paper:.2f}" + _mean_mark(row, label)
-        lines.append(f"| {label} | {published} | {measured} | {signed(comparison.difference)} | {spread} | {within} |")
+        cells = f"{published} | {measured} | {signed(comparison.difference)} | {spread} | {within}"
+        lines.append(f"| {label} | {cells} | {protocol(label, runs)} |")
     return "\n".join(lines) + "\n"
+
+
+def protocol(label: str, runs: list[dict[str, Any]]) -> str:
+    """How csekit's runs computed the number of column `label` (results.json's `sentence_end` and
+    `transfer_classifier`; runs written before they were recorded: none and sklearn)."""
+    if label in dict(TRANSFER_COLUMNS):
+        used = sorted({str(run.get("transfer_classifier", "sklearn")) for run in runs})
+        return f"SentEval {' and '.join(used)} classifier (paper: pytorch)"
+    return f"sentence end {' and '.join(sorted({str(run.get('sentence_end', 'none')) for run in runs}))}"
 
 
 def _mean_mark(row: PublishedRow, label: str) -> str:

@@ -35,7 +35,7 @@ def _run_one(
     from csekit.evaluation.alignment import pairwise_cosines, sample_sentences
     from csekit.evaluation.command_encoder import command_encoder
     from csekit.evaluation.file_tasks import read_file_tasks
-    from csekit.evaluation.suite import run_evaluation
+    from csekit.evaluation.suite import protocol_facts, run_evaluation
     from csekit.training.recipe import load_recipe
     from csekit.training.trainer import train
 
@@ -48,12 +48,14 @@ def _run_one(
     encode = command_encoder(folder / "best", None, "fp32", config.run.eval_batch_size, show_progress=False)
     root = resolve_data_dir(data_dir)
     files = read_file_tasks(suite.pairs, None, suite.retrieval)
-    evaluation = run_evaluation(encode, root, suite_groups(suite), n_jobs=-1, files=files)
+    groups = suite_groups(suite)
+    evaluation = run_evaluation(encode, root, groups, n_jobs=-1, files=files, classifier=suite.transfer_classifier)
     corpus = open_corpus(config.data.corpus, root, config.data.max_chars, "skip", config.data.text_column)
     texts = [str(corpus[i]) for i in range(len(corpus))]
     sample = sample_sentences(texts, suite.sample_sentences, seed=seed)
     cosines = pairwise_cosines(encode(sample)).astype(np.float32)
     facts: dict[str, Any] = {"recipe": recipe.name, "seed": seed, "steps": result.steps, "best_step": result.best_step}
+    facts.update(protocol_facts(encode.sentence_end, groups, suite.transfer_classifier))
     # Wall time of this call (training includes its dev evaluations); a resumed run counts only its last part.
     facts["wall_seconds"] = {
         "train": round(train_seconds, 3),

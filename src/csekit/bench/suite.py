@@ -10,9 +10,10 @@ from csekit.core.bounded_read import parse_yaml, read_bounded_text
 from csekit.core.errors import CsekitError, at
 from csekit.core.safe_names import check_name, child_path
 from csekit.evaluation.published import load_published
+from csekit.evaluation.tasks import TRANSFER_CLASSIFIERS
 from csekit.training.recipe import MAX_SEED
 
-SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline", "published"}
+SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline", "published", "transfer_classifier"}
 RECIPE_KEYS = {"recipe", "name", "set", "control", "paper"}
 
 
@@ -41,6 +42,7 @@ class Suite:
     # The user's own files among `tasks` (pairs:PATH, retrieval:PATH), relative to the suite; `tasks` the rest.
     pairs: list[Path] = field(default_factory=list)
     retrieval: list[Path] = field(default_factory=list)
+    transfer_classifier: str = "sklearn"  # SentEval's transfer protocol: sklearn or pytorch (the papers')
 
 
 def _line_of(text: str, key: str) -> int | None:
@@ -96,6 +98,12 @@ def load_suite(path: str | Path) -> Suite:
             f"expected one of {[r.name for r in recipes]}"
         )
     _check_controls(path, text, recipes)
+    classifier = raw.get("transfer_classifier", "sklearn")
+    if classifier not in TRANSFER_CLASSIFIERS:
+        raise CsekitError(
+            f"{at(path, _line_of(text, 'transfer_classifier'))}: transfer_classifier must be one of "
+            f"{', '.join(TRANSFER_CLASSIFIERS)}, found {classifier!r}"
+        )
     return Suite(
         str(raw.get("name") or path.stem),
         seeds,
@@ -106,6 +114,7 @@ def load_suite(path: str | Path) -> Suite:
         _published_file(path, text, raw.get("published"), recipes),
         files["pairs"],
         files["retrieval"],
+        classifier,
     )
 
 

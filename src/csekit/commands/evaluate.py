@@ -8,6 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
+from csekit.commands.options import require_at_least
 from csekit.core.errors import CsekitError
 from csekit.evaluation.result import STS_AVERAGE, TRANSFER_AVERAGE, EvalResult
 from csekit.evaluation.sts import format_sts_table
@@ -52,11 +53,57 @@ MtebOption = Annotated[
         show_default=False,
     ),
 ]
+SentenceEndOption = Annotated[
+    str | None,
+    typer.Option(
+        "--sentence-end",
+        help="Write each sentence's end as an author's evaluation did before encoding: none, promptbert ('.' unless "
+        "it ends in . ? \" ') or sncse (' .' unless it ends in punctuation) (default: the model's own, else none).",
+        show_default=False,
+    ),
+]
+ClassifierOption = Annotated[
+    str,
+    typer.Option(
+        "--classifier",
+        help="SentEval's transfer protocol: sklearn (logistic regression, C grid) or pytorch (Adam, L2 grid "
+        "1e-5..1e-2, early stopping: the papers' usepytorch numbers).",
+    ),
+]
 
 
-def evaluation_groups(tasks: str | None, own_files: bool, whiten: bool, retrieval: bool) -> dict[str, list[str]]:
-    """The SentEval task groups to run: `--tasks`, else `sts`, else none when only the user's files are scored."""
+def protocol_label(sentence_end: str, groups: dict[str, list[str]], classifier: str) -> str:
+    """What the last line adds about how the numbers were computed: a sentence-end rule, the transfer classifier."""
+    label = "" if sentence_end == "none" else f", sentence end {sentence_end}"
+    return label + (f", transfer classifier {classifier}" if groups["transfer"] else "")
+
+
+def check_evaluate_numbers(batch_size: int, n_jobs: int, whiten_dim: int | None) -> None:
+    """`csekit evaluate`'s numeric options, each refused in one line before anything is loaded."""
+    require_at_least("--batch-size", batch_size)
+    if n_jobs == 0 or n_jobs < -1:
+        raise CsekitError(f"--n-jobs must be -1 (all cores) or at least 1, got {n_jobs}")
+    if whiten_dim is not None and whiten_dim < 1:
+        raise CsekitError(f"--whiten-dim must be at least 1, got {whiten_dim}")
+
+
+def evaluation_groups(
+    tasks: str | None,
+    own_files: bool,
+    whiten: bool,
+    retrieval: bool,
+    classifier: str = "sklearn",
+    sentence_end: str | None = None,
+) -> dict[str, list[str]]:
+    """The SentEval task groups to run: `--tasks`, else `sts`, else none when only the user's files are scored
+    (`--classifier` and `--sentence-end` checked here too, before the model loads)."""
+    from csekit.encoding.sentence_end import check_sentence_end
     from csekit.evaluation.suite import parse_tasks
+    from csekit.evaluation.transfer import check_classifier
+
+    check_classifier(classifier)
+    if sentence_end is not None:
+        check_sentence_end(sentence_end, "--sentence-end")
 
     if whiten and retrieval:
         raise CsekitError("--whiten does not go with --retrieval (a whitening kernel from a whole corpus is not built)")

@@ -39,6 +39,7 @@ from csekit.encoding.pooling import (
     pad_ids,
 )
 from csekit.encoding.ready_mask import ready_attention_mask
+from csekit.encoding.sentence_end import NO_SENTENCE_END, check_sentence_end, end_sentences
 
 INPUT_EMBEDDINGS = "inputs_embeds"
 """transformers' input key for token embeddings looked up in advance (they replace `input_ids` in the backbone)."""
@@ -102,7 +103,8 @@ def _make_pooler(
 
 
 class SentenceEncoder(nn.Module):
-    """A backbone, its tokenizer and a pooler; optionally a head kept at test time."""
+    """A backbone, its tokenizer and a pooler; optionally a head kept at test time and a sentence-end rule that
+    `encode` applies (`csekit.encoding.sentence_end`: how the authors' evaluation wrote each sentence)."""
 
     def __init__(
         self,
@@ -110,12 +112,15 @@ class SentenceEncoder(nn.Module):
         tokenizer: Tokenizer,
         pooler: Pooler,
         head: nn.Module | None = None,
+        *,
+        sentence_end: str = NO_SENTENCE_END,
     ) -> None:
         super().__init__()
         self.backbone = backbone
         self.tokenizer = tokenizer
         self.pooler = pooler
         self.head = head
+        self.sentence_end = check_sentence_end(sentence_end, "SentenceEncoder sentence_end")
         #: The pooler a csekit-trained model was saved with (the representation it learnt); None for other models.
         self.trained_pooler: str | None = None
         #: A decoder LLM (`csekit.encoding.decoder`): position ids count real tokens, so padding may be on either side.
@@ -133,9 +138,14 @@ class SentenceEncoder(nn.Module):
         """This encoder (the same backbone, tokenizer and head) pooling with `pooler` instead."""
         return self._sharing(pooler, self.head)
 
-    def _sharing(self, pooler: Pooler, head: nn.Module | None) -> SentenceEncoder:
+    def with_sentence_end(self, rule: str) -> SentenceEncoder:
+        """This encoder (every module shared) writing each sentence's end as `rule` says before `encode`."""
+        return self._sharing(self.pooler, self.head, rule)
+
+    def _sharing(self, pooler: Pooler, head: nn.Module | None, sentence_end: str | None = None) -> SentenceEncoder:
         """A view of this encoder: the same backbone and tokenizer (and what it was trained with), `pooler`, `head`."""
-        encoder = type(self)(self.backbone, self.tokenizer, pooler, head)
+        rule = self.sentence_end if sentence_end is None else sentence_end
+        encoder = type(self)(self.backbone, self.tokenizer, pooler, head, sentence_end=rule)
         encoder.trained_pooler = self.trained_pooler
         return encoder
 
@@ -151,6 +161,7 @@ class SentenceEncoder(nn.Module):
         template_positions: str | None = None,
         attention: str | None = None,
         lora: Mapping[str, Any] | None = None,
+        sentence_end: str | None = None,
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
 
@@ -160,6 +171,7 @@ class SentenceEncoder(nn.Module):
         `template_positions` where `mask_denoised`'s template-alone pass numbers positions (row or from_zero).
         `attention`: a decoder LLM's causal or bidirectional attention (None: as saved; `csekit.encoding.decoder`).
         `lora`: LoRA adapters on the backbone, which then trains only them (`csekit.encoding.lora`).
+        `sentence_end`: the rule `encode` applies (None: the one saved with the model, else none).
         A training `max_length` that older csekit versions saved is ignored: inference never truncates below
         the backbone's limit (`max_seq_length`). The folder's checks and reading: `model_folder.load_model`.
         """
@@ -183,7 +195,12 @@ class SentenceEncoder(nn.Module):
                 "random), so the pooler_output pooler would read noise; choose another pooler"
             )
         backbone = add_lora(loaded.model, lora) if lora is not None else loaded.model
-        encoder = cls(backbone, loaded.tokenizer, _make_pooler(chosen, templates, saved.templates, template_positions))
+        encoder = cls(
+            backbone,
+            loaded.tokenizer,
+            _make_pooler(chosen, templates, saved.templates, template_positions),
+            sentence_end=sentence_end if sentence_end is not None else saved.sentence_end,
+        )
         if saved.csekit_trained:
             encoder.trained_pooler = saved.pooler
         encoder.head = loaded.head
@@ -384,7 +401,8 @@ class SentenceEncoder(nn.Module):
         """Embed sentences as float32 numpy rows, in input order.
 
         Duplicates are encoded once, and sentences are sorted by length so batches carry little
-        padding; the test-time representation is the pooled vector (through `head` if one is kept).
+        padding; the test-time representation is the pooled vector (through `head` if one is kept). Each
+        sentence is first written as the encoder's `sentence_end` rule says.
         `precision` is fp32 (SentEval-exact), bf16, fp16 or auto (bf16 where the device runs it natively).
         """
         precision = resolve_precision(precision, self.device)[0]
@@ -393,7 +411,8 @@ class SentenceEncoder(nn.Module):
         if len(sentences) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         unique = list(dict.fromkeys(sentences))
-        ids = self.pooler.encode_ids(self.tokenizer, unique, None, max_positions=self.max_seq_length)
+        texts = end_sentences(unique, self.sentence_end)
+        ids = self.pooler.encode_ids(self.tokenizer, texts, None, max_positions=self.max_seq_length)
         # Sorting by token count (not characters) leaves almost no padding in a batch.
         order = sorted(range(len(unique)), key=lambda i: -len(ids["input_ids"][i]))
         if show_progress_bar is None:

@@ -3,7 +3,9 @@
 `SentenceTransformer(path)` loads a saved csekit model unchanged: the transformer's own files, then one
 module per step of the pooler (Pooling, WeightedLayerPooling for first_last_avg, a Dense for the
 pooler_output layer and for a kept head), and `csekit.json` with what csekit alone reads back (the
-pooler's name, prompt templates, the kept head's folder). The folder is written atomically.
+pooler's name, prompt templates, the kept head's folder, the sentence-end rule). The folder is written atomically.
+A model sentence-transformers cannot reproduce (a prompt pooler, a sentence-end rule) names a module that refuses
+to load, so `SentenceTransformer(path)` fails in one line instead of embedding it another way.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from csekit.encoding.kept_head import DenseTanh, ExportsAsDenseTanh
 from csekit.encoding.lora import plain_model, plain_weights
 from csekit.encoding.model_card import CARD_FILE, render_model_card
 from csekit.encoding.model_folder import CSEKIT_CONFIG, non_finite_parameters, quiet_transformers
-from csekit.encoding.pooling import Pooler, PoolerOutputPooler
+from csekit.encoding.pooling import MaskPooler, Pooler, PoolerOutputPooler
+from csekit.encoding.sentence_end import NO_SENTENCE_END, SentenceEndNotExported
 from csekit.encoding.token_input import tokenize_texts
 
 TOKENIZER_FILE_LIMIT = 2**26
@@ -41,6 +44,7 @@ class Exportable(Protocol):
     tokenizer: Any
     pooler: Pooler
     head: nn.Module | None
+    sentence_end: str
 
     @property
     def dim(self) -> int: ...
@@ -108,6 +112,10 @@ def _write(out: Path, encoder: Exportable, card_facts: Mapping[str, Any] | None)
         dense = f"{len(modules.entries)}_Dense"
         modules.add_dense(dense, head.linear)
         meta["head"] = {"dim": encoder.dim, "path": dense}
+    if encoder.sentence_end != NO_SENTENCE_END:
+        meta["sentence_end"] = encoder.sentence_end
+        if not isinstance(encoder.pooler, MaskPooler):  # a prompt model refuses already (PromptNotExported)
+            modules.add_refusal(f"{SentenceEndNotExported.__module__}.{SentenceEndNotExported.__name__}")
     _write_json(out / "modules.json", modules.entries)
     _write_json(
         out / "sentence_bert_config.json",
@@ -154,14 +162,7 @@ def _write_pooling(modules: _ModuleList, encoder: Exportable) -> None:
         # sentence-transformers cannot wrap a sentence in a template before tokenising, so a prompt
         # model is not a sentence-transformers model. A module that refuses to load keeps
         # SentenceTransformer(path) from silently mean-pooling it; csekit reloads it from csekit.json.
-        modules.entries.append(
-            {
-                "idx": len(modules.entries),
-                "name": str(len(modules.entries)),
-                "path": "",
-                "type": "csekit.encoding.pooling.PromptNotExported",
-            }
-        )
+        modules.add_refusal("csekit.encoding.pooling.PromptNotExported")
         return
     elif name == "last_token":
         _append_eos_when_tokenizing(out, encoder.tokenizer)
@@ -230,6 +231,11 @@ class _ModuleList:
         )
         (self.out / folder).mkdir(exist_ok=True)
         return self.out / folder
+
+    def add_refusal(self, kind: str) -> None:
+        """A module of type `kind` (a class whose load raises one line) that keeps sentence-transformers from loading
+        a model it would embed another way."""
+        self.entries.append({"idx": len(self.entries), "name": str(len(self.entries)), "path": "", "type": kind})
 
     def add_dense(self, folder_name: str, linear: nn.Linear) -> None:
         """A sentence-transformers Dense module: `linear`, then tanh."""

@@ -43,6 +43,7 @@ from csekit.encoding.decoder import DECODER_SPECIAL_TOKENS, is_decoder_only
 from csekit.encoding.hub import hub_options, resolve_model_path, unreachable_hub_message
 from csekit.encoding.model_config import check_config_values, check_model_size, check_tokenizer_config
 from csekit.encoding.model_files import check_model_files
+from csekit.encoding.sentence_end import NO_SENTENCE_END, check_sentence_end
 
 VOCABULARY_FILES = (
     "tokenizer.json",  # any fast tokenizer
@@ -234,6 +235,7 @@ class SavedLayout:
     pooler: str | None = None  # the pooler the model was saved with (csekit.json, or modules.json's Pooling)
     head_config: Any = None  # csekit.json's "head" (checked where the head is loaded)
     templates: list[str] | None = None  # a prompt pooler's templates (csekit.json)
+    sentence_end: str = "none"  # how `encode` writes each sentence's end (csekit.json; csekit.encoding.sentence_end)
     csekit_trained: bool = False  # whether csekit saved it (csekit.json)
 
 
@@ -301,8 +303,8 @@ def local_model_layout(path: Path, needs_config: bool = True) -> SavedLayout:
     config.json is refused (a tokenizer alone is enough for `csekit freq`)."""
     layout = SavedLayout(str(path))
     if (path / CSEKIT_CONFIG).exists():
-        pooler, head_config, templates = _csekit_metadata(path / CSEKIT_CONFIG)
-        layout = SavedLayout(str(path), pooler, head_config, templates, csekit_trained=True)
+        pooler, head_config, templates, sentence_end = _csekit_metadata(path / CSEKIT_CONFIG)
+        layout = SavedLayout(str(path), pooler, head_config, templates, sentence_end, csekit_trained=True)
     elif (path / "modules.json").exists():
         transformer_dir, pooler = _sentence_transformers_layout(path)
         layout = SavedLayout(str(transformer_dir), pooler)
@@ -343,15 +345,17 @@ def _sentence_transformers_layout(path: Path) -> tuple[Path, str | None]:
     return transformer_dir, pooler
 
 
-def _csekit_metadata(path: Path) -> tuple[str | None, Any, list[str] | None]:
-    """`csekit.json`: the saved pooler (a name), the kept head (checked where it is loaded) and prompt templates."""
+def _csekit_metadata(path: Path) -> tuple[str | None, Any, list[str] | None, str]:
+    """`csekit.json`: the saved pooler (a name), the kept head (checked where it is loaded), prompt templates and the
+    sentence-end rule."""
     meta = read_json(path)
     pooler, templates = meta.get("pooler"), meta.get("templates")
     if pooler is not None and not isinstance(pooler, str):
         raise CsekitError(f'{path}: "pooler" must be a pooler\'s name, found {_json_kind(pooler)}')
     if templates is not None and not (isinstance(templates, list) and all(isinstance(t, str) for t in templates)):
         raise CsekitError(f'{path}: "templates" must be a list of strings, found {_json_kind(templates)}')
-    return pooler, meta.get("head"), templates
+    sentence_end = check_sentence_end(meta.get("sentence_end", NO_SENTENCE_END), f'{path}: "sentence_end"')
+    return pooler, meta.get("head"), templates, sentence_end
 
 
 def load_kept_head(folder: Path, head_config: Any, dim: int) -> Any:

@@ -119,4 +119,6 @@ def _is_score(value: Any) -> bool:
 def _is_scores(value: Any, depth: int = 0) -> bool:
     if isinstance(value, dict):
         return depth < MAX_DEPTH and all(isinstance(k, str) and _is_scores(v, depth + 1) for k, v in value.items())
+    if isinstance(value, list):  # a transfer task's per-fold choices (its C or l2reg for each of the k folds)
+        return depth > 0 and all(_is_score(item) for item in value)
     return _is_score(value)

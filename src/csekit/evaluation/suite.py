@@ -19,7 +19,13 @@ from csekit.evaluation.result import STS_AVERAGE, TRANSFER_AVERAGE, EvalResult
 from csekit.evaluation.sts import DEV_TASKS, STS_TASKS, dev_average, evaluate_dev, evaluate_sts, sts_average
 from csekit.evaluation.sts_data import load_sts_task
 from csekit.evaluation.tasks import AVG_STS, EVAL_TASKS
-from csekit.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, load_transfer_task, transfer_average
+from csekit.evaluation.transfer import (
+    TRANSFER_TASKS,
+    check_classifier,
+    evaluate_transfer,
+    load_transfer_task,
+    transfer_average,
+)
 
 
 def parse_tasks(tasks: str) -> dict[str, list[str]]:
@@ -56,6 +62,7 @@ def run_evaluation(
     whiten_dim: int | None = None,
     n_jobs: int | None = 1,
     files: Sequence[ReadTask] = (),
+    classifier: str = "sklearn",
 ) -> EvalResult:
     """Run the requested evaluations with one model pass over all their distinct sentences.
 
@@ -63,8 +70,9 @@ def run_evaluation(
     task's own sentences (Su et al.); the cache keeps the model pass shared. `files` are the user's own tasks
     (`--pairs`, `--retrieval`; `root`, the SentEval data folder, may then be None when no SentEval task runs).
     Returns the tasks' results and the averages whose tasks all ran: `avg`, `avg_sts` (the two dev splits'
-    mean), `transfer_avg`.
+    mean), `transfer_avg`. `classifier`: SentEval's transfer protocol, sklearn or pytorch.
     """
+    check_classifier(classifier)
     cache = EmbeddingCache(encode_raw)
     sentences: list[str] = []
     for name in [*groups["sts"], *groups["dev"], *(["stsb-dev"] if groups["align"] else [])]:
@@ -83,7 +91,7 @@ def run_evaluation(
     for name in groups["dev"]:
         tasks.update(EvalResult.from_flat(evaluate_dev(encode, root, name)).tasks)
     for name in groups["transfer"]:
-        tasks.update(EvalResult.from_flat(evaluate_transfer(encode, root, [name], n_jobs)).tasks)
+        tasks.update(EvalResult.from_flat(evaluate_transfer(encode, root, [name], n_jobs, classifier=classifier)).tasks)
     if groups["align"]:
         tasks["align"] = evaluate_align_uniform(encode, root, "stsb-dev")
     tasks.update(score_file_tasks(encode, encode_raw, files))
@@ -93,3 +101,12 @@ def run_evaluation(
         TRANSFER_AVERAGE: transfer_average(tasks),
     }
     return EvalResult(tasks, {key: value for key, value in averages.items() if value is not None})
+
+
+def protocol_facts(sentence_end: str, groups: dict[str, list[str]], classifier: str) -> dict[str, str]:
+    """How an evaluation's numbers were computed, for its report: the sentence-end rule the encoder applied
+    (`csekit.encoding.sentence_end`) and, when transfer tasks ran, SentEval's classifier protocol."""
+    facts = {"sentence_end": sentence_end}
+    if groups["transfer"]:
+        facts["transfer_classifier"] = classifier
+    return facts

@@ -66,6 +66,9 @@ HEADLINE_STS = tuple(task.name for task in _TASKS if task.group == "sts")
 """The seven STS numbers the papers average (registered STS tasks are reported, not averaged)."""
 DEV_SPLITS = tuple(task.name for task in _TASKS if task.group == "dev")
 TRANSFER_TASKS = tuple(task.name for task in _TASKS if task.group == "transfer")
+TRANSFER_CLASSIFIERS = ("sklearn", "pytorch")
+"""SentEval's two transfer protocols: scikit-learn's logistic regression (`usepytorch: False`) or its PyTorch one
+(`csekit.evaluation.transfer_pytorch`; the papers' transfer numbers)."""
 """SentEval's seven transfer tasks (their average is the papers' transfer average)."""
 
 

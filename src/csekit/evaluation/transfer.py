@@ -11,6 +11,9 @@ The readers and the classifier protocol reproduce SentEval's scikit-learn mode (
 
 Only the encoding differs: every distinct sentence of every requested task is encoded in one call.
 The ``acc`` values returned are fractions (SentEval's percentage / 100), like the STS scores.
+
+`classifier="pytorch"` runs SentEval's PyTorch protocol instead (`csekit.evaluation.transfer_pytorch`: Adam,
+the L2 grid 1e-5..1e-2, early stopping), the one the papers' transfer numbers were computed with.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ from sklearn.model_selection import StratifiedKFold
 
 from csekit.core.errors import CsekitError, at, did_you_mean
 from csekit.data.data_dir import find_task_dir, resolve_data_dir
+from csekit.evaluation import transfer_pytorch
 from csekit.evaluation.files import read_text, universal_lines
 from csekit.evaluation.table import score_table
-from csekit.evaluation.tasks import TRANSFER_TASKS, table_columns
+from csekit.evaluation.tasks import TRANSFER_CLASSIFIERS, TRANSFER_TASKS, table_columns
 
 Encoder = Callable[[list[str]], np.ndarray]
 
@@ -289,18 +293,42 @@ def _rows(index: dict[str, int], emb: np.ndarray, sentences: list[str]) -> np.nd
     return emb[[index[s] for s in sentences]]
 
 
+def check_classifier(classifier: str) -> None:
+    if classifier not in TRANSFER_CLASSIFIERS:
+        raise CsekitError(f"transfer classifier must be one of {', '.join(TRANSFER_CLASSIFIERS)}, found {classifier!r}")
+
+
 def run_transfer_task(
-    task: TransferTask, index: dict[str, int], emb: np.ndarray, n_jobs: int | None = 1, k: int = KFOLD
+    task: TransferTask,
+    index: dict[str, int],
+    emb: np.ndarray,
+    n_jobs: int | None = 1,
+    k: int = KFOLD,
+    classifier: str = "sklearn",
 ) -> dict:
-    """Classify one loaded task from precomputed embeddings; returns acc, devacc, chosen C, ndev/ntest."""
+    """Classify one loaded task from precomputed embeddings with SentEval's `classifier` protocol; returns acc,
+    devacc, the chosen C (sklearn) or l2reg (pytorch), ndev/ntest."""
+    check_classifier(classifier)
+    return _classify(task, index, emb, n_jobs, k, classifier == "pytorch")
+
+
+def _classify(
+    task: TransferTask, index: dict[str, int], emb: np.ndarray, n_jobs: int | None, k: int, pytorch: bool
+) -> dict:
     splits = task.splits
+    classes = len(_TREC_CLASSES) if task.name == "TREC" else 2
     if "all" in splits:
         data = splits["all"]
-        result = inner_kfold(_rows(index, emb, data.sentences), data.labels, n_jobs, k)
+        x = _rows(index, emb, data.sentences)
+        if pytorch:
+            result = transfer_pytorch.inner_kfold(x, data.labels, classes, n_jobs, k)
+        else:
+            result = inner_kfold(x, data.labels, n_jobs, k)
         return {**result, "ndev": len(data), "ntest": len(data)}
     if task.name == "SST2":
         x = {key: _rows(index, emb, s.sentences) for key, s in splits.items()}
-        result = split_classifier(x, {key: s.labels for key, s in splits.items()}, n_jobs)
+        y = {key: s.labels for key, s in splits.items()}
+        result = transfer_pytorch.split_classifier(x, y, classes, n_jobs) if pytorch else split_classifier(x, y, n_jobs)
         return {**result, "ndev": len(splits["dev"]), "ntest": len(splits["test"])}
     features = {}
     for key, split in splits.items():
@@ -311,7 +339,11 @@ def run_transfer_task(
             v = _rows(index, emb, split.sentences2)
             features[key] = np.c_[np.abs(u - v), u * v]
     train, test = splits["train"], splits["test"]
-    result, predicted = kfold(features["train"], train.labels, features["test"], test.labels, n_jobs, k)
+    data = (features["train"], train.labels, features["test"], test.labels)
+    if pytorch:
+        result, predicted = transfer_pytorch.kfold(*data, classes, n_jobs, k)
+    else:
+        result, predicted = kfold(*data, n_jobs, k)
     if task.name == "MRPC":
         result["f1"] = round(100 * float(f1_score(test.labels, predicted)), 2) / 100
     return {**result, "ndev": len(train), "ntest": len(test)}
@@ -323,13 +355,16 @@ def evaluate_transfer(
     tasks: Sequence[str] = TRANSFER_TASKS,
     n_jobs: int | None = 1,
     k: int = KFOLD,
+    classifier: str = "sklearn",
 ) -> dict:
     """Accuracy (fraction) of each transfer task, plus `transfer_avg` when all seven ran.
 
     `encode` is called once on the deduplicated sentences of all tasks; `n_jobs` parallelises the
     (fold, C) fits with joblib (-1: all cores), which changes nothing in the results. `k` is SentEval's
-    `kfold` parameter; keep the default 10 for the papers' protocol.
+    `kfold` parameter; keep the default 10 for the papers' protocol. `classifier`: SentEval's sklearn or
+    pytorch protocol (`TRANSFER_CLASSIFIERS`).
     """
+    check_classifier(classifier)
     if isinstance(tasks, str):
         tasks = (tasks,)
     for name in tasks:
@@ -337,7 +372,7 @@ def evaluate_transfer(
     root = resolve_data_dir(data_dir)
     loaded = [load_transfer_task(root, name) for name in dict.fromkeys(tasks)]
     index, emb = _encode_all(encode, loaded)
-    results: dict = {task.name: run_transfer_task(task, index, emb, n_jobs, k) for task in loaded}
+    results: dict = {task.name: run_transfer_task(task, index, emb, n_jobs, k, classifier) for task in loaded}
     average = transfer_average(results)
     if average is not None:
         results["transfer_avg"] = average

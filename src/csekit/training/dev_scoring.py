@@ -12,6 +12,9 @@ another representation than the one it reported:
   `prompt_bert/models.py` L290-303, L362-368: `sentemb_forward` with the training arguments, in eval mode
   and without gradient), while its final test runs without `--mask_embedding_sentence_delta`:
   `train.dev_denoise: true`.
+* SNCSE's dev script writes each sentence's end as its test does (`bert_evaluation.py`: " ." after one without
+  end punctuation) and PromptBERT's trainer does not (its dev batcher adds no period, its test's does): dev is
+  written with `model.sentence_end` unless `train.dev_sentence_end: false`.
 * DCLR's code scores dev on `pooler_output`, BERT's pooler layer (dense + tanh) on [CLS] (DCLR `trainers.py`
   L106-118, `models.py` L767), while its test reads [CLS] before it: `train.dev_pooler_output: true`.
 
@@ -32,6 +35,7 @@ from torch import nn
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.pooling import DenoisedMaskPooler, backbone_pooler_layer, make_pooler
+from csekit.encoding.sentence_end import NO_SENTENCE_END
 from csekit.evaluation.file_tasks import ReadTask
 from csekit.evaluation.sts import evaluate_dev
 from csekit.training.dev_selection import score_dev_files
@@ -57,6 +61,8 @@ def dev_encoder(saved: SentenceEncoder, head: nn.Module, train: TrainConfig) -> 
             encoder = encoder.with_head(head)
         if train.dev_pooler_output:
             encoder = restore.enter_context(pooler_output_for_dev(encoder))
+        if not train.dev_sentence_end:
+            encoder = encoder.with_sentence_end(NO_SENTENCE_END)
         yield encoder
 
 

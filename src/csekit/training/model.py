@@ -147,6 +147,7 @@ def load_encoder(recipe: Recipe) -> SentenceEncoder:
         template_positions=model.template_positions,
         attention=model.attention,
         lora=model.lora,
+        sentence_end=model.sentence_end,
     )
     if model.max_length > encoder.max_seq_length:
         raise CsekitError(

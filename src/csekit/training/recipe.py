@@ -27,6 +27,7 @@ from csekit.core.bounded_read import parse_yaml_value, read_yaml_file
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.precision import PRECISIONS
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
+from csekit.encoding.sentence_end import SENTENCE_ENDS
 from csekit.training.backbone_options import check_backbone_options
 from csekit.training.compiled import COMPILE_MODES
 from csekit.training.dev_selection import check_dev_selection
@@ -61,6 +62,9 @@ class ModelConfig:
     attention: str | None = None
     # LoRA adapters through peft (csekit.encoding.lora): {r, alpha, dropout, target_modules}; only they train.
     lora: dict[str, Any] | None = None
+    # How the saved model writes each sentence's end before evaluating (csekit.encoding.sentence_end): none,
+    # promptbert ('.' unless it ends in . ? " ') or sncse (' .' unless it ends in punctuation), as their scripts did.
+    sentence_end: str = "none"
 
 
 @dataclass
@@ -112,6 +116,7 @@ class TrainConfig:
     dev_denoise: bool = False
     dev_pooler_output: bool = False
     dev_precision: str = "fp32"
+    dev_sentence_end: bool = True  # dev written with model.sentence_end (SNCSE's dev script), or as given (false)
 
 
 @dataclass
@@ -478,6 +483,7 @@ def _check_dev_scoring(recipe: Recipe, where: Any) -> None:
             f"not {model.pooler}",
         ),
         ("train.dev_precision", train.dev_precision in DEV_PRECISIONS, "must be fp32 or training"),
+        ("model.sentence_end", model.sentence_end in SENTENCE_ENDS, f"must be one of {', '.join(SENTENCE_ENDS)}"),
         (
             "train.dev_denoise",
             not train.dev_denoise or denoised,
