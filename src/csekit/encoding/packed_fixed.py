@@ -81,7 +81,7 @@ class FixedRows:
         back = row * width + (positions - cumulative[row])
         # Every row keeps its first key (an empty padding row attends to the zero state): no row is all masked.
         keys = valid | (slots == 0)[None]
-        # The mask's (eager: additive) dtype is the embeddings', as the padded pass builds it (`ready_mask`).
+        # The mask's (eager: additive) dtype: the weights', as the length groups' and `ready_mask`'s.
         shape_only = torch.empty((*keys.shape, 0), device=device, dtype=attention.query.weight.dtype)
         mask = create_bidirectional_mask(attention.config, shape_only, keys.long(), allow_is_bidirectional_skip=False)
         return cls(cumulative, width, False, gather, back.long(), mask, attention_function(attention))
@@ -101,10 +101,8 @@ def _attend_fixed(attention: nn.Module, hidden: Tensor, rows: FixedRows, fused_q
     assert rows.gather is not None and rows.back is not None and rows.attend is not None
     with_zero = [torch.cat([tensor, tensor.new_zeros((1, *tensor.shape[1:]))]) for tensor in (query, key, value)]
     q, k, v = (tensor[rows.gather].transpose(1, 2) for tensor in with_zero)  # [R, H, W, d_h]
-    context = rows.attend(attention, q, k, v, rows.mask, dropout=dropout, scaling=attention.scaling)[
-        0
-    ]  # [R, W, H, d_h]
-    return context.flatten(0, 1)[rows.back].flatten(1)
+    context, _ = rows.attend(attention, q, k, v, rows.mask, dropout=dropout, scaling=attention.scaling)
+    return context.flatten(0, 1)[rows.back].flatten(1)  # [R, W, H, d_h] -> [T_bucket, H * d_h]
 
 
 def run_layer_stack(
