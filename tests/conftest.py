@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoConfig, BertTokenizerFast, PreTrainedTokenizerFast
+from transformers import AutoConfig, AutoModelForMaskedLM, BertTokenizerFast, PreTrainedTokenizerFast
 
 from csekit import cli
 from csekit.core.precision import NATIVE_BF16_VARIABLE
@@ -90,6 +90,26 @@ def make_tiny_encoder(
         initializer_range=initializer_range,
     )
     return SentenceEncoder.from_config(config, tokenizer, pooler=pooler)
+
+
+def make_tiny_mlm(folder: Path, seed: int = 0, model_type: str = "bert", initializer_range: float = 0.02) -> Path:
+    """A saved 1-layer masked-LM model of `model_type` with the tiny vocabulary (a DiffCSE generator); its folder."""
+    torch.manual_seed(seed)
+    tokenizer = make_tokenizer(folder)
+    config = AutoConfig.for_model(
+        model_type,
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        initializer_range=initializer_range,
+    )
+    AutoModelForMaskedLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
 OSSCSE_TEMPLATE_TEXTS = (
@@ -303,11 +323,12 @@ def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 
 
 def run_cli_with_test_parts(
-    *args: str, plugin_dir: Path, cwd: Path | None = None, stderr: Path | None = None
+    *args: str, plugin_dir: Path, cwd: Path | None = None, stderr: Path | None = None, own_group: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """`csekit ARGS` in a fresh interpreter that sees parts_for_tests' parts as an installed plugin (in `plugin_dir`).
 
-    With `stderr`, the error stream goes to that file (as a user redirecting it), not to a pipe.
+    With `stderr`, the error stream goes to that file (as a user redirecting it), not to a pipe. With `own_group`,
+    the process leads its own process group (a signal to the group then reaches it and its children only).
     """
     from parts_for_tests import write_entry_points
 
@@ -316,9 +337,11 @@ def run_cli_with_test_parts(
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     command = [sys.executable, "-m", "csekit.cli", *args]
     if stderr is None:
-        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd)
+        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, start_new_session=own_group)
     with open(stderr, "w", encoding="utf-8") as handle:
-        return subprocess.run(command, stdout=subprocess.PIPE, stderr=handle, text=True, env=env, cwd=cwd)
+        return subprocess.run(
+            command, stdout=subprocess.PIPE, stderr=handle, text=True, env=env, cwd=cwd, start_new_session=own_group
+        )
 
 
 def assert_same_checkpoint_weights(expected_run: Path, actual_run: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 import torch
@@ -47,15 +48,20 @@ class InterruptOnce(KillOnce):
     """Like `KillOnce`, but sends SIGINT (what Ctrl-C sends; or `signal_name`, e.g. SIGTERM) to its own process:
     training goes on to the step's end."""
 
-    def __init__(self, at_call: int, marker: str, signal_name: str = "SIGINT") -> None:
+    def __init__(self, at_call: int, marker: str, signal_name: str = "SIGINT", to_group: bool = False) -> None:
         super().__init__(at_call, marker)
         self.signal_number = signal.Signals[signal_name]
+        self.to_group = to_group  # the whole process group, as a terminal's Ctrl-C or `timeout` sends it
 
     def forward(self, state: StepState) -> dict[str, Tensor]:
         self.calls += 1
         if self.calls == self.at_call and not self.marker.exists():
             self.marker.write_text("interrupted", encoding="utf-8")
-            os.kill(os.getpid(), self.signal_number)
+            if self.to_group:  # from another process, as a terminal or `timeout` sends it (not the loader's parent)
+                group = str(-os.getpgid(0))
+                subprocess.run(["kill", "-s", self.signal_number.name.removeprefix("SIG"), "--", group], check=False)
+            else:
+                os.kill(os.getpid(), self.signal_number)
         return {"interrupt_once": torch.zeros((), device=state.embeddings[0].device)}
 
 

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from conftest import WORDS, make_tiny_encoder
+from conftest import WORDS, make_tiny_encoder, make_tiny_mlm
+from tiny_decoders import make_tiny_decoder
 
 from csekit.core.errors import CsekitError
 from csekit.core.precision import cpu_model_and_flags
@@ -77,8 +78,15 @@ spreads at which its weighting zeroes some in-batch negatives of most steps but 
 (measured over the 20 steps: 0 to 50% of a step's negatives for BERT, 29 to 89% for RoBERTa, 4 to 71%
 with dropout; at 0.3 the model with dropout zeroed none)."""
 
-MODEL_TYPE_OF_BACKBONE = {"bert-base-uncased": "bert", "minilm-l6": "bert", "roberta-base": "roberta"}
-"""The transformers model type of the tiny stand-in for each backbone the shipped recipes name."""
+MODEL_TYPE_OF_BACKBONE = {
+    "bert-base-uncased": "bert",
+    "minilm-l6": "bert",
+    "roberta-base": "roberta",
+    "princeton-nlp/Sheared-LLaMA-1.3B": "llama",
+}
+"""The transformers model type of the tiny stand-in for each backbone the shipped recipes name (decoder types:
+tests/tiny_decoders.py's tiny decoder, initializer range 0.2)."""
+DECODER_TYPES = ("llama",)
 
 COMMON_OVERRIDES = (
     f"train.max_steps={STEPS}",
@@ -105,6 +113,7 @@ class TinyInputs:
     text_corpus: Path
     osscse_corpus: Path  # .jsonl with text, paraphrase and negation, as `csekit augment` writes it
     counts: Path  # {token: count} over the tiny vocabulary
+    generators: dict[str, Path]  # model type -> DiffCSE's MLM generator (a tiny masked LM of the tiny vocabulary)
 
 
 def make_tiny_inputs(folder: Path) -> TinyInputs:
@@ -119,7 +128,11 @@ def make_tiny_inputs(folder: Path) -> TinyInputs:
         return path
 
     backbones, complementary = {}, {}
-    for model_type in sorted(set(MODEL_TYPE_OF_BACKBONE.values())):
+    for model_type in DECODER_TYPES:  # no complementary model: DCLR's recipes are on BERT and RoBERTa
+        encoder = make_tiny_decoder(model_type, seed=0)
+        backbones[model_type] = folder / f"tiny-{model_type}"
+        encoder.save(backbones[model_type])
+    for model_type in sorted(set(MODEL_TYPE_OF_BACKBONE.values()) - set(DECODER_TYPES)):
         backbones[model_type] = make_model(f"tiny-{model_type}", model_type, 0, BACKBONE_SPREAD)
         for dropout, spread in COMPLEMENTARY_SPREAD.items():
             name = f"tiny-{model_type}-complementary{'-dropout' if dropout else ''}"
@@ -143,7 +156,11 @@ def make_tiny_inputs(folder: Path) -> TinyInputs:
     counts = {token: 1000 if token in frequent else 1 + index % 7 for token, index in vocabulary.items()}
     counts_path = folder / "counts.json"
     counts_path.write_text(json.dumps(counts), encoding="utf-8")
-    return TinyInputs(backbones, complementary, text_corpus, osscse_corpus, counts_path)
+    generators = {
+        model_type: make_tiny_mlm(folder / f"tiny-{model_type}-generator", 2, model_type, BACKBONE_SPREAD)
+        for model_type in sorted(backbones)
+    }
+    return TinyInputs(backbones, complementary, text_corpus, osscse_corpus, counts_path, generators)
 
 
 def tiny_overrides(recipe: Recipe, tiny: TinyInputs) -> list[str]:
@@ -179,6 +196,8 @@ def tiny_overrides(recipe: Recipe, tiny: TinyInputs) -> list[str]:
                 for name in objective["teachers"]
             ]
             overrides.append(f"objectives.{index}.teachers=[{', '.join(str(path) for path in teachers)}]")
+        if "generator" in objective:  # DiffCSE: a tiny masked LM of the backbone's kind and vocabulary
+            overrides.append(f"objectives.{index}.generator={tiny.generators[model_type]}")
         if "dims" in objective:  # Matryoshka's widths, scaled from the recipe's widest to the tiny model's
             dims = [max(1, int(d) * TINY_WIDTH // max(objective["dims"])) for d in objective["dims"]]
             overrides.append(f"objectives.{index}.dims=[{', '.join(str(d) for d in dims)}]")

@@ -41,12 +41,14 @@ WRITE_FUNCTIONS = {
     "urllib.request.urlretrieve",
     "torch.utils.tensorboard.SummaryWriter",
     "tensorboardX.SummaryWriter",
+    "mteb.ResultCache",
 }
 WRITE_METHODS = {"write_text", "write_bytes", "savefig", "save_pretrained", "symlink_to", "hardlink_to", "touch"}
 WRITE_METHODS |= {"tofile", "extractall", "rename", "to_csv", "to_json"}
 WRITE_METHODS |= {"init_trackers", "save_state", "save_model", "save_vocabulary", "to_json_file", "add_hparams"}
+WRITE_METHODS |= {"save_to_cache"}
 """Library calls that write files by themselves (issue #49): accelerate's trackers (TensorBoard's event files and
-hparams.yml under logging_dir) and checkpoints, transformers' tokenizer and config savers."""
+hparams.yml under logging_dir) and checkpoints, transformers' tokenizer and config savers, mteb's result cache."""
 READ_FUNCTIONS = {
     "json.load",
     *(f"yaml.{name}" for name in ("load", "safe_load", "full_load", "unsafe_load", "load_all", "safe_load_all")),
@@ -77,6 +79,11 @@ ALLOWED_WRITES = {
     ("csekit.training.trackers", "init_trackers"): "accelerate's trackers write (TensorBoard: event files, "
     "hparams.yml) under logging_dir, set just before to the held OUTPUT/logs (core/atomic.hold_folder: no link at "
     "any level, the run's folder logs/<name> held too, the name checked with check_name)",
+    ("csekit.evaluation.mteb_run", "mteb.ResultCache"): "mteb's result cache is made (a mkdir) on the staging folder "
+    "atomic_directory made and holds (/proc/self/fd/N) for `evaluate --mteb`'s result files",
+    ("csekit.evaluation.mteb_run", "save_to_cache"): "mteb writes its result files (TASK.json, model_meta.json, "
+    "run_settings.jsonl) itself, under that held staging folder; every entry is checked to be a file or folder there "
+    "before swap_in keeps it",
     ("csekit.data.data_dir", "extractall"): "download-data unpacks an archive it downloaded in this process into its "
     "own TemporaryDirectory; zipfile drops absolute and '..' names, tarfile's data filter refuses links leaving it",
 }
@@ -416,7 +423,10 @@ def show(model: str) -> None:
 # --- 5. a library that writes by itself writes only into a held folder (issue #49) -----------------------------
 
 LIBRARY_WRITERS = {"save_pretrained", "init_trackers", "save_state", "save_model", "save_vocabulary", "add_hparams"}
+LIBRARY_WRITERS |= {"ResultCache", "save_to_cache"}
 HELD_WRITERS = {
+    ("csekit.evaluation.mteb_run", "ResultCache"): ("_save_results", "atomic_directory"),
+    ("csekit.evaluation.mteb_run", "save_to_cache"): ("_save_results", "atomic_directory"),
     ("csekit.encoding.export", "save_pretrained"): ("_write", "atomic_directory"),
     ("csekit.training.trackers", "init_trackers"): ("start_trackers", "HeldFolder"),
 }

@@ -107,3 +107,29 @@ def test_the_stages_fit_the_budget_and_one_stage_gets_all_of_it() -> None:
     assert limits["compile"] == float("inf")  # what is left, last
     assert sum(v for v in limits.values() if v != float("inf")) <= 480 - 30
     assert stage_limits(150, ["loop"]) == {"loop": 150}
+
+
+def test_the_suite_call_trains_the_carried_configurations_on_the_carried_model(tmp_path: Path) -> None:
+    """benchmarks/gpu_suite.py writes the controlled suite for the GPU's one-epoch call: only configurations the
+    carry can feed, the suite's own settings, and the carried model wherever a recipe named the alias (DCLR's
+    complementary model too), so that nothing on the device reaches for a package or the hub."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_suite import CARRIED, subset
+
+    from csekit.bench.suite import load_suite
+    from csekit.training.recipe import load_recipe
+
+    model = str(tmp_path / "model")
+    written = subset(REPO / "benchmarks" / "suites" / "controlled.yaml", list(CARRIED), [42, 43], "minilm-l6", model)
+    path = tmp_path / "elsewhere" / "suite.yaml"
+    path.parent.mkdir()
+    import yaml
+
+    path.write_text(yaml.safe_dump(written, sort_keys=False), encoding="utf-8")
+    suite = load_suite(path)
+    assert [r.name for r in suite.recipes] == list(CARRIED) and suite.seeds == [42, 43]
+    recipes = {r.name: load_recipe(r.path, r.overrides) for r in suite.recipes}
+    assert {r.model.backbone for r in recipes.values()} == {model}
+    assert recipes["dclr-minilm"].weighting["model"] == model
+    assert "minilm-l6" not in json.dumps({name: vars(r.model) for name, r in recipes.items()})
+    assert {(r.train.batch_size, r.train.lr, r.model.max_length) for r in recipes.values()} == {(64, 3e-5, 32)}

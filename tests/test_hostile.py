@@ -335,49 +335,6 @@ def test_damaged_model_metadata_is_one_line_naming_the_file(
 # --- no silent loss of work --------------------------------------------------------------------------
 
 
-def interrupt_recipe(path: Path, model: Path, corpus: Path, marker: Path, signal_name: str) -> Path:
-    path.write_text(
-        f"""
-model: {{backbone: "{model}", pooler: mean, max_length: 16}}
-data: {{corpus: "{corpus}"}}
-train: {{batch_size: 16, lr: 5.0e-4, max_steps: 6, eval_every: 4, log_every: 1, dev_task: none, precision: fp32}}
-objectives:
-  - {{name: infonce, temperature: 0.05}}
-  - {{name: interrupt_once, weight: 0.0, at_call: 3, marker: "{marker}", signal_name: {signal_name}}}
-""",
-        encoding="utf-8",
-    )
-    return path
-
-
-def test_sigterm_checkpoints_the_step_and_the_run_resumes_exactly(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """SIGTERM (schedulers, timeout, Docker, systemd) killed training with no message, losing the steps since the
-    last checkpoint; now it is Ctrl-C: the step is checkpointed, one line, exit status 143."""
-    from conftest import assert_same_checkpoint_weights, read_metrics, run_cli_with_test_parts
-
-    marker = tmp_path / "terminated"
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=128)
-    recipe = interrupt_recipe(tmp_path / "recipe.yaml", tiny_model_dir, corpus, marker, "SIGTERM")
-
-    def csekit(*args: str) -> subprocess.CompletedProcess[str]:
-        return run_cli_with_test_parts(*args, "--no-progress", plugin_dir=tmp_path / "plugin", cwd=tmp_path)
-
-    marker.write_text("not this run", encoding="utf-8")
-    assert csekit("train", str(recipe), "--output", "straight").returncode == 0
-    marker.unlink()
-    stopped = csekit("train", str(recipe), "--output", "run")
-    assert stopped.returncode == 143, stopped.stderr
-    assert stopped.stderr.splitlines() == [
-        "csekit: interrupted by SIGTERM at step 3; resume with: csekit train --output run --resume"
-    ]
-    assert json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())["step"] == 3
-    resumed = csekit("train", "--output", "run", "--resume")
-    assert resumed.returncode == 0, resumed.stderr
-    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "run")
-    losses = [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "run") if "loss" in r]
-    assert losses == [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "straight") if "loss" in r]
-
-
 def test_a_run_that_finished_while_this_one_started_is_not_overwritten(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -33,6 +33,8 @@ EXPECTED_METHODS = {
     "matryoshka-simcse-minilm": ["simcse", "matryoshka"],
     "cropping-bert-base": ["simcse", "contriever", "cropping"],
     "tsdae-bert-base": ["simcse", "tsdae"],
+    "diffcse-bert-base": ["simcse", "diffcse"],
+    "diffcse-roberta-base": ["simcse", "diffcse"],
 }
 
 

@@ -52,3 +52,20 @@ def test_mteb_recognises_the_adapter(tiny_model_dir: Path) -> None:
     meta = adapter.mteb_model_meta
     assert isinstance(meta, ModelMeta) and meta.embed_dim == 32 and meta.name == f"csekit/{tiny_model_dir.name}"
     assert mteb.__version__
+
+
+def test_mteb_names_keep_a_benchmarks_commas_and_corpora_map_to_mteb_tasks() -> None:
+    """Without mteb: `--mteb`'s comma list, and a run's corpus and dev task in MTEB's names."""
+    from csekit.evaluation.mteb_meta import training_data
+    from csekit.evaluation.mteb_run import split_names
+
+    assert split_names("MTEB(eng, v2), STS12,,SICK-R") == ["MTEB(eng, v2)", "STS12", "SICK-R"]
+    facts = {"base_model": "minilm-l6", "saved_on": "2026-11-27"}
+    wiki = training_data({**facts, "corpus": "corpus/wiki1m_for_simcse.txt", "dev_task": "none"})
+    assert wiki.tasks == frozenset() and wiki.unnamed == ()  # Wikipedia sentences: in no MTEB task
+    dev = training_data({**facts, "corpus": "corpus/wiki1m_for_simcse.txt", "dev_task": "sts"})
+    assert dev.tasks == {"STSBenchmark", "STSBenchmarkMultilingualSTS", "SICK-R"}  # selected on their gold scores
+    sncse = training_data({**facts, "corpus": "corpus/sts_sick_unlabeled_sncse.jsonl", "dev_task": "none"})
+    assert {"STS12", "STS16", "STSBenchmark", "SICK-R"} <= sncse.tasks
+    own = training_data({**facts, "corpus": "/data/legal.txt", "dev_task": ["pairs:legal"]})
+    assert own.tasks == frozenset() and own.unnamed == ("corpus /data/legal.txt", "dev task pairs:legal")

@@ -307,7 +307,8 @@ def test_sync_free_choices_and_what_it_needs() -> None:
     assert use_sync_free("True", "fp32", "adamw", auto=False)
     assert not use_sync_free("false", "fp32", "adamw", auto=True)
     assert not use_sync_free("auto", "bf16", "adamw", auto=False)
-    assert not any(decide_execution(load_recipe(None), device_type=kind).sync_free for kind in ("cpu", "cuda"))
+    decided = [decide_execution(load_recipe(None), device_type=kind).sync_free for kind in ("cpu", "cuda")]
+    assert decided == [False, True]  # auto: on for CUDA ("On a GPU III"), off on a CPU
     with pytest.raises(CsekitError, match=r"needs train\.optimizer adamw"):
         use_sync_free("true", "fp32", "adamw_uncorrected", auto=True)
     with pytest.raises(CsekitError, match=r"needs train\.precision fp32 or bf16"):

@@ -18,7 +18,7 @@ import numpy as np
 import typer
 
 from csekit.commands.diagnose import diagnose_models
-from csekit.commands.evaluate import PairsColumnsOption, PairsOption, RetrievalOption, SplitOption
+from csekit.commands.evaluate import MtebOption, PairsColumnsOption, PairsOption, RetrievalOption, SplitOption
 from csekit.commands.options import (
     BatchSizeOption,
     Command,
@@ -137,17 +137,21 @@ def evaluate(
     pairs_columns: PairsColumnsOption = None,
     retrieval: RetrievalOption = None,
     split: SplitOption = "test",
+    mteb: MtebOption = None,
 ) -> None:
     """Evaluate a model SentEval's way: STS (Spearman x 100), transfer tasks (accuracy x 100), alignment/uniformity;
-    and on your own files: sentence pairs (--pairs), retrieval sets (--retrieval)."""
+    on your own files: sentence pairs (--pairs), retrieval sets (--retrieval); and on MTEB (--mteb)."""
     from csekit.commands.evaluate import evaluation_groups, print_evaluation, warn_skipped
     from csekit.core.atomic import atomic_write_text
     from csekit.data.data_dir import resolve_data_dir
     from csekit.evaluation.command_encoder import command_encoder
     from csekit.evaluation.file_tasks import read_file_tasks, skipped_report
+    from csekit.evaluation.mteb_run import resolve_tasks, run_mteb
     from csekit.evaluation.suite import run_evaluation
 
-    groups = evaluation_groups(tasks, bool(pairs or retrieval), whiten or whiten_dim is not None, bool(retrieval))
+    whitened = whiten or whiten_dim is not None
+    mteb_tasks = resolve_tasks(mteb, whitened)  # an unknown name: one line, before the model is loaded
+    groups = evaluation_groups(tasks, bool(pairs or retrieval or mteb), whitened, bool(retrieval))
     require_at_least("--batch-size", batch_size)
     check_output_file(output)
     if n_jobs == 0 or n_jobs < -1:
@@ -161,8 +165,12 @@ def evaluate(
     encode = command_encoder(model, pooler, precision, batch_size, warn=warn)
     started = time.perf_counter()
     result = run_evaluation(encode, root, groups, whiten, whiten_dim, n_jobs, own_files)
+    mteb_run = run_mteb(encode, model, mteb_tasks, output) if mteb_tasks else None
+    result.tasks.update(mteb_run.tasks if mteb_run else {})
     elapsed = time.perf_counter() - started
     print_evaluation(result, groups)
+    for line in mteb_run.lines if mteb_run else []:
+        typer.echo(line)
     skipped = skipped_report(own_files)
     warn_skipped(skipped, {read.task.name: read.task.path for read in own_files})
     whitening = f", whitened{'' if whiten_dim is None else f' to {whiten_dim} dims'}" if whiten else ""
@@ -173,6 +181,8 @@ def evaluate(
             facts["whiten"] = {"dim": whiten_dim}
         if skipped:
             facts["skipped_lines"] = skipped
+        if mteb_run:
+            facts["mteb"] = mteb_run.facts
         report = {**result.report(facts), "seconds": round(elapsed, 2)}
         with saving_output(output):
             atomic_write_text(output, json_text(report, indent=2) + "\n")

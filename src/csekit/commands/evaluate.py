@@ -43,6 +43,15 @@ RetrievalOption = Annotated[
     ),
 ]
 SplitOption = Annotated[str, typer.Option("--split", help="The qrels file of --retrieval folders: qrels/SPLIT.tsv.")]
+MtebOption = Annotated[
+    str | None,
+    typer.Option(
+        "--mteb",
+        help="MTEB tasks or benchmarks through the mteb package (pip install 'csekit[mteb]'): \"STS12,SICK-R\", "
+        '"MTEB(eng, v2)"; main score x 100 per task; mteb\'s result files beside --output (default: none).',
+        show_default=False,
+    ),
+]
 
 
 def evaluation_groups(tasks: str | None, own_files: bool, whiten: bool, retrieval: bool) -> dict[str, list[str]]:

@@ -23,7 +23,9 @@ from transformers import PreTrainedTokenizerBase as Tokenizer
 from csekit.core.errors import CsekitError
 from csekit.core.precision import DTYPES, resolve_precision
 from csekit.core.progress import progress
+from csekit.encoding.decoder import is_decoder_only, prepare_tokenizer, real_token_positions, set_attention
 from csekit.encoding.export import save_model
+from csekit.encoding.lora import add_lora
 from csekit.encoding.model_folder import freeze_unused_pooler, load_model, non_finite_parameters
 from csekit.encoding.packed import PackingLayout, packed_pass, split_layout
 from csekit.encoding.packed_fixed import fixed_packed_pass
@@ -117,6 +119,10 @@ class SentenceEncoder(nn.Module):
         self.head = head
         #: The pooler a csekit-trained model was saved with (the representation it learnt); None for other models.
         self.trained_pooler: str | None = None
+        #: A decoder LLM (`csekit.encoding.decoder`): position ids count real tokens, so padding may be on either side.
+        self.decoder_only = is_decoder_only(backbone.config)
+        prepare_tokenizer(tokenizer, backbone.config)
+        set_attention(backbone, None)  # the attention its config says (a saved bidirectional model's flags)
         pooler.bind(tokenizer)
         pooler.bind_backbone(backbone)
 
@@ -144,6 +150,8 @@ class SentenceEncoder(nn.Module):
         dropout: float | None = None,
         templates: Sequence[str] | None = None,
         template_positions: str | None = None,
+        attention: str | None = None,
+        lora: Mapping[str, Any] | None = None,
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
 
@@ -151,13 +159,22 @@ class SentenceEncoder(nn.Module):
         `dropout` overrides the backbone's hidden and attention dropout (SimCSE's views come from it).
         `templates` are a prompt pooler's templates (instead of those saved with the model, or its own);
         `template_positions` where `mask_denoised`'s template-alone pass numbers positions (row or from_zero).
+        `attention`: a decoder LLM's causal or bidirectional attention (None: as saved; `csekit.encoding.decoder`).
+        `lora`: LoRA adapters on the backbone, which then trains only them (`csekit.encoding.lora`).
         A training `max_length` that older csekit versions saved is ignored: inference never truncates below
         the backbone's limit (`max_seq_length`). The folder's checks and reading: `model_folder.load_model`.
         """
         overrides: dict[str, Any] = {}
         if dropout is not None:
-            overrides = {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
+            # BERT's keys, and decoder LLMs' (Llama's, Qwen2's...: attention dropout only, as LLM2Vec's SimCSE sets
+            # it); a config ignores the keys it does not have.
+            overrides = {
+                "hidden_dropout_prob": dropout,
+                "attention_probs_dropout_prob": dropout,
+                "attention_dropout": dropout,
+            }
         loaded = load_model(name_or_path, AutoModel, config_overrides=overrides)
+        set_attention(loaded.model, attention)
         location, missing, saved = loaded.location, loaded.missing_weights, loaded.layout
         chosen = pooler or saved.pooler or "cls"
         if chosen == PoolerOutputPooler.name and any(key.startswith("pooler.") for key in missing):
@@ -166,9 +183,8 @@ class SentenceEncoder(nn.Module):
                 f"({', '.join(sorted(key for key in missing if key.startswith('pooler.')))} were initialised at "
                 "random), so the pooler_output pooler would read noise; choose another pooler"
             )
-        encoder = cls(
-            loaded.model, loaded.tokenizer, _make_pooler(chosen, templates, saved.templates, template_positions)
-        )
+        backbone = add_lora(loaded.model, lora) if lora is not None else loaded.model
+        encoder = cls(backbone, loaded.tokenizer, _make_pooler(chosen, templates, saved.templates, template_positions))
         if saved.csekit_trained:
             encoder.trained_pooler = saved.pooler
         encoder.head = loaded.head
@@ -334,6 +350,9 @@ class SentenceEncoder(nn.Module):
         mask, ids = inputs["attention_mask"], inputs["input_ids"]
         if self.training:  # the host is not asked whether the batch has padding (see `ready_attention_mask`)
             backbone_inputs["attention_mask"] = ready_attention_mask(self.backbone, mask)
+        if self.decoder_only:  # no key/value cache: nothing is generated
+            backbone_inputs.setdefault("position_ids", real_token_positions(mask))
+            backbone_inputs["use_cache"] = False
         tail = None if token_states else _position_wise_tail(self.backbone)
         positions = self.pooler.read_positions(mask, ids) if tail is not None else None
         if tail is not None and positions is not None:

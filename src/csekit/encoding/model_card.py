@@ -148,6 +148,16 @@ BIBTEX: Mapping[str, str] = {
   eprint = {2104.06979},
   archivePrefix = {arXiv}
 }""",
+    "diffcse": """@inproceedings{chuang2022diffcse,
+  title = {{DiffCSE}: Difference-based Contrastive Learning for Sentence Embeddings},
+  author = {Chuang, Yung-Sung and Dangovski, Rumen and Luo, Hongyin and Zhang, Yang and Chang, Shiyu
+            and Solja{\\v{c}}i{\\'c}, Marin and Li, Shang-Wen and Yih, Wen-tau and Kim, Yoon and Glass, James},
+  booktitle = {Annual Conference of the North American Chapter of the Association for Computational Linguistics
+               (NAACL)},
+  year = {2022},
+  eprint = {2204.10298},
+  archivePrefix = {arXiv}
+}""",
 }
 """BibTeX by method: venues, pages and arXiv ids as the papers in docs cite them (pages only where confirmed)."""
 
@@ -215,6 +225,8 @@ def methods_used(recipe: Mapping[str, Any] | None, pooler: str) -> list[str]:
         chosen += ["contriever", "cropping"]
     if "tsdae" in objectives or "deletion" in parts.get("views", ()):
         chosen.append("tsdae")
+    if "diffcse" in objectives or "batchnorm_mlp" in parts.get("head", ()):
+        chosen.append("diffcse")
     return chosen
 
 

@@ -39,6 +39,7 @@ from csekit.core.bounded_read import open_regular, read_json_file, read_with
 from csekit.core.errors import CsekitError
 from csekit.core.json_lines import json_row
 from csekit.core.safe_names import child_path
+from csekit.encoding.decoder import DECODER_SPECIAL_TOKENS, is_decoder_only
 from csekit.encoding.hub import hub_options, resolve_model_path, unreachable_hub_message
 from csekit.encoding.model_config import check_config_values, check_model_size, check_tokenizer_config
 from csekit.encoding.model_files import check_model_files
@@ -471,7 +472,8 @@ def load_model(
     except (OSError, ValueError, RuntimeError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as error:
         raise CsekitError(_load_failure(location, error, local, hub, aliases)) from None
     rows = model.get_input_embeddings().num_embeddings if model is not None else None
-    check_tokenizer(location, tokenizer, rows, special_tokens or ENCODER_SPECIAL_TOKENS)
+    default = DECODER_SPECIAL_TOKENS if model is not None and is_decoder_only(model.config) else ENCODER_SPECIAL_TOKENS
+    check_tokenizer(location, tokenizer, rows, special_tokens or default)
     loaded = LoadedModel(location, local, tokenizer, model, missing, layout)
     if model is not None and layout.head_config is not None:
         loaded.head = load_kept_head(path, layout.head_config, int(model.config.hidden_size))

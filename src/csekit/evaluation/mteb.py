@@ -29,6 +29,8 @@ from csekit.encoding.encoder import SentenceEncoder
 class CsekitMtebEncoder:
     """A csekit `SentenceEncoder` (or a model path / alias) behind mteb's encoder protocol.
 
+    `source` names where a given `SentenceEncoder` was loaded from (its csekit.json gives mteb its training data).
+
     All sentences of one `encode` call go to csekit's `SentenceEncoder.encode` at once, so the
     embeddings are exactly csekit's (length-sorted batches, duplicates encoded once, float32).
     Prompts (`prompt_type`) are ignored: the methods in csekit are symmetric sentence encoders.
@@ -43,16 +45,18 @@ class CsekitMtebEncoder:
         pooler: str | None = None,
         batch_size: int = 128,
         precision: str = "fp32",
+        source: str | Path | None = None,
         **kwargs: Any,
     ) -> None:
         if isinstance(model, SentenceEncoder):
-            self.encoder, self.model_name = model, "csekit/in-memory"
+            self.encoder = model
         else:
-            self.encoder = SentenceEncoder.load(model, pooler=pooler)
-            self.model_name = f"csekit/{Path(str(model)).name or str(model)}"
+            self.encoder, source = SentenceEncoder.load(model, pooler=pooler), model
+        self.source = source
         if device is not None:
             self.encoder.to(device)
         self.revision = revision
+        self._meta: Any = None
         self.batch_size = batch_size
         self.precision = precision
 
@@ -103,15 +107,10 @@ class CsekitMtebEncoder:
 
     @property
     def mteb_model_meta(self) -> Any:
-        """mteb's ModelMeta (name, embedding size, cosine); needs mteb, which calls it."""
-        from mteb.models import ModelMeta
+        """mteb's ModelMeta: the model's parameters, width, token limit, release date and training data
+        (`csekit.evaluation.mteb_meta`); needs mteb, which calls it."""
+        from csekit.evaluation.mteb_meta import describe_model
 
-        return ModelMeta.create_empty(
-            {
-                "name": self.model_name,
-                "revision": self.revision or "local",
-                "embed_dim": self.encoder.dim,
-                "similarity_fn_name": "cosine",
-                "framework": ["PyTorch"],
-            }
-        )
+        if self._meta is None:
+            self._meta = describe_model(self.encoder, self.source, self.revision)
+        return self._meta

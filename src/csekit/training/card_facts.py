@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,8 +15,16 @@ def training_card_facts(
     recipe: Recipe, *, corpus_sentences: int, step: int, total_steps: int, precision: str, scores: Mapping[str, float]
 ) -> dict[str, Any]:
     """Plain data for the card: the recipe as dicts, so the encoder layer never needs the Recipe type; the dev
-    `scores` (as metrics.jsonl logs them) in the one result layout, {"tasks": ..., "averages": ...}."""
+    `scores` (as metrics.jsonl logs them) in the one result layout, {"tasks": ..., "averages": ...}; and
+    `training`, what csekit.json keeps of the run (read back by `csekit evaluate --mteb` for mteb's ModelMeta:
+    the base model, the corpus and the dev task, and the day the model was saved)."""
     return {
+        "training": {
+            "base_model": recipe.model.backbone,
+            "corpus": recipe.data.corpus,
+            "dev_task": recipe.train.dev_task,
+            "saved_on": datetime.datetime.now(datetime.UTC).date().isoformat(),
+        },
         "recipe": dataclasses.asdict(recipe),
         "corpus_sentences": corpus_sentences,
         "step": step,

@@ -105,6 +105,8 @@ class Execution:
         """How the run's training passes execute on this device for `backbone` (`csekit.encoding.passes`);
         `max_length`: the recipe's, every row's bound when the packed pass runs on fixed shapes."""
         packed, refusal = self.run.packed, packing_refusal(backbone)
+        if refusal is None and self.run.gradient_checkpointing:
+            refusal = "the padding-free pass does not run with gradient checkpointing (run.gradient_checkpointing)"
         if packed is True and refusal is not None:
             raise CsekitError(f"recipe key run.packed: true: {refusal}; use auto (runs it padded) or false")
         bucket, compiled = self.run.packed_bucket, self.run.compile != "none"
@@ -128,6 +130,8 @@ class Execution:
         """Fast dropout and the compiled training forward, applied once before the optimizer sees the model."""
         if self.run.fast_dropout:
             enable_fast_dropout(backbone)  # type: ignore[arg-type]
+        if self.run.gradient_checkpointing:
+            enable_gradient_checkpointing(backbone)
         if self.run.compile != "none":
             if recipe.data.views.get("name") == "consert":
                 raise CsekitError("recipe key run.compile: ConSERT's views (per-token embedding masks) need none")
@@ -137,6 +141,19 @@ class Execution:
         """Process-wide settings of a CPU run (glibc's freed-memory threshold)."""
         if self.device_type == "cpu" and self.run.keep_freed_memory:
             keep_freed_memory()
+
+
+def enable_gradient_checkpointing(backbone: nn.Module) -> None:
+    """transformers' gradient checkpointing, non-reentrant (as LLM2Vec trains; it runs with frozen inputs, LoRA's)."""
+    if not getattr(backbone, "supports_gradient_checkpointing", False):
+        name = type(backbone).__name__
+        raise CsekitError(f"recipe key run.gradient_checkpointing: {name} does not support gradient checkpointing")
+    options = {"use_reentrant": False}
+    enable = getattr(backbone, "activation_checkpointing_enable", None)  # transformers 5.24's name
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=options)
+    else:
+        backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)  # type: ignore[operator]
 
 
 def decide_execution(recipe: Recipe, trackers: list[str] | None = None, device_type: str | None = None) -> Execution:

@@ -36,6 +36,19 @@ class TrainingInterrupted(KeyboardInterrupt):
         return shlex.join(command)
 
 
+def loader_workers_leave_stop_signals(worker_id: int) -> None:
+    """A DataLoader worker's start (`worker_init_fn`): it ignores SIGINT and SIGTERM, the training process's to act on.
+
+    A terminal's Ctrl-C and `timeout` signal the whole process group. PyTorch's workers die of a SIGTERM that
+    does not come from their parent, and the training process's SIGCHLD handler then raises "DataLoader
+    worker ... killed by signal" wherever it is, the checkpoint of the step included. Ignoring it, a worker
+    goes on serving batches until the training process has checkpointed and shuts its loader down (it exits
+    on its own if that process dies).
+    """
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, signal.SIG_IGN)
+
+
 @dataclass
 class StopRequest:
     """Whether a signal asked the run to stop, and which (the loop reads it between steps)."""

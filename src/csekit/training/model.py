@@ -145,6 +145,8 @@ def load_encoder(recipe: Recipe) -> SentenceEncoder:
         dropout=model.dropout,
         templates=model.templates,
         template_positions=model.template_positions,
+        attention=model.attention,
+        lora=model.lora,
     )
     if model.max_length > encoder.max_seq_length:
         raise CsekitError(

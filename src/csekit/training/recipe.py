@@ -28,6 +28,7 @@ from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.precision import PRECISIONS
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS, dev_scores
+from csekit.training.backbone_options import check_backbone_options
 from csekit.training.compiled import COMPILE_MODES
 from csekit.training.part_building import BUILD_CONTEXT, check_part_options, yaml_text_number_hint
 from csekit.training.recipe_values import (
@@ -56,6 +57,10 @@ class ModelConfig:
     # (the paper's "same positions"); from_zero: 0, 1, ... with the part after the sentence shifted by its
     # length, as PromptBERT's code numbers them (get_delta), which differs from row on RoBERTa only.
     template_positions: str = "row"
+    # Decoder LLMs (csekit.encoding.decoder): causal (the model's own) or bidirectional (LLM2Vec's); null: as saved.
+    attention: str | None = None
+    # LoRA adapters through peft (csekit.encoding.lora): {r, alpha, dropout, target_modules}; only they train.
+    lora: dict[str, Any] | None = None
 
 
 @dataclass
@@ -122,8 +127,7 @@ class RunConfig:
     # false | auto: auto packs where it was measured faster (CPU training; CUDA in bf16/fp16 on Ampere or newer);
     # true refuses backbones it cannot run.
     packed: bool | str = "auto"
-    # The packed pass's query, key and value as one product a layer (csekit.encoding.fused_qkv; the saved weights
-    # stay BERT's). Off: not yet measured on a GPU.
+    # The packed pass's query, key and value as one product a layer (csekit.encoding.fused_qkv). Off: not measured.
     fused_qkv: bool = False
     # > 0: the packed pass's tokens padded to a multiple of this by rows of padding, so its shapes repeat across
     # steps and run.compile captures it (csekit.encoding.packed_fixed). 0 (off): not yet measured on a GPU.
@@ -154,6 +158,9 @@ class RunConfig:
     # Experiment trackers, through accelerate: none, or a comma list of tensorboard, aim, wandb, dvclive; their
     # files go under the run's logs/ folder.
     report_to: str = "none"
+    # Recompute each layer's activations in backward instead of keeping them (transformers' gradient checkpointing,
+    # non-reentrant): the same gradients, about a third more compute, far less activation memory (LLM2Vec's setting).
+    gradient_checkpointing: bool = False
 
 
 @dataclass
@@ -439,6 +446,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     _check_dev_selection(train, where)
     _check_dev_scoring(recipe, where)
     _check_templates(recipe.model, where)
+    check_backbone_options(recipe.model, where)
     for index, spec in enumerate(recipe.objectives):
         weight = spec.get("weight", 1.0) if isinstance(spec, Mapping) else 1.0
         number = isinstance(weight, int | float) and not isinstance(weight, bool)

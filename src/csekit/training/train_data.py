@@ -23,6 +23,7 @@ from csekit.data.data_dir import resolve_data_dir
 from csekit.data.duplicates import DuplicateReport, SentenceGroups, SeparatingSampler, check_separable
 from csekit.evaluation.tasks import TRAINING_DEV_TASKS
 from csekit.training.chunked import check_chunk_size
+from csekit.training.interrupt import loader_workers_leave_stop_signals
 from csekit.training.loading import LoaderOptions, skipping_batches
 from csekit.training.recipe import Recipe
 from csekit.training.recipe_values import fields_read, recipe_parts
@@ -97,6 +98,7 @@ class TrainData:
             num_workers=options.num_workers,
             pin_memory=options.pin_memory,
             persistent_workers=options.persistent_workers,
+            worker_init_fn=loader_workers_leave_stop_signals,
             generator=torch.Generator().manual_seed(seed),
         )
 

@@ -9,12 +9,14 @@ from torch import nn
 
 from csekit.core.registry import Registry
 from csekit.parts.heads.mlp import IdentityHead, MLPHead
+from csekit.parts.heads.projection import BatchNormProjection
 from csekit.parts.heads.whitening import WhiteningHead
 
 BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
     {
         "mlp": MLPHead,  # SimCSE: Linear + tanh
         "none": IdentityHead,
+        "batchnorm_mlp": BatchNormProjection,  # DiffCSE's code: Linear -> BN -> ReLU -> Linear -> BN, training only
         "whitening": WhiteningHead,  # WhitenedCSE: (shuffled group) whitening -> Linear -> tanh, m views
     }
 )

@@ -13,8 +13,11 @@ from torch import nn
 from csekit.core.registry import Registry
 from csekit.parts.objectives.bidirectional_margin import BidirectionalMargin
 from csekit.parts.objectives.contrastive_tension import ContrastiveTension
+from csekit.parts.objectives.diffcse import ReplacedTokenDetection
 from csekit.parts.objectives.infonce import InfoNCE, cosine_matrix
 from csekit.parts.objectives.matryoshka import Matryoshka
+from csekit.parts.objectives.mlm import MaskedLanguageModeling
+from csekit.parts.objectives.mntp import MaskedNextTokenPrediction
 from csekit.parts.objectives.multi_positive import MultiPositiveInfoNCE
 from csekit.parts.objectives.nt_xent import NTXent
 from csekit.parts.objectives.ranking import RankingConsistency, RankingDistillation
@@ -40,6 +43,9 @@ BUILTIN: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
         "contrastive_tension": ContrastiveTension,  # Contrastive Tension, in-batch (a trained copy of the encoder)
         "matryoshka": Matryoshka,  # Matryoshka: an inner objective at every truncated width
         "tsdae": DenoisingReconstruction,  # TSDAE: a decoder tied to the encoder rebuilds the sentence from its vector
+        "mlm": MaskedLanguageModeling,  # SimCSE's MLM auxiliary objective (--do_mlm): masked tokens predicted
+        "diffcse": ReplacedTokenDetection,  # DiffCSE: a discriminator told the sentence vector finds an MLM's edits
+        "mntp": MaskedNextTokenPrediction,  # LLM2Vec's masked next-token prediction (a decoder's adaptation)
     }
 )
 """`objectives` names; see `OBJECTIVES`."""
@@ -56,12 +62,15 @@ __all__ = [
     "DenoisingReconstruction",
     "IncompleteSentenceFiltering",
     "InfoNCE",
+    "MaskedLanguageModeling",
+    "MaskedNextTokenPrediction",
     "Matryoshka",
     "MultiPositiveInfoNCE",
     "NTXent",
     "RankingConsistency",
     "RankingDistillation",
     "RecallLoss",
+    "ReplacedTokenDetection",
     "TwoWayMargin",
     "WeightedLogitsLoss",
     "cosine_matrix",

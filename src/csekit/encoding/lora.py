@@ -1,0 +1,94 @@
+"""LoRA adapters on the backbone (`model.lora`), through peft: only the adapters (and the method's heads) train.
+
+`add_lora` wraps the backbone in peft's `PeftModel` with a `LoraConfig` (r, alpha, dropout, target_modules; by
+default every linear layer of the backbone, which for Llama, Mistral, Qwen2 and Gemma is LLM2Vec's list: q, k, v,
+o, gate, up and down projections) and freezes every other backbone weight. A checkpoint holds the whole
+ContrastiveModel state (the frozen weights and the adapters) and the optimizer's state of the adapters, so a
+resume is exact. The saved model is a plain sentence-transformers folder: `plain_weights` merges each adapter into
+its weight (W + scale * B A) for the file only, so the training model's weights stay bit for bit as they were.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from csekit.core.errors import CsekitError
+
+LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
+"""`model.lora`'s keys (peft's LoraConfig: r, lora_alpha, lora_dropout, target_modules)."""
+
+LORA_DEFAULTS: Mapping[str, Any] = {"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": "all-linear"}
+"""LLM2Vec's r (16) and peft's defaults; `all-linear`: every linear layer of the backbone."""
+
+
+def lora_options(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """`model.lora` with its defaults, checked; a one-line error names the bad key."""
+    unknown = sorted(set(spec) - set(LORA_KEYS))
+    if unknown:
+        raise CsekitError(f"model.lora has no key {unknown[0]!r}; its keys are {', '.join(LORA_KEYS)}")
+    options = {**LORA_DEFAULTS, **spec}
+    r, alpha, dropout, targets = (options[key] for key in LORA_KEYS)
+    if type(r) is not int or r < 1:
+        raise CsekitError(f"model.lora.r must be a whole number >= 1, got {r!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or alpha <= 0:
+        raise CsekitError(f"model.lora.alpha must be a positive number, got {alpha!r}")
+    if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
+        raise CsekitError(f"model.lora.dropout must be in [0, 1), got {dropout!r}")
+    names = [targets] if isinstance(targets, str) else targets
+    if not isinstance(names, list) or not names or not all(isinstance(name, str) and name for name in names):
+        raise CsekitError(f"model.lora.target_modules must be all-linear or a list of module names, got {targets!r}")
+    return options
+
+
+def add_lora(backbone: Any, spec: Mapping[str, Any]) -> Any:
+    """`backbone` wrapped in peft's PeftModel with LoRA adapters as `spec` says; its other weights frozen."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise CsekitError("model.lora needs peft: pip install 'csekit[lora]'") from None
+    options = lora_options(spec)
+    config = LoraConfig(
+        r=options["r"],
+        lora_alpha=options["alpha"],
+        lora_dropout=float(options["dropout"]),
+        target_modules=options["target_modules"],
+    )
+    try:
+        return get_peft_model(backbone, config)
+    except ValueError as error:  # peft: a target module that is not in the model
+        reason = str(error).strip().splitlines()[0][:200]
+        raise CsekitError(f"model.lora.target_modules: {reason}") from None
+
+
+def is_lora(backbone: Any) -> bool:
+    """Whether `backbone` carries LoRA adapters (peft's PeftModel)."""
+    return callable(getattr(backbone, "get_base_model", None)) and hasattr(backbone, "peft_config")
+
+
+def plain_model(backbone: Any) -> Any:
+    """The transformers model inside a LoRA backbone (its layers still hold the adapters), else `backbone`."""
+    return backbone.get_base_model() if is_lora(backbone) else backbone
+
+
+def plain_weights(backbone: Any) -> dict[str, Any] | None:
+    """The state dict of the transformers model `backbone` would be with its adapters merged (W + scale * B A, under
+    the plain model's names), each merged weight computed apart; None for a backbone without adapters."""
+    if not is_lora(backbone):
+        return None
+    from peft.tuners.lora import LoraLayer
+
+    model = backbone.get_base_model()
+    merged: dict[str, Any] = {}
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            base = module.get_base_layer()
+            delta = sum(module.get_delta_weight(adapter) for adapter in module.active_adapters)
+            merged[f"{name}.weight"] = (base.weight + delta).detach()
+    weights = {}
+    for key, value in model.state_dict().items():
+        if "lora_" in key:
+            continue
+        plain = key.replace(".base_layer.", ".")
+        weights[plain] = merged.get(plain, value)
+    return weights

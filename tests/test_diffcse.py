@@ -1,0 +1,257 @@
+"""DiffCSE: the masking, the generator's edit and the conditional replaced-token-detection loss (and its gradients)
+equal a reference written from the authors' code (voidism/DiffCSE); its head; a missing or foreign generator is one
+line naming the recipe key; a DiffCSE recipe trains and keeps the generator out of every file."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    DISTINCT_SENTENCES,
+    assert_same_checkpoint_weights,
+    make_corpus,
+    make_tiny_encoder,
+    make_tiny_mlm,
+    read_metrics,
+    run_cli_with_test_parts,
+    tiny_recipe,
+)
+from mlm_reference import authors_mask_tokens
+from safetensors.torch import load_file
+from torch import Tensor, nn
+
+from csekit.core.errors import CsekitError
+from csekit.encoding.encoder import EncoderOutput, SentenceEncoder
+from csekit.parts.heads import HEADS
+from csekit.parts.heads.projection import BatchNormProjection
+from csekit.parts.objectives import OBJECTIVES
+from csekit.parts.objectives.diffcse import ReplacedTokenDetection
+from csekit.parts.objectives.masking import mask_tokens
+from csekit.parts.step_state import StepState
+from csekit.parts.views.repetition import batch_generator
+from csekit.training.trainer import train
+
+SENTENCES = DISTINCT_SENTENCES[:4]
+
+
+def authors_conditional_electra(
+    generator: nn.Module,
+    discriminator: nn.Module,
+    electra_head: nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    mlm_input_ids: Tensor,
+    pooler_output: Tensor,
+    cls_token: int,
+) -> tuple[Tensor, Tensor]:
+    """models.py `cl_forward`'s conditional ELECTRA part, with modeling_bert.py's `cls_input` (the embedding output's
+    first position replaced by the sentence vector): (its loss before lambda, the generator's edit)."""
+    with torch.no_grad():
+        g_pred = generator(mlm_input_ids, attention_mask)[0].argmax(-1)
+    g_pred[:, 0] = cls_token
+    replaced = (g_pred != input_ids) * attention_mask
+    e_inputs = g_pred * attention_mask
+    embedding_output = discriminator.embeddings(input_ids=e_inputs, token_type_ids=torch.zeros_like(e_inputs))
+    embedding_output = torch.cat([pooler_output.unsqueeze(1), embedding_output[:, 1:, :]], dim=1)
+    extended = (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
+    last_hidden_state = discriminator.encoder(embedding_output, attention_mask=extended)[0]
+    prediction_scores = electra_head(last_hidden_state)
+    e_labels = replaced.view(-1, replaced.size(-1))
+    return nn.CrossEntropyLoss()(prediction_scores.view(-1, 2), e_labels.view(-1)), g_pred
+
+
+def tiny_diffcse(tmp_path: Path, mask_ratio: float = 0.3) -> tuple[SentenceEncoder, ReplacedTokenDetection]:
+    encoder = make_tiny_encoder(tmp_path / "tok", initializer_range=0.2)
+    generator = make_tiny_mlm(tmp_path / "generator", seed=1, initializer_range=0.2)
+    objective = ReplacedTokenDetection(encoder, encoder.tokenizer, generator=str(generator), mask_ratio=mask_ratio)
+    return encoder, objective
+
+
+def test_the_masking_draws_as_the_authors_collator(tmp_path: Path) -> None:
+    encoder = make_tiny_encoder(tmp_path / "tok")
+    tokenizer = encoder.tokenizer
+    ids = encoder.pooler.tokenize(tokenizer, [*SENTENCES, "a man"] * 20, 32)["input_ids"]  # pads included
+    special = torch.isin(ids, torch.tensor(tokenizer.all_special_ids))
+    torch.manual_seed(11)
+    expected = authors_mask_tokens(ids, tokenizer, 0.3)
+    ours, chosen = mask_tokens(
+        ids, special, 0.3, tokenizer.mask_token_id, len(tokenizer), torch.Generator().manual_seed(11)
+    )
+    assert torch.equal(ours, expected)
+    changed = ours != ids
+    assert not (changed & ~chosen).any() and not chosen[special].any() and (ours == tokenizer.mask_token_id).any()
+    assert abs(float((ours[~special] == tokenizer.mask_token_id).float().mean()) - 0.3 * 0.8) < 0.05
+
+
+def test_rtd_loss_and_gradients_equal_the_authors_computation(tmp_path: Path) -> None:
+    encoder, objective = tiny_diffcse(tmp_path)
+    objective.eval()  # no dropout on either side
+    tokenizer = encoder.tokenizer
+    inputs = encoder.pooler.tokenize(tokenizer, SENTENCES, 32)
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    n, views = len(SENTENCES), 2
+    torch.manual_seed(5)
+    embeddings = [torch.randn(n, encoder.dim, requires_grad=True) for _ in range(views)]
+    their_embeddings = [e.detach().clone().requires_grad_(True) for e in embeddings]
+    discriminator, head = copy.deepcopy(objective.discriminator), copy.deepcopy(objective.electra_head)
+
+    # The authors' batch: [batch, num_sent, L], flattened sentence by sentence; masks drawn from the global generator.
+    their_ids = torch.stack([ids] * views, dim=1).view(n * views, -1)
+    their_mask = torch.stack([mask] * views, dim=1).view(n * views, -1)
+    torch.set_rng_state(batch_generator(0, ["diffcse", *SENTENCES]).get_state())
+    mlm_input_ids = authors_mask_tokens(their_ids, tokenizer, 0.3)
+    pooler_output = torch.stack(their_embeddings, dim=1).view(-1, encoder.dim)
+    expected, edit = authors_conditional_electra(
+        objective.generator.eval(), discriminator, head, their_ids, their_mask, mlm_input_ids, pooler_output,
+        tokenizer.cls_token_id,
+    )  # fmt: skip
+    replaced = (edit != their_ids) & their_mask.bool()
+    assert replaced.any() and (~replaced & their_mask.bool()).any()  # both labels occur
+    # The reference's own plumbing: without the condition, its discriminator pass is the model's own.
+    plain = discriminator.encoder(
+        discriminator.embeddings(input_ids=edit * their_mask, token_type_ids=torch.zeros_like(edit)),
+        attention_mask=(1.0 - their_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min,
+    )[0]
+    own = discriminator(input_ids=edit * their_mask, attention_mask=their_mask).last_hidden_state
+    assert torch.allclose(plain[their_mask.bool()], own[their_mask.bool()], atol=1e-5)
+    expected.backward()
+
+    output = EncoderOutput(torch.cat(embeddings), None, torch.cat([mask] * views), torch.cat([ids] * views))
+    state = StepState(list(SENTENCES), embeddings, embeddings, output, encoder)
+    ours = objective(state)["rtd"]
+    ours.backward()
+
+    assert torch.allclose(ours, expected, rtol=1e-6, atol=1e-7), (ours, expected)
+    for mine, theirs in zip(embeddings, their_embeddings, strict=True):
+        assert mine.grad is not None and mine.grad.abs().sum() > 0
+        assert torch.allclose(mine.grad, theirs.grad, rtol=1e-5, atol=1e-8)
+    theirs_by_name = {**dict(discriminator.named_parameters()), **{f"head.{k}": v for k, v in head.named_parameters()}}
+    mine_by_name = {
+        **dict(objective.discriminator.named_parameters()),
+        **{f"head.{k}": v for k, v in objective.electra_head.named_parameters()},
+    }
+    checked = 0
+    for name, param in mine_by_name.items():
+        their = theirs_by_name[name]
+        assert (param.grad is None) == (their.grad is None), name
+        if param.grad is not None:
+            assert torch.allclose(param.grad, their.grad, rtol=1e-5, atol=1e-8), name
+            checked += 1
+    assert checked > 10
+
+
+def test_the_generator_is_frozen_and_outside_the_state_dict_and_the_discriminator_inside(tmp_path: Path) -> None:
+    assert OBJECTIVES.get("diffcse") is ReplacedTokenDetection
+    encoder, objective = tiny_diffcse(tmp_path)
+    keys = set(objective.state_dict())
+    assert any(key.startswith("discriminator.") for key in keys) and "electra_head.weight" in keys
+    assert not any("generator" in key for key in keys)
+    assert not any(p.requires_grad for p in objective.generator.parameters())
+    own = {id(p) for p in encoder.parameters()}
+    assert not any(id(p) in own for p in objective.discriminator.parameters())  # a copy, not the encoder's own
+    first = objective.discriminator.embeddings.word_embeddings.weight
+    assert torch.equal(first, encoder.backbone.embeddings.word_embeddings.weight)  # starting from its weights
+
+
+def test_the_batchnorm_head_is_the_authors_projection_mlp_and_training_only(tmp_path: Path) -> None:
+    assert HEADS.get("batchnorm_mlp") is BatchNormProjection
+    head = BatchNormProjection(8)
+    reference = nn.Sequential(
+        nn.Linear(8, 16, bias=False), nn.BatchNorm1d(16), nn.ReLU(inplace=True), nn.Linear(16, 8, bias=False),
+        nn.BatchNorm1d(8, affine=False),
+    )  # fmt: skip
+    reference.load_state_dict(head.net.state_dict())
+    features = torch.randn(6, 8)
+    assert torch.allclose(head(features), reference(features), atol=1e-6)
+    with pytest.raises(ValueError, match="training-only"):
+        BatchNormProjection(8, head_at_test=True)
+
+
+DIFFCSE_PARTS = (
+    "model.head={name: batchnorm_mlp}",
+    "model.head_at_test=false",
+    "train.max_steps=2",
+    "train.eval_every=0",
+)
+
+
+def test_a_missing_or_foreign_generator_is_one_line_naming_the_recipe_key(tmp_path: Path, tiny_model_dir: Path) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=32)
+    missing = tmp_path / "no-such-generator"
+    objectives = f"objectives=[{{name: infonce}}, {{name: diffcse, generator: {missing}, weight: 0.005}}]"
+    recipe = tiny_recipe(tiny_model_dir, corpus, *DIFFCSE_PARTS, objectives)
+    with pytest.raises(CsekitError, match=r"recipe key objectives\[1\]: generator: .*no-such-generator") as caught:
+        train(recipe, tmp_path / "run", show_progress=False)
+    assert "\n" not in str(caught.value)
+    recipe = tiny_recipe(tiny_model_dir, corpus, *DIFFCSE_PARTS, "objectives=[{name: infonce}, {name: diffcse}]")
+    with pytest.raises(CsekitError, match=r"recipe key objectives\[1\]: option generator is required"):
+        train(recipe, tmp_path / "run2", show_progress=False)
+    foreign = make_tiny_mlm(tmp_path / "foreign", model_type="bert")
+    (foreign / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nother\n", encoding="utf-8")
+    (foreign / "tokenizer.json").unlink()
+    objectives = f"objectives=[{{name: infonce}}, {{name: diffcse, generator: {foreign}}}]"
+    recipe = tiny_recipe(tiny_model_dir, corpus, *DIFFCSE_PARTS, objectives)
+    with pytest.raises(CsekitError, match=r"recipe key objectives\[1\]: generator: .*vocabulary is not the backbone"):
+        train(recipe, tmp_path / "run3", show_progress=False)
+
+
+def test_a_diffcse_recipe_trains_and_saves_the_encoder_alone(tmp_path: Path, tiny_model_dir: Path) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    generator = make_tiny_mlm(tmp_path / "generator", initializer_range=0.2)
+    objectives = f"objectives=[{{name: infonce}}, {{name: diffcse, generator: {generator}, weight: 0.005}}]"
+    recipe = tiny_recipe(tiny_model_dir, corpus, *DIFFCSE_PARTS, objectives)
+    result = train(recipe, tmp_path / "run", show_progress=False)
+    assert result.steps == 2
+    exported = load_file(next((tmp_path / "run" / "best").glob("*.safetensors")))
+    assert not any("discriminator" in key or "electra" in key or "generator" in key for key in exported)
+    checkpoint = load_file(tmp_path / "run" / "checkpoint" / "model.safetensors")
+    assert any("discriminator" in key for key in checkpoint) and not any("generator" in key for key in checkpoint)
+
+
+def test_a_diffcse_run_interrupted_and_resumed_equals_the_straight_run(tmp_path: Path, tiny_model_dir: Path) -> None:
+    """Ctrl-C during step 3, then --resume: the losses and the checkpoint (discriminator, its head, the batch-norm
+    head's statistics) of the uninterrupted run."""
+    generator = make_tiny_mlm(tmp_path / "generator", initializer_range=0.2)
+    marker = tmp_path / "interrupted"
+    objectives = [
+        {"name": "infonce", "temperature": 0.05},
+        {"name": "diffcse", "generator": str(generator), "mask_ratio": 0.3, "weight": 0.5},
+        {"name": "interrupt_once", "weight": 0.0, "at_call": 3, "marker": str(marker)},
+    ]
+    settings = [
+        f"model.backbone={tiny_model_dir}",
+        "model.max_length=16",
+        "model.head={name: batchnorm_mlp}",
+        "model.head_at_test=false",
+        f"data.corpus={make_corpus(tmp_path / 'corpus.txt', lines=96)}",
+        "train.batch_size=16",
+        "train.max_steps=8",
+        "train.eval_every=4",
+        "train.log_every=1",
+        "train.dev_task=none",
+        "train.precision=fp32",
+        f"objectives={json.dumps(objectives)}",
+    ]
+    overrides = [item for setting in settings for item in ("--set", setting)]
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("name: diffcse-resume\n", encoding="utf-8")
+
+    def csekit(*args: str) -> subprocess.CompletedProcess[str]:
+        return run_cli_with_test_parts(*args, "--no-progress", plugin_dir=tmp_path / "plugin", cwd=tmp_path)
+
+    marker.write_text("not this run", encoding="utf-8")
+    straight = csekit("train", str(recipe), *overrides, "--output", "straight")
+    assert straight.returncode == 0, straight.stderr
+    marker.unlink()
+    assert csekit("train", str(recipe), *overrides, "--output", "run").returncode == 130
+    resumed = csekit("train", "--output", "run", "--resume")
+    assert resumed.returncode == 0, resumed.stderr
+    losses = [(r["step"], r["loss"], r["rtd"]) for r in read_metrics(tmp_path / "run") if "loss" in r]
+    assert len(losses) == 8
+    assert losses == [(r["step"], r["loss"], r["rtd"]) for r in read_metrics(tmp_path / "straight") if "loss" in r]
+    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "run")
