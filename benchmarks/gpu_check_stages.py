@@ -266,7 +266,8 @@ def loop(stage: Stage) -> None:
     """csekit's loop with each key on and off against sentence-transformers, each batch size, then two profiles."""
     bound = throughput.matmul_bound(stage.device, 256 if stage.tiny else 8192, 3 if stage.tiny else 10)
     batches: dict[str, Any] = {}
-    stage.report(bound_tflops=bound, batches=batches, keys=throughput.KEYS)
+    on_top = {batch: list(throughput.on_top_variants(batch)) for batch in stage.batches}
+    stage.report(bound_tflops=bound, batches=batches, keys=throughput.KEYS, on_top=on_top)
     model, corpus = stage.bert(), stage.corpus()
     for batch in stage.batches:
 
@@ -344,8 +345,20 @@ def evaluate(model: Path, pooler: str | None, root: Path, tasks: str, device: st
     }
 
 
+def compile_variants(batch: int) -> dict[str, list[str]]:
+    """What `compile_stage` compiles at `batch`: the bucketed packed pass with every key on (its layer stack on
+    fixed shapes, issue "Speed IV" Build 2), then the padded forward with the other keys off (as measured before)."""
+    bucket = throughput.packed_bucket(batch)
+    fixed = [*throughput.key_variants(throughput.KEYS)["all on"], f"run.packed_bucket={bucket}", "run.fused_qkv=true"]
+    return {
+        f"all on, run.packed_bucket={bucket}, run.fused_qkv=true": fixed,
+        "others off": throughput.key_variants(throughput.KEYS)["all off"],
+    }
+
+
 def compile_stage(stage: Stage) -> None:
-    """run.compile (others off) at each batch size, in the time left; the first steps' time is the compile."""
+    """run.compile at each batch size, in the time left (the bucketed packed pass first); the first steps' time is
+    the compile."""
     from csekit.training import compiled
 
     modes = ["reduce-overhead", "default"]
@@ -357,20 +370,20 @@ def compile_stage(stage: Stage) -> None:
     rows: dict[str, Any] = {}
     stage.report(backend=compiled.COMPILE_BACKEND, runs=rows)
     model, corpus = stage.bert(), stage.corpus()
-    off = throughput.key_variants(throughput.KEYS)["all off"]
-    for mode in modes:
-        for batch in stage.batches:
-            name = f"run.compile={mode}, batch {batch}"
-            flops = earlier.get("batches", {}).get(str(batch), {}).get("common_flops")
-            overrides = [*throughput.loop_overrides(model, corpus, batch, stage.precision), *off]
-            try:
-                rows[name] = compiled_run([*overrides, f"run.compile={mode}"], stage.work / f"c{len(rows)}", stage)
-                if flops:
-                    rows[name] = throughput.with_rates(rows[name], batch, flops, bound)
-            except Exception as error:
-                rows[name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
-            throughput.release_memory(stage.device)
-            stage.report(runs=rows)
+    runs = [(variant, mode, batch) for variant in range(2) for mode in modes for batch in stage.batches]
+    for variant, mode, batch in runs:
+        label, keys = list(compile_variants(batch).items())[variant]
+        name = f"run.compile={mode}, {label}, batch {batch}"
+        flops = earlier.get("batches", {}).get(str(batch), {}).get("common_flops")
+        overrides = [*throughput.loop_overrides(model, corpus, batch, stage.precision), *keys]
+        try:
+            rows[name] = compiled_run([*overrides, f"run.compile={mode}"], stage.work / f"c{len(rows)}", stage)
+            if flops:
+                rows[name] = throughput.with_rates(rows[name], batch, flops, bound)
+        except Exception as error:
+            rows[name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
+        throughput.release_memory(stage.device)
+        stage.report(runs=rows)
 
 
 def compiled_run(overrides: list[str], folder: Path, stage: Stage) -> dict[str, Any]:

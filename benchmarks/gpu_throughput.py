@@ -9,7 +9,8 @@ of `--assets/corpus.txt`, in one process (benchmarks/gpu_check.py runs the same 
 
   csekit <variant>  `csekit.training.trainer.Trainer`'s own loop: its DataLoader (collation, the copy to the
                     device), `Trainer.step` and what follows it, with the recipe keys of `KEYS` all off, each
-                    alone on, and all on (`--key KEY=ON,OFF` adds a key; keys added to KEYS slot in)
+                    alone on, and all on (`--key KEY=ON,OFF` adds a key; keys added to KEYS slot in); then
+                    all on with the keys that act inside the packed pass only (`on_top_variants`)
   ST MNRL           sentence-transformers: `MultipleNegativesRankingLoss` on (s, s) pairs (its unsupervised
                     SimCSE recipe), AdamW as its trainer configures it (transformers' default optim
                     `adamw_torch_fused` for torch >= 2.8: fused, no weight decay, gradients clipped at 1.0)
@@ -53,6 +54,24 @@ KEYS: dict[str, tuple[str, str]] = {
     "run.num_workers": ("2", "0"),
 }
 """The csekit keys measured on and off: key -> (on, off). run.compile runs apart (gpu_check's last stage)."""
+
+
+def packed_bucket(batch: int) -> int:
+    """`run.packed_bucket` for a batch of `batch` sentences (two views, max length 32: about 28 real tokens a
+    sentence): a few buckets cover a random batch's token count (its spread grows as the square root of the
+    batch), and torch.compile recompiles the layer stack once a bucket (8 times at most by default)."""
+    return 256 * max(1, batch // 128)
+
+
+def on_top_variants(batch: int) -> dict[str, list[str]]:
+    """Keys that act only inside the packed pass (issue "Speed IV", Build 2), measured on top of all keys on."""
+    bucket = f"run.packed_bucket={packed_bucket(batch)}"
+    return {
+        "all on, run.fused_qkv=true": ["run.fused_qkv=true"],
+        f"all on, {bucket}": [bucket],
+        f"all on, run.fused_qkv=true, {bucket}": ["run.fused_qkv=true", bucket],
+    }
+
 
 Step = Callable[[], None]
 
@@ -255,10 +274,12 @@ def run_batch(
     warmup: int = 5,
     report: Callable[[dict[str, Any]], None] = lambda row: None,
 ) -> dict[str, Any]:
-    """One batch size: the common FLOP count, then every variant (most telling first), `report` after each."""
+    """One batch size: the common FLOP count, then every variant (most telling first; those of
+    `on_top_variants` last), `report` after each."""
     sentences = corpus.read_text(encoding="utf-8").splitlines()
     base = loop_overrides(model_dir, corpus, batch, precision)
     variants = key_variants(keys)
+    variants.update({name: [*variants["all on"], *more] for name, more in on_top_variants(batch).items()})
     row: dict[str, Any] = {"variants": {}}
     with tempfile.TemporaryDirectory() as folder:
         row["common_flops"] = padded_flops([*base, *variants["all off"]], Path(folder) / "flops")

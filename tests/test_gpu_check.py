@@ -70,7 +70,8 @@ def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
         variants = row["variants"]
         assert set(variants) == {"all off", "all on", "ST MNRL", "ST CMNRL"} | {
             f"{key}={values[0]}" for key, values in stages["loop"]["keys"].items()
-        }, batch
+        } | set(stages["loop"]["on_top"][batch]), batch
+        assert any("run.packed_bucket" in name for name in variants)  # the packed pass on fixed shapes, measured
         assert all(v["seconds"] > 0 and v["tflops"] > 0 for v in variants.values()), variants
         assert row["common_flops"] > 0
         assert variants["all off"]["syncs_per_step"] > variants["run.sync_free=true"]["syncs_per_step"]
@@ -79,6 +80,7 @@ def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
     assert quickstart["training"]["steps"] == 4 and quickstart["training"]["dev"]
     assert "STS-B" in quickstart["before"]["table"] and "STS-B" in quickstart["after"]["table"]
     assert all("seconds" in run for run in stages["compile"]["runs"].values()) and stages["compile"]["runs"]
+    assert any("run.packed_bucket" in name for name in stages["compile"]["runs"])  # the captured packed pass
     summary = (out / "summary.md").read_text()
     assert "| 8 | ST MNRL |" in summary and "| 8 | all on |" in summary and "## quickstart" in summary
 

@@ -28,6 +28,7 @@ from csekit.encoding.export import save_model
 from csekit.encoding.lora import add_lora
 from csekit.encoding.model_folder import freeze_unused_pooler, load_model, non_finite_parameters
 from csekit.encoding.packed import PackingLayout, packed_pass, split_layout
+from csekit.encoding.packed_fixed import fixed_packed_pass
 from csekit.encoding.passes import EMBEDDING_MASK, ONE_PADDED_PASS, PassPlan
 from csekit.encoding.pooling import (
     POOLERS,
@@ -275,7 +276,7 @@ class SentenceEncoder(nn.Module):
         """
         inputs, layout = split_layout(inputs)  # the training collator's; only a packed pass reads it
         if plan.packs(inputs):
-            return self._forward_masked(inputs, token_states, plan.length_group_size, packed=True, layout=layout)
+            return self._forward_masked(inputs, token_states, packed=plan, layout=layout)
         rows = inputs["attention_mask"].shape[0]
         if not plan.groups(rows):
             return self._forward_masked(inputs, token_states)
@@ -310,20 +311,16 @@ class SentenceEncoder(nn.Module):
         self,
         inputs: dict[str, Tensor],
         token_states: bool,
-        group_rows: int = 0,
-        packed: bool = False,
+        packed: PassPlan | None = None,
         layout: PackingLayout | None = None,
     ) -> EncoderOutput:
         """One backbone pass, with the optional embedding mask applied through a forward hook.
 
-        `packed`: padding-free, with the batch's `layout` where it has one and attention in groups of
-        `group_rows` rows (0: one group).
+        `packed`: padding-free as that plan says, with the batch's `layout` where it has one.
         """
         inputs = dict(inputs)
         mask = inputs.pop(EMBEDDING_MASK, None)
-        forward = (
-            functools.partial(self._forward_packed, group_rows=group_rows, layout=layout) if packed else self._forward
-        )
+        forward = functools.partial(self._forward_packed, plan=packed, layout=layout) if packed else self._forward
         if mask is None:
             return forward(inputs, token_states)
         embeddings = getattr(self.backbone, "embeddings", None)
@@ -343,12 +340,21 @@ class SentenceEncoder(nn.Module):
             handle.remove()
 
     def _forward_packed(
-        self, inputs: dict[str, Tensor], token_states: bool, group_rows: int = 0, layout: PackingLayout | None = None
+        self, inputs: dict[str, Tensor], token_states: bool, plan: PassPlan, layout: PackingLayout | None = None
     ) -> EncoderOutput:
-        """One padding-free backbone pass; the pooler sees padded states, or the read positions' only."""
+        """One padding-free backbone pass (on fixed shapes where the plan has a token bucket); the pooler sees
+        padded states, or the read positions' only."""
         mask, ids = inputs["attention_mask"], inputs["input_ids"]
         positions = None if token_states else self.pooler.read_positions(mask, ids)
-        output = packed_pass(self.backbone, inputs, self.pooler.needs_all_layers, positions, group_rows, layout)
+        all_layers = self.pooler.needs_all_layers
+        if plan.token_bucket:
+            output = fixed_packed_pass(
+                self.backbone, inputs, plan.token_bucket, plan.width_bound, all_layers, positions, layout,
+                plan.fused_qkv, plan.layer_stack,
+            )  # fmt: skip
+        else:
+            group_rows = plan.length_group_size
+            output = packed_pass(self.backbone, inputs, all_layers, positions, group_rows, layout, plan.fused_qkv)
         if output.read_states is not None:
             return EncoderOutput(self.pooler.pool_read_states(output.read_states), None, mask, ids)
         states = output.hidden_states

@@ -37,6 +37,8 @@ import torch
 from torch import Tensor, nn
 from transformers.masking_utils import create_bidirectional_mask
 
+from csekit.encoding.fused_qkv import project_qkv
+
 PACKED_MODEL_TYPES = ("bert", "roberta")
 """transformers model types whose layers `packed_pass` drives (their modules are checked too)."""
 
@@ -235,20 +237,28 @@ def _uses_flash(query: Tensor) -> bool:
     return query.shape[-1] % 8 == 0 and flash_packing_runs(query.device, query.dtype)
 
 
+def attention_function(attention: nn.Module) -> Callable[..., tuple[Tensor, Any]]:
+    """The backbone's own attention function (`config._attn_implementation`), as its layers call it."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+    from transformers.models.bert.modeling_bert import eager_attention_forward
+
+    return ALL_ATTENTION_FUNCTIONS.get_interface(attention.config._attn_implementation, eager_attention_forward)
+
+
 def _attend(
-    attention: nn.Module, hidden: Tensor, rows: PackedRows, grouped: Callable[[], tuple[AttentionGroups, list[Any]]]
+    attention: nn.Module,
+    hidden: Tensor,
+    rows: PackedRows,
+    grouped: Callable[[], tuple[AttentionGroups, list[Any]]],
+    fused_qkv: bool = False,
 ) -> Tensor:
     """One self-attention block on packed states [T, d]: the context [T, H * d_h], attending within rows.
 
     `grouped()` gives, where attention runs on a padded layout (not the flash kernel), the length groups and
     each group's attention mask as transformers builds it for the backbone's attention function.
+    `fused_qkv`: the query, key and value as one product (`csekit.encoding.fused_qkv`).
     """
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-    from transformers.models.bert.modeling_bert import eager_attention_forward
-
-    heads, head_size = attention.num_attention_heads, attention.attention_head_size
-    projections = (attention.query, attention.key, attention.value)
-    query, key, value = (projection(hidden).view(-1, heads, head_size) for projection in projections)
+    query, key, value = project_qkv(attention, hidden, fused_qkv)
     dropout = attention.dropout.p if attention.training else 0.0
     if _uses_flash(query):
         # The padded width bounds every row's length without reading the lengths on the host.
@@ -266,7 +276,7 @@ def _attend(
             scale=attention.scaling,
         )[0]
         return context.flatten(1)
-    attend = ALL_ATTENTION_FUNCTIONS.get_interface(attention.config._attn_implementation, eager_attention_forward)
+    attend = attention_function(attention)
     groups, masks = grouped()
     per_group = zip(*(groups.gather(tensor) for tensor in (query, key, value)), masks, strict=True)
     contexts = [
@@ -292,6 +302,20 @@ class PackedOutput:
     read_states: Tensor | None  # [B, d], the last layer at `read_positions` when the pass ran the shortcut
 
 
+def packed_start(
+    backbone: nn.Module, inputs: dict[str, Tensor], layout: PackingLayout | None
+) -> tuple[PackedRows, Tensor]:
+    """Where `inputs`' real tokens are, and the backbone's embedding layer's output on the padded inputs [B, L, d]
+    (position ids restart in every row; its forward hooks, ConSERT's cutoffs, apply here)."""
+    rows = PackedRows.of(inputs["attention_mask"], layout)
+    embedding_inputs = {key: inputs[key] for key in ("token_type_ids", "position_ids") if key in inputs}
+    if "inputs_embeds" in inputs:
+        embedding_inputs["inputs_embeds"] = inputs["inputs_embeds"]
+    else:
+        embedding_inputs["input_ids"] = inputs["input_ids"]
+    return rows, backbone.embeddings(**embedding_inputs)
+
+
 def packed_pass(
     backbone: nn.Module,
     inputs: dict[str, Tensor],
@@ -299,6 +323,7 @@ def packed_pass(
     read_positions: Tensor | None = None,
     attention_group_rows: int = 0,
     layout: PackingLayout | None = None,
+    fused_qkv: bool = False,
 ) -> PackedOutput:
     """Run a BERT-layout `backbone` padding-free on padded `inputs` (see the module's docstring).
 
@@ -308,14 +333,9 @@ def packed_pass(
     `attention_group_rows`: where attention runs on a padded layout (not the flash kernel), in length groups
     of that many rows (`AttentionGroups`); 0: one group, the batch padded to its longest row.
     `layout`: where the real tokens are, made with the batch (`PackingLayout`); else found on the device.
+    `fused_qkv`: each layer's query, key and value as one product (`csekit.encoding.fused_qkv`).
     """
-    rows = PackedRows.of(inputs["attention_mask"], layout)
-    embedding_inputs = {key: inputs[key] for key in ("token_type_ids", "position_ids") if key in inputs}
-    if "inputs_embeds" in inputs:
-        embedding_inputs["inputs_embeds"] = inputs["inputs_embeds"]
-    else:
-        embedding_inputs["input_ids"] = inputs["input_ids"]
-    embedded = backbone.embeddings(**embedding_inputs)  # its forward hooks (ConSERT's cutoffs) apply here
+    rows, embedded = packed_start(backbone, inputs, layout)
     hidden = rows.pack(embedded)
     layers = backbone.encoder.layer
     states: list[Tensor] = [embedded] if all_layers else []
@@ -331,7 +351,7 @@ def packed_pass(
         return groups, masks
 
     for number, layer in enumerate(layers):
-        context = _attend(layer.attention.self, hidden, rows, grouped)
+        context = _attend(layer.attention.self, hidden, rows, grouped, fused_qkv)
         if read is not None and number == len(layers) - 1:
             context, hidden = context[read], hidden[read]  # only these positions are read
         hidden = layer.attention.output(context, hidden)

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.packed import BACKBONE_INPUTS
+from csekit.encoding.packed_fixed import LayerStack
 
 EMBEDDING_MASK = "embedding_mask"
 """Input key for a mask multiplied into the embedding layer's output ([B, L, 1], [B, 1, d] or [B, L, d])."""
@@ -30,11 +31,18 @@ class PassPlan:
     the padding-free pass does not know is an error (`run.packed: true`) instead of a padded pass (`auto`).
     `length_group_size` > 0: rows in groups of that many of similar length, each cut to its own longest (the
     padded pass), or the packed pass's attention in such groups.
+    `fused_qkv`: a packed pass's query, key and value as one product (`csekit.encoding.fused_qkv`).
+    `token_bucket` > 0: a packed pass on fixed shapes (`csekit.encoding.packed_fixed`), its tokens padded to a
+    multiple of this and its rows bounded by `width_bound`; `layer_stack`: its layers as compiled (None: eager).
     """
 
     packed: bool = False
     packed_required: bool = False
     length_group_size: int = 0
+    fused_qkv: bool = False
+    token_bucket: int = 0
+    width_bound: int = 0
+    layer_stack: LayerStack | None = None
 
     def packs(self, inputs: dict[str, Tensor]) -> bool:
         """Whether a pass on `inputs` runs padding-free."""

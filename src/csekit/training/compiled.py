@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from csekit.encoding.packed_fixed import LayerStack, run_layer_stack
+
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 """`run.compile` choices: none, or a `torch.compile` mode."""
 
@@ -111,6 +113,14 @@ class CompiledTrainingForward:
         for key, value in list(outputs.items()):
             outputs[key] = _cut(value, width, padded_width)
         return outputs
+
+
+def compile_layer_stack(mode: str, backend: str | Callable[..., Any] | None = None) -> LayerStack:
+    """The fixed-shape packed pass's layer stack (`run.packed_bucket`) through `torch.compile` (`run.compile`):
+    its shapes repeat across steps, so it is compiled (and its CUDA graphs recorded) once a token bucket."""
+    backend = backend or COMPILE_BACKEND
+    options = {"mode": mode} if backend == "inductor" else {}
+    return torch.compile(run_layer_stack, backend=backend, dynamic=False, **options)  # type: ignore[return-value]
 
 
 def compile_backbone(

@@ -18,6 +18,8 @@ Each `auto`, per device kind, and the measurement behind it (docs/performance.md
 - `run.num_workers`: none on a CPU, up to 2 on CUDA ("Speed IV": batch 512 collates in 46-64 ms on one
   core, about a GPU step; "On a GPU III": 72.0 against 121.8 ms at 512).
 - `run.keep_freed_memory`: CPU only ("Training throughput": 48,000 page faults a bf16 step without it).
+- `run.fused_qkv` and `run.packed_bucket`: off (built and proven equal on a CPU, "Speed IV, Build 2"; no GPU
+  has measured them yet).
 - `run.fast_dropout`: on (it changes CPU training only: "Training throughput", about 4x cheaper masks; "On a
   GPU III" measured no loss from it on CUDA).
 - `train.precision: auto`: bf16 where the device runs it natively, else fp32 ("Precision that fits the
@@ -38,7 +40,7 @@ from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.fast_dropout import enable_fast_dropout
 from csekit.encoding.packed import flash_packing_runs, packing_refusal
 from csekit.encoding.passes import PassPlan
-from csekit.training.compiled import compile_backbone
+from csekit.training.compiled import compile_backbone, compile_layer_stack
 from csekit.training.loading import LoaderOptions, loader_options
 from csekit.training.model import ContrastiveModel, build_model
 from csekit.training.processes import keep_freed_memory, training_device_type, training_precision
@@ -99,19 +101,30 @@ class Execution:
     def compile(self) -> str:
         return self.run.compile
 
-    def pass_plan(self, backbone: nn.Module) -> PassPlan:
-        """How the run's training passes execute on this device for `backbone` (`csekit.encoding.passes`)."""
+    def pass_plan(self, backbone: nn.Module, max_length: int = 0) -> PassPlan:
+        """How the run's training passes execute on this device for `backbone` (`csekit.encoding.passes`);
+        `max_length`: the recipe's, every row's bound when the packed pass runs on fixed shapes."""
         packed, refusal = self.run.packed, packing_refusal(backbone)
         if refusal is None and self.run.gradient_checkpointing:
             refusal = "the padding-free pass does not run with gradient checkpointing (run.gradient_checkpointing)"
         if packed is True and refusal is not None:
             raise CsekitError(f"recipe key run.packed: true: {refusal}; use auto (runs it padded) or false")
+        bucket, compiled = self.run.packed_bucket, self.run.compile != "none"
         if packed == "auto":
-            # The packed pass drives the layers one by one and would never call the compiled (bucketed) forward.
-            runs_compiled = self.run.compile != "none"
-            packed = packs_when_auto(self.device_type, self.precision) and refusal is None and not runs_compiled
+            # An unbucketed packed pass drives the layers one by one and would never call the compiled (bucketed)
+            # forward; a bucketed one compiles its own layer stack.
+            runs_compiled_forward = compiled and not bucket
+            packed = packs_when_auto(self.device_type, self.precision) and refusal is None and not runs_compiled_forward
         groups = self.run.length_group_size if self.device_type in LENGTH_GROUP_DEVICES else 0
-        return PassPlan(packed=bool(packed), packed_required=self.run.packed is True, length_group_size=groups)
+        return PassPlan(
+            packed=bool(packed),
+            packed_required=self.run.packed is True,
+            length_group_size=groups,
+            fused_qkv=self.run.fused_qkv,
+            token_bucket=bucket,
+            width_bound=max_length if bucket else 0,
+            layer_stack=compile_layer_stack(self.run.compile) if packed and bucket and compiled else None,
+        )
 
     def prepare_backbone(self, backbone: nn.Module, recipe: Recipe) -> None:
         """Fast dropout and the compiled training forward, applied once before the optimizer sees the model."""
@@ -167,6 +180,6 @@ def build_run_model(
     """The recipe's model and views as a run executes them on `execution` (default: decided for the encoder's
     device): its passes with the run's plan, the backbone with fast dropout and the compiled forward."""
     execution = execution or decide_execution(recipe, device_type=encoder.device.type)
-    model, views = build_model(recipe, encoder, execution.pass_plan(encoder.backbone))
+    model, views = build_model(recipe, encoder, execution.pass_plan(encoder.backbone, recipe.model.max_length))
     execution.prepare_backbone(encoder.backbone, recipe)
     return model, views

@@ -134,6 +134,11 @@ class RunConfig:
     # false | auto: auto packs where it was measured faster (CPU training; CUDA in bf16/fp16 on Ampere or newer);
     # true refuses backbones it cannot run.
     packed: bool | str = "auto"
+    # The packed pass's query, key and value as one product a layer (csekit.encoding.fused_qkv). Off: not measured.
+    fused_qkv: bool = False
+    # > 0: the packed pass's tokens padded to a multiple of this by rows of padding, so its shapes repeat across
+    # steps and run.compile captures it (csekit.encoding.packed_fixed). 0 (off): not yet measured on a GPU.
+    packed_bucket: int = 0
     # On a CPU, training passes run on groups of this many rows of similar token length, each padded only to its
     # own longest (0: one pass); the same loss and gradients up to float rounding. A GPU runs one pass.
     length_group_size: int = 32
@@ -391,11 +396,12 @@ def _check_run(recipe: Recipe, where: Any) -> None:
             run.num_workers == "auto" or (type(run.num_workers) is int and 0 <= run.num_workers <= MAX_WORKERS),
             f"must be from 0 (batches in the main process) to {MAX_WORKERS}, or auto",
         ),
+        ("run.packed_bucket", run.packed_bucket >= 0, "must be 0 (off) or a number of tokens"),
         (
             "run.packed",
-            run.packed is not True or run.compile == "none",
-            "cannot be true with run.compile (a packed pass drives the layers one by one and would never call the "
-            "compiled forward, which runs padded to length buckets); use auto",
+            run.packed is not True or run.compile == "none" or run.packed_bucket > 0,
+            "cannot be true with run.compile unless run.packed_bucket gives the packed pass fixed shapes (it would "
+            "drive the layers one by one and never call the compiled forward); use auto or set run.packed_bucket",
         ),
     ]
     for key, ok, message in checks:
