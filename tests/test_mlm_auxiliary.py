@@ -93,7 +93,9 @@ def test_an_mlm_recipe_trains_and_saves_the_encoder_without_the_lm_head(tmp_path
 
 def test_a_backbone_without_an_lm_head_is_one_line_naming_the_recipe_key(tmp_path: Path) -> None:
     model_dir = tmp_path / "opt"
-    make_tiny_encoder(tmp_path / "tok", model_type="opt").save(model_dir)
+    encoder = make_tiny_encoder(tmp_path / "tok", model_type="opt")
+    encoder.tokenizer.eos_token = "[SEP]"  # a decoder needs one (csekit.encoding.decoder)
+    encoder.save(model_dir)
     objectives = "objectives=[{name: infonce}, {name: mlm, weight: 0.1}]"
     recipe = tiny_recipe(model_dir, make_corpus(tmp_path / "corpus.txt", lines=32), "train.max_steps=1", objectives)
     with pytest.raises(CsekitError, match=r"recipe key objectives\[1\]: mlm needs .* model type 'opt'") as caught:
