@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from csekit.encoding.encoder import SentenceEncoder
@@ -98,6 +98,11 @@ class ConsertViews:
         # RoBERTa-style embeddings number real tokens from padding_idx + 1 and give padding padding_idx;
         # only that integer is kept (not the encoder), so the views pickle cheaply into DataLoader workers.
         embeddings = getattr(encoder.backbone, "embeddings", None) if encoder is not None else None
+        if encoder is not None and not isinstance(embeddings, nn.Module):  # a decoder LLM's is `embed_tokens`
+            raise ValueError(
+                f"{type(encoder.backbone).__name__} has no `embeddings` module, so embedding-level views "
+                "(ConSERT's cutoffs) cannot be applied to it"
+            )
         padding_idx = getattr(embeddings, "padding_idx", None)
         self.position_padding_idx: int | None = int(padding_idx) if isinstance(padding_idx, int) else None
 
