@@ -16,6 +16,7 @@ import pytest
 import senteval_reference as senteval
 import torch
 from conftest import assert_one_line_error, run_main
+from recipe_trace import one_thread
 from test_transfer import make_transfer_dir, marker_encoder
 
 from csekit.evaluation import transfer_pytorch
@@ -23,12 +24,10 @@ from csekit.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer
 
 
 @pytest.fixture(autouse=True)
-def one_thread() -> Iterator[None]:
+def single_thread() -> Iterator[None]:
     """SentEval's fits on a CPU: tiny matrices, many threads contend (csekit's fit runs on one thread itself)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_thread():
+        yield
 
 
 PARAMS = {"nhid": 0, "optim": "adam", "batch_size": 64, "tenacity": 5, "epoch_size": 4}
