@@ -96,11 +96,12 @@ class Stage:
 
 
 def widened_copy(source: Path, target: Path) -> None:
+    """The carried fp16 model as fp32 in `target` (again over an earlier copy: a second call on a warm machine)."""
     import shutil
 
     from safetensors.torch import load_file, save_file
 
-    shutil.copytree(source, target, ignore=shutil.ignore_patterns("model.safetensors"))
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("model.safetensors"), dirs_exist_ok=True)
     weights = load_file(source / "model.safetensors")
     wide = {k: v.float() if v.is_floating_point() else v for k, v in weights.items()}
     save_file(wide, target / "model.safetensors", metadata={"format": "pt"})
@@ -387,14 +388,23 @@ def compile_stage(stage: Stage) -> None:
 
 
 def compiled_run(overrides: list[str], folder: Path, stage: Stage) -> dict[str, Any]:
-    """The loop's first steps (the compile, once a length bucket) timed apart, then `measure`."""
+    """The loop's first steps (the compile, once a length bucket) timed apart, then `measure`.
+
+    TorchDynamo's caches are emptied first: its recompile limit (8 a function) counts across runs in one
+    process, and once the earlier runs' buckets have used it up a function runs eagerly, silently (the default
+    rows of 2026-11-27's H200 run). `frames_compiled` says what this run compiled."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    before = counters["frames"]["ok"]
     with throughput.csekit_loop(overrides, folder) as (step, _):
         started = time.perf_counter()
         for _ in range(stage.warmup + 5):
             step()
         step_tools.synchronize(stage.device)
         first = time.perf_counter() - started
-        return {"first_steps_seconds": first, **throughput.measure(step, stage.device, stage.steps, 0)}
+        measured = throughput.measure(step, stage.device, stage.steps, 0)
+    return {"first_steps_seconds": first, "frames_compiled": counters["frames"]["ok"] - before, **measured}
 
 
 STAGE_FUNCTIONS: dict[str, Callable[[Stage], None]] = {

@@ -49,15 +49,22 @@ def alias_keys(tree: Any, alias: str, prefix: str = "") -> list[str]:
 
 
 def subset(suite: Path, keep: list[str], seeds: list[int], alias: str, model: str | None) -> dict[str, Any]:
-    """`suite` with only the recipes named in `keep` (its order kept), `seeds`, absolute recipe paths, and, with
-    `model`, every key of a recipe or of its `set:` list that names `alias` pointed at that folder instead."""
+    """`suite` with only the recipes named in `keep` and their controls (its order kept), `seeds`, absolute
+    recipe paths, and, with `model`, every key of a recipe or of its `set:` list that names `alias` pointed at
+    that folder instead."""
     loaded = yaml.safe_load(suite.read_text(encoding="utf-8"))
     unknown = sorted(set(keep) - {entry["name"] for entry in loaded["recipes"]})
     if unknown:
         raise SystemExit(f"{suite}: no recipe named {', '.join(unknown)}")
+    controls = {entry["name"]: entry.get("control") for entry in loaded["recipes"]}
+    wanted = set(keep)
+    for name in keep:  # a kept configuration's control comes along: bench refuses a control it cannot find
+        while controls.get(name) and controls[name] not in wanted:
+            name = controls[name]
+            wanted.add(name)
     recipes = []
     for entry in loaded["recipes"]:
-        if entry["name"] not in keep:
+        if entry["name"] not in wanted:
             continue
         recipe = (suite.parent / entry["recipe"]).resolve()
         overrides = list(entry.get("set", []))

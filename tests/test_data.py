@@ -29,6 +29,37 @@ def test_last_line_without_newline_is_kept(tmp_path: Path) -> None:
     assert [corpus[0], corpus[1]] == ["one", "two"]
 
 
+def test_a_read_neither_uses_nor_moves_the_shared_file_offset(tmp_path: Path) -> None:
+    """DataLoader workers forked after the parent read a line share its descriptor and so its file offset: a
+    seek then a read in one worker could read at another's offset (a UnicodeDecodeError on a GPU, 2026-11-27;
+    a wrong sentence when the bytes happen to decode). Reads must be positional."""
+    corpus = Corpus(write_bytes(tmp_path, "alpha été\nbravo\ncharlie delta\n".encode()))
+    assert corpus[0] == "alpha été"  # the parent opens the file, as the duplicate count does before workers start
+    descriptor = corpus._handle.fileno()
+    for index, expected in [(2, "charlie delta"), (1, "bravo"), (0, "alpha été")]:
+        os.lseek(descriptor, 7, os.SEEK_SET)  # where a sibling worker left the shared offset
+        assert corpus[index] == expected
+        assert os.lseek(descriptor, 0, os.SEEK_CUR) == 7
+
+
+def test_forked_loader_workers_read_every_line_right(tmp_path: Path) -> None:
+    """The same race end to end: the parent reads, then two forked workers read every line many times."""
+    from torch.utils.data import DataLoader
+
+    lines = [f"sentence {index} " + "é" * (index % 7) for index in range(400)]
+    corpus = Corpus(write_bytes(tmp_path, ("\n".join(lines) + "\n").encode()))
+    assert corpus[0] == lines[0]
+    loader = DataLoader(
+        [index for _ in range(10) for index in range(len(lines))],
+        batch_size=50,
+        num_workers=2,
+        multiprocessing_context="fork",
+        collate_fn=lambda indices: [corpus[index] for index in indices],
+    )
+    read = [text for batch in loader for text in batch]
+    assert read == lines * 10
+
+
 def test_gzip_corpus(tmp_path: Path) -> None:
     path = tmp_path / "c.txt.gz"
     with gzip.open(path, "wb") as handle:

@@ -66,9 +66,9 @@ def test_a_setting_given_in_both_places_is_refused(tmp_path: Path) -> None:
 
 def test_auto_is_decided_per_device_kind(tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The figures behind each `auto` (docs/performance.md, "On a GPU III"): CPU training packs and groups by
-    length; CUDA packs in one pass where the flash kernel runs it (bf16/fp16, Ampere on) and runs padded
-    elsewhere; CUDA steps are sync-free, CPU steps not; a GPU collates in worker processes, a CPU in the main
-    one."""
+    length; CUDA packs in one pass where the flash kernel runs it (bf16/fp16, Ampere on), its query, key and
+    value as one product, and runs padded elsewhere; CUDA steps are sync-free, CPU steps not; a GPU collates in
+    worker processes, a CPU in the main one."""
     from csekit.encoding import packed
     from csekit.encoding.encoder import SentenceEncoder
     from csekit.encoding.passes import PassPlan
@@ -84,7 +84,9 @@ def test_auto_is_decided_per_device_kind(tiny_model_dir: Path, monkeypatch: pyte
 
     cpu, cuda = decided("cpu", "fp32"), decided("cuda", "bf16")
     assert cpu.pass_plan(backbone) == PassPlan(True, False, 32)
-    assert cuda.pass_plan(backbone) == PassPlan(True, False, 0)
+    assert cuda.pass_plan(backbone) == PassPlan(True, False, 0, fused_qkv=True)
+    unfused = decide_execution(load_recipe(None, ["train.precision=bf16", "run.fused_qkv=false"]), device_type="cuda")
+    assert unfused.pass_plan(backbone) == PassPlan(True, False, 0)
     assert decided("cuda", "fp32").pass_plan(backbone) == PassPlan(False, False, 0)  # no flash kernel in fp32
     capability["value"] = (7, 5)  # a T4: no flash kernel, so the packed attention would run in groups
     assert decided("cuda", "bf16").pass_plan(backbone) == PassPlan(False, False, 0)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import add_sick_trial, make_corpus, make_data_dir, make_tiny_encoder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,3 +134,59 @@ def test_the_suite_call_trains_the_carried_configurations_on_the_carried_model(t
     assert recipes["dclr-minilm"].weighting["model"] == model
     assert "minilm-l6" not in json.dumps({name: vars(r.model) for name, r in recipes.items()})
     assert {(r.train.batch_size, r.train.lr, r.model.max_length) for r in recipes.values()} == {(64, 3e-5, 32)}
+
+
+def test_a_kept_configuration_brings_its_control(tmp_path: Path) -> None:
+    """`--keep promptbert-minilm` alone once wrote a suite that `csekit bench` refused (its control, the prompt
+    pooler, was left out), costing a device call; the control now comes along, and the widened model may be
+    copied again over an earlier copy (a second call on a warm machine)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import yaml
+    from gpu_check_stages import widened_copy
+    from gpu_suite import subset
+
+    from csekit.bench.suite import load_suite
+
+    written = subset(REPO / "benchmarks" / "suites" / "controlled.yaml", ["promptbert-minilm"], [42], "minilm-l6", None)
+    path = tmp_path / "suite.yaml"
+    path.write_text(yaml.safe_dump(written, sort_keys=False), encoding="utf-8")
+    assert [r.name for r in load_suite(path).recipes] == ["simcse-prompt-minilm", "promptbert-minilm"]
+
+    import torch
+    from safetensors.torch import save_file
+
+    source = tmp_path / "fp16"
+    source.mkdir()
+    (source / "config.json").write_text("{}", encoding="utf-8")
+    save_file({"weight": torch.ones(2, dtype=torch.float16)}, source / "model.safetensors")
+    for _ in range(2):
+        widened_copy(source, tmp_path / "fp32")
+    from safetensors.torch import load_file
+
+    assert load_file(tmp_path / "fp32" / "model.safetensors")["weight"].dtype == torch.float32
+
+
+def test_each_compiled_run_starts_below_the_recompile_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compile stage measures several runs in one process; TorchDynamo's recompile limit counts across them,
+    so without a reset a later run ran eagerly while its row said compiled (the H200 run of 2026-11-27)."""
+    import contextlib
+
+    import torch
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check_stages
+    import gpu_throughput
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    compiled = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+
+    @contextlib.contextmanager
+    def loop(overrides: list[str], folder: Path):  # type: ignore[no-untyped-def]
+        sizes = iter(range(1, 1000))
+        yield (lambda: compiled(torch.ones(next(sizes)))), None
+
+    monkeypatch.setattr(gpu_throughput, "csekit_loop", loop)
+    stage = gpu_check_stages.Stage(tmp_path, tmp_path, tmp_path / "part.json", "cpu", 60.0, tiny=True)
+    first = gpu_check_stages.compiled_run([], tmp_path, stage)
+    second = gpu_check_stages.compiled_run([], tmp_path, stage)
+    assert first["frames_compiled"] == second["frames_compiled"] == 2

@@ -169,7 +169,9 @@ def test_random_batches_fall_in_few_buckets_and_the_compiled_stack_equals_eager(
 
 def test_the_recipe_keys_reach_the_plan_and_compile_captures_a_bucketed_packed_pass(tiny_model_dir: Path) -> None:
     defaults = decide_execution(load_recipe(None), device_type="cpu").pass_plan(torch.nn.Module())
-    assert not defaults.fused_qkv and defaults.token_bucket == 0 and defaults.layer_stack is None  # off by default
+    assert not defaults.fused_qkv and defaults.token_bucket == 0 and defaults.layer_stack is None  # off on a CPU
+    with pytest.raises(CsekitError, match=r"run\.fused_qkv"):
+        load_recipe(None, ["run.fused_qkv=1"])
     recipe = load_recipe(None, ["run.fused_qkv=true", "run.packed_bucket=256", "model.max_length=24"])
     encoder = SentenceEncoder.load(tiny_model_dir)
     plan = decide_execution(recipe, device_type="cpu").pass_plan(encoder.backbone, recipe.model.max_length)

@@ -98,7 +98,7 @@ class Corpus(Dataset):
         self._starts = np.zeros(0, dtype=np.int64)
         self._lengths = np.zeros(0, dtype=np.int32)
         self._lines: list[Any] | None = None
-        self._handle: Any = None  # opened on first read (and again in each DataLoader worker)
+        self._handle: Any = None  # opened on first read (forked DataLoader workers share it)
         if not self.path.exists():
             raise CsekitError(f"corpus {self.path} does not exist")
         if not self.path.is_file():
@@ -191,8 +191,9 @@ class Corpus(Dataset):
         start, length = int(self._starts[index]), int(self._lengths[index])
         raw = b""
         if (info.st_size, info.st_mtime_ns) == self._scanned:
-            self._handle.seek(start)
-            raw = self._handle.read(length)
+            # A positional read: DataLoader workers forked after the parent read a line share this descriptor and
+            # its offset, so a seek then a read could return another worker's bytes (seen on a GPU, 2026-11-27).
+            raw = os.pread(self._handle.fileno(), length, start)
         if len(raw) != length:
             raise CsekitError(
                 f"corpus {self.path} changed after it was read at the start (now {info.st_size:,} bytes, then "
@@ -201,7 +202,7 @@ class Corpus(Dataset):
         return raw.decode("utf-8")
 
     def __getstate__(self) -> dict[str, Any]:
-        # An open file cannot be pickled (DataLoader workers); each worker reopens it.
+        # An open file cannot be pickled (spawned DataLoader workers reopen it; forked ones share it, hence pread).
         return {**self.__dict__, "_handle": None}
 
     def __del__(self) -> None:

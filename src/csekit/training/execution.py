@@ -18,8 +18,10 @@ Each `auto`, per device kind, and the measurement behind it (docs/performance.md
 - `run.num_workers`: none on a CPU, up to 2 on CUDA ("Speed IV": batch 512 collates in 46-64 ms on one
   core, about a GPU step; "On a GPU III": 72.0 against 121.8 ms at 512).
 - `run.keep_freed_memory`: CPU only ("Training throughput": 48,000 page faults a bf16 step without it).
-- `run.fused_qkv` and `run.packed_bucket`: off (built and proven equal on a CPU, "Speed IV, Build 2"; no GPU
-  has measured them yet).
+- `run.fused_qkv`: on CUDA, off on a CPU ("On a GPU III, second run": on an H200 in bf16, all keys on, 32.5
+  against 36.8 ms a step at batch 64, 43.7 against 47.1 ms at 512; not measured on a CPU).
+- `run.packed_bucket`: off (a fixed-shape packed pass pays only under `run.compile`, whose compile costs about a
+  minute: see "On a GPU III, second run").
 - `run.fast_dropout`: on (it changes CPU training only: "Training throughput", about 4x cheaper masks; "On a
   GPU III" measured no loss from it on CUDA).
 - `train.precision: auto`: bf16 where the device runs it natively, else fp32 ("Precision that fits the
@@ -65,6 +67,10 @@ SYNC_FREE_AUTO_DEVICES = ("cuda",)
 and 512 on an H200). Not a CPU: a read costs no wait there, and the rounds measured were dominated by the
 shared machine's load."""
 
+FUSED_QKV_AUTO_DEVICES = ("cuda",)
+"""Device kinds where `run.fused_qkv: auto` fuses the packed pass's query, key and value products: CUDA (fewer
+kernel launches and autocast casts, measured faster at batch 64 and 512 on an H200)."""
+
 HALF_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -75,6 +81,11 @@ def packs_when_auto(device_type: str, precision: str) -> bool:
     if device_type == "cuda":
         return precision in HALF_PRECISION and flash_packing_runs(torch.device("cuda"), HALF_PRECISION[precision])
     return True
+
+
+def fuses_qkv(setting: bool | str, device_type: str) -> bool:
+    """Whether packed passes fuse their query, key and value products (`run.fused_qkv`, `auto` resolved)."""
+    return setting if isinstance(setting, bool) else device_type in FUSED_QKV_AUTO_DEVICES
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,7 @@ class Execution:
             packed=bool(packed),
             packed_required=self.run.packed is True,
             length_group_size=groups,
-            fused_qkv=self.run.fused_qkv,
+            fused_qkv=bool(packed) and fuses_qkv(self.run.fused_qkv, self.device_type),
             token_bucket=bucket,
             width_bound=max_length if bucket else 0,
             layer_stack=compile_layer_stack(self.run.compile) if packed and bucket and compiled else None,

@@ -134,10 +134,11 @@ class RunConfig:
     # false | auto: auto packs where it was measured faster (CPU training; CUDA in bf16/fp16 on Ampere or newer);
     # true refuses backbones it cannot run.
     packed: bool | str = "auto"
-    # The packed pass's query, key and value as one product a layer (csekit.encoding.fused_qkv). Off: not measured.
-    fused_qkv: bool = False
+    # The packed pass's query, key and value as one product a layer (csekit.encoding.fused_qkv): auto | true |
+    # false; auto fuses on CUDA, where it was measured faster, and not on a CPU, where it was not measured.
+    fused_qkv: bool | str = "auto"
     # > 0: the packed pass's tokens padded to a multiple of this by rows of padding, so its shapes repeat across
-    # steps and run.compile captures it (csekit.encoding.packed_fixed). 0 (off): not yet measured on a GPU.
+    # steps and run.compile captures it (csekit.encoding.packed_fixed). 0 (off): it pays with a compile only.
     packed_bucket: int = 0
     # On a CPU, training passes run on groups of this many rows of similar token length, each padded only to its
     # own longest (0: one pass); the same loss and gradients up to float rounding. A GPU runs one pass.
@@ -391,6 +392,7 @@ def _check_run(recipe: Recipe, where: Any) -> None:
             isinstance(run.packed, bool) or run.packed == "auto",  # 1 == True: not a setting
             "must be auto, true or false",
         ),
+        ("run.fused_qkv", isinstance(run.fused_qkv, bool) or run.fused_qkv == "auto", "must be auto, true or false"),
         (
             "run.num_workers",
             run.num_workers == "auto" or (type(run.num_workers) is int and 0 <= run.num_workers <= MAX_WORKERS),
