@@ -35,6 +35,7 @@ EXPECTED_METHODS = {
     "tsdae-bert-base": ["simcse", "tsdae"],
     "diffcse-bert-base": ["simcse", "diffcse"],
     "diffcse-roberta-base": ["simcse", "diffcse"],
+    "diffcse-minilm": ["simcse", "diffcse"],
 }
 
 
