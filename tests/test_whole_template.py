@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import string
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import torch
 from conftest import REPO, assert_one_line_error, make_byte_level_bpe_tokenizer, make_tiny_encoder, run_main
 from transformers import AutoConfig, AutoModel, BertTokenizerFast, PreTrainedTokenizerBase
 
+from csekit import cli
 from csekit.bench.papers import protocol
 from csekit.commands.evaluate import protocol_label
 from csekit.core.errors import CsekitError
@@ -278,3 +280,29 @@ def test_the_reports_name_the_test_template() -> None:
     runs = [{"sentence_end": "sncse", "test_template": 'x " [X] " [MASK]'}, {"sentence_end": "sncse"}]
     assert protocol("STS13", runs) == "sentence end sncse, training ids and whole test template"
     assert protocol("STS13", runs[1:]) == "sentence end sncse"
+
+
+def test_csekit_evaluate_reads_the_models_test_template_and_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tiny_roberta(["This sentence : '[X] ' means[MASK]."], test_template=PROMPTBERT_TEST_TEMPLATE).save(tmp_path / "m")
+    rows = [
+        (a, b, str(i)) for i, (a, b) in enumerate(zip(SENTENCES * 3, SENTENCES[1:] * 3 + SENTENCES[:3], strict=True))
+    ]
+    pairs = tmp_path / "pairs.tsv"
+    pairs.write_text("sentence1\tsentence2\tscore\n" + "".join("\t".join(row) + "\n" for row in rows))
+    monkeypatch.delenv("CSEKIT_DATA", raising=False)  # no SentEval task runs
+    reports = {}
+    for given in ([], ["--test-template", "none"]):
+        out = tmp_path / f"out{len(given)}.json"
+        monkeypatch.setattr(
+            sys, "argv", ["csekit", "evaluate", str(tmp_path / "m"), "--pairs", str(pairs), "-o", str(out), *given]
+        )
+        with pytest.raises(SystemExit) as exit_info:
+            cli.main()
+        printed = capsys.readouterr().out
+        assert not exit_info.value.code
+        reports[len(given)] = json.loads(out.read_text())
+        assert ("tokenised whole" in printed.splitlines()[-1]) == (not given)
+    assert reports[0]["test_template"] == PROMPTBERT_TEST_TEMPLATE and reports[2]["test_template"] == "none"
+    assert reports[0]["tasks"]["pairs:pairs"] != reports[2]["tasks"]["pairs:pairs"]
