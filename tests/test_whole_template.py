@@ -14,7 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, assert_one_line_error, make_byte_level_bpe_tokenizer, make_tiny_encoder, run_main
+from conftest import (
+    REPO,
+    assert_one_line_error,
+    make_byte_level_bpe_tokenizer,
+    make_corpus,
+    make_tiny_encoder,
+    run_main,
+    tiny_recipe,
+)
 from transformers import AutoConfig, AutoModel, BertTokenizerFast, PreTrainedTokenizerBase
 
 from csekit import cli
@@ -29,6 +37,7 @@ from csekit.evaluation.sts_data import load_sts_task
 from csekit.evaluation.suite import protocol_facts
 from csekit.training.dev_scoring import dev_encoder
 from csekit.training.recipe import Recipe, load_recipe
+from csekit.training.trainer import train
 
 # --- the authors' test strings, as their code builds them ---------------------------------------------------------
 
@@ -306,3 +315,16 @@ def test_csekit_evaluate_reads_the_models_test_template_and_names_it(
         assert ("tokenised whole" in printed.splitlines()[-1]) == (not given)
     assert reports[0]["test_template"] == PROMPTBERT_TEST_TEMPLATE and reports[2]["test_template"] == "none"
     assert reports[0]["tasks"]["pairs:pairs"] != reports[2]["tasks"]["pairs:pairs"]
+
+
+def test_a_recipes_test_template_reaches_the_trained_and_saved_model(tmp_path: Path, tiny_model_dir: Path) -> None:
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    overrides = [
+        "train.max_steps=2",
+        "train.eval_every=0",
+        "model.pooler=mask",
+        "model.test_template=the [X] is [MASK]",
+    ]
+    train(tiny_recipe(tiny_model_dir, corpus, *overrides), tmp_path / "run", show_progress=False)
+    assert json.loads((tmp_path / "run" / "best" / "csekit.json").read_text())["test_template"] == "the [X] is [MASK]"
+    assert SentenceEncoder.load(tmp_path / "run" / "best").test_template == "the [X] is [MASK]"
