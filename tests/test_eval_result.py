@@ -82,7 +82,8 @@ def test_the_model_card_reads_the_layout_and_an_older_flat_one() -> None:
 
 EVALUATE_FACTS = {"model", "pooler", "precision", "whiten", "seconds"}
 BENCH_FACTS = {"recipe", "seed", "steps", "best_step", "wall_seconds"}
-PROTOCOL_FACTS = {"sentence_end", "transfer_classifier"}  # how the numbers were computed: both write them
+# How the numbers were computed: both write them.
+PROTOCOL_FACTS = {"sentence_end", "test_template", "transfer_classifier"}
 
 
 def _data(tmp_path: Path) -> Path:
@@ -128,7 +129,7 @@ def test_evaluate_output_and_bench_results_have_one_layout(
 
     assert set(evaluated) - EVALUATE_FACTS - PROTOCOL_FACTS == set(benched) - BENCH_FACTS - PROTOCOL_FACTS
     assert set(evaluated) - EVALUATE_FACTS - PROTOCOL_FACTS == {"tasks", "averages"}
-    assert evaluated["sentence_end"] == benched["sentence_end"] == "none"
+    assert evaluated["sentence_end"] == benched["sentence_end"] == evaluated["test_template"] == "none"
     one, other = EvalResult.from_json(evaluated, "r.json"), EvalResult.from_json(benched, "results.json")
     assert set(one.averages) == set(other.averages) == {"avg_sts"}
     assert set(one.tasks) == set(other.tasks) == {"stsb-dev", "sick-dev", "STSBenchmark", "align"}

@@ -21,11 +21,14 @@ from csekit.commands.diagnose import diagnose_models
 from csekit.commands.evaluate import (
     ClassifierOption,
     MtebOption,
+    NJobsOption,
     PairsColumnsOption,
     PairsOption,
     RetrievalOption,
     SentenceEndOption,
     SplitOption,
+    TestTemplateOption,
+    WhitenDimOption,
     check_evaluate_numbers,
     evaluation_groups,
     print_evaluation,
@@ -138,20 +141,15 @@ def evaluate(
         bool,
         typer.Option("--whiten", help="BERT-whiten the embeddings, kernel from each task's sentences (default: off)."),
     ] = False,
-    whiten_dim: Annotated[
-        int | None,
-        typer.Option("--whiten-dim", help="Keep the first K whitened dimensions; implies --whiten (default: all)."),
-    ] = None,
-    n_jobs: Annotated[
-        int,
-        typer.Option("--n-jobs", help="Classifier fits run at once for transfer tasks, in processes (-1: all cores)."),
-    ] = -1,
+    whiten_dim: WhitenDimOption = None,
+    n_jobs: NJobsOption = -1,
     pairs: PairsOption = None,
     pairs_columns: PairsColumnsOption = None,
     retrieval: RetrievalOption = None,
     split: SplitOption = "test",
     mteb: MtebOption = None,
     sentence_end: SentenceEndOption = None,
+    test_template: TestTemplateOption = None,
     classifier: ClassifierOption = "sklearn",
 ) -> None:
     """Evaluate a model SentEval's way: STS (Spearman x 100), transfer tasks (accuracy x 100), alignment/uniformity;
@@ -166,12 +164,13 @@ def evaluate(
     whitened = whiten or whiten_dim is not None
     mteb_tasks = resolve_tasks(mteb, whitened)  # an unknown name: one line, before the model is loaded
     own = bool(pairs or retrieval or mteb)
-    groups = evaluation_groups(tasks, own, whitened, bool(retrieval), classifier, sentence_end)
+    groups = evaluation_groups(tasks, own, whitened, bool(retrieval), classifier, sentence_end, test_template)
     check_evaluate_numbers(batch_size, n_jobs, whiten_dim)
     check_output_file(output)
     root = resolve_data_dir(data_dir) if any(groups.values()) else None
     own_files = read_file_tasks(pairs or (), pairs_columns, retrieval or (), split)  # bad files: one line, now
-    encode = command_encoder(model, pooler, precision, batch_size, warn=warn, sentence_end=sentence_end)
+    reading = {"sentence_end": sentence_end, "test_template": test_template}  # None: the model's own
+    encode = command_encoder(model, pooler, precision, batch_size, warn=warn, **reading)
     started = time.perf_counter()
     result = run_evaluation(encode, root, groups, whitened, whiten_dim, n_jobs, own_files, classifier)
     mteb_run = run_mteb(encode, model, mteb_tasks, output) if mteb_tasks else None
@@ -183,11 +182,11 @@ def evaluate(
     skipped = skipped_report(own_files)
     warn_skipped(skipped, {read.task.name: read.task.path for read in own_files})
     whitening = f", whitened{'' if whiten_dim is None else f' to {whiten_dim} dims'}" if whitened else ""
-    protocol = protocol_label(encode.sentence_end, groups, classifier)
+    protocol = protocol_label(encode.sentence_end, groups, classifier, encode.test_template)
     typer.echo(f"({model}, pooler {encode.pooler}, {encode.label}{whitening}{protocol}, {elapsed:.1f} s)")
     if output is not None:
         facts: dict[str, Any] = {"model": model, "pooler": encode.pooler, "precision": encode.precision}
-        facts.update(protocol_facts(encode.sentence_end, groups, classifier))
+        facts.update(protocol_facts(encode.sentence_end, groups, classifier, encode.test_template))
         if whitened:
             facts["whiten"] = {"dim": whiten_dim}
         if skipped:

@@ -54,8 +54,10 @@ PAPER_RULE = (
     "the paper gives as the mean of k runs (marked) is compared as one: the range of the mean of k more runs, "
     "sqrt(1/k + 1/n) for sqrt(1 + 1/n), with k = 2 where the source does not give the count. Protocol: how "
     "csekit computed its number: the sentence-end rule its model applied (`csekit.encoding.sentence_end`: none, or "
-    "an author's end punctuation) and, for a transfer task, SentEval's classifier (sklearn or pytorch); every "
-    "published transfer number comes from SentEval's PyTorch classifier."
+    "an author's end punctuation), the test template tokenised whole where the model has one "
+    "(`csekit.encoding.whole_template`: PromptBERT's and SNCSE's RoBERTa evaluation) and, for a transfer task, "
+    "SentEval's classifier (sklearn or pytorch); every published transfer number comes from SentEval's PyTorch "
+    "classifier."
 )
 
 
@@ -109,12 +111,16 @@ def _paper_table(row: PublishedRow, columns: dict[str, PaperComparison], runs: l
 
 
 def protocol(label: str, runs: list[dict[str, Any]]) -> str:
-    """How csekit's runs computed the number of column `label` (results.json's `sentence_end` and
-    `transfer_classifier`; runs written before they were recorded: none and sklearn)."""
+    """How csekit's runs computed the number of column `label` (results.json's `sentence_end`, `test_template` and
+    `transfer_classifier`; runs written before they were recorded: none, none and sklearn)."""
     if label in dict(TRANSFER_COLUMNS):
         used = sorted({str(run.get("transfer_classifier", "sklearn")) for run in runs})
         return f"SentEval {' and '.join(used)} classifier (paper: pytorch)"
-    return f"sentence end {' and '.join(sorted({str(run.get('sentence_end', 'none')) for run in runs}))}"
+    ends = f"sentence end {' and '.join(sorted({str(run.get('sentence_end', 'none')) for run in runs}))}"
+    whole = sorted(
+        {"training ids" if run.get("test_template", "none") == "none" else "whole test template" for run in runs}
+    )
+    return ends if whole == ["training ids"] else f"{ends}, {' and '.join(whole)}"
 
 
 def _mean_mark(row: PublishedRow, label: str) -> str:

@@ -62,6 +62,24 @@ SentenceEndOption = Annotated[
         show_default=False,
     ),
 ]
+TestTemplateOption = Annotated[
+    str | None,
+    typer.Option(
+        "--test-template",
+        help="Tokenise each sentence inside this prompt template as one text, as PromptBERT's and SNCSE's RoBERTa "
+        "evaluations did ([X] the sentence, [MASK] the mask token), or none: the training ids, template and sentence "
+        "tokenised apart (default: the model's own, else none).",
+        show_default=False,
+    ),
+]
+WhitenDimOption = Annotated[
+    int | None,
+    typer.Option("--whiten-dim", help="Keep the first K whitened dimensions; implies --whiten (default: all)."),
+]
+NJobsOption = Annotated[
+    int,
+    typer.Option("--n-jobs", help="Classifier fits run at once for transfer tasks, in processes (-1: all cores)."),
+]
 ClassifierOption = Annotated[
     str,
     typer.Option(
@@ -72,9 +90,13 @@ ClassifierOption = Annotated[
 ]
 
 
-def protocol_label(sentence_end: str, groups: dict[str, list[str]], classifier: str) -> str:
-    """What the last line adds about how the numbers were computed: a sentence-end rule, the transfer classifier."""
+def protocol_label(
+    sentence_end: str, groups: dict[str, list[str]], classifier: str, test_template: str = "none"
+) -> str:
+    """What the last line adds about how the numbers were computed: a sentence-end rule, a test template tokenised
+    whole, the transfer classifier."""
     label = "" if sentence_end == "none" else f", sentence end {sentence_end}"
+    label += "" if test_template == "none" else f", test template {test_template!r} tokenised whole"
     return label + (f", transfer classifier {classifier}" if groups["transfer"] else "")
 
 
@@ -94,16 +116,20 @@ def evaluation_groups(
     retrieval: bool,
     classifier: str = "sklearn",
     sentence_end: str | None = None,
+    test_template: str | None = None,
 ) -> dict[str, list[str]]:
     """The SentEval task groups to run: `--tasks`, else `sts`, else none when only the user's files are scored
-    (`--classifier` and `--sentence-end` checked here too, before the model loads)."""
+    (`--classifier`, `--sentence-end` and `--test-template` checked here too, before the model loads)."""
     from csekit.encoding.sentence_end import check_sentence_end
+    from csekit.encoding.whole_template import check_test_template
     from csekit.evaluation.suite import parse_tasks
     from csekit.evaluation.transfer import check_classifier
 
     check_classifier(classifier)
     if sentence_end is not None:
         check_sentence_end(sentence_end, "--sentence-end")
+    if test_template is not None:
+        check_test_template(test_template, "--test-template")
 
     if whiten and retrieval:
         raise CsekitError("--whiten does not go with --retrieval (a whitening kernel from a whole corpus is not built)")

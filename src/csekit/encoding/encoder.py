@@ -41,6 +41,12 @@ from csekit.encoding.pooling import (
 )
 from csekit.encoding.ready_mask import ready_attention_mask
 from csekit.encoding.sentence_end import NO_SENTENCE_END, check_sentence_end, end_sentences
+from csekit.encoding.whole_template import (
+    NO_TEST_TEMPLATE,
+    check_test_template,
+    check_test_template_pooler,
+    evaluation_ids,
+)
 
 INPUT_EMBEDDINGS = "inputs_embeds"
 """transformers' input key for token embeddings looked up in advance (they replace `input_ids` in the backbone)."""
@@ -103,9 +109,18 @@ def _make_pooler(
     return make_pooler(name, **options)
 
 
+def _test_template(given: str | None, saved: str, as_saved: bool) -> str:
+    """The test template `load` gives the encoder: `given`, else the saved one when the model is read `as_saved` (its
+    prompt pooler and templates), else none."""
+    if given is not None:
+        return given
+    return saved if as_saved else NO_TEST_TEMPLATE
+
+
 class SentenceEncoder(nn.Module):
-    """A backbone, its tokenizer and a pooler; optionally a head kept at test time and a sentence-end rule that
-    `encode` applies (`csekit.encoding.sentence_end`: how the authors' evaluation wrote each sentence)."""
+    """A backbone, its tokenizer and a pooler; optionally a head kept at test time, and a sentence-end rule and a
+    test template that `encode` applies (`csekit.encoding.sentence_end`, `csekit.encoding.whole_template`: how the
+    authors' evaluation wrote and tokenised each sentence)."""
 
     def __init__(
         self,
@@ -115,6 +130,7 @@ class SentenceEncoder(nn.Module):
         head: nn.Module | None = None,
         *,
         sentence_end: str = NO_SENTENCE_END,
+        test_template: str = NO_TEST_TEMPLATE,
     ) -> None:
         super().__init__()
         self.backbone = backbone
@@ -122,6 +138,8 @@ class SentenceEncoder(nn.Module):
         self.pooler = pooler
         self.head = head
         self.sentence_end = check_sentence_end(sentence_end, "SentenceEncoder sentence_end")
+        self.test_template = check_test_template(test_template, "SentenceEncoder test_template")
+        check_test_template_pooler(self.test_template, pooler)
         #: The pooler a csekit-trained model was saved with (the representation it learnt); None for other models.
         self.trained_pooler: str | None = None
         #: A decoder LLM (`csekit.encoding.decoder`): position ids count real tokens, so padding may be on either side.
@@ -143,10 +161,19 @@ class SentenceEncoder(nn.Module):
         """This encoder (every module shared) writing each sentence's end as `rule` says before `encode`."""
         return self._sharing(self.pooler, self.head, rule)
 
-    def _sharing(self, pooler: Pooler, head: nn.Module | None, sentence_end: str | None = None) -> SentenceEncoder:
-        """A view of this encoder: the same backbone and tokenizer (and what it was trained with), `pooler`, `head`."""
+    def with_test_template(self, template: str) -> SentenceEncoder:
+        """This encoder (every module shared) tokenising `template` whole at `encode` (`none`: the training ids)."""
+        return self._sharing(self.pooler, self.head, test_template=template)
+
+    def _sharing(
+        self, pooler: Pooler, head: nn.Module | None, sentence_end: str | None = None, test_template: str | None = None
+    ) -> SentenceEncoder:
+        """A view of this encoder: the same backbone and tokenizer (and what it was trained with), `pooler`, `head`;
+        the test template stays only with a prompt pooler."""
         rule = self.sentence_end if sentence_end is None else sentence_end
-        encoder = type(self)(self.backbone, self.tokenizer, pooler, head, sentence_end=rule)
+        kept = self.test_template if isinstance(pooler, MaskPooler) else NO_TEST_TEMPLATE
+        template = kept if test_template is None else test_template
+        encoder = type(self)(self.backbone, self.tokenizer, pooler, head, sentence_end=rule, test_template=template)
         encoder.trained_pooler = self.trained_pooler
         return encoder
 
@@ -163,6 +190,7 @@ class SentenceEncoder(nn.Module):
         attention: str | None = None,
         lora: Mapping[str, Any] | None = None,
         sentence_end: str | None = None,
+        test_template: str | None = None,
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
 
@@ -173,6 +201,8 @@ class SentenceEncoder(nn.Module):
         `attention`: a decoder LLM's causal or bidirectional attention (None: as saved; `csekit.encoding.decoder`).
         `lora`: LoRA adapters on the backbone, which then trains only them (`csekit.encoding.lora`).
         `sentence_end`: the rule `encode` applies (None: the one saved with the model, else none).
+        `test_template`: the template `encode` tokenises whole (None: the one saved with the model when it is read with
+        its saved prompt pooler and templates, else none: the training ids; `csekit.encoding.whole_template`).
         A training `max_length` that older csekit versions saved is ignored: inference never truncates below
         the backbone's limit (`max_seq_length`). The folder's checks and reading: `model_folder.load_model`.
         """
@@ -201,6 +231,9 @@ class SentenceEncoder(nn.Module):
             loaded.tokenizer,
             _make_pooler(chosen, templates, saved.templates, template_positions),
             sentence_end=sentence_end if sentence_end is not None else saved.sentence_end,
+            test_template=_test_template(
+                test_template, saved.test_template, chosen == MaskPooler.name and not templates
+            ),
         )
         if saved.csekit_trained:
             encoder.trained_pooler = saved.pooler
@@ -408,7 +441,8 @@ class SentenceEncoder(nn.Module):
 
         Duplicates are encoded once, and sentences are sorted by length so batches carry little
         padding; the test-time representation is the pooled vector (through `head` if one is kept). Each
-        sentence is first written as the encoder's `sentence_end` rule says.
+        sentence is first written as the encoder's `sentence_end` rule says, and tokenised whole in its `test_template`
+        if it has one.
         `precision` is fp32 (SentEval-exact), bf16, fp16 or auto (bf16 where the device runs it natively).
         """
         precision = resolve_precision(precision, self.device)[0]
@@ -418,7 +452,7 @@ class SentenceEncoder(nn.Module):
             return np.zeros((0, self.dim), dtype=np.float32)
         unique = list(dict.fromkeys(sentences))
         texts = end_sentences(unique, self.sentence_end)
-        ids = self.pooler.encode_ids(self.tokenizer, texts, None, max_positions=self.max_seq_length)
+        ids = evaluation_ids(self.pooler, self.tokenizer, texts, self.test_template, self.max_seq_length)
         # Sorting by token count (not characters) leaves almost no padding in a batch.
         order = sorted(range(len(unique)), key=lambda i: -len(ids["input_ids"][i]))
         if show_progress_bar is None:

@@ -3,7 +3,8 @@
 `SentenceTransformer(path)` loads a saved csekit model unchanged: the transformer's own files, then one
 module per step of the pooler (Pooling, WeightedLayerPooling for first_last_avg, a Dense for the
 pooler_output layer and for a kept head), and `csekit.json` with what csekit alone reads back (the
-pooler's name, prompt templates, the kept head's folder, the sentence-end rule). The folder is written atomically.
+pooler's name, prompt templates, the kept head's folder, the sentence-end rule, the test template). The folder is
+written atomically.
 A model sentence-transformers cannot reproduce (a prompt pooler, a sentence-end rule) names a module that refuses
 to load, so `SentenceTransformer(path)` fails in one line instead of embedding it another way.
 """
@@ -32,6 +33,7 @@ from csekit.encoding.model_folder import CSEKIT_CONFIG, non_finite_parameters, q
 from csekit.encoding.pooling import MaskPooler, Pooler, PoolerOutputPooler
 from csekit.encoding.sentence_end import NO_SENTENCE_END, SentenceEndNotExported
 from csekit.encoding.token_input import tokenize_texts
+from csekit.encoding.whole_template import NO_TEST_TEMPLATE
 
 TOKENIZER_FILE_LIMIT = 2**26
 """The largest tokenizer.json rewritten for a last_token model (Llama 3's and Qwen2's are 7-11 MB)."""
@@ -45,6 +47,7 @@ class Exportable(Protocol):
     pooler: Pooler
     head: nn.Module | None
     sentence_end: str
+    test_template: str
 
     @property
     def dim(self) -> int: ...
@@ -112,6 +115,8 @@ def _write(out: Path, encoder: Exportable, card_facts: Mapping[str, Any] | None)
         dense = f"{len(modules.entries)}_Dense"
         modules.add_dense(dense, head.linear)
         meta["head"] = {"dim": encoder.dim, "path": dense}
+    if encoder.test_template != NO_TEST_TEMPLATE:  # a prompt model: PromptNotExported refuses it already
+        meta["test_template"] = encoder.test_template
     if encoder.sentence_end != NO_SENTENCE_END:
         meta["sentence_end"] = encoder.sentence_end
         if not isinstance(encoder.pooler, MaskPooler):  # a prompt model refuses already (PromptNotExported)

@@ -44,6 +44,7 @@ from csekit.encoding.hub import hub_options, resolve_model_path, unreachable_hub
 from csekit.encoding.model_config import check_config_values, check_model_size, check_tokenizer_config
 from csekit.encoding.model_files import check_model_files
 from csekit.encoding.sentence_end import NO_SENTENCE_END, check_sentence_end
+from csekit.encoding.whole_template import NO_TEST_TEMPLATE, check_test_template
 
 VOCABULARY_FILES = (
     "tokenizer.json",  # any fast tokenizer
@@ -236,6 +237,7 @@ class SavedLayout:
     head_config: Any = None  # csekit.json's "head" (checked where the head is loaded)
     templates: list[str] | None = None  # a prompt pooler's templates (csekit.json)
     sentence_end: str = "none"  # how `encode` writes each sentence's end (csekit.json; csekit.encoding.sentence_end)
+    test_template: str = "none"  # what `encode` tokenises whole (csekit.json; csekit.encoding.whole_template)
     csekit_trained: bool = False  # whether csekit saved it (csekit.json)
 
 
@@ -303,8 +305,10 @@ def local_model_layout(path: Path, needs_config: bool = True) -> SavedLayout:
     config.json is refused (a tokenizer alone is enough for `csekit freq`)."""
     layout = SavedLayout(str(path))
     if (path / CSEKIT_CONFIG).exists():
-        pooler, head_config, templates, sentence_end = _csekit_metadata(path / CSEKIT_CONFIG)
-        layout = SavedLayout(str(path), pooler, head_config, templates, sentence_end, csekit_trained=True)
+        pooler, head_config, templates, sentence_end, test_template = _csekit_metadata(path / CSEKIT_CONFIG)
+        layout = SavedLayout(
+            str(path), pooler, head_config, templates, sentence_end, test_template, csekit_trained=True
+        )
     elif (path / "modules.json").exists():
         transformer_dir, pooler = _sentence_transformers_layout(path)
         layout = SavedLayout(str(transformer_dir), pooler)
@@ -345,9 +349,9 @@ def _sentence_transformers_layout(path: Path) -> tuple[Path, str | None]:
     return transformer_dir, pooler
 
 
-def _csekit_metadata(path: Path) -> tuple[str | None, Any, list[str] | None, str]:
-    """`csekit.json`: the saved pooler (a name), the kept head (checked where it is loaded), prompt templates and the
-    sentence-end rule."""
+def _csekit_metadata(path: Path) -> tuple[str | None, Any, list[str] | None, str, str]:
+    """`csekit.json`: the saved pooler (a name), the kept head (checked where it is loaded), prompt templates, the
+    sentence-end rule and the test template."""
     meta = read_json(path)
     pooler, templates = meta.get("pooler"), meta.get("templates")
     if pooler is not None and not isinstance(pooler, str):
@@ -355,7 +359,8 @@ def _csekit_metadata(path: Path) -> tuple[str | None, Any, list[str] | None, str
     if templates is not None and not (isinstance(templates, list) and all(isinstance(t, str) for t in templates)):
         raise CsekitError(f'{path}: "templates" must be a list of strings, found {_json_kind(templates)}')
     sentence_end = check_sentence_end(meta.get("sentence_end", NO_SENTENCE_END), f'{path}: "sentence_end"')
-    return pooler, meta.get("head"), templates, sentence_end
+    test_template = check_test_template(meta.get("test_template", NO_TEST_TEMPLATE), f'{path}: "test_template"')
+    return pooler, meta.get("head"), templates, sentence_end, test_template
 
 
 def load_kept_head(folder: Path, head_config: Any, dim: int) -> Any:

@@ -120,6 +120,14 @@ PROMPT_TEMPLATES = ('This sentence : "[X]" means [MASK] .', 'This sentence of "[
 trailing " ." (run.sh: `means*mask*.`): the paper prints them without it but follows PromptBERT."""
 
 
+def check_prompt_template(template: str) -> None:
+    """One [X] (the sentence) and one [MASK] after it (the pooler reads the last mask), else one line."""
+    if template.count("[X]") != 1 or template.count("[MASK]") != 1:
+        raise CsekitError(f'prompt template "{template}" needs exactly one [X] and one [MASK]')
+    if template.index("[MASK]") < template.index("[X]"):
+        raise CsekitError(f'prompt template "{template}" needs its [MASK] after the sentence [X]')
+
+
 class MaskPooler(Pooler):
     """PromptBERT's representation: wrap the sentence in a template, read the last layer at its mask token.
 
@@ -139,10 +147,7 @@ class MaskPooler(Pooler):
         if not templates:
             raise CsekitError("the mask pooler needs at least one prompt template (one per view)")
         for template in templates:
-            if template.count("[X]") != 1 or template.count("[MASK]") != 1:
-                raise CsekitError(f'prompt template "{template}" needs exactly one [X] and one [MASK]')
-            if template.index("[MASK]") < template.index("[X]"):  # the pooler reads the mask after the sentence
-                raise CsekitError(f'prompt template "{template}" needs its [MASK] after the sentence [X]')
+            check_prompt_template(template)
         self.templates = tuple(templates)
         self.mask_token_id: int | None = None
         self._pieces: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
@@ -449,6 +454,7 @@ __all__ = [
     "PromptNotExported",
     "WeightedMeanPooler",
     "backbone_pooler_layer",
+    "check_prompt_template",
     "last_real_positions",
     "make_pooler",
     "masked_mean",

@@ -43,6 +43,10 @@ class CommandEncoder:
     def sentence_end(self) -> str:
         return self.encoder.sentence_end
 
+    @property
+    def test_template(self) -> str:
+        return self.encoder.test_template
+
     def __call__(self, sentences: Sequence[str]) -> np.ndarray:
         return self.encoder.encode(
             list(sentences), batch_size=self.batch_size, precision=self.precision, show_progress_bar=self.show_progress
@@ -55,10 +59,11 @@ def load_encoder(
     *,
     warn: Warn | None = warn_on_stderr,
     sentence_end: str | None = None,
+    test_template: str | None = None,
 ) -> SentenceEncoder:
-    """The model read with `pooler` and `sentence_end` (None: its own); with `warn`, a csekit-trained model read with
-    another pooler than its own is warned about (it gives embeddings the model never learnt)."""
-    encoder = SentenceEncoder.load(model, pooler=pooler, sentence_end=sentence_end)
+    """The model read with `pooler`, `sentence_end` and `test_template` (None: its own); with `warn`, a csekit-trained
+    model read with another pooler than its own is warned about (it gives embeddings the model never learnt)."""
+    encoder = SentenceEncoder.load(model, pooler=pooler, sentence_end=sentence_end, test_template=test_template)
     trained, used = encoder.trained_pooler, encoder.pooler.name
     if warn is not None and trained is not None and trained != used:
         warn(
@@ -97,8 +102,9 @@ def command_encoder(
     show_progress: bool = True,
     warn: Warn = warn_on_stderr,
     sentence_end: str | None = None,
+    test_template: str | None = None,
 ) -> CommandEncoder:
     """Load `model` (warning about a pooler it was not trained with) and choose its precision: what a command
-    that encodes with one model needs. `sentence_end` overrides the model's sentence-end rule (None: its own)."""
-    encoder = load_encoder(model, pooler, warn=warn, sentence_end=sentence_end)
+    that encodes with one model needs. `sentence_end` and `test_template` override the model's (None: its own)."""
+    encoder = load_encoder(model, pooler, warn=warn, sentence_end=sentence_end, test_template=test_template)
     return encoding_with(encoder, precision, batch_size, show_progress=show_progress, warn=warn)

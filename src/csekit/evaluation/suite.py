@@ -103,10 +103,13 @@ def run_evaluation(
     return EvalResult(tasks, {key: value for key, value in averages.items() if value is not None})
 
 
-def protocol_facts(sentence_end: str, groups: dict[str, list[str]], classifier: str) -> dict[str, str]:
+def protocol_facts(
+    sentence_end: str, groups: dict[str, list[str]], classifier: str, test_template: str = "none"
+) -> dict[str, str]:
     """How an evaluation's numbers were computed, for its report: the sentence-end rule the encoder applied
-    (`csekit.encoding.sentence_end`) and, when transfer tasks ran, SentEval's classifier protocol."""
-    facts = {"sentence_end": sentence_end}
+    (`csekit.encoding.sentence_end`), the test template it tokenised whole (`csekit.encoding.whole_template`;
+    none: the training ids) and, when transfer tasks ran, SentEval's classifier protocol."""
+    facts = {"sentence_end": sentence_end, "test_template": test_template}
     if groups["transfer"]:
         facts["transfer_classifier"] = classifier
     return facts

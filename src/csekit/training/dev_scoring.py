@@ -14,7 +14,9 @@ another representation than the one it reported:
   `train.dev_denoise: true`.
 * SNCSE's dev script writes each sentence's end as its test does (`bert_evaluation.py`: " ." after one without
   end punctuation) and PromptBERT's trainer does not (its dev batcher adds no period, its test's does): dev is
-  written with `model.sentence_end` unless `train.dev_sentence_end: false`.
+  written with `model.sentence_end` unless `train.dev_sentence_end: false`. Likewise SNCSE's RoBERTa dev script
+  tokenises the whole templated string as its test does (`roberta_evaluation.py` L83-85) and PromptBERT's trainer
+  joins the training ids: dev is tokenised with `model.test_template` unless `train.dev_test_template: false`.
 * DCLR's code scores dev on `pooler_output`, BERT's pooler layer (dense + tanh) on [CLS] (DCLR `trainers.py`
   L106-118, `models.py` L767), while its test reads [CLS] before it: `train.dev_pooler_output: true`.
 
@@ -36,6 +38,7 @@ from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.pooling import DenoisedMaskPooler, backbone_pooler_layer, make_pooler
 from csekit.encoding.sentence_end import NO_SENTENCE_END
+from csekit.encoding.whole_template import NO_TEST_TEMPLATE
 from csekit.evaluation.file_tasks import ReadTask
 from csekit.evaluation.sts import evaluate_dev
 from csekit.training.dev_selection import score_dev_files
@@ -63,6 +66,8 @@ def dev_encoder(saved: SentenceEncoder, head: nn.Module, train: TrainConfig) -> 
             encoder = restore.enter_context(pooler_output_for_dev(encoder))
         if not train.dev_sentence_end:
             encoder = encoder.with_sentence_end(NO_SENTENCE_END)
+        if not train.dev_test_template:
+            encoder = encoder.with_test_template(NO_TEST_TEMPLATE)
         yield encoder
 
 

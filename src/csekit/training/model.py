@@ -148,6 +148,7 @@ def load_encoder(recipe: Recipe) -> SentenceEncoder:
         attention=model.attention,
         lora=model.lora,
         sentence_end=model.sentence_end,
+        test_template=model.test_template,
     )
     if model.max_length > encoder.max_seq_length:
         raise CsekitError(

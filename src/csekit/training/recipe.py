@@ -28,6 +28,7 @@ from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.precision import PRECISIONS
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
 from csekit.encoding.sentence_end import SENTENCE_ENDS
+from csekit.encoding.whole_template import recipe_checks
 from csekit.training.backbone_options import check_backbone_options
 from csekit.training.compiled import COMPILE_MODES
 from csekit.training.dev_selection import check_dev_selection
@@ -65,6 +66,9 @@ class ModelConfig:
     # How the saved model writes each sentence's end before evaluating (csekit.encoding.sentence_end): none,
     # promptbert ('.' unless it ends in . ? " ') or sncse (' .' unless it ends in punctuation), as their scripts did.
     sentence_end: str = "none"
+    # The template (view 0's notation) whose whole text, the sentence in it, the saved model tokenises at test time
+    # (csekit.encoding.whole_template: PromptBERT's, SNCSE's RoBERTa evaluation); none: the training ids.
+    test_template: str = "none"
 
 
 @dataclass
@@ -117,6 +121,7 @@ class TrainConfig:
     dev_pooler_output: bool = False
     dev_precision: str = "fp32"
     dev_sentence_end: bool = True  # dev written with model.sentence_end (SNCSE's dev script), or as given (false)
+    dev_test_template: bool = True  # dev tokenised with model.test_template (SNCSE's), or with the training ids
 
 
 @dataclass
@@ -508,6 +513,7 @@ def _check_dev_scoring(recipe: Recipe, where: Any) -> None:
             f"reads the [CLS] state through the backbone's pooler layer: it needs model.pooler cls (not "
             f"{model.pooler}) and no train.dev_with_head",
         ),
+        *recipe_checks(model.pooler, model.test_template, train.dev_denoise and train.dev_test_template),
     ]
     for key, ok, message in checks:
         if not ok:
