@@ -185,13 +185,15 @@ def test_zero_step_on_two_processes_is_the_one_process_step_on_the_global_batch(
             torch.testing.assert_close(state[number][key], value, rtol=1e-4, atol=1e-9, msg=f"{number} {key}")
 
 
-def launch_zero(recipe: Recipe, out: Path, *extra: str, plugin_dir: Path) -> subprocess.CompletedProcess:
-    """`csekit train` under `accelerate launch` with the shipped DeepSpeed config, 2 processes."""
+def launch_zero(
+    recipe: Recipe, out: Path, *extra: str, plugin_dir: Path, config: Path = DEEPSPEED_CONFIG
+) -> subprocess.CompletedProcess:
+    """`csekit train` under `accelerate launch` with the shipped DeepSpeed config (or `config`), 2 processes."""
     from parts_for_tests import write_entry_points
 
     recipe_file = out.parent / f"{out.name}.yaml"
     recipe_file.write_text(recipe.to_yaml(), encoding="utf-8")
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(DEEPSPEED_CONFIG)]
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
     command += ["--num_processes", "2", "-m", "csekit.cli", "train", str(recipe_file), "--output", str(out)]
     tests = Path(__file__).resolve().parent
     path = os.pathsep.join([str(tests), str(write_entry_points(plugin_dir)), os.environ.get("PYTHONPATH", "")])
@@ -238,3 +240,35 @@ def test_zero_run_resumes_exactly_and_saves_a_whole_model(
     for name, weight in final.items():
         torch.testing.assert_close(resumed[name], weight, rtol=1e-6, atol=1e-7, msg=name)
     assert SentenceEncoder.load(straight / "best").encode(["a man plays"]).shape == (1, 32)
+
+
+@needs_deepspeed
+def test_a_non_finite_step_is_skipped_under_zero_as_under_data_parallel(
+    tmp_path: Path, tiny_model_dir: Path, test_parts: None
+) -> None:
+    """DeepSpeed steps AdamW inside `backward`; a NaN gradient on one process makes it skip that step itself and
+    report an infinite norm, which csekit records as a skipped step: the run's log and final weights are the
+    data-parallel run's (configs/accelerate-cpu.yaml), which skips the same step."""
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+    poison = "{name: nan_at, calls: [2], gradient_only: true, only_rank: 1}"
+    keys = ("train.max_steps=4", "train.eval_every=4", "train.precision=fp32", "train.max_grad_norm=0.5")
+    keys += ("run.packed=false",)  # as under DeepSpeed: the same passes, so the same dropout draws
+    recipe = tiny_recipe(tiny_model_dir, corpus, *keys, f"objectives=[{{name: infonce}}, {poison}]")
+    plugins = tmp_path / "plugins"
+    zero = tmp_path / "zero"
+    result = launch_zero(recipe, zero, plugin_dir=plugins)
+    assert result.returncode == 0, result.stderr[-3000:]
+    plain = tmp_path / "plain"
+    cpu_config = DEEPSPEED_CONFIG.parent / "accelerate-cpu.yaml"
+    result = launch_zero(recipe, plain, plugin_dir=plugins, config=cpu_config)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    def skips(out: Path) -> list[dict[str, Any]]:
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        return [record for record in records if record.get("event") == "non_finite_step"]
+
+    assert [record["step"] for record in skips(zero)] == [1] and skips(zero) == skips(plain)
+    assert losses(zero) == pytest.approx(losses(plain), rel=1e-5)
+    final, reference = load_file(zero / "last" / "model.safetensors"), load_file(plain / "last" / "model.safetensors")
+    for name, weight in reference.items():
+        torch.testing.assert_close(final[name], weight, rtol=1e-5, atol=1e-6, msg=name)
