@@ -189,7 +189,7 @@ def test_shipped_fsdp_config_asks_accelerate_for_fsdp2() -> None:
 @pytest.mark.parametrize(
     ("environment", "needle"),
     [
-        ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "DeepSpeed"),
+        ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "4"}, "DeepSpeed"),
         ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, "fsdp_version: 2"),
     ],
     ids=["deepspeed", "fsdp1"],
@@ -202,8 +202,9 @@ def test_a_sharding_csekit_cannot_run_is_one_line_at_start(
     environment: dict[str, str],
     needle: str,
 ) -> None:
-    """What `accelerate launch` sets for a DeepSpeed ZeRO-3 config (not installed: the install line; installed:
-    stages 1 and 2 only) or an FSDP1 config: one line, exit 2, before anything is written."""
+    """What `accelerate launch` sets for a DeepSpeed config with a ZeRO stage that does not exist (not installed:
+    the install line; installed: the stages csekit runs) or an FSDP1 config: one line, exit 2, before anything
+    is written."""
     from conftest import assert_one_line_error, run_main, write_recipe
 
     for name, value in environment.items():

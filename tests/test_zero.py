@@ -64,7 +64,8 @@ def deepspeed_found(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("setting", "needle"),
     [
-        ({"ACCELERATE_DEEPSPEED_ZERO_STAGE": "3"}, "ZeRO stage 3; csekit trains under stages 1 and 2"),
+        ({"ACCELERATE_DEEPSPEED_ZERO_STAGE": "4"}, "ZeRO stage 4; csekit trains under stages 1, 2 and 3"),
+        ({"ACCELERATE_DEEPSPEED_ZERO3_INIT": "true"}, "zero3_init_flag: true"),
         ({"ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "cpu"}, "offload"),
         ({"ACCELERATE_DEEPSPEED_OFFLOAD_PARAM_DEVICE": "nvme"}, "offload"),
         ({"ACCELERATE_DEEPSPEED_CONFIG_FILE": "ds.json"}, "DeepSpeed config file (ds.json)"),
@@ -72,7 +73,7 @@ def deepspeed_found(monkeypatch: pytest.MonkeyPatch) -> None:
         ({"ACCELERATE_GRADIENT_CLIPPING": "1.0"}, "gradient_clipping: 1, the recipe train.max_grad_norm: 0.5"),
         ({"ACCELERATE_DEEPSPEED_ZERO_STAGE": "two"}, "not a number"),
     ],
-    ids=["zero3", "offload-optimizer", "offload-param", "config-file", "accumulation", "clipping", "bad-stage"],
+    ids=["zero4", "zero3-init", "offload-opt", "offload-param", "config-file", "accumulation", "clipping", "bad-stage"],
 )
 def test_a_deepspeed_setting_csekit_does_not_run_is_refused_with_the_fix(
     deepspeed_found: None, setting: dict[str, str], needle: str
@@ -125,15 +126,18 @@ def zero_worker(rank: int, world: int, port: int, stage: int, model_dir: Path, o
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world)
     )
     os.environ.update(ACCELERATE_USE_DEEPSPEED="true", ACCELERATE_DEEPSPEED_ZERO_STAGE=str(stage))
+    os.environ.update(ACCELERATE_DEEPSPEED_ZERO3_INIT="false")  # as configs/accelerate-deepspeed.yaml
     torch.set_num_threads(1)
     from accelerate import Accelerator
 
     from csekit.training.optimization import gradient_norm
     from csekit.training.sharding import accelerator_options
+    from csekit.training.zero import whole_model_loading
     from csekit.training.zero_state import full_model_for
 
     accelerator = Accelerator(**accelerator_options(MAX_GRAD_NORM))
-    model, views, optimizer = build(model_dir)
+    with whole_model_loading(accelerator):
+        model, views, optimizer = build(model_dir)
     full = full_model_for(accelerator, model, optimizer)
     share = len(SENTENCES) // world
     accelerator.state.deepspeed_plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = share  # no loader here
@@ -159,7 +163,7 @@ def zero_worker(rank: int, world: int, port: int, stage: int, model_dir: Path, o
 
 
 @needs_deepspeed
-@pytest.mark.parametrize("stage", [1, 2])
+@pytest.mark.parametrize("stage", [1, 2, 3])
 def test_zero_step_on_two_processes_is_the_one_process_step_on_the_global_batch(
     tmp_path: Path, tiny_model_dir: Path, stage: int
 ) -> None:
@@ -170,7 +174,8 @@ def test_zero_step_on_two_processes_is_the_one_process_step_on_the_global_batch(
     out = tmp_path / "zero.pt"
     mp.spawn(zero_worker, args=(2, free_port(), stage, tiny_model_dir, out), nprocs=2, join=True)
     two = torch.load(out, weights_only=False)
-    assert two["mode"] == "DistributedType.DEEPSPEED" and two["partitioned"] == "DeepSpeedZeroOptimizer"
+    assert two["mode"] == "DistributedType.DEEPSPEED"
+    assert two["partitioned"] == ("DeepSpeedZeroOptimizer_Stage3" if stage == 3 else "DeepSpeedZeroOptimizer")
     assert single["norm"] > MAX_GRAD_NORM  # clipping acted
     assert two["norm"] == pytest.approx(single["norm"], rel=1e-5)
     assert set(two["weights"]) == set(single["weights"])
@@ -186,7 +191,12 @@ def test_zero_step_on_two_processes_is_the_one_process_step_on_the_global_batch(
 
 
 def launch_zero(
-    recipe: Recipe, out: Path, *extra: str, plugin_dir: Path, config: Path = DEEPSPEED_CONFIG
+    recipe: Recipe,
+    out: Path,
+    *extra: str,
+    plugin_dir: Path,
+    config: Path = DEEPSPEED_CONFIG,
+    launch: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess:
     """`csekit train` under `accelerate launch` with the shipped DeepSpeed config (or `config`), 2 processes."""
     from parts_for_tests import write_entry_points
@@ -194,7 +204,7 @@ def launch_zero(
     recipe_file = out.parent / f"{out.name}.yaml"
     recipe_file.write_text(recipe.to_yaml(), encoding="utf-8")
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
-    command += ["--num_processes", "2", "-m", "csekit.cli", "train", str(recipe_file), "--output", str(out)]
+    command += ["--num_processes", "2", *launch, "-m", "csekit.cli", "train", str(recipe_file), "--output", str(out)]
     tests = Path(__file__).resolve().parent
     path = os.pathsep.join([str(tests), str(write_entry_points(plugin_dir)), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
@@ -202,8 +212,9 @@ def launch_zero(
 
 
 @needs_deepspeed
+@pytest.mark.parametrize("stage", [2, 3])
 def test_zero_run_resumes_exactly_and_saves_a_whole_model(
-    tmp_path: Path, tiny_model_dir: Path, test_parts: None
+    tmp_path: Path, tiny_model_dir: Path, test_parts: None, stage: int
 ) -> None:
     """`accelerate launch --config_file configs/accelerate-deepspeed.yaml`, 2 processes: a run interrupted after
     step 3 checkpoints the whole weights and AdamW state (csekit's format, no pickles); resumed, it gives the
@@ -215,21 +226,22 @@ def test_zero_run_resumes_exactly_and_saves_a_whole_model(
         keys = ("train.max_steps=4", "train.eval_every=2", "train.precision=fp32", "train.max_grad_norm=0.5")
         return tiny_recipe(tiny_model_dir, corpus, *keys, f"objectives=[{{name: infonce}}, {part}]")
 
+    stage_flag = ("--zero_stage", str(stage))
     spent = tmp_path / "spent"
     spent.write_text("never interrupts", encoding="utf-8")
     plugins = tmp_path / "plugins"
     straight = tmp_path / "straight"
-    result = launch_zero(recipe(spent), straight, plugin_dir=plugins)
+    result = launch_zero(recipe(spent), straight, plugin_dir=plugins, launch=stage_flag)
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(losses(straight)) == [1, 2, 3, 4]
 
     stopped = tmp_path / "stopped"
-    result = launch_zero(recipe(tmp_path / "marker"), stopped, plugin_dir=plugins)
+    result = launch_zero(recipe(tmp_path / "marker"), stopped, plugin_dir=plugins, launch=stage_flag)
     assert result.returncode != 0 and "interrupted" in result.stderr, result.stderr[-3000:]
     assert json.loads((stopped / "checkpoint" / "trainer_state.json").read_text())["step"] == 3
     optimizer: dict[str, Any] = torch.load(stopped / "checkpoint" / "optimizer.pt", weights_only=True)
     assert all(float(entry["step"]) == 3.0 for entry in optimizer["state"].values())
-    result = launch_zero(recipe(tmp_path / "marker"), stopped, "--resume", plugin_dir=plugins)
+    result = launch_zero(recipe(tmp_path / "marker"), stopped, "--resume", plugin_dir=plugins, launch=stage_flag)
     assert result.returncode == 0, result.stderr[-3000:]
     assert losses(stopped) == pytest.approx(losses(straight), rel=1e-6)
     final, resumed = (

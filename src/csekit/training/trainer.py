@@ -68,6 +68,7 @@ from csekit.training.sharding import (
 from csekit.training.sync_free import SyncFreeSteps, read_on_host, set_schedule_step
 from csekit.training.trackers import TRACKER_LOGS, available_trackers, hold_tracker_logs, result_values, start_trackers
 from csekit.training.train_data import TrainData, epoch_batches
+from csekit.training.zero import whole_model_loading
 from csekit.training.zero_state import full_model_for
 
 __all__ = ["TrainResult", "Trainer", "TrainingInterrupted", "train"]
@@ -175,9 +176,10 @@ class Trainer:
 
     def _build_model(self) -> None:
         """The encoder from the backbone, wrapped in the recipe's parts (views, heads, objectives)."""
-        encoder = load_encoder(self.recipe)
-        check_dev_representation(encoder, self.config)
-        self.model, self.views = build_run_model(self.recipe, encoder, self.execution)
+        with whole_model_loading(self.accelerator):  # ZeRO-3 partitions the whole model in prepare
+            encoder = load_encoder(self.recipe)
+            check_dev_representation(encoder, self.config)
+            self.model, self.views = build_run_model(self.recipe, encoder, self.execution)
         if is_sharded(self.accelerator):
             ready_to_shard(self.model)  # before anything is written
 

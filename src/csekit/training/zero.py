@@ -2,10 +2,12 @@
 
 `accelerate launch --config_file configs/accelerate-deepspeed.yaml` tells the processes through the environment
 (ACCELERATE_USE_DEEPSPEED, ACCELERATE_DEEPSPEED_*); accelerate builds DeepSpeed's engine in `prepare`. csekit
-trains under ZeRO stages 1 and 2 (AdamW's state, and at stage 2 the gradients, split over the processes; every
-process keeps the whole weights), without offload, in fp32 or bf16. The rest is refused at start, one line each:
-ZeRO-3 and offloading are not proven here (their checkpoints would need the weights gathered, too), and fp16's
-loss scaler skips steps inside DeepSpeed where csekit's step count would not see it.
+trains under ZeRO stages 1, 2 and 3 (AdamW's state split over the processes; at stage 2 the gradients too, at
+stage 3 the weights too), without offload, in fp32 or bf16. The rest is refused at start, one line each:
+offloading (DeepSpeed's CPU Adam would replace the recipe's AdamW), building the model partitioned
+(`zero3_init_flag`; csekit loads it whole and DeepSpeed partitions it in `prepare`), a DeepSpeed config file,
+gradient accumulation, and fp16 (its loss scaler skips steps inside DeepSpeed where csekit's step count would
+not see it).
 
 Two settings come from the recipe, not the config: gradient clipping (`train.max_grad_norm`; DeepSpeed clips
 inside its step) and the precision (`train.precision`). The checkpoint is csekit's own (whole weights and AdamW
@@ -14,14 +16,16 @@ state, no pickles): `csekit.training.zero_state`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from csekit.core.errors import CsekitError
 
-PROVEN_STAGES = (1, 2)
+PROVEN_STAGES = (1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class ZeroRequest:
     config_file: str | None
     gradient_clipping: float | None  # None: the config leaves it to the recipe
     gradient_accumulation: int
+    zero3_init: bool  # build the model already partitioned (transformers under deepspeed.zero.Init)
 
     @classmethod
     def from_environment(cls, environ: Any = None) -> ZeroRequest:
@@ -49,6 +54,7 @@ class ZeroRequest:
                 config_file=None if config_file.lower() == "none" else config_file,
                 gradient_clipping=None if clipping.lower() in ("auto", "none") else float(clipping),
                 gradient_accumulation=int(accumulation) if accumulation.isdigit() else 1,
+                zero3_init=env.get("ACCELERATE_DEEPSPEED_ZERO3_INIT", "false").lower() in ("1", "true", "yes"),
             )
         except ValueError as error:
             raise CsekitError(
@@ -72,13 +78,18 @@ def check_deepspeed_request(max_grad_norm: float | None, precision: str, environ
         )
     if request.stage not in PROVEN_STAGES:
         raise CsekitError(
-            f"the accelerate config asks for DeepSpeed ZeRO stage {request.stage}; csekit trains under stages 1 and "
-            "2 (set zero_stage: 2); to shard the weights too, launch with configs/accelerate-fsdp.yaml (FSDP2)"
+            f"the accelerate config asks for DeepSpeed ZeRO stage {request.stage}; csekit trains under stages 1, 2 "
+            "and 3: set zero_stage to one of them"
         )
     if (request.offload_optimizer, request.offload_param) != ("none", "none"):
         raise CsekitError(
             "the accelerate config asks DeepSpeed to offload (offload_optimizer_device / offload_param_device), "
             "which csekit does not support yet: set both to none"
+        )
+    if request.zero3_init:
+        raise CsekitError(
+            "the accelerate config sets zero3_init_flag: true; csekit loads the model whole and DeepSpeed partitions "
+            "it in prepare: set zero3_init_flag: false"
         )
     if request.gradient_accumulation != 1:
         raise CsekitError(
@@ -104,8 +115,26 @@ def deepspeed_accelerator_options(max_grad_norm: float | None, on_cpu: bool) -> 
     process while DeepSpeed counts them all)."""
     from accelerate.utils import DeepSpeedPlugin, InitProcessGroupKwargs
 
-    plugin = DeepSpeedPlugin(gradient_clipping=max_grad_norm or 0.0)
+    plugin = DeepSpeedPlugin(gradient_clipping=max_grad_norm or 0.0, zero3_init_flag=False)
     options: dict[str, Any] = {"cpu": False, "deepspeed_plugin": plugin}
     if on_cpu:
         options["kwargs_handlers"] = [InitProcessGroupKwargs(backend="gloo")]
     return options
+
+
+@contextlib.contextmanager
+def whole_model_loading(accelerator: Any) -> Iterator[None]:
+    """Load the model whole inside this block, also at ZeRO-3: accelerate registers its DeepSpeed config with
+    transformers, whose `from_pretrained` would then build the model already partitioned (deepspeed.zero.Init),
+    which csekit's loading does not handle; DeepSpeed partitions the whole model in `prepare` instead."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is None:
+        yield
+        return
+    from transformers.integrations import unset_hf_deepspeed_config
+
+    unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        plugin.set_deepspeed_weakref()

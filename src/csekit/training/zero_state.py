@@ -1,4 +1,4 @@
-"""The whole model and AdamW state of a DeepSpeed ZeRO (stage 1 or 2) run, in csekit's one checkpoint format.
+"""The whole model and AdamW state of a DeepSpeed ZeRO run (stages 1-3), in csekit's one checkpoint format.
 
 DeepSpeed's own checkpoints (what accelerate's `save_state` writes under DeepSpeed) are pickles, which csekit
 does not load (`csekit.training.checkpoint`). So, as under FSDP, a checkpoint holds the whole weights and the
@@ -10,6 +10,7 @@ the whole state, and each keeps its partition (`safe_set_full_*`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,8 +35,8 @@ def _zero(optimizer: Any) -> Any:
 
 
 class ZeroFullModel(FullModel):
-    """`FullModel` for DeepSpeed ZeRO stages 1 and 2: the weights are whole on every process, the fp32 master
-    weights (bf16 runs) and AdamW's moments are split; all of it is assembled per parameter, in a fixed order."""
+    """`FullModel` for DeepSpeed ZeRO: the fp32 master weights and AdamW's moments are split over the processes
+    (at stage 3 the weights too); all of it is assembled per parameter, in the same order on every process."""
 
     def __init__(self, accelerator: Accelerator, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         super().__init__(accelerator, model)
@@ -51,20 +52,21 @@ class ZeroFullModel(FullModel):
 
         module = getattr(prepared, "module", prepared)
         main = self.accelerator.is_main_process
-        own = module.state_dict() if main else {}
-        state = {name: value.detach().to("cpu", copy=True) for name, value in own.items()}
-        for param in self.params:  # the same order on every process: each is an all-reduce
-            full = safe_get_full_fp32_param(param)
+        with _whole(module, modifier_rank=None):  # ZeRO-3: the weights gathered from their partitions
+            own = module.state_dict() if main else {}
+            state = {name: value.detach().to("cpu", copy=True) for name, value in own.items()}
+        for param in self.params:  # the same order on every process: each is a collective
+            full = safe_get_full_fp32_param(param)  # the fp32 master weights (bf16 runs train a bf16 copy)
             if main and full is not None:
-                state[self.names[id(param)]] = full.detach().to("cpu", copy=True).to(state[self.names[id(param)]].dtype)
+                state[self.names[id(param)]] = full.detach().to("cpu", copy=True)
         return state
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> GatheredOptimizer:
         """AdamW's whole state as a plain AdamW over the whole model holds it (every process must call it)."""
         from deepspeed.utils import safe_get_full_optimizer_state
 
-        inner = _zero(optimizer).optimizer  # torch's AdamW over this process's flat partitions
-        partition_states = [inner.state[flat] for group in inner.param_groups for flat in group["params"]]
+        zero = _zero(optimizer)
+        partition_states = [zero.optimizer.state.get(flat) for flat in _partitions(zero)]
         main = self.accelerator.is_main_process
         state: dict[int, dict[str, torch.Tensor]] = {}
         if partition_states and partition_states[0]:  # stepped at least once
@@ -92,27 +94,49 @@ class ZeroFullModel(FullModel):
         assert self.prepared is not None
         module = getattr(self.prepared, "module", self.prepared)
         source = self.copy.state_dict() if self.copy is not None else {}
-        whole = {name: _broadcast(source.get(name), value) for name, value in module.state_dict().items()}
-        module.load_state_dict(whole, strict=True)  # the whole weights, every process (ZeRO 1 and 2)
+        with _whole(module, modifier_rank=0):  # ZeRO-3: gathered, then partitioned again from the main process's
+            whole = {name: _broadcast(source.get(name), value) for name, value in module.state_dict().items()}
+            module.load_state_dict(whole, strict=True)  # the whole weights, every process
         moments = plain.state_dict()["state"] if plain is not None else {}
         zero = _zero(optimizer)
-        _create_state(zero.optimizer)
-        getattr(zero, "_lazy_init_hp_params_optimizer_state", lambda: None)()
-        keys = [key for key in zero.optimizer.state[zero.optimizer.param_groups[0]["params"][0]] if key != "step"]
+        flats = _partitions(zero)
+        _create_state(zero.optimizer, flats)
+        getattr(zero, "_lazy_init_hp_params_optimizer_state", lambda: None)()  # ZeRO 1 and 2 link to the state
+        keys = [key for key in zero.optimizer.state[flats[0]] if key != "step"]
         steps = [entry["step"] for entry in moments.values()]  # one count: every parameter steps together
         step = _broadcast(torch.as_tensor(steps[0], dtype=torch.float32) if steps else None, torch.zeros(()))
         for number, param in enumerate(self.params):
-            safe_set_full_fp32_param(param, whole[self.names[id(param)]].to(torch.float32))
+            like = whole[self.names[id(param)]]
+            safe_set_full_fp32_param(param, like.to(torch.float32))
             entry = moments.get(number, {})
             for key in keys:
-                safe_set_full_optimizer_state(param, _broadcast(entry.get(key), param.detach()), key)
+                safe_set_full_optimizer_state(param, _broadcast(entry.get(key), like), key)
+        for flat in flats:
+            counter = zero.optimizer.state[flat]["step"]
+            zero.optimizer.state[flat]["step"] = step.to(counter.device, counter.dtype)
         for number, group in enumerate(zero.optimizer.param_groups):
-            for flat in group["params"]:
-                zero.optimizer.state[flat]["step"] = step.clone()
             # The learning rate the checkpoint's schedule left (a plain optimizer's load_state_dict restores it).
             saved = plain.param_groups[number] if plain is not None else {}
             rates = torch.tensor([saved.get("lr", 0.0), saved.get("initial_lr", 0.0)], dtype=torch.float64)
             group["lr"], group["initial_lr"] = (float(rate) for rate in _broadcast(rates if saved else None, rates))
+
+
+def _partitions(zero: Any) -> list[torch.Tensor]:
+    """This process's flat fp32 partitions, which torch's AdamW inside DeepSpeed keys its state by (ZeRO-3 hands
+    them to its groups only for the step)."""
+    flats = getattr(zero, "fp32_partitioned_groups_flat", None)
+    return list(flats if flats is not None else zero.single_partition_of_fp32_groups)
+
+
+def _whole(module: torch.nn.Module, modifier_rank: int | None) -> contextlib.AbstractContextManager[Any]:
+    """ZeRO-3's parameters gathered whole for the block (written back from `modifier_rank`); a no-op at stages 1
+    and 2, where every process holds the whole weights."""
+    params = [param for param in module.parameters() if hasattr(param, "ds_id")]
+    if not params:
+        return contextlib.nullcontext()
+    from deepspeed.runtime.zero.partition_parameters import GatheredParameters
+
+    return GatheredParameters(params, modifier_rank=modifier_rank)
 
 
 def _broadcast(value: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
@@ -126,19 +150,14 @@ def _broadcast(value: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return buffer
 
 
-def _create_state(inner: torch.optim.Optimizer) -> None:
-    """Create AdamW's state (it is made at the first step) for DeepSpeed's partitions: a step with zero gradients
-    and no learning rate, whose values the resume then overwrites."""
-    flats = [flat for group in inner.param_groups for flat in group["params"]]
-    if all(inner.state.get(flat) for flat in flats):
-        return
-    rates = [group["lr"] for group in inner.param_groups]
-    for group in inner.param_groups:
-        group["lr"] = 0.0
+def _create_state(inner: torch.optim.Optimizer, flats: list[torch.Tensor]) -> None:
+    """AdamW's state for DeepSpeed's partitions (torch makes it at the first step) as torch's `_init_group` makes
+    it, zero; the resume then writes the checkpoint's values into it."""
+    group = inner.param_groups[0]
+    on_device = bool(group.get("fused") or group.get("capturable"))
+    names = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq") if group.get("amsgrad") else ("exp_avg", "exp_avg_sq")
     for flat in flats:
-        flat.grad = torch.zeros_like(flat)
-    inner.step()
-    for flat in flats:
-        flat.grad = None
-    for group, rate in zip(inner.param_groups, rates, strict=True):
-        group["lr"] = rate
+        if inner.state.get(flat):
+            continue
+        step = torch.zeros((), dtype=torch.float32, device=flat.device if on_device else "cpu")
+        inner.state[flat] = {"step": step, **{name: torch.zeros_like(flat) for name in names}}
