@@ -42,7 +42,9 @@ class ZeroFullModel(FullModel):
         super().__init__(accelerator, model)
         # The optimizer's parameters in its groups' order (DeepSpeed's groups hold flat partitions instead).
         self.params = [param for group in optimizer.param_groups for param in group["params"]]
-        self.names = {id(param): name for name, param in model.named_parameters()}
+        self.names: dict[int, list[str]] = {}  # every name of a parameter (a tied one has several)
+        for name, param in model.named_parameters(remove_duplicate=False):
+            self.names.setdefault(id(param), []).append(name)
         # A plain AdamW's group settings and sizes; the schedule adds initial_lr to the prepared groups.
         groups = optimizer.param_groups
         self.groups = [([key for key in group if key != "params"], len(group["params"])) for group in groups]
@@ -58,7 +60,8 @@ class ZeroFullModel(FullModel):
         for param in self.params:  # the same order on every process: each is a collective
             full = safe_get_full_fp32_param(param)  # the fp32 master weights (bf16 runs train a bf16 copy)
             if main and full is not None:
-                state[self.names[id(param)]] = full.detach().to("cpu", copy=True)
+                for name in self.names[id(param)]:
+                    state[name] = full.detach().to("cpu", copy=True)
         return state
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> GatheredOptimizer:
@@ -106,7 +109,7 @@ class ZeroFullModel(FullModel):
         steps = [entry["step"] for entry in moments.values()]  # one count: every parameter steps together
         step = _broadcast(torch.as_tensor(steps[0], dtype=torch.float32) if steps else None, torch.zeros(()))
         for number, param in enumerate(self.params):
-            like = whole[self.names[id(param)]]
+            like = whole[self.names[id(param)][0]]
             safe_set_full_fp32_param(param, like.to(torch.float32))
             entry = moments.get(number, {})
             for key in keys:
