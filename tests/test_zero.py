@@ -213,19 +213,20 @@ def launch_zero(
 
 
 @needs_deepspeed
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize(("stage", "precision"), [(2, "fp32"), (3, "fp32"), (3, "bf16")])
 def test_zero_run_resumes_exactly_and_saves_a_whole_model(
-    tmp_path: Path, tiny_model_dir: Path, test_parts: None, stage: int
+    tmp_path: Path, tiny_model_dir: Path, test_parts: None, stage: int, precision: str
 ) -> None:
     """`accelerate launch --config_file configs/accelerate-deepspeed.yaml`, 2 processes: a run interrupted after
     step 3 checkpoints the whole weights and AdamW state (csekit's format, no pickles); resumed, under DeepSpeed
     or under data parallelism, it gives the losses and final weights of the run that went straight through;
-    best/ is a whole model that encodes."""
+    best/ is a whole model that encodes. bf16 (DeepSpeed's: bf16 weights, fp32 master weights in the checkpoint)
+    is not data parallelism's (autocast over fp32 weights), so only fp32 is resumed across the two."""
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
 
     def recipe(marker: Path) -> Recipe:
         part = f"{{name: interrupt_once, weight: 0.0, at_call: 3, marker: '{marker}'}}"
-        keys = ("train.max_steps=4", "train.eval_every=2", "train.precision=fp32", "train.max_grad_norm=0.5")
+        keys = ("train.max_steps=4", "train.eval_every=2", f"train.precision={precision}", "train.max_grad_norm=0.5")
         keys += ("run.packed=false",)  # the passes DeepSpeed runs, also when data parallelism resumes the run
         return tiny_recipe(tiny_model_dir, corpus, *keys, f"objectives=[{{name: infonce}}, {part}]")
 
@@ -244,13 +245,16 @@ def test_zero_run_resumes_exactly_and_saves_a_whole_model(
     assert json.loads((stopped / "checkpoint" / "trainer_state.json").read_text())["step"] == 3
     optimizer: dict[str, Any] = torch.load(stopped / "checkpoint" / "optimizer.pt", weights_only=True)
     assert all(float(entry["step"]) == 3.0 for entry in optimizer["state"].values())
+    weights = load_file(stopped / "checkpoint" / "model.safetensors")
+    assert {weight.dtype for weight in weights.values()} == {torch.float32}  # the master weights under bf16 too
     # One checkpoint format: data parallelism (no DeepSpeed) resumes it too, with the same result.
     plain = tmp_path / "plain"
     shutil.copytree(stopped, plain)
     cpu_config = DEEPSPEED_CONFIG.parent / "accelerate-cpu.yaml"
     result = launch_zero(recipe(tmp_path / "marker"), plain, "--resume", plugin_dir=plugins, config=cpu_config)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert losses(plain) == pytest.approx(losses(straight), rel=1e-5)
+    if precision == "fp32":
+        assert losses(plain) == pytest.approx(losses(straight), rel=1e-5)
     ddp_final = load_file(plain / "last" / "model.safetensors")
     result = launch_zero(recipe(tmp_path / "marker"), stopped, "--resume", plugin_dir=plugins, launch=stage_flag)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -262,7 +266,8 @@ def test_zero_run_resumes_exactly_and_saves_a_whole_model(
     assert set(final) == set(resumed)
     for name, weight in final.items():
         torch.testing.assert_close(resumed[name], weight, rtol=1e-6, atol=1e-7, msg=name)
-        torch.testing.assert_close(ddp_final[name], weight, rtol=1e-5, atol=1e-6, msg=name)
+        if precision == "fp32":
+            torch.testing.assert_close(ddp_final[name], weight, rtol=1e-5, atol=1e-6, msg=name)
     assert SentenceEncoder.load(straight / "best").encode(["a man plays"]).shape == (1, 32)
 
 
