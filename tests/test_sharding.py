@@ -56,7 +56,8 @@ def one_process_step(model_dir: Path, sentences: list[str]) -> dict[str, Any]:
     norm = gradient_norm(accelerator, list(model.parameters()), MAX_GRAD_NORM)
     grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     optimizer.step()
-    return {"norm": float(norm), "grads": grads, "weights": {k: v.clone() for k, v in model.state_dict().items()}}
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    return {"norm": float(norm), "grads": grads, "weights": weights, "optimizer": optimizer.state_dict()}
 
 
 def fsdp_worker(rank: int, world: int, port: int, model_dir: Path, out: Path) -> None:
@@ -188,7 +189,7 @@ def test_shipped_fsdp_config_asks_accelerate_for_fsdp2() -> None:
 @pytest.mark.parametrize(
     ("environment", "needle"),
     [
-        ({"ACCELERATE_USE_DEEPSPEED": "true"}, "DeepSpeed"),
+        ({"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "4"}, "DeepSpeed"),
         ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, "fsdp_version: 2"),
     ],
     ids=["deepspeed", "fsdp1"],
@@ -201,8 +202,9 @@ def test_a_sharding_csekit_cannot_run_is_one_line_at_start(
     environment: dict[str, str],
     needle: str,
 ) -> None:
-    """What `accelerate launch` sets for a DeepSpeed config (not installed here: the install line; installed: not
-    supported yet) or an FSDP1 config: one line, exit 2, before anything is written."""
+    """What `accelerate launch` sets for a DeepSpeed config with a ZeRO stage that does not exist (not installed:
+    the install line; installed: the stages csekit runs) or an FSDP1 config: one line, exit 2, before anything
+    is written."""
     from conftest import assert_one_line_error, run_main, write_recipe
 
     for name, value in environment.items():
@@ -222,7 +224,7 @@ def test_deepspeed_missing_names_the_install(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None)
     with pytest.raises(CsekitError, match="not installed: pip install deepspeed"):
-        check_sharding_request()
+        check_sharding_request(1.0, "fp32")
 
 
 @pytest.mark.parametrize(

@@ -11,15 +11,15 @@
   model, gathered from every process into a plain copy on the main process (`FullModel`).
 - The packed pass drives each layer's parts itself (FSDP gathers a layer's weights in its forward): padded
   passes instead. Sync-free steps, chunked passes and compiled forwards are refused (not proven sharded);
-  FSDP1 and DeepSpeed are refused with the reason (DeepSpeed: no checkpoint format for its sharded optimizer
-  state in csekit yet).
+  FSDP1 is refused with the reason.
+- DeepSpeed ZeRO (stages 1 and 2) is the other sharded mode: its settings and refusals in
+  `csekit.training.zero`, its whole weights and optimizer state in `csekit.training.zero_state`.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib.util
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -33,10 +33,13 @@ from csekit.core.errors import CsekitError
 from csekit.training.execution import Execution
 from csekit.training.model import ContrastiveModel
 from csekit.training.optimization import make_optimizer
+from csekit.training.processes import has_gpu, several_cpu_processes
 from csekit.training.recipe import Recipe
 from csekit.training.run_folder import TrainerState
+from csekit.training.zero import check_deepspeed_request, deepspeed_accelerator_options
 
 SHARDED = (DistributedType.FSDP, DistributedType.DEEPSPEED)
+SHARDED_NAMES = "FSDP or DeepSpeed"
 
 
 def _flag(name: str) -> bool:
@@ -52,24 +55,24 @@ def requested_sharding() -> str | None:
     return None
 
 
-def check_sharding_request() -> None:
+def check_sharding_request(max_grad_norm: float | None, precision: str) -> None:
     """Refuse, before any process group work, a sharding this csekit cannot run (one line, the reason and the fix)."""
     asked = requested_sharding()
     if asked == "deepspeed":
-        if importlib.util.find_spec("deepspeed") is None:
-            raise CsekitError(
-                "the accelerate config asks for DeepSpeed (distributed_type: DEEPSPEED), which is not installed: "
-                "pip install deepspeed, or launch with configs/accelerate-fsdp.yaml (FSDP2, part of torch)"
-            )
-        raise CsekitError(
-            "the accelerate config asks for DeepSpeed: csekit does not train under DeepSpeed yet (its sharded "
-            "optimizer state has no checkpoint format here); launch with configs/accelerate-fsdp.yaml (FSDP2)"
-        )
+        check_deepspeed_request(max_grad_norm, precision)
     if asked == "fsdp" and os.environ.get("FSDP_VERSION", "1") != "2":
         raise CsekitError(
             "the accelerate config asks for FSDP version 1; csekit trains with FSDP2: set fsdp_version: 2 in its "
             "fsdp_config (see configs/accelerate-fsdp.yaml)"
         )
+
+
+def accelerator_options(max_grad_norm: float | None) -> dict[str, Any]:
+    """This launch's `Accelerator` arguments: DeepSpeed's (`csekit.training.zero`), else accelerate's multi-CPU
+    (gloo) mode where several processes run without a GPU (FSDP included: `shard_cpu_processes`)."""
+    if requested_sharding() == "deepspeed":
+        return deepspeed_accelerator_options(max_grad_norm, on_cpu=not has_gpu())
+    return {"cpu": several_cpu_processes()}
 
 
 def shard_cpu_processes(accelerator: Accelerator) -> None:
@@ -94,15 +97,17 @@ def is_sharded(accelerator: Accelerator) -> bool:
 def sharded_execution(execution: Execution) -> Execution:
     """The run's execution under FSDP: what is not proven sharded is refused if asked for, left off if `auto`."""
     if str(execution.run.sync_free).lower() == "true":
-        raise CsekitError("recipe key run.sync_free: true is not supported under FSDP; use auto or false")
+        raise CsekitError(f"recipe key run.sync_free: true is not supported under {SHARDED_NAMES}; use auto or false")
     if execution.chunk_size is not None:
-        raise CsekitError("recipe key run.chunk_size is not supported under FSDP (the shards hold the memory)")
+        raise CsekitError(
+            f"recipe key run.chunk_size is not supported under {SHARDED_NAMES} (the shards hold the memory)"
+        )
     if execution.compile != "none":
-        raise CsekitError("recipe key run.compile is not supported under FSDP yet; use none")
+        raise CsekitError(f"recipe key run.compile is not supported under {SHARDED_NAMES} yet; use none")
     if execution.run.packed is True:
         raise CsekitError(
-            "recipe key run.packed: true is not supported under FSDP (the packed pass calls the layers' parts, "
-            "which FSDP does not gather); use auto or false"
+            f"recipe key run.packed: true is not supported under {SHARDED_NAMES} (the packed pass calls the layers' "
+            "parts, which FSDP does not gather); use auto or false"
         )
     # auto: padded passes (through each layer's forward, where FSDP gathers its weights)
     return dataclasses.replace(execution, sync_free=False, run=dataclasses.replace(execution.run, packed=False))
@@ -123,7 +128,9 @@ def ready_to_shard(model: ContrastiveModel) -> None:
     for label, _ in model.part_names:
         name = label.rsplit("(", 1)[-1].rstrip(")")
         if name in READS_SHARDED_WEIGHTS:
-            raise CsekitError(f"recipe key {label}: not supported under FSDP yet: {READS_SHARDED_WEIGHTS[name]}")
+            raise CsekitError(
+                f"recipe key {label}: not supported under {SHARDED_NAMES} yet: {READS_SHARDED_WEIGHTS[name]}"
+            )
     layers = getattr(model.encoder.backbone, "_no_split_modules", None)
     if layers and getattr(model, "_no_split_modules", None) is None:
         model._no_split_modules = list(layers)  # type: ignore[assignment]
@@ -148,15 +155,19 @@ class FullModel:
         the same step) the first time, else as it is. None on the other processes."""
         self.prepared = prepared
         if self.step != step:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-            # Not accelerate's get_state_dict: in 1.15 it returns the shards (DTensors) under FSDP2.
-            options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the whole, on the main process
-            state: Mapping[str, torch.Tensor] = get_model_state_dict(prepared, options=options)
+            state = self._gathered(prepared)
             if self.copy is not None:
                 self.copy.load_state_dict(state, strict=True)
             self.step = step
         return self.copy
+
+    def _gathered(self, prepared: torch.nn.Module) -> Mapping[str, torch.Tensor]:
+        """The whole model's weights (every process calls it), on the CPU of the main process."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # Not accelerate's get_state_dict: in 1.15 it returns the shards (DTensors) under FSDP2.
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # the whole, on the main process
+        return get_model_state_dict(prepared, options=options)
 
     def optimizer_state(self, optimizer: torch.optim.Optimizer) -> GatheredOptimizer:
         """The optimizer's whole state (every process must call it), keyed like a plain optimizer's own state_dict.
@@ -181,16 +192,12 @@ class FullModel:
         """Resume the shards from a checkpoint (every process calls it): the main process reads the weights and
         the optimizer state into its copy and a plain optimizer over it (checked as an unsharded run's are),
         then sends every process its shards. `read` is `read_checkpoint` for the given model and optimizer."""
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            set_model_state_dict,
-            set_optimizer_state_dict,
-        )
-
         self.prepared = prepared
         plain = make_optimizer(self.copy, recipe) if self.copy is not None else None  # type: ignore[arg-type]
         for mine, sharded in zip(plain.param_groups if plain else [], optimizer.param_groups, strict=False):
-            mine.update({key: value for key, value in sharded.items() if key != "params"})  # the schedule's initial_lr
+            # the schedule's initial_lr, and the settings a plain optimizer has (DeepSpeed's groups hold more)
+            mine.update({key: value for key, value in sharded.items() if key in mine and key != "params"})
+            mine.setdefault("initial_lr", sharded.get("initial_lr", mine["lr"]))
         failure: CsekitError | None = None
         try:
             state = read(self.copy, plain)
@@ -200,13 +207,24 @@ class FullModel:
             raise failure or CsekitError("the main process could not read the checkpoint (its error above)")
         if state is None:
             return None
+        self._send(optimizer, plain)
+        self.step = state.step
+        return state
+
+    def _send(self, optimizer: torch.optim.Optimizer, plain: torch.optim.Optimizer | None) -> None:
+        """Every process's shards of the main process's copy and plain optimizer (every process calls it)."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+            set_optimizer_state_dict,
+        )
+
+        assert self.prepared is not None
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         model_state = self.copy.state_dict() if self.copy is not None else {}
         set_model_state_dict(self.prepared, model_state, options=options)
         named = _named(plain.state_dict(), self.prepared, optimizer) if plain is not None else {}
         set_optimizer_state_dict(self.prepared, optimizer, named, options=options)
-        self.step = state.step
-        return state
 
     def _on_any_process(self, flag: bool) -> bool:
         total = self.accelerator.reduce(torch.tensor(float(flag), device=self.accelerator.device), "sum")

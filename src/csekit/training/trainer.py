@@ -43,7 +43,6 @@ from csekit.training.processes import (
     MIXED_PRECISION,
     hint_if_accelerate_started_one_process,
     own_accelerator_state,
-    several_cpu_processes,
 )
 from csekit.training.progress_log import ProgressLog, never_active_warnings
 from csekit.training.recipe import Recipe
@@ -59,6 +58,7 @@ from csekit.training.run_folder import (
 )
 from csekit.training.sharding import (
     FullModel,
+    accelerator_options,
     check_sharding_request,
     is_sharded,
     ready_to_shard,
@@ -68,6 +68,8 @@ from csekit.training.sharding import (
 from csekit.training.sync_free import SyncFreeSteps, read_on_host, set_schedule_step
 from csekit.training.trackers import TRACKER_LOGS, available_trackers, hold_tracker_logs, result_values, start_trackers
 from csekit.training.train_data import TrainData, epoch_batches
+from csekit.training.zero import whole_model_loading
+from csekit.training.zero_state import full_model_for
 
 __all__ = ["TrainResult", "Trainer", "TrainingInterrupted", "train"]
 
@@ -147,12 +149,12 @@ class Trainer:
     def _start_accelerator(self) -> None:
         """The precision for this machine, then the Accelerator (one process or several)."""
         hint_if_accelerate_started_one_process()
-        check_sharding_request()
         self.trackers = available_trackers(self.recipe)
         self.precision = decide_execution(self.recipe, self.trackers).precision  # the Accelerator needs it first
+        check_sharding_request(self.config.max_grad_norm, self.precision)
         logs = ProjectConfiguration(project_dir=str(self.output), logging_dir=str(self.output / TRACKER_LOGS))
         self.accelerator = Accelerator(
-            cpu=several_cpu_processes(),
+            **accelerator_options(self.config.max_grad_norm),
             mixed_precision=MIXED_PRECISION[self.precision],
             dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
             log_with=self.trackers or None,
@@ -174,9 +176,10 @@ class Trainer:
 
     def _build_model(self) -> None:
         """The encoder from the backbone, wrapped in the recipe's parts (views, heads, objectives)."""
-        encoder = load_encoder(self.recipe)
-        check_dev_representation(encoder, self.config)
-        self.model, self.views = build_run_model(self.recipe, encoder, self.execution)
+        with whole_model_loading(self.accelerator):  # ZeRO-3 partitions the whole model in prepare
+            encoder = load_encoder(self.recipe)
+            check_dev_representation(encoder, self.config)
+            self.model, self.views = build_run_model(self.recipe, encoder, self.execution)
         if is_sharded(self.accelerator):
             ready_to_shard(self.model)  # before anything is written
 
@@ -197,7 +200,7 @@ class Trainer:
         optimizer = make_optimizer(self.model, self.recipe)
         self.full_model: FullModel | None = None
         if is_sharded(self.accelerator):  # a plain copy on the main process for dev scores and saves
-            self.full_model = FullModel(self.accelerator, self.model)
+            self.full_model = full_model_for(self.accelerator, self.model, optimizer)
         self.model, self.optimizer, self.loader = self.accelerator.prepare(self.model, optimizer, self.loader)
         self.steps_per_epoch = len(self.loader)
         if self.steps_per_epoch == 0:
