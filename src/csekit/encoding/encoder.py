@@ -163,6 +163,7 @@ class SentenceEncoder(nn.Module):
         attention: str | None = None,
         lora: Mapping[str, Any] | None = None,
         sentence_end: str | None = None,
+        weights_dtype: torch.dtype = torch.float32,
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
 
@@ -173,6 +174,7 @@ class SentenceEncoder(nn.Module):
         `attention`: a decoder LLM's causal or bidirectional attention (None: as saved; `csekit.encoding.decoder`).
         `lora`: LoRA adapters on the backbone, which then trains only them (`csekit.encoding.lora`).
         `sentence_end`: the rule `encode` applies (None: the one saved with the model, else none).
+        `weights_dtype`: the backbone's stored weights (bf16: a LoRA run's frozen base, `model.weights_dtype`).
         A training `max_length` that older csekit versions saved is ignored: inference never truncates below
         the backbone's limit (`max_seq_length`). The folder's checks and reading: `model_folder.load_model`.
         """
@@ -185,7 +187,7 @@ class SentenceEncoder(nn.Module):
                 "attention_probs_dropout_prob": dropout,
                 "attention_dropout": dropout,
             }
-        loaded = load_model(name_or_path, AutoModel, config_overrides=overrides)
+        loaded = load_model(name_or_path, AutoModel, config_overrides=overrides, weights_dtype=weights_dtype)
         set_attention(loaded.model, attention)
         location, missing, saved = loaded.location, loaded.missing_weights, loaded.layout
         chosen = pooler or saved.pooler or "cls"
