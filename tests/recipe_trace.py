@@ -83,10 +83,11 @@ MODEL_TYPE_OF_BACKBONE = {
     "minilm-l6": "bert",
     "roberta-base": "roberta",
     "princeton-nlp/Sheared-LLaMA-1.3B": "llama",
+    "mistralai/Mistral-7B-Instruct-v0.2": "mistral",
 }
 """The transformers model type of the tiny stand-in for each backbone the shipped recipes name (decoder types:
 tests/tiny_decoders.py's tiny decoder, initializer range 0.2)."""
-DECODER_TYPES = ("llama",)
+DECODER_TYPES = ("llama", "mistral")
 
 COMMON_OVERRIDES = (
     f"train.max_steps={STEPS}",

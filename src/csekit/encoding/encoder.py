@@ -191,6 +191,7 @@ class SentenceEncoder(nn.Module):
         lora: Mapping[str, Any] | None = None,
         sentence_end: str | None = None,
         test_template: str | None = None,
+        weights_dtype: torch.dtype = torch.float32,
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
 
@@ -203,6 +204,7 @@ class SentenceEncoder(nn.Module):
         `sentence_end`: the rule `encode` applies (None: the one saved with the model, else none).
         `test_template`: the template `encode` tokenises whole (None: the one saved with the model when it is read with
         its saved prompt pooler and templates, else none: the training ids; `csekit.encoding.whole_template`).
+        `weights_dtype`: the backbone's stored weights (bf16: a LoRA run's frozen base, `model.weights_dtype`).
         A training `max_length` that older csekit versions saved is ignored: inference never truncates below
         the backbone's limit (`max_seq_length`). The folder's checks and reading: `model_folder.load_model`.
         """
@@ -215,7 +217,7 @@ class SentenceEncoder(nn.Module):
                 "attention_probs_dropout_prob": dropout,
                 "attention_dropout": dropout,
             }
-        loaded = load_model(name_or_path, AutoModel, config_overrides=overrides)
+        loaded = load_model(name_or_path, AutoModel, config_overrides=overrides, weights_dtype=weights_dtype)
         set_attention(loaded.model, attention)
         location, missing, saved = loaded.location, loaded.missing_weights, loaded.layout
         chosen = pooler or saved.pooler or "cls"

@@ -11,6 +11,7 @@ to load, so `SentenceTransformer(path)` fails in one line instead of embedding i
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -99,8 +100,14 @@ def _exportable_pooler_layer(encoder: Exportable) -> nn.Linear | None:
 def _write(out: Path, encoder: Exportable, card_facts: Mapping[str, Any] | None) -> None:
     head = _exportable_head(encoder) if encoder.head is not None else None  # fail before writing anything
     pooler_layer = _exportable_pooler_layer(encoder)
-    # A LoRA backbone is saved as the plain model with its adapters merged (csekit.encoding.lora).
-    plain_model(encoder.backbone).save_pretrained(out, state_dict=plain_weights(encoder.backbone))
+    # A LoRA backbone is saved as the plain model with its adapters merged (csekit.encoding.lora), in fp32.
+    model, merged = plain_model(encoder.backbone), plain_weights(encoder.backbone)
+    model.save_pretrained(out, state_dict=merged)
+    if merged is not None and model.dtype != torch.float32:
+        # transformers wrote the model's own dtype (a bf16 base's) into config.json, which loaders follow.
+        config = copy.deepcopy(model.config)
+        config.dtype = torch.float32
+        config.save_pretrained(out)
     encoder.tokenizer.save_pretrained(out)
     modules = _ModuleList(out, encoder.dim)
     modules.add("Transformer", "")

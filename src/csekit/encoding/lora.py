@@ -5,7 +5,9 @@ default every linear layer of the backbone, which for Llama, Mistral, Qwen2 and 
 o, gate, up and down projections) and freezes every other backbone weight. A checkpoint holds the whole
 ContrastiveModel state (the frozen weights and the adapters) and the optimizer's state of the adapters, so a
 resume is exact. The saved model is a plain sentence-transformers folder: `plain_weights` merges each adapter into
-its weight (W + scale * B A) for the file only, so the training model's weights stay bit for bit as they were.
+its weight (W + scale * B A) for the file only, so the training model's weights stay bit for bit as they were. The
+merged folder is fp32 whatever the base's dtype: a bf16 base (`model.weights_dtype`) is written exactly, and its
+adapters' deltas are not rounded to bf16 (many are smaller than bf16's spacing at their weight), at twice the bytes.
 """
 
 from __future__ import annotations
@@ -73,7 +75,7 @@ def plain_model(backbone: Any) -> Any:
 
 def plain_weights(backbone: Any) -> dict[str, Any] | None:
     """The state dict of the transformers model `backbone` would be with its adapters merged (W + scale * B A, under
-    the plain model's names), each merged weight computed apart; None for a backbone without adapters."""
+    the plain model's names), each merged weight computed apart, all in fp32; None for a backbone without adapters."""
     if not is_lora(backbone):
         return None
     from peft.tuners.lora import LoraLayer
@@ -84,11 +86,12 @@ def plain_weights(backbone: Any) -> dict[str, Any] | None:
         if isinstance(module, LoraLayer):
             base = module.get_base_layer()
             delta = sum(module.get_delta_weight(adapter) for adapter in module.active_adapters)
-            merged[f"{name}.weight"] = (base.weight + delta).detach()
+            merged[f"{name}.weight"] = (base.weight.float() + delta.float()).detach()
     weights = {}
     for key, value in model.state_dict().items():
         if "lora_" in key:
             continue
         plain = key.replace(".base_layer.", ".")
-        weights[plain] = merged.get(plain, value)
+        weight = merged.get(plain, value)
+        weights[plain] = weight.float() if weight.is_floating_point() else weight
     return weights

@@ -451,6 +451,7 @@ def load_model(
     aliases: bool = True,
     config: Any | None = None,
     new_weights: bool = False,
+    weights_dtype: Any | None = None,
 ) -> LoadedModel:
     """Load a model by alias, hub name or folder (csekit, sentence-transformers or plain transformers layout).
 
@@ -461,7 +462,8 @@ def load_model(
     fill them in at random. Every failure is one line; `aliases`: the offline aliases are suggested for a name that
     cannot be found. `config`: a ready config for the weights instead of the folder's (a decoder built from an
     encoder's); `new_weights`: weights the checkpoint lacks are the model's own new ones (TSDAE's cross-attention
-    and LM head: initialised at random by design), not a damaged folder.
+    and LM head: initialised at random by design), not a damaged folder. `weights_dtype`: the weights' torch dtype
+    (None: fp32, as `from_pretrained` builds every model).
     """
     location = resolve_model_path(name_or_path)
     path = Path(location)
@@ -475,7 +477,13 @@ def load_model(
             model, missing = None, frozenset[str]()
             if model_class is not None:
                 model, missing = _load_weights(
-                    model_class, layout.transformer_dir, local and not new_weights, hub, config_overrides, config
+                    model_class,
+                    layout.transformer_dir,
+                    local and not new_weights,
+                    hub,
+                    config_overrides,
+                    config,
+                    weights_dtype,
                 )
             tokenizer = from_pretrained(tokenizer_class or _auto_tokenizer(), layout.transformer_dir, **hub)
     except (OSError, ValueError, RuntimeError, KeyError, EOFError, pickle.UnpicklingError, SafetensorError) as error:
@@ -502,6 +510,7 @@ def _load_weights(
     hub: dict[str, Any],
     overrides: dict[str, Any] | None,
     config: Any | None = None,
+    dtype: Any | None = None,
 ) -> tuple[Any, frozenset[str]]:
     """The model and the names of the weights its checkpoint lacked (initialised at random).
 
@@ -514,7 +523,8 @@ def _load_weights(
     if config is None:
         config = from_pretrained(AutoConfig, location, **hub, **(overrides or {}))
     config.output_hidden_states = False
-    model, info = from_pretrained(model_class, location, config=config, output_loading_info=True, **hub)
+    built = {"dtype": dtype} if dtype is not None else {}  # else from_pretrained's fp32
+    model, info = from_pretrained(model_class, location, config=config, output_loading_info=True, **hub, **built)
     if local:
         missing = sorted(key for key in info["missing_keys"] if not key.startswith(UNREAD_WEIGHTS_PREFIX))
         if missing or info.get("error_msgs"):

@@ -26,6 +26,8 @@ Each `auto`, per device kind, and the measurement behind it (docs/performance.md
   GPU III" measured no loss from it on CUDA).
 - `train.precision: auto`: bf16 where the device runs it natively, else fp32 ("Precision that fits the
   hardware": emulated bf16 took 27x fp32's step on a Zen 3).
+- `model.weights_dtype: auto`: a LoRA run's frozen base in bf16 where its precision is bf16, else fp32 weights
+  (`csekit.training.backbone_options`: half the weights' memory; full fine-tuning keeps fp32).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.fast_dropout import enable_fast_dropout
 from csekit.encoding.packed import flash_packing_runs, packing_refusal
 from csekit.encoding.passes import PassPlan
+from csekit.training.backbone_options import backbone_weights_dtype
 from csekit.training.compiled import compile_backbone, compile_layer_stack
 from csekit.training.loading import LoaderOptions, loader_options
 from csekit.training.model import ContrastiveModel, build_model
@@ -99,6 +102,8 @@ class Execution:
     sync_free: bool
     loader: LoaderOptions
     trackers: tuple[str, ...] = field(default=())
+    #: The backbone's stored weights (`model.weights_dtype`, `auto` resolved: `backbone_weights_dtype`).
+    weights_dtype: torch.dtype = torch.float32
 
     @property
     def chunk_size(self) -> int | None:
@@ -182,6 +187,7 @@ def decide_execution(recipe: Recipe, trackers: list[str] | None = None, device_t
         ),
         loader=loader_options(recipe.run.num_workers, device),
         trackers=tuple(trackers if trackers is not None else tracker_names(recipe.run.report_to)),
+        weights_dtype=backbone_weights_dtype(recipe.model.weights_dtype, precision, recipe.model.lora),
     )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from csekit.core.errors import CsekitError
@@ -135,9 +136,10 @@ class ContrastiveModel(nn.Module):
         return total, parts
 
 
-def load_encoder(recipe: Recipe) -> SentenceEncoder:
+def load_encoder(recipe: Recipe, weights_dtype: torch.dtype = torch.float32) -> SentenceEncoder:
     """The recipe's backbone and pooler, checked against the recipe before the run folder exists (not at the first
-    batch): `model.max_length` fits the backbone, and a mask pooler's template leaves room for a sentence."""
+    batch): `model.max_length` fits the backbone, and a mask pooler's template leaves room for a sentence.
+    `weights_dtype`: the backbone's stored weights (the run's `Execution.weights_dtype`)."""
     model = recipe.model
     encoder = SentenceEncoder.load(
         model.backbone,
@@ -149,6 +151,7 @@ def load_encoder(recipe: Recipe) -> SentenceEncoder:
         lora=model.lora,
         sentence_end=model.sentence_end,
         test_template=model.test_template,
+        weights_dtype=weights_dtype,
     )
     if model.max_length > encoder.max_seq_length:
         raise CsekitError(

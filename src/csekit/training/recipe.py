@@ -63,6 +63,8 @@ class ModelConfig:
     attention: str | None = None
     # LoRA adapters through peft (csekit.encoding.lora): {r, alpha, dropout, target_modules}; only they train.
     lora: dict[str, Any] | None = None
+    # The backbone's stored weights (csekit.training.backbone_options): fp32, bf16 (a LoRA run's frozen base), or auto.
+    weights_dtype: str = "fp32"
     # How the saved model writes each sentence's end before evaluating (csekit.encoding.sentence_end): none,
     # promptbert ('.' unless it ends in . ? " ') or sncse (' .' unless it ends in punctuation), as their scripts did.
     sentence_end: str = "none"

@@ -110,6 +110,11 @@ def sharded_execution(execution: Execution) -> Execution:
             "parts, which FSDP does not gather); use auto or false"
         )
     # auto: padded passes (through each layer's forward, where FSDP gathers its weights)
+    if execution.weights_dtype != torch.float32:
+        raise CsekitError(
+            "recipe key model.weights_dtype: bf16 weights (a bf16 base beside fp32 adapters) are not supported under "
+            f"{SHARDED_NAMES} yet; use fp32"
+        )
     return dataclasses.replace(execution, sync_free=False, run=dataclasses.replace(execution.run, packed=False))
 
 

@@ -177,7 +177,7 @@ class Trainer:
     def _build_model(self) -> None:
         """The encoder from the backbone, wrapped in the recipe's parts (views, heads, objectives)."""
         with whole_model_loading(self.accelerator):  # ZeRO-3 partitions the whole model in prepare
-            encoder = load_encoder(self.recipe)
+            encoder = load_encoder(self.recipe, self.execution.weights_dtype)
             check_dev_representation(encoder, self.config)
             self.model, self.views = build_run_model(self.recipe, encoder, self.execution)
         if is_sharded(self.accelerator):

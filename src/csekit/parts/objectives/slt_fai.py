@@ -188,6 +188,21 @@ def mask_low_frequency_words(
     return input_ids.masked_fill(masked, mask_token_id), masked
 
 
+def _mask_token_id(tokenizer: PreTrainedTokenizerBase, mask_token: str | None) -> int:
+    """The tokenizer's own mask token, else `mask_token` (a decoder LLM's tokenizer has none: "_" as LLM2Vec's MNTP)."""
+    if tokenizer.mask_token_id is not None:
+        return int(tokenizer.mask_token_id)
+    if mask_token is None:
+        raise ValueError(
+            "slt_fai_isf masks words with the tokenizer's mask token, and the tokenizer of model.backbone has none; "
+            'set mask_token (a token of its vocabulary, e.g. "_" as LLM2Vec\'s MNTP) or drop this objective'
+        )
+    token_id = tokenizer.convert_tokens_to_ids(mask_token)
+    if not isinstance(token_id, int) or (token_id == tokenizer.unk_token_id and mask_token != tokenizer.unk_token):
+        raise ValueError(f"slt_fai_isf: the mask token {mask_token!r} is not in the tokenizer's vocabulary")
+    return int(token_id)
+
+
 class IncompleteSentenceFiltering(nn.Module):
     """L_ISF (Eq. 6): (1/N) sum_i CE(G(h_incomplete_i), 1) + CE(G(h_i), 0), over all N sentences.
 
@@ -199,7 +214,8 @@ class IncompleteSentenceFiltering(nn.Module):
     and the authors' code (both average over the whole batch). With counts from a small corpus few
     sentences hold a low-frequency word at all, and epsilon = 0.2 of one or two words often rounds to
     none: `min_masked_words: 1` then masks at least one word in every sentence that has one (above
-    the paper's rate; off by default).
+    the paper's rate; off by default). `mask_token` is used only where the tokenizer has no mask token of its
+    own (a decoder LLM's).
     """
 
     #: The view options that index the step's inputs (not the training representations): checked at load.
@@ -219,6 +235,7 @@ class IncompleteSentenceFiltering(nn.Module):
         view: int = 0,
         min_masked_words: int = 0,
         pooler: Pooler | None = None,
+        mask_token: str | None = None,
     ) -> None:
         super().__init__()
         _check_options(low_fraction, start_after_epochs, learning_rate)
@@ -231,11 +248,7 @@ class IncompleteSentenceFiltering(nn.Module):
             raise ValueError(f"mask_rate must be in (0, 1], got {mask_rate}")
         if min_masked_words < 0:
             raise ValueError(f"min_masked_words must be >= 0, got {min_masked_words}")
-        if tokenizer.mask_token_id is None:
-            raise ValueError(
-                "slt_fai_isf masks words with the tokenizer's mask token, and the tokenizer of model.backbone "
-                "has none; choose a backbone with one or drop this objective"
-            )
+        self.mask_token_id = _mask_token_id(tokenizer, mask_token)
         if not tokenizer.is_fast:
             raise ValueError("slt_fai_isf needs a fast tokenizer (word_ids) to find word boundaries")
         self.tokenizer = tokenizer
@@ -270,9 +283,7 @@ class IncompleteSentenceFiltering(nn.Module):
         ids = inputs["input_ids"]
         labels = self.frequency.labels.cpu()[ids]
         low = (labels == 1) & ~self.frequency.special.cpu()[ids] & inputs["attention_mask"].bool()
-        masked_ids, masked = mask_low_frequency_words(
-            ids, word_index, low, self.mask_rate, self.tokenizer.mask_token_id
-        )
+        masked_ids, masked = mask_low_frequency_words(ids, word_index, low, self.mask_rate, self.mask_token_id)
         return inputs, masked_ids, masked
 
     def forward(self, state: StepState) -> dict[str, Tensor]:
