@@ -32,6 +32,7 @@ import random
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,14 @@ LLAMA_1B = {
 }
 """TinyLlama-1.1B's config (a Llama-2 architecture of 1.1B parameters)."""
 
+TINY_LLAMA = {
+    **LLAMA_1B,
+    **{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 512},
+    **{"num_attention_heads": 4, "num_key_value_heads": 2},
+}
+"""`--tiny`: the same code path on a toy model (tests/test_gpu_check.py runs the GPU command's decoder stage
+on a CPU)."""
+
 BATCH, LENGTH = 4, 128
 
 
@@ -76,7 +85,13 @@ def reset_peak_resident() -> bool:
 
 
 def one_setting(
-    setting: str, device: str, steps: int, checkpointing: bool = True, return_freed: bool = False
+    setting: str,
+    device: str,
+    steps: int,
+    checkpointing: bool = True,
+    return_freed: bool = False,
+    batch: int = BATCH,
+    tiny: bool = False,
 ) -> dict[str, Any]:
     """Build the model in `setting` (weights/precision), take `steps` training steps; the memory figures.
 
@@ -101,7 +116,7 @@ def one_setting(
         [
             f"model.max_length={LENGTH}",
             f"model.weights_dtype={weights}",
-            f"train.batch_size={BATCH}",
+            f"train.batch_size={batch}",
             f"train.precision={precision}",
             f"run.gradient_checkpointing={str(checkpointing).lower()}",
         ],
@@ -112,19 +127,23 @@ def one_setting(
     else:
         execution.prepare_process()  # as the trainer: run.keep_freed_memory on a CPU
     torch.manual_seed(0)
-    config = AutoConfig.for_model("llama", **LLAMA_1B)
+    config = AutoConfig.for_model("llama", **(TINY_LLAMA if tiny else LLAMA_1B))
     config.is_causal = False  # bidirectional (model.attention)
-    backbone = AutoModel.from_config(config, dtype=dtype).to(device)
+    with torch.device(device):  # built where it trains: a GPU initialises 1B random weights in a blink, a CPU not
+        backbone = AutoModel.from_config(config, dtype=dtype)
     parameters = sum(p.numel() for p in backbone.parameters())
     weight_bytes = sum(p.numel() * p.element_size() for p in backbone.parameters())
     backbone = add_lora(backbone, recipe.model.lora)
-    encoder = SentenceEncoder(backbone, make_decoder_tokenizer(), make_pooler("mean"))
+    tokenizer = make_decoder_tokenizer()
+    if tiny:  # the toy vocabulary: the tokenizer's ids must fit the embedding table
+        backbone.resize_token_embeddings(len(tokenizer))
+    encoder = SentenceEncoder(backbone, tokenizer, make_pooler("mean"))
     model, views = build_run_model(recipe, encoder, execution)
     model.train()
     optimizer = make_optimizer(model, recipe)
     rng = random.Random(0)
     words = [word for word in DECODER_WORDS if word.isalpha()]
-    sentences = [" ".join(rng.choices(words, k=LENGTH)) for _ in range(BATCH)]  # truncated at max_length
+    sentences = [" ".join(rng.choices(words, k=LENGTH)) for _ in range(batch)]  # truncated at max_length
     built, building_peak = status_mib("VmRSS"), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
@@ -132,7 +151,9 @@ def one_setting(
     elif not reset_peak_resident():  # the building's peak (random initialisation) must not pass for the step's
         raise SystemExit("cannot reset the peak resident size (/proc/self/clear_refs): Linux 4.0 or later needed")
     autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    step_seconds = []
     for _ in range(steps):
+        started = time.perf_counter()
         inputs = views(sentences)
         inputs = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
         with autocast:
@@ -140,10 +161,15 @@ def one_setting(
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        step_seconds.append(time.perf_counter() - started)
     peak = torch.cuda.max_memory_allocated() / 2**20 if device.startswith("cuda") else status_mib("VmHWM")
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     return {
         "setting": setting,
+        "batch": batch,
+        "step_seconds": step_seconds,  # the first includes warm-up; time only on a quiet machine
         "parameters": parameters,
         "trainable": trainable,
         "weights_mib": weight_bytes / 2**20,
@@ -160,6 +186,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--no-checkpointing", action="store_true", help="run.gradient_checkpointing: false")
+    parser.add_argument("--batch", type=int, default=BATCH, help="sentences a step (two views each)")
+    parser.add_argument("--tiny", action="store_true", help="a toy Llama instead of the 1B one (tests)")
     parser.add_argument(
         "--return-freed-memory", action="store_true", help="on a CPU, glibc returns freed blocks of 128 KiB or more"
     )
@@ -167,7 +195,15 @@ def main() -> None:
     if args.one:
         print(
             json.dumps(
-                one_setting(args.one, args.device, args.steps, not args.no_checkpointing, args.return_freed_memory)
+                one_setting(
+                    args.one,
+                    args.device,
+                    args.steps,
+                    not args.no_checkpointing,
+                    args.return_freed_memory,
+                    args.batch,
+                    args.tiny,
+                )
             )
         )
         return

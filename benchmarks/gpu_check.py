@@ -53,6 +53,7 @@ STAGES: tuple[tuple[str, str, int], ...] = (
     ("checks", "checks: bound, fused AdamW, packed vs padded, attention kernels", 45),
     ("loop", "csekit's loop (each key on and off) against sentence-transformers", 170),
     ("quickstart", "the quickstart recipe on all-MiniLM-L6-v2 with its STS table", 110),
+    ("decoder", "a random 1B decoder's LoRA step (issue 54): memory and seconds", 60),
     ("compile", "run.compile, in the time left", 0),
 )
 """(name, title, seconds of a 480-second budget); 0: what is left. Each is a function of gpu_check_stages."""
@@ -117,7 +118,7 @@ def sha256(path: Path) -> str:
 
 
 def stage_limits(budget: float, names: list[str]) -> dict[str, float]:
-    """The nominal seconds of `names` scaled to `budget` (all six: the 480-second plan), each at least
+    """The nominal seconds of `names` scaled to `budget` (all seven: the 480-second plan), each at least
     MIN_STAGE_SECONDS; a stage of nominal 0 gets what is left when it starts."""
     nominal = {name: seconds for name, _, seconds in STAGES if name in names}
     planned = sum(nominal.values()) + 45 * (0 in nominal.values())  # the plan leaves compile about 45 s

@@ -407,12 +407,46 @@ def compiled_run(overrides: list[str], folder: Path, stage: Stage) -> dict[str, 
     return {"first_steps_seconds": first, "frames_compiled": counters["frames"]["ok"] - before, **measured}
 
 
+def decoder(stage: Stage) -> None:
+    """Issue 54's GPU figures: benchmarks/decoder_memory.py's LoRA step on a random 1B Llama (bidirectional, mean,
+    LoRA r 16, gradient checkpointing, as the llm2vec recipes), each weights/precision setting in its own process,
+    at the script's batch (4 sentences of 128 tokens) and at LLM2Vec's (128); peak memory and seconds a step."""
+    import statistics
+
+    script = Path(__file__).resolve().parent / "decoder_memory.py"
+    plan = [("bf16/bf16", 128), ("fp32/bf16", 128), ("bf16/bf16", 4), ("fp32/bf16", 4), ("fp32/fp32", 4)]
+    plan, steps = ([("bf16/bf16", 2), ("fp32/fp32", 2)], 3) if stage.tiny else (plan, 6)
+    rows: dict[str, Any] = {}
+    stage.report(runs=rows)
+    for setting, batch in plan:  # most wanted first: the stage stops where its time ends
+        name = f"{setting}, batch {batch}"
+        if stage.left() < 15:
+            rows[name] = {"error": "not run: the stage's time was up"}
+            continue
+        command = [sys.executable, str(script), "--one", setting, "--device", stage.device, "--steps", str(steps)]
+        command += ["--batch", str(batch)] + (["--tiny"] if stage.tiny else [])
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=stage.left(), check=False)
+        except subprocess.TimeoutExpired:
+            rows[name] = {"error": "timed out"}
+            continue
+        if done.returncode != 0:
+            tail = done.stderr.strip().splitlines()
+            rows[name] = {"error": tail[-1][:300] if tail else f"exit {done.returncode}"}
+        else:
+            row = json.loads(done.stdout.strip().splitlines()[-1])
+            row["seconds"] = statistics.median(row["step_seconds"][1:] or row["step_seconds"])
+            rows[name] = row
+        stage.report(runs=rows)
+
+
 STAGE_FUNCTIONS: dict[str, Callable[[Stage], None]] = {
     "environment": environment,
     "tests": tests,
     "checks": checks,
     "loop": loop,
     "quickstart": quickstart,
+    "decoder": decoder,
     "compile": compile_stage,
 }
 

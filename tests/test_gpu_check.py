@@ -58,8 +58,11 @@ def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == ["log.txt", "profiles.md", "results.json", "summary.md"]
     stages = json.loads((out / "results.json").read_text())["stages"]
     assert {name: stage["status"] for name, stage in stages.items()} == dict.fromkeys(
-        ["environment", "tests", "checks", "loop", "quickstart", "compile"], "ok"
+        ["environment", "tests", "checks", "loop", "quickstart", "decoder", "compile"], "ok"
     ), (out / "log.txt").read_text()[-4000:]
+    decoder_runs = stages["decoder"]["runs"]  # issue 54's GPU figures: the LoRA step on a (here toy) Llama
+    assert set(decoder_runs) == {"bf16/bf16, batch 2", "fp32/fp32, batch 2"}, decoder_runs
+    assert all(run["seconds"] > 0 and run["peak_mib"] > 0 and run["trainable"] > 0 for run in decoder_runs.values())
     assert stages["environment"]["versions"]["omegaconf"][0].isdigit()
     assert stages["tests"]["pytest"]["exit"] == 0  # on a CPU: the CUDA tests skipped, the gpu_image test run
     assert re.match(r"1 passed, [1-9]\d* skipped", stages["tests"]["pytest"]["summary"])  # however many CUDA tests
