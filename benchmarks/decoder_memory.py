@@ -180,6 +180,19 @@ def one_setting(
     }
 
 
+def setting_in_process(
+    setting: str, device: str, steps: int, extra: list[str], timeout: float | None = None
+) -> dict[str, Any]:
+    """`one_setting` in a fresh process (`extra`: more options of this script): its figures, or {"error": why}
+    (the last line of its error output). A timeout raises subprocess.TimeoutExpired."""
+    command = [sys.executable, __file__, "--one", setting, "--device", device, "--steps", str(steps), *extra]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()
+        return {"error": tail[-1][:300] if tail else f"exit {done.returncode}"}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--one", choices=SETTINGS, help="run one setting in this process and print its JSON")
@@ -220,15 +233,12 @@ def main() -> None:
     print(f"| {' | '.join(columns)} | peak of the step |")
     print("|---|---|---|---|---|---|---|")
     for setting in SETTINGS:
-        command = [sys.executable, __file__, "--one", setting, "--device", args.device, "--steps", str(args.steps)]
-        command += ["--no-checkpointing"] if args.no_checkpointing else []
-        command += ["--return-freed-memory"] if args.return_freed_memory else []
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            reason = done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"exit {done.returncode}"
-            print(f"| {setting} | failed: {reason} |")
+        extra = ["--no-checkpointing"] if args.no_checkpointing else []
+        extra += ["--return-freed-memory"] if args.return_freed_memory else []
+        row = setting_in_process(setting, args.device, args.steps, extra)
+        if "error" in row:
+            print(f"| {setting} | failed: {row['error']} |")
             continue
-        row = json.loads(done.stdout.strip().splitlines()[-1])
         gib = [f"{row[key] / 1024:.2f} GiB" for key in ("weights_mib", "building_peak_mib", "built_mib", "peak_mib")]
         print(f"| {setting} | {row['parameters'] / 1e9:.2f}B | {row['trainable'] / 1e6:.1f}M | {' | '.join(gib)} |")
 

@@ -413,7 +413,8 @@ def decoder(stage: Stage) -> None:
     at the script's batch (4 sentences of 128 tokens) and at LLM2Vec's (128); peak memory and seconds a step."""
     import statistics
 
-    script = Path(__file__).resolve().parent / "decoder_memory.py"
+    from decoder_memory import setting_in_process
+
     plan = [("bf16/bf16", 128), ("fp32/bf16", 128), ("bf16/bf16", 4), ("fp32/bf16", 4), ("fp32/fp32", 4)]
     plan, steps = ([("bf16/bf16", 2), ("fp32/fp32", 2)], 3) if stage.tiny else (plan, 6)
     rows: dict[str, Any] = {}
@@ -423,20 +424,14 @@ def decoder(stage: Stage) -> None:
         if stage.left() < 15:
             rows[name] = {"error": "not run: the stage's time was up"}
             continue
-        command = [sys.executable, str(script), "--one", setting, "--device", stage.device, "--steps", str(steps)]
-        command += ["--batch", str(batch)] + (["--tiny"] if stage.tiny else [])
+        extra = ["--batch", str(batch)] + (["--tiny"] if stage.tiny else [])
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=stage.left(), check=False)
+            row = setting_in_process(setting, stage.device, steps, extra, timeout=stage.left())
         except subprocess.TimeoutExpired:
-            rows[name] = {"error": "timed out"}
-            continue
-        if done.returncode != 0:
-            tail = done.stderr.strip().splitlines()
-            rows[name] = {"error": tail[-1][:300] if tail else f"exit {done.returncode}"}
-        else:
-            row = json.loads(done.stdout.strip().splitlines()[-1])
+            row = {"error": "timed out"}
+        if "error" not in row:
             row["seconds"] = statistics.median(row["step_seconds"][1:] or row["step_seconds"])
-            rows[name] = row
+        rows[name] = row
         stage.report(runs=rows)
 
 
