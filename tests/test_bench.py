@@ -125,7 +125,9 @@ def test_controlled_suite_differs_only_in_the_methods_parts() -> None:
     whitening = {"whitenedcse-minilm", "combined-minilm"}
     headless = {"tsdae-minilm", "ct-minilm", "matryoshka-simcse-minilm"}  # their objectives train the saved vectors
     assert all(recipes[name].model.head["name"] == "none" for name in headless)
-    assert all(r.model.head["name"] == "mlp" for name, r in recipes.items() if name not in whitening | headless)
+    assert recipes["diffcse-minilm"].model.head["name"] == "batchnorm_mlp"  # DiffCSE's own (the authors' --batchnorm)
+    others = whitening | headless | {"diffcse-minilm"}
+    assert all(r.model.head["name"] == "mlp" for name, r in recipes.items() if name not in others)
     corpora = {name: r.data.corpus for name, r in recipes.items()}
     assert corpora.pop("osscse-minilm") == corpora.pop("combined-minilm")
     assert corpora["sncse-minilm"].endswith("sncse.jsonl") and corpora.pop("simcse-minilm").endswith("sentences.txt")
@@ -133,9 +135,10 @@ def test_controlled_suite_differs_only_in_the_methods_parts() -> None:
         recipes["simcse-minilm"].data.corpus
     }
     new = {"mixcse-minilm", "esimcse-minilm", "sncse-minilm", "rankcse-minilm", "promptbert-minilm", "combined-minilm"}
-    issue52 = {"cropping-minilm", "simcse-mlm-minilm"} | headless
+    issue52 = {"cropping-minilm", "simcse-mlm-minilm", "diffcse-minilm"} | headless
     assert new | issue52 <= set(recipes)
     assert [o["name"] for o in recipes["simcse-mlm-minilm"].objectives] == ["infonce", "mlm"]
+    assert recipes["diffcse-minilm"].objectives[1]["generator"] == "generators/minilm-mlm"  # the script's output
     controls = {r.name: r.control for r in suite.recipes if r.control}
     assert controls == {"promptbert-minilm": "simcse-prompt-minilm", "osscse-minilm": "simcse-prompt-minilm"}
 

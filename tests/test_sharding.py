@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,18 +120,57 @@ def test_fsdp_step_on_two_processes_is_the_one_process_step_on_the_global_batch(
     assert half["norm"] != pytest.approx(single["norm"], rel=1e-3)
 
 
-def launch_fsdp(recipe: Recipe, out: Path, *extra: str, plugin_dir: Path) -> subprocess.CompletedProcess:
-    """`csekit train` under `accelerate launch` with the shipped FSDP config, 2 processes, the test parts found."""
+def launch_train(
+    recipe: Recipe,
+    out: Path,
+    *extra: str,
+    plugin_dir: Path,
+    config: Path = FSDP_CONFIG,
+    launch: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess:
+    """`csekit train` under `accelerate launch --config_file CONFIG` (the shipped FSDP one by default), 2
+    processes, the test parts found; `launch`: more flags for accelerate, `extra`: for csekit."""
     from parts_for_tests import write_entry_points
 
     recipe_file = out.parent / f"{out.name}.yaml"
     recipe_file.write_text(recipe.to_yaml(), encoding="utf-8")
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG)]
-    command += ["--num_processes", "2", "-m", "csekit.cli", "train", str(recipe_file), "--output", str(out)]
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    command += ["--num_processes", "2", *launch, "-m", "csekit.cli", "train", str(recipe_file), "--output", str(out)]
     tests = Path(__file__).resolve().parent
     path = os.pathsep.join([str(tests), str(write_entry_points(plugin_dir)), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     return subprocess.run([*command, "--no-progress", *extra], capture_output=True, text=True, env=env)
+
+
+def interrupting_recipe(model_dir: Path, corpus: Path, marker: Path, *keys: str) -> Recipe:
+    """4 steps of SimCSE, dev every 2, with the test part that interrupts the run at step 3 unless `marker` exists
+    (it writes the marker, so the resumed run goes on)."""
+    part = f"{{name: interrupt_once, weight: 0.0, at_call: 3, marker: '{marker}'}}"
+    keys = ("train.max_steps=4", "train.eval_every=2", *keys)
+    return tiny_recipe(model_dir, corpus, *keys, f"objectives=[{{name: infonce}}, {part}]")
+
+
+def straight_and_stopped(recipe: Callable[[Path], Recipe], tmp_path: Path, **launch: Any) -> tuple[Path, Path, Path]:
+    """A launched run straight through 4 steps, and one interrupted after step 3's checkpoint: the two run
+    folders, and the marker that lets a resume of the second go on (`recipe(marker)`: the run's recipe)."""
+    spent, marker = tmp_path / "spent", tmp_path / "marker"
+    spent.write_text("never interrupts", encoding="utf-8")
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    result = launch_train(recipe(spent), straight, plugin_dir=tmp_path / "plugins", **launch)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(losses(straight)) == [1, 2, 3, 4]
+    result = launch_train(recipe(marker), stopped, plugin_dir=tmp_path / "plugins", **launch)
+    assert result.returncode != 0 and "interrupted" in result.stderr, result.stderr[-3000:]
+    assert json.loads((stopped / "checkpoint" / "trainer_state.json").read_text())["step"] == 3
+    return straight, stopped, marker
+
+
+def assert_same_final_weights(expected: Path, actual: Path, rtol: float = 1e-6, atol: float = 1e-7) -> None:
+    """The two runs' last/ models hold the same tensors."""
+    final, other = load_file(expected / "last" / "model.safetensors"), load_file(actual / "last" / "model.safetensors")
+    assert set(final) == set(other)
+    for name, weight in final.items():
+        torch.testing.assert_close(other[name], weight, rtol=rtol, atol=atol, msg=name)
 
 
 def losses(out: Path) -> dict[int, float]:
@@ -147,32 +187,13 @@ def test_fsdp_run_resumes_exactly_and_saves_a_whole_model(
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
 
     def recipe(marker: Path) -> Recipe:
-        part = f"{{name: interrupt_once, weight: 0.0, at_call: 3, marker: '{marker}'}}"
-        keys = ("train.max_steps=4", "train.eval_every=2", "train.precision=fp32", "run.packed=false")
-        return tiny_recipe(tiny_model_dir, corpus, *keys, f"objectives=[{{name: infonce}}, {part}]")
+        return interrupting_recipe(tiny_model_dir, corpus, marker, "train.precision=fp32", "run.packed=false")
 
-    spent = tmp_path / "spent"
-    spent.write_text("never interrupts", encoding="utf-8")
-    plugins = tmp_path / "plugins"
-    straight = tmp_path / "straight"
-    result = launch_fsdp(recipe(spent), straight, plugin_dir=plugins)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(losses(straight)) == [1, 2, 3, 4]
-
-    stopped = tmp_path / "stopped"
-    result = launch_fsdp(recipe(tmp_path / "marker"), stopped, plugin_dir=plugins)
-    assert result.returncode != 0 and "interrupted" in result.stderr, result.stderr[-3000:]
-    assert json.loads((stopped / "checkpoint" / "trainer_state.json").read_text())["step"] == 3
-    result = launch_fsdp(recipe(tmp_path / "marker"), stopped, "--resume", plugin_dir=plugins)
+    straight, stopped, marker = straight_and_stopped(recipe, tmp_path)
+    result = launch_train(recipe(marker), stopped, "--resume", plugin_dir=tmp_path / "plugins")
     assert result.returncode == 0, result.stderr[-3000:]
     assert losses(stopped) == pytest.approx(losses(straight), rel=1e-6)
-    final, resumed = (
-        load_file(straight / "last" / "model.safetensors"),
-        load_file(stopped / "last" / "model.safetensors"),
-    )
-    assert set(final) == set(resumed)
-    for name, weight in final.items():
-        torch.testing.assert_close(resumed[name], weight, rtol=1e-6, atol=1e-7, msg=name)
+    assert_same_final_weights(straight, stopped)
     assert SentenceEncoder.load(straight / "best").encode(["a man plays"]).shape == (1, 32)
 
 

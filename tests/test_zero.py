@@ -8,8 +8,6 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,16 @@ from conftest import DISTINCT_SENTENCES as SENTENCES
 from conftest import make_corpus, tiny_recipe
 from safetensors.torch import load_file
 from test_distributed import free_port
-from test_sharding import MAX_GRAD_NORM, build, losses, one_process_step
+from test_sharding import (
+    MAX_GRAD_NORM,
+    assert_same_final_weights,
+    build,
+    interrupting_recipe,
+    launch_train,
+    losses,
+    one_process_step,
+    straight_and_stopped,
+)
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
@@ -191,27 +198,6 @@ def test_zero_step_on_two_processes_is_the_one_process_step_on_the_global_batch(
             torch.testing.assert_close(state[number][key], value, rtol=1e-4, atol=1e-9, msg=f"{number} {key}")
 
 
-def launch_zero(
-    recipe: Recipe,
-    out: Path,
-    *extra: str,
-    plugin_dir: Path,
-    config: Path = DEEPSPEED_CONFIG,
-    launch: tuple[str, ...] = (),
-) -> subprocess.CompletedProcess:
-    """`csekit train` under `accelerate launch` with the shipped DeepSpeed config (or `config`), 2 processes."""
-    from parts_for_tests import write_entry_points
-
-    recipe_file = out.parent / f"{out.name}.yaml"
-    recipe_file.write_text(recipe.to_yaml(), encoding="utf-8")
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
-    command += ["--num_processes", "2", *launch, "-m", "csekit.cli", "train", str(recipe_file), "--output", str(out)]
-    tests = Path(__file__).resolve().parent
-    path = os.pathsep.join([str(tests), str(write_entry_points(plugin_dir)), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    return subprocess.run([*command, "--no-progress", *extra], capture_output=True, text=True, env=env)
-
-
 @needs_deepspeed
 @pytest.mark.parametrize(("stage", "precision"), [(2, "fp32"), (3, "fp32"), (3, "bf16")])
 def test_zero_run_resumes_exactly_and_saves_a_whole_model(
@@ -225,24 +211,12 @@ def test_zero_run_resumes_exactly_and_saves_a_whole_model(
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
 
     def recipe(marker: Path) -> Recipe:
-        part = f"{{name: interrupt_once, weight: 0.0, at_call: 3, marker: '{marker}'}}"
-        keys = ("train.max_steps=4", "train.eval_every=2", f"train.precision={precision}", "train.max_grad_norm=0.5")
+        keys = (f"train.precision={precision}", "train.max_grad_norm=0.5")
         keys += ("run.packed=false",)  # the passes DeepSpeed runs, also when data parallelism resumes the run
-        return tiny_recipe(tiny_model_dir, corpus, *keys, f"objectives=[{{name: infonce}}, {part}]")
+        return interrupting_recipe(tiny_model_dir, corpus, marker, *keys)
 
-    stage_flag = ("--zero_stage", str(stage))
-    spent = tmp_path / "spent"
-    spent.write_text("never interrupts", encoding="utf-8")
-    plugins = tmp_path / "plugins"
-    straight = tmp_path / "straight"
-    result = launch_zero(recipe(spent), straight, plugin_dir=plugins, launch=stage_flag)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(losses(straight)) == [1, 2, 3, 4]
-
-    stopped = tmp_path / "stopped"
-    result = launch_zero(recipe(tmp_path / "marker"), stopped, plugin_dir=plugins, launch=stage_flag)
-    assert result.returncode != 0 and "interrupted" in result.stderr, result.stderr[-3000:]
-    assert json.loads((stopped / "checkpoint" / "trainer_state.json").read_text())["step"] == 3
+    zero = {"config": DEEPSPEED_CONFIG, "launch": ("--zero_stage", str(stage))}
+    straight, stopped, marker = straight_and_stopped(recipe, tmp_path, **zero)
     optimizer: dict[str, Any] = torch.load(stopped / "checkpoint" / "optimizer.pt", weights_only=True)
     assert all(float(entry["step"]) == 3.0 for entry in optimizer["state"].values())
     weights = load_file(stopped / "checkpoint" / "model.safetensors")
@@ -251,23 +225,15 @@ def test_zero_run_resumes_exactly_and_saves_a_whole_model(
     plain = tmp_path / "plain"
     shutil.copytree(stopped, plain)
     cpu_config = DEEPSPEED_CONFIG.parent / "accelerate-cpu.yaml"
-    result = launch_zero(recipe(tmp_path / "marker"), plain, "--resume", plugin_dir=plugins, config=cpu_config)
+    result = launch_train(recipe(marker), plain, "--resume", plugin_dir=tmp_path / "plugins", config=cpu_config)
     assert result.returncode == 0, result.stderr[-3000:]
     if precision == "fp32":
         assert losses(plain) == pytest.approx(losses(straight), rel=1e-5)
-    ddp_final = load_file(plain / "last" / "model.safetensors")
-    result = launch_zero(recipe(tmp_path / "marker"), stopped, "--resume", plugin_dir=plugins, launch=stage_flag)
+        assert_same_final_weights(straight, plain, rtol=1e-5, atol=1e-6)
+    result = launch_train(recipe(marker), stopped, "--resume", plugin_dir=tmp_path / "plugins", **zero)
     assert result.returncode == 0, result.stderr[-3000:]
     assert losses(stopped) == pytest.approx(losses(straight), rel=1e-6)
-    final, resumed = (
-        load_file(straight / "last" / "model.safetensors"),
-        load_file(stopped / "last" / "model.safetensors"),
-    )
-    assert set(final) == set(resumed)
-    for name, weight in final.items():
-        torch.testing.assert_close(resumed[name], weight, rtol=1e-6, atol=1e-7, msg=name)
-        if precision == "fp32":
-            torch.testing.assert_close(ddp_final[name], weight, rtol=1e-5, atol=1e-6, msg=name)
+    assert_same_final_weights(straight, stopped)
     assert SentenceEncoder.load(straight / "best").encode(["a man plays"]).shape == (1, 32)
 
 
@@ -285,11 +251,11 @@ def test_a_non_finite_step_is_skipped_under_zero_as_under_data_parallel(
     recipe = tiny_recipe(tiny_model_dir, corpus, *keys, f"objectives=[{{name: infonce}}, {poison}]")
     plugins = tmp_path / "plugins"
     zero = tmp_path / "zero"
-    result = launch_zero(recipe, zero, plugin_dir=plugins)
+    result = launch_train(recipe, zero, plugin_dir=plugins, config=DEEPSPEED_CONFIG)
     assert result.returncode == 0, result.stderr[-3000:]
     plain = tmp_path / "plain"
     cpu_config = DEEPSPEED_CONFIG.parent / "accelerate-cpu.yaml"
-    result = launch_zero(recipe, plain, plugin_dir=plugins, config=cpu_config)
+    result = launch_train(recipe, plain, plugin_dir=plugins, config=cpu_config)
     assert result.returncode == 0, result.stderr[-3000:]
 
     def skips(out: Path) -> list[dict[str, Any]]:
@@ -298,6 +264,4 @@ def test_a_non_finite_step_is_skipped_under_zero_as_under_data_parallel(
 
     assert [record["step"] for record in skips(zero)] == [1] and skips(zero) == skips(plain)
     assert losses(zero) == pytest.approx(losses(plain), rel=1e-5)
-    final, reference = load_file(zero / "last" / "model.safetensors"), load_file(plain / "last" / "model.safetensors")
-    for name, weight in reference.items():
-        torch.testing.assert_close(final[name], weight, rtol=1e-5, atol=1e-6, msg=name)
+    assert_same_final_weights(plain, zero, rtol=1e-5, atol=1e-6)

@@ -233,8 +233,13 @@ def flash_packing_runs(device: torch.device, dtype: torch.dtype) -> bool:
     return torch.cuda.get_device_capability(device) >= FLASH_CAPABILITY
 
 
+def flash_attention_runs(head_size: int, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether attention of heads of `head_size` runs the flash kernel (which takes head sizes in multiples of 8)."""
+    return head_size % 8 == 0 and flash_packing_runs(device, dtype)
+
+
 def _uses_flash(query: Tensor) -> bool:
-    return query.shape[-1] % 8 == 0 and flash_packing_runs(query.device, query.dtype)
+    return flash_attention_runs(query.shape[-1], query.device, query.dtype)
 
 
 def attention_function(attention: nn.Module) -> Callable[..., tuple[Tensor, Any]]:

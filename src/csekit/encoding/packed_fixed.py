@@ -36,7 +36,7 @@ from csekit.encoding.packed import (
     PackedRows,
     PackingLayout,
     attention_function,
-    flash_packing_runs,
+    flash_attention_runs,
     packed_start,
 )
 
@@ -135,7 +135,7 @@ def _runs_flash(hidden: Tensor, attention: nn.Module) -> bool:
     """Whether the stack's attention runs the flash kernel: the projections' dtype (autocast's where it is on)."""
     device = hidden.device
     dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else hidden.dtype
-    return attention.attention_head_size % 8 == 0 and flash_packing_runs(device, dtype)
+    return flash_attention_runs(attention.attention_head_size, device, dtype)
 
 
 def fixed_packed_pass(

@@ -1,0 +1,110 @@
+"""An offline masked-LM generator for DiffCSE's controlled row: all-MiniLM-L6-v2 given an MLM head here.
+
+    PYTHONPATH=src python benchmarks/minilm_mlm_generator.py --output generators/minilm-mlm
+
+DiffCSE edits each sentence with a frozen masked-LM generator (DistilBERT in the paper). None installs offline and
+all-MiniLM-L6-v2 has no MLM head, so the controlled suite (benchmarks/suites/controlled.yaml) cannot use the
+paper's. This script makes a stand-in: transformers' `BertForMaskedLM` from the MiniLM weights (its prediction
+head, tied to the word embeddings, starts untrained), trained with BERT's masking (transformers'
+`DataCollatorForLanguageModeling`, 15%) on the unlabeled STS/SICK sentences of the data folder (the controlled
+suite's corpus), all weights, `--steps` of 64 sentences of at most 32 tokens, AdamW at `--lr`. It prints the top-1
+accuracy on the masked tokens of `--held-out` sentences kept out of training, before and after, and writes a
+model folder (config, safetensors weights and the MiniLM tokenizer) that `objectives.N.generator` names.
+
+A row trained with it is DiffCSE with a weaker, smaller generator than the paper's, on a fine-tuned sentence model:
+a measurement of csekit's DiffCSE parts on MiniLM, never a paper reproduction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from csekit.data.corpus import Corpus
+from csekit.data.data_dir import resolve_data_dir
+from csekit.encoding.hub import resolve_model_path
+
+CORPUS = "corpus/sts_sick_unlabeled_sentences.txt"
+MAX_LENGTH = 32
+BATCH = 64
+
+
+def masked_logits(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MLM head's logits at the masked positions only, and their labels: `BertForMaskedLM`'s loss is the mean
+    over those, and scoring all 30,522 tokens at every position would cost the step several times over."""
+    hidden = model.bert(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    chosen = batch["labels"] != -100
+    return model.cls(hidden[chosen]), batch["labels"][chosen]
+
+
+def masked_accuracy(model: Any, batches: list[dict[str, torch.Tensor]]) -> float:
+    """Top-1 accuracy on the masked positions of fixed, already masked batches."""
+    model.eval()
+    right = total = 0
+    with torch.no_grad():
+        for batch in batches:
+            logits, labels = masked_logits(model, batch)
+            right += int((logits.argmax(-1) == labels).sum())
+            total += len(labels)
+    model.train()
+    return right / max(total, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--output", required=True, help="the model folder to write (must not exist)")
+    parser.add_argument("--data-dir", default=None, help="the data folder (default: $CSEKIT_DATA)")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--held-out", type=int, default=2000, help="sentences kept out of training for accuracy")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    output = Path(args.output)
+    if output.exists():
+        sys.exit(f"minilm_mlm_generator: {output} exists; name a new folder")
+
+    from transformers import AutoTokenizer, BertForMaskedLM, DataCollatorForLanguageModeling
+
+    torch.manual_seed(args.seed)
+    corpus = Corpus(resolve_data_dir(args.data_dir) / CORPUS)
+    sentences = sorted({corpus[i] for i in range(len(corpus))})  # distinct sentences, in a fixed order
+    random.Random(args.seed).shuffle(sentences)
+    held_out, train = sentences[: args.held_out], sentences[args.held_out :]
+    folder = resolve_model_path("minilm-l6")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = BertForMaskedLM.from_pretrained(folder)  # the MLM head's transform starts random, its decoder tied
+    collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, return_tensors="pt")
+
+    def batch_of(texts: list[str]) -> dict[str, torch.Tensor]:
+        encoded = tokenizer(texts, truncation=True, max_length=MAX_LENGTH)
+        return collate([{key: encoded[key][i] for key in encoded} for i in range(len(texts))])
+
+    evaluation = [batch_of(held_out[i : i + BATCH]) for i in range(0, len(held_out), BATCH)]
+    print(f"{len(train):,} training and {len(held_out):,} held-out distinct sentences; {args.steps} steps of {BATCH}")
+    print(f"masked-token top-1 accuracy before: {masked_accuracy(model, evaluation):.3f}", flush=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    model.train()
+    started = time.perf_counter()
+    for step in range(1, args.steps + 1):
+        start = ((step - 1) * BATCH) % max(len(train) - BATCH, 1)
+        logits, labels = masked_logits(model, batch_of(train[start : start + BATCH]))
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % 100 == 0 or step == args.steps:
+            print(f"step {step}: loss {loss.item():.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
+    print(f"masked-token top-1 accuracy after: {masked_accuracy(model, evaluation):.3f}")
+    model.save_pretrained(output)
+    tokenizer.save_pretrained(output)
+    print(f"wrote {output}")
+
+
+if __name__ == "__main__":
+    main()
