@@ -255,3 +255,31 @@ def test_a_diffcse_run_interrupted_and_resumed_equals_the_straight_run(tmp_path:
     assert len(losses) == 8
     assert losses == [(r["step"], r["loss"], r["rtd"]) for r in read_metrics(tmp_path / "straight") if "loss" in r]
     assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "run")
+
+
+def test_the_stand_in_generators_masked_only_loss_is_bert_for_masked_lms_loss(monkeypatch: pytest.MonkeyPatch) -> None:
+    """benchmarks/minilm_mlm_generator.py scores only the masked positions (for speed); its loss and gradients are
+    those of transformers' `BertForMaskedLM` scoring every position (the mean over labels != -100)."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from minilm_mlm_generator import masked_logits
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)
+    model = BertForMaskedLM(config).eval()
+    ids = torch.randint(5, 40, (3, 7))
+    labels = torch.full_like(ids, -100)
+    labels[0, 1], labels[1, 4], labels[2, 2], labels[2, 6] = 7, 11, 3, 30
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    reference = model(**batch).loss
+    reference.backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    logits, chosen = masked_logits(model, batch)
+    loss = torch.nn.functional.cross_entropy(logits, chosen)
+    loss.backward()
+    assert chosen.tolist() == [7, 11, 3, 30]
+    torch.testing.assert_close(loss, reference)
+    for name, grad in expected.items():
+        torch.testing.assert_close(dict(model.named_parameters())[name].grad, grad, msg=name)
