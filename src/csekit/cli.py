@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import numpy as np
 import typer
 
+from csekit.commands.augment import check_augment_options, paraphrase_engine
 from csekit.commands.diagnose import diagnose_models
 from csekit.commands.evaluate import (
     ClassifierOption,
@@ -440,25 +441,6 @@ def diagnose(
             atomic_write_text(output, json_text(report, indent=2) + "\n")
 
 
-def _paraphrase_engine(engine: str, paraphrases: Path | None, pivots: str | None) -> Any:
-    """The engine named by --engine (csekit.prep.paraphrase.ENGINES), built with the options it reads."""
-    from csekit.prep.paraphrase import ENGINES
-
-    factory = ENGINES.get(engine, "--engine (or none)")
-    if engine == "file":
-        if paraphrases is None:
-            raise CsekitError("--engine file needs --paraphrases FILE")
-        return factory(paraphrases)
-    if engine in ("fsmt", "marian"):
-        if pivots is None:
-            return factory()
-        languages = [p.strip() for p in pivots.split(",") if p.strip()]
-        if not languages:
-            raise CsekitError(f'--pivots "{pivots}": name at least one pivot language, e.g. ru,de')
-        return factory(pivots=languages)
-    return factory()
-
-
 @app.command(cls=Command)
 @locks_output("output")
 def augment(
@@ -494,20 +476,8 @@ def augment(
     """Write a negation and a back-translated paraphrase of every sentence (OssCSE's training corpus)."""
     from csekit.prep.augment import augment_corpus, load_spacy
 
-    if output.suffix != ".jsonl":
-        raise CsekitError(f"--output {output}: must end in .jsonl (a recipe reads the fields from it)")
-    if not 0 <= min_mer <= max_mer <= 1:
-        raise CsekitError(f"--min-mer {min_mer} / --max-mer {max_mer}: need 0 <= min <= max <= 1")
-    require_at_least("--chunk-size", chunk_size)
-    if limit is not None:
-        require_at_least("--limit", limit)
-    if paraphrases is not None and engine != "file":
-        raise CsekitError(f"--paraphrases is read only with --engine file (the engine is {engine})")
-    if can not in ("cannot", "can not"):
-        raise CsekitError(f'--can "{can}": choose cannot or "can not"')
-    if not corpus.is_file():
-        raise CsekitError(f"corpus {corpus} does not exist")
-    chosen = None if engine == "none" else _paraphrase_engine(engine, paraphrases, pivots)
+    check_augment_options(corpus, output, engine, paraphrases, chunk_size, limit, (min_mer, max_mer), can)
+    chosen = paraphrase_engine(engine, paraphrases, pivots)
 
     def progress(report: object) -> None:
         typer.echo(f"  {report.resumed + report.written:,} sentences written", err=True)  # type: ignore[attr-defined]

@@ -43,6 +43,7 @@ from csekit.training.processes import (
     MIXED_PRECISION,
     hint_if_accelerate_started_one_process,
     own_accelerator_state,
+    training_precision,
 )
 from csekit.training.progress_log import ProgressLog, never_active_warnings
 from csekit.training.recipe import Recipe
@@ -150,7 +151,7 @@ class Trainer:
         """The precision for this machine, then the Accelerator (one process or several)."""
         hint_if_accelerate_started_one_process()
         self.trackers = available_trackers(self.recipe)
-        self.precision = decide_execution(self.recipe, self.trackers).precision  # the Accelerator needs it first
+        self.precision = training_precision(self.recipe.train.precision)[0]  # the Accelerator needs it first
         check_sharding_request(self.config.max_grad_norm, self.precision)
         logs = ProjectConfiguration(project_dir=str(self.output), logging_dir=str(self.output / TRACKER_LOGS))
         self.accelerator = Accelerator(
