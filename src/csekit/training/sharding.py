@@ -12,7 +12,7 @@
 - The packed pass drives each layer's parts itself (FSDP gathers a layer's weights in its forward): padded
   passes instead. Sync-free steps, chunked passes and compiled forwards are refused (not proven sharded);
   FSDP1 is refused with the reason.
-- DeepSpeed ZeRO (stages 1 and 2) is the other sharded mode: its settings and refusals in
+- DeepSpeed ZeRO (stages 1 to 3) is the other sharded mode: its settings and refusals in
   `csekit.training.zero`, its whole weights and optimizer state in `csekit.training.zero_state`.
 """
 
@@ -95,7 +95,8 @@ def is_sharded(accelerator: Accelerator) -> bool:
 
 
 def sharded_execution(execution: Execution) -> Execution:
-    """The run's execution under FSDP: what is not proven sharded is refused if asked for, left off if `auto`."""
+    """The run's execution sharded (FSDP or DeepSpeed): what is not proven sharded is refused if asked for, left off
+    if `auto`."""
     if str(execution.run.sync_free).lower() == "true":
         raise CsekitError(f"recipe key run.sync_free: true is not supported under {SHARDED_NAMES}; use auto or false")
     if execution.chunk_size is not None:
