@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from csekit.core.errors import CsekitError, message_line
 from csekit.data.corpus import Corpus
 from csekit.data.data_dir import resolve_data_dir
 from csekit.encoding.hub import resolve_model_path
@@ -72,7 +73,11 @@ def main() -> None:
     from transformers import AutoTokenizer, BertForMaskedLM, DataCollatorForLanguageModeling
 
     torch.manual_seed(args.seed)
-    corpus = Corpus(resolve_data_dir(args.data_dir) / CORPUS)
+    try:
+        corpus = Corpus(resolve_data_dir(args.data_dir) / CORPUS)
+    except CsekitError as error:  # no data folder, or no corpus in it: one line, as csekit's commands say it
+        print(f"minilm_mlm_generator: {message_line(error)}", file=sys.stderr)
+        sys.exit(2)
     sentences = sorted({corpus[i] for i in range(len(corpus))})  # distinct sentences, in a fixed order
     random.Random(args.seed).shuffle(sentences)
     held_out, train = sentences[: args.held_out], sentences[args.held_out :]
@@ -107,4 +112,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # the folder is written only at the end, so nothing half-made is left
+        print("minilm_mlm_generator: interrupted; nothing written", file=sys.stderr)
+        sys.exit(130)
