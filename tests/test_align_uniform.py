@@ -143,6 +143,6 @@ def test_training_logs_align_uniform(tmp_path: Path, tiny_model_dir: Path) -> No
     train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     evaluations = [r for r in records if "stsb-dev" in r]
-    assert [r["step"] for r in evaluations] == [1, 2]
+    assert [r["step"] for r in evaluations] == [0, 1, 2]  # 0: the starting model
     for record in evaluations:
         assert 0 <= record["align"] <= 4 and -4 <= record["uniform"] <= 0

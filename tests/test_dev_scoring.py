@@ -20,12 +20,13 @@ from csekit.training.trainer import train
 
 
 def run(tmp_path: Path, model_dir: Path, *extra: str) -> tuple[Path, Path, dict]:
-    """Two steps, dev (STS-B) scored at step 2: the run folder, the data folder and that evaluation's record."""
+    """Two steps, dev (STS-B) scored at step 0 (the start) and 2: the run folder, the data folder and step 2's record
+    (the model of last/; best/ may be the start)."""
     data = make_data_dir(tmp_path / "data")
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
     overrides = ["train.max_steps=2", "train.eval_every=2", "train.dev_task=stsb-dev", *extra]
     train(tiny_recipe(model_dir, corpus, *overrides), tmp_path / "run", data_dir=data, show_progress=False)
-    (record,) = [r for r in read_metrics(tmp_path / "run") if "stsb-dev" in r]
+    (record,) = [r for r in read_metrics(tmp_path / "run") if "stsb-dev" in r and r["step"] == 2]
     return tmp_path / "run", data, record
 
 
@@ -34,8 +35,8 @@ def test_dev_with_head_scores_through_the_train_only_head_and_saves_without_it(
 ) -> None:
     """MixCSE's code (no --mlp_only_train): sentemb_forward applies cls.mlp at dev (models_mix.py L328-330)."""
     folder, data, record = run(tmp_path, tiny_model_dir, "train.dev_with_head=true", "model.head_at_test=false")
-    best = SentenceEncoder.load(folder / "best")
-    assert best.head is None and json.loads((folder / "best" / "csekit.json").read_text()).get("head") is None
+    best = SentenceEncoder.load(folder / "last")
+    assert best.head is None and json.loads((folder / "last" / "csekit.json").read_text()).get("head") is None
     weights = load_file(folder / "checkpoint" / "model.safetensors")  # the head as it was at step 2
     head = MLPHead(best.dim)
     head.load_state_dict(
@@ -56,9 +57,9 @@ def test_dev_denoise_scores_with_promptberts_template_denoising_in_eval_mode(
     """PromptBERT's code scores dev with its training arguments: the [MASK] state minus the template alone's
     (models.py L290-303, L362-368), in eval mode without gradient; its final test has no denoising."""
     folder, data, record = run(tmp_path, tiny_model_dir, "model.pooler=mask_denoised", "train.dev_denoise=true")
-    best = SentenceEncoder.load(folder / "best")
+    best = SentenceEncoder.load(folder / "last")
     assert best.pooler.name == "mask"  # the saved model is the plain mask pooler, as without dev_denoise
-    denoising = SentenceEncoder.load(folder / "best", pooler="mask_denoised", templates=list(best.pooler.templates))
+    denoising = SentenceEncoder.load(folder / "last", pooler="mask_denoised", templates=list(best.pooler.templates))
     denoising.train()  # the pooler denoises in training (tests/test_promptbert.py checks it by hand) ...
     denoising.backbone.eval()  # ... and the backbone runs without dropout, as at evaluation
 
@@ -76,9 +77,9 @@ def test_dev_pooler_output_scores_the_backbones_pooler_layer_and_saves_the_cls_m
 ) -> None:
     """DCLR's code scores dev on `pooler_output` (BERT's pooler on [CLS], trainers.py L106-118), tests on [CLS]."""
     folder, data, record = run(tmp_path, tiny_model_dir, "train.dev_pooler_output=true")
-    best = SentenceEncoder.load(folder / "best")
+    best = SentenceEncoder.load(folder / "last")
     assert best.pooler.name == "cls"  # the saved model reads [CLS], as without the key
-    through_the_pooler_layer = SentenceEncoder.load(folder / "best", pooler="pooler_output")
+    through_the_pooler_layer = SentenceEncoder.load(folder / "last", pooler="pooler_output")
     scored = evaluate_dev(through_the_pooler_layer.encode, data, "stsb-dev")["stsb-dev"]
     assert scored == pytest.approx(record["stsb-dev"], abs=1e-6)
     assert evaluate_dev(best.encode, data, "stsb-dev")["stsb-dev"] != pytest.approx(record["stsb-dev"], abs=1e-6)

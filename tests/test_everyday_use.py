@@ -50,36 +50,37 @@ def test_patience_stops_the_run_and_keeps_the_best_model(
     data = make_data_dir(tmp_path / "data")
     recipe = patience_recipe(tiny_model_dir, corpus, "train.patience=2")
     result = train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
-    assert (result.steps, result.best_step) == (3, 1)  # step 1 is the best; steps 2 and 3 do not beat it
+    assert (result.steps, result.best_step) == (2, 0)  # the start (step 0) is the best; steps 1 and 2 do not beat it
     records = read_metrics(tmp_path / "run")
-    assert [r["step"] for r in records if "stsb-dev" in r] == [1, 2, 3]
+    assert [r["step"] for r in records if "stsb-dev" in r] == [0, 1, 2]
     stop = records[-1]
     assert stop == {
         "event": "early_stop",
-        "step": 3,
-        "best_step": 1,
+        "step": 2,
+        "best_step": 0,
         "best_score": pytest.approx(result.best_score),
         "patience": 2,
     }
     lines = [line for line in capsys.readouterr().err.splitlines() if "early stop" in line]
     assert len(lines) == 1
     assert (
-        f"early stop at step 3: stsb-dev did not improve in 2 evaluations; best {100 * result.best_score:.2f} at step 1"
-        in lines[0]
+        f"early stop at step 2: stsb-dev did not improve in 2 evaluations; best {100 * result.best_score:.2f} "
+        "at step 0 (the starting model)" in lines[0]
     )
     assert (tmp_path / "run" / "best" / "model.safetensors").exists()
     state = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())
-    assert (state["step"], state["evaluations_without_improvement"]) == (3, 2)
+    assert (state["step"], state["evaluations_without_improvement"]) == (2, 2)
 
     # Resuming a run that stopped early does not train on.
     again = train(recipe, tmp_path / "run", data_dir=data, resume=True, show_progress=False)
-    assert again.steps == 3
+    assert again.steps == 2
 
 
 def test_patience_counts_on_across_a_resume(
     tmp_path: Path, tiny_model_dir: Path, corpus: Path, test_parts: None
 ) -> None:
-    """Crash at step 3 (checkpoint of step 2: one evaluation without improvement), resume: it stops at step 4."""
+    """Crash at step 3 (checkpoint of step 2: two evaluations without improvement, as the start at step 0 is the
+    best), resume: it stops at step 3."""
     data = make_data_dir(tmp_path / "data")
     marker = tmp_path / "raised"
     recipe = patience_recipe(
@@ -91,9 +92,9 @@ def test_patience_counts_on_across_a_resume(
     with pytest.raises(RuntimeError, match="crash for the test"):
         train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
     state = json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())
-    assert (state["step"], state["evaluations_without_improvement"]) == (2, 1)
+    assert (state["step"], state["evaluations_without_improvement"]) == (2, 2)
     result = train(recipe, tmp_path / "run", data_dir=data, resume=True, show_progress=False)
-    assert (result.steps, result.best_step) == (4, 1)
+    assert (result.steps, result.best_step) == (3, 0)
     assert read_metrics(tmp_path / "run")[-1]["event"] == "early_stop"
 
 
@@ -151,7 +152,7 @@ def test_tensorboard_event_files_are_written_in_the_run_folder(
     assert [event.step for event in scalars.Scalars("train/loss")] == [1, 2, 3, 4]
     logged = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "run") if "loss" in r}
     assert [event.value for event in scalars.Scalars("train/loss")] == pytest.approx([logged[s] for s in (1, 2, 3, 4)])
-    assert [event.step for event in scalars.Scalars("dev/tasks/stsb-dev")] == [2, 4]
+    assert [event.step for event in scalars.Scalars("dev/tasks/stsb-dev")] == [0, 2, 4]
 
 
 def test_loading_and_saving_models_prints_no_library_progress_bars(

@@ -47,7 +47,7 @@ def test_dev_evaluation_selects_the_best_checkpoint(tmp_path: Path, tiny_model_d
     )
     result = train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
     evaluations = [r for r in read_metrics(tmp_path / "run") if "stsb-dev" in r]
-    assert [r["step"] for r in evaluations] == [2, 4, 6]
+    assert [r["step"] for r in evaluations] == [0, 2, 4, 6]  # step 0: the starting model
     best = max(evaluations, key=lambda r: r["stsb-dev"])
     assert result.best_step == best["step"] and result.best_score == pytest.approx(best["stsb-dev"])
     # best/ holds the weights of the best step: re-scoring it reproduces the logged score.
@@ -90,7 +90,7 @@ def test_cli_encode_writes_one_row_per_line(tmp_path: Path, tiny_model_dir: Path
 
 
 def test_nan_dev_scores_never_win_the_selection() -> None:
-    from csekit.training.trainer import _improves
+    from csekit.training.best_model import improves as _improves
 
     assert _improves(float("nan"), None)
     assert not _improves(float("nan"), 0.2)
@@ -230,7 +230,7 @@ def test_selection_on_avg_sts_evaluates_both_dev_sets(tmp_path: Path, tiny_model
     )
     result = train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
     evaluations = [r for r in read_metrics(tmp_path / "run") if "avg_sts" in r]
-    assert [r["step"] for r in evaluations] == [2, 4]
+    assert [r["step"] for r in evaluations] == [0, 2, 4]
     for record in evaluations:
         assert record["avg_sts"] == pytest.approx((record["stsb-dev"] + record["sick-dev"]) / 2)
     best = max(evaluations, key=lambda r: r["avg_sts"])
@@ -285,6 +285,7 @@ def test_a_run_interrupted_and_resumed_writes_the_records_of_a_straight_run(
     dev_keys = {"step", "stsb-dev", "align", "uniform"}
     assert [(r["step"], set(r)) for r in straight] == [
         (0, {"event", "step", "corpus", "total_steps", "processes", "precision", "duplicates"}),
+        (0, dev_keys),  # the starting model
         (2, loss_keys),
         (2, dev_keys),
         (4, loss_keys),

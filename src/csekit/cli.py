@@ -117,8 +117,7 @@ def train(
             f"csekit: interrupted{by} at step {stop.step}; resume with: {stop.resume_command(data_dir)}", err=True
         )
         raise typer.Exit(128 + stop.signal_number) from None
-    best = "n/a" if result.best_score is None else f"{100 * result.best_score:.2f} at step {result.best_step}"
-    typer.echo(f"trained {result.steps} steps; best {config.train.select_metric}: {best}; model in {output / 'best'}")
+    typer.echo("\n".join(result.summary()))
 
 
 TASK_GROUPS_HELP = "sts, dev, transfer, align, all (sts + transfer + align), or a comma list of task names."

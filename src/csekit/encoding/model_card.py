@@ -288,6 +288,19 @@ def score_rows(scores: Mapping[str, Any]) -> dict[str, float | None]:
     return rows
 
 
+def before_after_lines(start: Mapping[str, Any], best: Mapping[str, Any], best_step: int | None) -> list[str]:
+    """One table of every dev score at the start (step 0) and at best/; both flat (metrics.jsonl's keys) or both
+    in the result layout (`score_rows`). A score missing on one side is shown as n/a."""
+    start_rows, best_rows = score_rows(start), score_rows(best)
+    title = "best/ (the start)" if best_step == 0 else f"best/ (step {best_step})"
+    lines = [f"| dev score | start (step 0) | {title} |", "| --- | --- | --- |"]
+    for task in dict.fromkeys([*start_rows, *best_rows]):
+        cells = [row.get(task) for row in (start_rows, best_rows)]
+        shown = ["n/a" if value is None else _score(task, value) for value in cells]
+        lines.append(f"| {task} | {shown[0]} | {shown[1]} |")
+    return lines
+
+
 def _training_sections(facts: Mapping[str, Any]) -> list[str]:
     """The recipe, corpus, step, dev score and evaluation table of a model saved by the trainer."""
     recipe = facts.get("recipe") or {}
@@ -303,6 +316,12 @@ def _training_sections(facts: Mapping[str, Any]) -> list[str]:
     if scores:
         lines += ["", "## Evaluation", "", f"Dev scores at step {facts.get('step')}.", "", "| task | score |"]
         lines += ["| --- | --- |", *(f"| {task} | {_score(task, value)} |" for task, value in scores.items())]
+    start = facts.get("start_scores")
+    if start and scores:
+        step = facts.get("step")
+        kept = " No evaluated step beat it: this is the starting model." if step == 0 else ""
+        lines += ["", "## Before and after training", "", f"The starting model was scored at step 0.{kept}", ""]
+        lines += before_after_lines(start, facts.get("scores") or {}, step)
     return lines
 
 

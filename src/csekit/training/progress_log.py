@@ -33,6 +33,7 @@ class ProgressLog:
         )
         self.last_loss: float | None = None
         self.last_score: float | None = None  # the latest dev score, shown in the progress bar
+        self.score_step: int | None = None  # the step that score was measured at
         self.window: dict[str, float] = {}  # loss sums since the last log record
         self.window_steps, self.window_start = 0, time.perf_counter()
         self.run_started, self.run_first_step = time.perf_counter(), first_step  # for the time left
@@ -64,18 +65,33 @@ class ProgressLog:
 
     def show(self, record: dict[str, Any]) -> None:
         """Show a record (the bar's postfix, or a plain line) and start the next window."""
-        self.bar.set_postfix_str(_postfix(self.last_loss, self.metric, self.last_score))
+        self.bar.set_postfix_str(self._postfix())
         if self.plain_lines:
             elapsed, steps = time.perf_counter() - self.run_started, record["step"] - self.run_first_step
-            line = _progress_line(record, self.total_steps, self.metric, self.last_score, elapsed, steps)
+            dev = self._dev_text()
+            line = _progress_line(record, self.total_steps, dev, elapsed, steps)
             print(line, file=sys.stderr, flush=True)
         self.window, self.window_steps = {}, 0
         self.restart_window()
 
-    def show_score(self, score: float | None) -> None:
-        """The latest dev score of the selection metric, shown from now on."""
-        self.last_score = score
-        self.bar.set_postfix_str(_postfix(self.last_loss, self.metric, self.last_score))
+    def show_score(self, score: float | None, step: int) -> None:
+        """The latest dev score of the selection metric, measured at `step`, shown from now on; the starting
+        model's (step 0) gets a line of its own in a log file, since no step's line would show it."""
+        self.last_score, self.score_step = score, step
+        self.bar.set_postfix_str(self._postfix())
+        if self.plain_lines and step == 0 and score is not None:
+            shown = f"{self.metric} {100 * score:.2f}"
+            print(f"step 0/{self.total_steps} {shown} (the starting model, before any step)", file=sys.stderr)
+
+    def _dev_text(self) -> str:
+        """`METRIC 79.20 @ step 25`: the latest dev score and the step it was measured at (empty before one)."""
+        if self.last_score is None:
+            return ""
+        return f"{self.metric} {100 * self.last_score:.2f} @ step {self.score_step}"
+
+    def _postfix(self) -> str:
+        loss = f"loss={format_loss(self.last_loss)}" if self.last_loss is not None else ""
+        return f"{loss} {self._dev_text()}".strip()
 
     def restart_window(self) -> None:
         """Start the window's clock again (after an evaluation, whose time is no training throughput)."""
@@ -97,16 +113,14 @@ def never_active_warnings(named_parts: list[tuple[str, object]], steps_per_epoch
     return warnings
 
 
-def _progress_line(
-    record: dict[str, Any], total_steps: int, metric: str, score: float | None, elapsed: float, steps_run: int
-) -> str:
-    """A plain progress line for logs written to a file: step, loss, the latest dev score of the selection
-    metric (named), throughput, the time this process has trained and the time left at its pace so far
-    (`steps_run` steps in `elapsed` seconds, evaluations included)."""
-    dev = f" {metric} {100 * score:.2f}" if score is not None else ""
+def _progress_line(record: dict[str, Any], total_steps: int, dev: str, elapsed: float, steps_run: int) -> str:
+    """A plain progress line for logs written to a file: step, loss, `dev` (the latest dev score of the selection
+    metric, named, with its step), throughput, the time this process has trained and the time left at its pace so
+    far (`steps_run` steps in `elapsed` seconds, evaluations included)."""
+    dev = f" {dev}" if dev else ""
     left = elapsed / steps_run * (total_steps - record["step"]) if steps_run > 0 else 0.0
     return (
-        f"step {record['step']}/{total_steps} loss {record['loss']:.4f}{dev} "
+        f"step {record['step']}/{total_steps} loss {format_loss(record['loss'])}{dev} "
         f"{record['sentences_per_second']:.1f} sent/s, {_clock(elapsed)} elapsed, {_clock(left)} left"
     )
 
@@ -118,8 +132,9 @@ def _clock(seconds: float) -> str:
     return f"{hours}:{minute:02d}:{second:02d}" if hours else f"{minute}:{second:02d}"
 
 
-def _postfix(loss: float | None, metric: str, score: float | None) -> str:
-    text = f"loss={loss:.4f}" if loss is not None else ""
-    if score is not None:
-        text += f" {metric}={score * 100:.2f}"
-    return text
+def format_loss(value: float) -> str:
+    """A loss with 4 decimals, or 4 significant digits in scientific notation below 1e-3 (0.0000 hides a loss
+    that is small but not zero), e.g. 0.1276, 0.0146, 3.142e-05."""
+    if value != 0 and abs(value) < 1e-3:
+        return f"{value:.3e}"
+    return f"{value:.4f}"

@@ -61,6 +61,8 @@ class TrainerState:
     skipped_steps: int = 0
     history: list[dict[str, Any]] = field(default_factory=list)
     evaluations_without_improvement: int = 0  # counted against train.patience
+    start_scores: dict[str, float] | None = None  # the starting model's dev scores (step 0)
+    best_scores: dict[str, float] | None = None  # the dev scores of the model in best/
 
 
 class MetricsLog:
@@ -146,6 +148,8 @@ def read_trainer_state(path: Path) -> TrainerState:
         )
     if state.step > state.batches:
         raise CsekitError(f"checkpoint file {path} is damaged (step {state.step} is more than the batches consumed)")
+    if not (valid_scores(state.start_scores) and valid_scores(state.best_scores)):
+        raise CsekitError(f"checkpoint file {path} is damaged (start_scores or best_scores is not a table of scores)")
     if not _is_score(state.best_score) or not (state.best_step is None or _is_count(state.best_step)):
         raise CsekitError(f"checkpoint file {path} is damaged (best_score is not a number or best_step not a step)")
     return state
@@ -263,3 +267,19 @@ def create_output(output_dir: Path, process: int) -> None:
         check_writable(output_dir, process)
     except OSError as error:
         raise CsekitError(f"output folder {output_dir} is not writable ({error.strerror})") from None
+
+
+def valid_scores(value: object) -> bool:
+    """Whether `value` (a checkpoint's start or best scores) is None or at most 10,000 names mapped to numbers."""
+    if value is None:
+        return True
+    if not isinstance(value, dict) or len(value) > 10_000:
+        return False
+    return all(
+        isinstance(name, str)
+        and len(name) <= 1000
+        and isinstance(score, int | float)
+        and not isinstance(score, bool)
+        and not math.isinf(score)
+        for name, score in value.items()
+    )

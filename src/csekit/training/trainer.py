@@ -17,7 +17,6 @@ import functools
 import math
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from csekit.core.run_lock import hold_run_lock
 from csekit.core.save_guard import guarded_save, saves_keep
 from csekit.encoding.model_folder import non_finite_parameters
 from csekit.evaluation.result import EvalResult
+from csekit.training.best_model import START_STEP, TrainResult, keep_if_best
 from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import read_checkpoint, write_checkpoint
 from csekit.training.dev_scoring import check_dev_representation, dev_precision, score_dev
@@ -75,15 +75,6 @@ from csekit.training.zero_state import full_model_for
 __all__ = ["TrainResult", "Trainer", "TrainingInterrupted", "train"]
 
 
-@dataclass
-class TrainResult:
-    output_dir: Path
-    steps: int
-    best_score: float | None
-    best_step: int | None
-    skipped_steps: int
-
-
 def train(
     recipe: Recipe,
     output_dir: str | Path,
@@ -93,6 +84,9 @@ def train(
     allow_changes: bool = False,
 ) -> TrainResult:
     """Train the recipe's model into `output_dir` (best/, last/, checkpoint/, metrics.jsonl, recipe.yaml).
+
+    With dev tasks, the starting model is scored first (step 0) and is `best/` until a step beats it
+    (csekit.training.best_model).
 
     With `resume`, `recipe` must equal the run's saved recipe key for key, unless `allow_changes`
     (then the changed keys are recorded in metrics.jsonl). The folder is locked for the run.
@@ -272,6 +266,8 @@ class Trainer:
         """Step through the batches until `total_steps` (or patience runs out), logging, evaluating and
         checkpointing on the way; Ctrl-C stops after the current step with a checkpoint of it."""
         self._start_progress()
+        if self.state.step == START_STEP and self._has_dev_tasks():
+            self.evaluate()  # the starting model: best/ until a step beats it
         self.model.train()
         with saves_keep(self._what_is_intact), ctrl_c_stops_after_the_step() as stop:
             for batch in self._batches():
@@ -434,9 +430,12 @@ class Trainer:
         self._report("train", record)
         self.progress.show(record)
 
+    def _has_dev_tasks(self) -> bool:
+        return bool(self.data.dev_tasks or self.data.dev_files)
+
     def dev_scores(self) -> dict[str, float]:
         """The dev task's scores of the model as it is now (none without a dev task); see `dev_scoring`."""
-        if not (self.data.dev_tasks or self.data.dev_files):
+        if not self._has_dev_tasks():
             return {}
         precision, batch_size = dev_precision(self.config, self.precision), self.execution.eval_batch_size
         plain = self._plain()
@@ -447,11 +446,13 @@ class Trainer:
         )
 
     def evaluate(self) -> None:
-        """Score on the dev task, keep the best model by the selection metric, save last/, then checkpoint."""
+        """Score on the dev task, keep the best model by the selection metric, save last/, then checkpoint; at
+        step 0 (the starting model) only score it and keep it in best/: a resume from there starts over."""
         self._check_weights_finite()
         with self._saving("best/ and last/"):
             self._score_and_keep()
-        self.save_checkpoint()
+        if self.state.step > START_STEP:
+            self.save_checkpoint()
 
     def _score_and_keep(self) -> None:
         scores = self.dev_scores() if self.main else {}
@@ -459,7 +460,7 @@ class Trainer:
             self.metrics.write({"step": self.state.step, **scores})
             if self.trackers:  # the dev scores in the one result shape (dev/tasks/stsb-dev, dev/averages/avg_sts)
                 self.accelerator.log(result_values("dev", EvalResult.from_dev_scores(scores)), step=self.state.step)
-            score = scores.get(self.config.select_metric)
+            best = keep_if_best(self.state, scores, self.config.select_metric)
             saved = self._plain().saved_encoder()  # type: ignore[union-attr]  # the main process has it
             facts = training_card_facts(
                 self.recipe,
@@ -468,15 +469,13 @@ class Trainer:
                 total_steps=self.total_steps,
                 precision=self.precision,
                 scores=scores,
+                start_scores=self.state.start_scores,
             )
-            if _improves(score, self.state.best_score):
-                self.state.best_score, self.state.best_step = score, self.state.step
-                self.state.evaluations_without_improvement = 0
+            if best:
                 saved.save(self.output / "best", facts)
-            else:
-                self.state.evaluations_without_improvement += 1
-            saved.save(self.output / "last", facts)
-            self.progress.show_score(score)
+            if self.state.step > START_STEP:
+                saved.save(self.output / "last", facts)
+            self.progress.show_score(scores.get(self.config.select_metric), self.state.step)
 
     def save_checkpoint(self) -> None:
         """The resumable state: weights, optimizer, scheduler, RNG states (every process's) and the step."""
@@ -535,12 +534,13 @@ class Trainer:
             return
         state, patience = self.state, self.config.patience
         best = "n/a" if state.best_score is None else f"{100 * state.best_score:.2f}"
+        best += f" at step {state.best_step}" + (" (the starting model)" if state.best_step == START_STEP else "")
         record = {"event": "early_stop", "step": state.step, "best_step": state.best_step}
         self.metrics.write({**record, "best_score": state.best_score, "patience": patience})
         self.progress.bar.close()
         print(
             f"csekit: early stop at step {state.step}: {self.config.select_metric} did not improve in {patience} "
-            f"evaluations; best {best} at step {state.best_step}, kept in {self.output / 'best'}",
+            f"evaluations; best {best}, kept in {self.output / 'best'}",
             file=sys.stderr,
         )
 
@@ -575,13 +575,13 @@ class Trainer:
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
         state = self.state
-        return TrainResult(self.output, state.step, state.best_score, state.best_step, state.skipped_steps)
-
-
-def _improves(score: float | None, best: float | None) -> bool:
-    """Whether `score` beats `best`; a NaN score (e.g. constant embeddings) never does, a NaN best always loses."""
-    if score is None:
-        return True  # no dev task: the newest model is the best one
-    if math.isnan(score):
-        return best is None
-    return best is None or math.isnan(best) or score > best
+        return TrainResult(
+            self.output,
+            state.step,
+            state.best_score,
+            state.best_step,
+            state.skipped_steps,
+            start_scores=state.start_scores,
+            best_scores=state.best_scores,
+            select_metric=self.config.select_metric,
+        )

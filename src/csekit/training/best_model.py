@@ -1,0 +1,74 @@
+"""Which model `best/` holds, and what a run says about it at the end.
+
+The starting model counts: a run with dev tasks scores the backbone as loaded, in the recipe's test-time
+representation, before its first step (step 0) and keeps it in `best/`. A later evaluation replaces it only
+when it scores higher on `train.select_metric`, so a run cannot end with a `best/` worse on the selection metric
+than the model it started from. A domain engineer's question, "did adapting help, and if not, keep what I had",
+is answered by construction; the end of the run shows every dev score at the start and at `best/`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from csekit.encoding.model_card import before_after_lines
+from csekit.training.run_folder import TrainerState
+
+START_STEP = 0
+"""The step number of the starting model's evaluation (metrics.jsonl, trackers, progress)."""
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    steps: int
+    best_score: float | None
+    best_step: int | None
+    skipped_steps: int
+    start_scores: dict[str, float] | None = None  # every dev score of the starting model (step 0)
+    best_scores: dict[str, float] | None = None  # every dev score of the model in best/
+    select_metric: str = ""
+
+    def summary(self) -> list[str]:
+        """The run's last lines: what best/ holds (saying plainly when it is the starting model), then one table
+        of every dev score at the start and at best/."""
+        best = self.output_dir / "best"
+        metric = self.select_metric
+        if self.best_step == START_STEP and self.best_score is not None:
+            lines = [
+                f"trained {self.steps} steps; no step beat the start on {metric} ({100 * self.best_score:.2f}); "
+                f"best/ is the starting model ({best})"
+            ]
+        else:
+            score = "n/a" if self.best_score is None else f"{100 * self.best_score:.2f} at step {self.best_step}"
+            lines = [f"trained {self.steps} steps; best {metric}: {score}; model in {best}"]
+        if self.start_scores and self.best_scores:
+            lines += ["", *before_after_lines(self.start_scores, self.best_scores, self.best_step)]
+        return lines
+
+
+def keep_if_best(state: TrainerState, scores: Mapping[str, float], metric: str) -> bool:
+    """Note an evaluation's `scores` in `state` (the start's, at step 0); whether its model is the new best/
+    (otherwise one more evaluation without improvement, counted against `train.patience`)."""
+    if state.step == START_STEP:
+        state.start_scores = dict(scores)
+    score = scores.get(metric)
+    if not improves(score, state.best_score):
+        state.evaluations_without_improvement += 1
+        return False
+    state.best_score, state.best_step, state.best_scores = score, state.step, dict(scores)
+    state.evaluations_without_improvement = 0
+    return True
+
+
+def improves(score: float | None, best: float | None) -> bool:
+    """Whether `score` beats `best`; a NaN score (e.g. constant embeddings) never does, a NaN best always loses.
+    A tie keeps the earlier model (the starting one, when nothing moved)."""
+    if score is None:
+        return True  # no dev task: the newest model is the best one
+    if math.isnan(score):
+        return best is None
+    return best is None or math.isnan(best) or score > best
