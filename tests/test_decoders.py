@@ -17,7 +17,6 @@ from tiny_decoders import DECODER_TYPES, decoder_config, make_decoder_tokenizer,
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
-from csekit.encoding.packed import packing_refusal
 from csekit.training.execution import enable_gradient_checkpointing
 from csekit.training.recipe import load_recipe
 
@@ -114,7 +113,6 @@ def test_decoder_options_are_checked_with_one_line(tmp_path: Path, tiny_model_di
         load_recipe(None, ["model.attention=sideways"])
     with pytest.raises(CsekitError, match=r"model\.attention causal is for decoder LLM backbones"):
         SentenceEncoder.load(tiny_model_dir, attention="causal")
-    assert packing_refusal(make_tiny_decoder("llama").backbone) is not None  # decoders train padded
 
 
 def test_a_tiny_decoder_trains_evaluates_and_exports_through_the_cli(tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ from csekit.encoding.export import save_model
 from csekit.encoding.lora import add_lora
 from csekit.encoding.model_folder import freeze_unused_pooler, load_model, non_finite_parameters
 from csekit.encoding.packed import PackingLayout, packed_pass, split_layout
+from csekit.encoding.packed_decoder import packed_decoder_pass, rows_fit_window
 from csekit.encoding.packed_fixed import fixed_packed_pass
 from csekit.encoding.passes import EMBEDDING_MASK, ONE_PADDED_PASS, PassPlan
 from csekit.encoding.pooling import (
@@ -380,8 +381,14 @@ class SentenceEncoder(nn.Module):
         """One padding-free backbone pass (on fixed shapes where the plan has a token bucket); the pooler sees
         padded states, or the read positions' only."""
         mask, ids = inputs["attention_mask"], inputs["input_ids"]
-        positions = None if token_states else self.pooler.read_positions(mask, ids)
         all_layers = self.pooler.needs_all_layers
+        if self.decoder_only:  # the family's own forward on the packed row; every state, as its padded pass reads
+            if not rows_fit_window(self.backbone, mask.shape[1]):
+                return self._forward(inputs, token_states)
+            output = packed_decoder_pass(self.backbone, inputs, all_layers, plan.length_group_size, layout)
+            states = output.hidden_states
+            return EncoderOutput(self.pooler(states, mask, ids), states[-1], mask, ids)
+        positions = None if token_states else self.pooler.read_positions(mask, ids)
         if plan.token_bucket:
             output = fixed_packed_pass(
                 self.backbone, inputs, plan.token_bucket, plan.width_bound, all_layers, positions, layout,

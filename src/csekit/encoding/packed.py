@@ -23,7 +23,9 @@ when only one position a row is read (cls, mask, pooler_output), the last layer'
 runs at those positions only, as in the padded pass's shortcut.
 
 Supported: BERT-architecture models (BERT, MiniLM, ...) and RoBERTa, as transformers builds them
-(`encoder.layer[i].attention.self.query`, ...); `packing_refusal` says why another backbone is not.
+(`encoder.layer[i].attention.self.query`, ...), and the decoder LLMs of `PACKED_DECODER_TYPES`, which run
+their own forward on the packed row instead (`csekit.encoding.packed_decoder`); `packing_refusal` says why
+another backbone is not.
 """
 
 from __future__ import annotations
@@ -37,10 +39,21 @@ import torch
 from torch import Tensor, nn
 from transformers.masking_utils import create_bidirectional_mask
 
+from csekit.encoding.decoder import is_decoder_only
+from csekit.encoding.fast_dropout import ATTENTION as FAST_DROPOUT_ATTENTION
 from csekit.encoding.fused_qkv import project_qkv
+from csekit.encoding.lora import plain_model
 
 PACKED_MODEL_TYPES = ("bert", "roberta")
 """transformers model types whose layers `packed_pass` drives (their modules are checked too)."""
+
+PACKED_DECODER_TYPES = ("llama", "mistral", "qwen2", "gemma")
+"""Decoder LLM model types that run padding-free (`csekit.encoding.packed_decoder`): the families whose forward,
+masks and attention modules the tests check against the padded pass (tests/test_packed_decoders.py)."""
+
+PACKED_DECODER_ATTENTION = ("eager", "sdpa", FAST_DROPOUT_ATTENTION)
+"""A decoder's attention implementations the packed pass runs in length groups where the flash kernel does not
+(their masks are the 4-D tensors `create_bidirectional_mask` builds)."""
 
 BACKBONE_INPUTS = frozenset({"input_ids", "attention_mask", "token_type_ids", "position_ids", "inputs_embeds"})
 """The inputs a packed pass knows what to do with; a view adding another backbone input runs padded."""
@@ -50,6 +63,8 @@ def packing_refusal(backbone: nn.Module) -> str | None:
     """Why `backbone` cannot run padding-free, or None when it can."""
     config = getattr(backbone, "config", None)
     model_type = getattr(config, "model_type", None)
+    if config is not None and is_decoder_only(config):
+        return _decoder_refusal(plain_model(backbone), model_type)
     if model_type not in PACKED_MODEL_TYPES:
         return f"the padding-free pass supports {' and '.join(PACKED_MODEL_TYPES)} backbones, not {model_type}"
     if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
@@ -71,6 +86,22 @@ def packing_refusal(backbone: nn.Module) -> str | None:
             return f"{type(layer).__name__} is not laid out as BERT's layers are"
         if getattr(layer, "gradient_checkpointing", False):
             return "the padding-free pass does not run with gradient checkpointing"
+    return None
+
+
+def _decoder_refusal(model: nn.Module, model_type: str | None) -> str | None:
+    """Why the decoder LLM `model` (LoRA's adapters unwrapped) cannot run padding-free, or None when it can."""
+    if model_type not in PACKED_DECODER_TYPES:
+        names = f"{', '.join(PACKED_DECODER_TYPES[:-1])} and {PACKED_DECODER_TYPES[-1]}"
+        return f"the padding-free pass runs {names} decoders, not {model_type}"
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation not in PACKED_DECODER_ATTENTION:
+        return f"the padding-free pass runs a decoder's eager or sdpa attention, not {implementation}"
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        return f"{type(model).__name__} has no `layers` list"
+    if any(getattr(layer, "gradient_checkpointing", False) for layer in layers):
+        return "the padding-free pass does not run with gradient checkpointing"
     return None
 
 

@@ -10,7 +10,8 @@ Each `auto`, per device kind, and the measurement behind it (docs/performance.md
 
 - `run.packed`: on for CPU training ("Padding-free pass": 0.83x the length groups' step on a 2-core Zen 3 in
   fp32) and on CUDA where the flash kernel runs it ("On a GPU III": on an H200 in bf16, 46.4 against 82.4 ms
-  a step at batch 64, 106.4 against 121.8 ms at 512).
+  a step at batch 64, 106.4 against 121.8 ms at 512). Decoder LLMs: on CUDA by the same rule (the same
+  kernel), not on a CPU, where their packed pass was not measured ("Padding-free decoders").
 - `run.length_group_size`: groups on a CPU, one pass on CUDA ("Throughput against sentence-transformers": on
   an H100 at batch 512, 1,138 ms a step in groups, 122 ms in one pass).
 - `run.sync_free`: on CUDA, off on a CPU ("On a GPU III": 51.3 against 82.4 ms at batch 64, 78.1 against
@@ -40,6 +41,7 @@ import torch
 from torch import nn
 
 from csekit.core.errors import CsekitError
+from csekit.encoding.decoder import is_decoder_only
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.fast_dropout import enable_fast_dropout
 from csekit.encoding.packed import flash_packing_runs, packing_refusal
@@ -59,6 +61,13 @@ on), since elsewhere it runs in length groups. Evaluation never packs: on a CPU 
 (`encode` sorts rows by length, so its batches carry about 2% padding, and the packed pass adds gathers
 around attention)."""
 
+PACKED_DECODER_AUTO_DEVICES = ("cuda",)
+"""Device kinds where `run.packed: auto` packs a decoder LLM's training passes: CUDA where the flash kernel runs
+(the encoders' measured rule: padding's share of every product is removed and attention is the same kernel).
+Not a CPU: no decoder step was timed there (this project's shared 2-core machine times nothing reliably), and
+a decoder's packed CPU pass adds gathers and per-group mask building around its attention; until measured,
+`true` packs it."""
+
 LENGTH_GROUP_DEVICES = ("cpu",)
 """Device kinds where training passes run in length groups (`run.length_group_size`). On a CPU the cost of a
 pass is its arithmetic, so cutting padding pays; on a GPU many small passes cost their kernel launches and a
@@ -77,9 +86,10 @@ kernel launches and autocast casts, measured faster at batch 64 and 512 on an H2
 HALF_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def packs_when_auto(device_type: str, precision: str) -> bool:
-    """Whether `run.packed: auto` packs training passes on `device_type` at the run's `precision`."""
-    if device_type not in PACKED_AUTO_DEVICES:
+def packs_when_auto(device_type: str, precision: str, decoder: bool = False) -> bool:
+    """Whether `run.packed: auto` packs training passes on `device_type` at the run's `precision` (`decoder`: of
+    a decoder LLM backbone)."""
+    if device_type not in (PACKED_DECODER_AUTO_DEVICES if decoder else PACKED_AUTO_DEVICES):
         return False
     if device_type == "cuda":
         return precision in HALF_PRECISION and flash_packing_runs(torch.device("cuda"), HALF_PRECISION[precision])
@@ -121,22 +131,27 @@ class Execution:
         """How the run's training passes execute on this device for `backbone` (`csekit.encoding.passes`);
         `max_length`: the recipe's, every row's bound when the packed pass runs on fixed shapes."""
         packed, refusal = self.run.packed, packing_refusal(backbone)
+        bucket, compiled = self.run.packed_bucket, self.run.compile != "none"
+        config = getattr(backbone, "config", None)
+        decoder = config is not None and is_decoder_only(config)
         if refusal is None and self.run.gradient_checkpointing:
             refusal = "the padding-free pass does not run with gradient checkpointing (run.gradient_checkpointing)"
+        if refusal is None and decoder and bucket:
+            refusal = "the fixed-shape packed pass (run.packed_bucket) runs bert and roberta backbones only"
         if packed is True and refusal is not None:
             raise CsekitError(f"recipe key run.packed: true: {refusal}; use auto (runs it padded) or false")
-        bucket, compiled = self.run.packed_bucket, self.run.compile != "none"
         if packed == "auto":
             # An unbucketed packed pass drives the layers one by one and would never call the compiled (bucketed)
             # forward; a bucketed one compiles its own layer stack.
             runs_compiled_forward = compiled and not bucket
-            packed = packs_when_auto(self.device_type, self.precision) and refusal is None and not runs_compiled_forward
+            fits = packs_when_auto(self.device_type, self.precision, decoder)
+            packed = fits and refusal is None and not runs_compiled_forward
         groups = self.run.length_group_size if self.device_type in LENGTH_GROUP_DEVICES else 0
         return PassPlan(
             packed=bool(packed),
             packed_required=self.run.packed is True,
             length_group_size=groups,
-            fused_qkv=bool(packed) and fuses_qkv(self.run.fused_qkv, self.device_type),
+            fused_qkv=bool(packed) and not decoder and fuses_qkv(self.run.fused_qkv, self.device_type),
             token_bucket=bucket,
             width_bound=max_length if bucket else 0,
             layer_stack=compile_layer_stack(self.run.compile) if packed and bucket and compiled else None,
