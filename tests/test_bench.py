@@ -105,6 +105,30 @@ def test_csekit_bench_command_runs_a_suite(tmp_path: Path, tiny_model_dir: Path)
     assert "| Method |" in result.output and "ran 1, skipped 0 finished" in result.output
 
 
+def test_the_testbed_suite_is_the_controlled_one_on_the_stand_in() -> None:
+    """benchmarks/suites/testbed.yaml (issue 63) holds every configuration of controlled.yaml with the same parts and
+    shared values; only the backbone (the MLM-only stand-in), the run length and DiffCSE's generator differ."""
+    from csekit.training.recipe import load_recipe
+
+    controlled = load_suite(REPO / "benchmarks" / "suites" / "controlled.yaml")
+    testbed = load_suite(REPO / "benchmarks" / "suites" / "testbed.yaml")
+    assert [r.name for r in testbed.recipes] == [r.name for r in controlled.recipes]
+    assert (testbed.seeds, testbed.tasks, testbed.baseline) == (controlled.seeds, controlled.tasks, controlled.baseline)
+    standin = "generators/minilm-mlm-standin"
+    changed = {"model.backbone": standin, "train.max_steps": 200, "train.eval_every": 50}
+    for ours, theirs in zip(testbed.recipes, controlled.recipes, strict=True):
+        assert (ours.path, ours.control) == (theirs.path, theirs.control)
+        mine, base = (dataclasses.asdict(load_recipe(r.path, r.overrides)) for r in (ours, theirs))
+        for key, value in changed.items():
+            section, name = key.split(".")
+            assert mine[section].pop(name) == value
+            base[section].pop(name)
+        if ours.name == "diffcse-minilm":
+            assert mine["objectives"][1].pop("generator") == standin
+            base["objectives"][1].pop("generator")
+        assert mine == base, ours.name
+
+
 def test_controlled_suite_differs_only_in_the_methods_parts() -> None:
     """Every shared training setting resolves to the same value; the prompt poolers only for PromptBERT, OssCSE
     and their control; fp32 pinned, so that the table does not depend on whether the CPU has native bf16."""
