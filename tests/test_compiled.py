@@ -115,7 +115,7 @@ def test_compiled_steps_give_the_eager_losses_and_resume_exactly(
 
 
 def test_compile_choices() -> None:
-    with pytest.raises(CsekitError, match=r"run\.compile must be one of none, default"):
+    with pytest.raises(CsekitError, match=r"run\.compile must be one of none, auto, default"):
         load_recipe(None, ["run.compile=fast"])
     assert load_recipe(None, ["run.compile=reduce-overhead"]).run.compile == "reduce-overhead"
     with pytest.raises(CsekitError, match=r"run\.packed cannot be true with run\.compile"):

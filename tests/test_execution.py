@@ -15,6 +15,8 @@ import pytest
 import torch
 import yaml
 from conftest import make_corpus, read_metrics, run_cli, tiny_recipe
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_chunked import train_in_a_fresh_process
 
 from csekit.core.errors import CsekitError
@@ -180,3 +182,51 @@ def test_the_card_and_the_resume_exemptions_read_no_hand_kept_list() -> None:
     source = (SRC / "training" / "run_folder.py").read_text(encoding="utf-8")
     assert "SAME_UPDATE_KEYS" not in source and "RUN_SECTION" in source
     assert json.loads(json.dumps(dataclasses.asdict(RunConfig())))  # every setting serialises (metrics.jsonl)
+
+
+def test_compile_auto_chooses_cuda_graphs_only_for_runs_that_repay_the_compile(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run.compile: auto` (issue 62 item 5): CUDA graphs over the bucketed packed pass on CUDA in half precision
+    when the run is at least the measured break-even long (5,800 steps at batch 64), none otherwise: on a CPU, for a
+    short run, before the run's length is known, for ConSERT's views and where the fixed-shape pass cannot run."""
+    from csekit.encoding.encoder import SentenceEncoder
+
+    backbone = SentenceEncoder.load(tiny_model_dir).backbone
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.cuda, "is_flash_attention_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+
+    def decided(kind: str, steps: int | None, *extra: str):  # type: ignore[no-untyped-def]
+        execution = decide_execution(load_recipe(None, ["train.precision=bf16", *extra]), device_type=kind)
+        return execution if steps is None else execution.for_run_length(steps, 64)
+
+    long = decided("cuda", 5_800)
+    assert long.compile_for(backbone) == "reduce-overhead" and long.bucket_for(backbone, 32) == 256
+    plan = long.pass_plan(backbone, 32)
+    assert plan.packed and plan.token_bucket == 256 and plan.width_bound == 32 and plan.layer_stack is not None
+    assert decided("cuda", 5_799).compile_for(backbone) == "none"
+    assert decided("cuda", None).compile_for(backbone) == "none"  # the run's length not known yet
+    assert decided("cpu", 10**6).compile_for(backbone) == "none"
+    assert decided("cuda", 10**6, "train.precision=fp32").compile_for(backbone) == "none"  # no flash kernel in fp32
+    assert decided("cuda", 10**6, "run.packed=false").compile_for(backbone) == "none"
+    assert decided("cuda", 10**6, "data.views={name: consert}").compile_for(backbone) == "none"
+    short = decided("cuda", 1_000)
+    assert short.bucket_for(backbone, 32) == 0 and short.pass_plan(backbone, 32).layer_stack is None
+    asked = decided("cuda", 1_000, "run.compile=default", "run.packed_bucket=128")
+    assert asked.compile_for(backbone) == "default" and asked.bucket_for(backbone, 32) == 128
+    with pytest.raises(CsekitError, match=r"ConSERT's views .* need none"):
+        decided("cpu", 10, "run.compile=default", "data.views={name: consert}").prepare_backbone(
+            backbone, load_recipe(None, ["run.compile=default"])
+        )
+
+
+@given(st.integers(1, 1 << 16), st.integers(1, 1 << 16))
+@settings(max_examples=80, deadline=None, derandomize=True)
+def test_the_break_even_grows_with_the_batch_and_meets_the_measured_points(small: int, large: int) -> None:
+    from csekit.training.compiled import BREAK_EVEN_STEPS, break_even_steps
+
+    small, large = sorted((small, large))
+    assert break_even_steps(small) <= break_even_steps(large)
+    assert min(BREAK_EVEN_STEPS.values()) <= break_even_steps(small) <= max(BREAK_EVEN_STEPS.values())
+    assert all(break_even_steps(batch) == steps for batch, steps in BREAK_EVEN_STEPS.items())

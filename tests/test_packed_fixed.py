@@ -73,8 +73,10 @@ def assert_same(expected: tuple, actual: tuple) -> None:
     for name, grad in grads.items():
         if name.endswith("key.bias"):  # zero in exact arithmetic (softmax ignores a shift of every score): noise
             continue
+        # A bias's gradient sums one term a token (about 350 here), with cancellation: the two passes add them in
+        # other orders, so fp32 rounding reaches 4e-5 of the largest on an AVX2-only Zen 3 (1e-5 held on a Zen 4).
         scale = float(grad.abs().max())
-        torch.testing.assert_close(other_grads[name], grad, rtol=0, atol=1e-5 * scale + 1e-6, msg=name)
+        torch.testing.assert_close(other_grads[name], grad, rtol=0, atol=1e-4 * scale + 1e-6, msg=name)
 
 
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])

@@ -21,8 +21,42 @@ from torch import Tensor, nn
 
 from csekit.encoding.packed_fixed import LayerStack, run_layer_stack
 
-COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
-"""`run.compile` choices: none, or a `torch.compile` mode."""
+COMPILE_MODES = ("none", "auto", "default", "reduce-overhead", "max-autotune")
+"""`run.compile` choices: none, auto (`graphs_repay`), or a `torch.compile` mode."""
+
+AUTO_MODE = "reduce-overhead"
+"""What `run.compile: auto` compiles when it pays: CUDA graphs over the bucketed packed pass."""
+
+BREAK_EVEN_STEPS = {64: 5_800, 512: 11_700}
+"""Steps after which CUDA graphs over the bucketed packed pass repay their compile, by batch size (docs/
+performance.md, "On a GPU III, second run", an H200 in bf16: a 55-77 s compile against 13.1 ms saved a step at
+batch 64 and 4.7 ms at 512, each against `auto`'s eager fused step)."""
+
+
+def break_even_steps(batch_size: int) -> int:
+    """`BREAK_EVEN_STEPS` for any batch: interpolated in log2(batch) between the measured sizes, the nearer
+    measured one outside them (a longer compile, shapes beyond those measured, is not guessed cheaper)."""
+    sizes = sorted(BREAK_EVEN_STEPS)
+    low, high = sizes[0], sizes[-1]
+    if batch_size <= low or batch_size >= high:
+        return BREAK_EVEN_STEPS[low if batch_size <= low else high]
+    share = (math.log2(batch_size) - math.log2(low)) / (math.log2(high) - math.log2(low))
+    return round(BREAK_EVEN_STEPS[low] + share * (BREAK_EVEN_STEPS[high] - BREAK_EVEN_STEPS[low]))
+
+
+def graphs_repay(planned_steps: int | None, batch_size: int) -> bool:
+    """Whether a run of `planned_steps` steps of `batch_size` sentences (per process) is long enough for CUDA
+    graphs to repay their compile (None: the length is not known yet, so no)."""
+    return planned_steps is not None and planned_steps >= break_even_steps(batch_size)
+
+
+def auto_bucket(batch_size: int, max_length: int) -> int:
+    """`run.packed_bucket` when `run.compile: auto` compiles: 256 tokens for each 128 sentences of a batch at max
+    length 32 (benchmarks/gpu_throughput.py's, measured at batch 64 and 512: a few buckets cover a random batch's
+    token count), scaled with the max length and a multiple of 8."""
+    tokens = 256 * max(1, batch_size // 128) * max(1, math.ceil(max_length / 32))
+    return 8 * math.ceil(tokens / 8)
+
 
 COMPILE_BACKEND = "inductor"
 """torch.compile's backend for `run.compile` (tests use a cheaper one where inductor's C++ builds take minutes)."""

@@ -21,8 +21,11 @@ Each `auto`, per device kind, and the measurement behind it (docs/performance.md
 - `run.keep_freed_memory`: CPU only ("Training throughput": 48,000 page faults a bf16 step without it).
 - `run.fused_qkv`: on CUDA, off on a CPU ("On a GPU III, second run": on an H200 in bf16, all keys on, 32.5
   against 36.8 ms a step at batch 64, 43.7 against 47.1 ms at 512; not measured on a CPU).
-- `run.packed_bucket`: off (a fixed-shape packed pass pays only under `run.compile`, whose compile costs about a
-  minute: see "On a GPU III, second run").
+- `run.compile`: CUDA graphs over the bucketed packed pass (`reduce-overhead`, with `run.packed_bucket` from
+  `auto_bucket` when it is 0) on CUDA for a run long enough to repay the compile (`graphs_repay`: about 5,800 steps
+  at batch 64 and 11,700 at 512, "On a GPU III, second run"), for BERT and RoBERTa backbones packed there; else none.
+- `run.packed_bucket`: off unless `run.compile: auto` compiles (a fixed-shape packed pass pays only under a
+  compile, which costs about a minute: see "On a GPU III, second run").
 - `run.fast_dropout`: on (it changes CPU training only: "Training throughput", about 4x cheaper masks; "On a
   GPU III" measured no loss from it on CUDA).
 - `train.precision: auto`: bf16 where the device runs it natively, else fp32 ("Precision that fits the
@@ -33,6 +36,7 @@ Each `auto`, per device kind, and the measurement behind it (docs/performance.md
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +51,7 @@ from csekit.encoding.fast_dropout import enable_fast_dropout
 from csekit.encoding.packed import flash_packing_runs, packing_refusal
 from csekit.encoding.passes import PassPlan
 from csekit.training.backbone_options import backbone_weights_dtype
-from csekit.training.compiled import compile_backbone, compile_layer_stack
+from csekit.training.compiled import AUTO_MODE, auto_bucket, compile_backbone, compile_layer_stack, graphs_repay
 from csekit.training.loading import LoaderOptions, loader_options
 from csekit.training.model import ContrastiveModel, build_model
 from csekit.training.processes import keep_freed_memory, training_device_type, training_precision
@@ -83,6 +87,9 @@ FUSED_QKV_AUTO_DEVICES = ("cuda",)
 """Device kinds where `run.fused_qkv: auto` fuses the packed pass's query, key and value products: CUDA (fewer
 kernel launches and autocast casts, measured faster at batch 64 and 512 on an H200)."""
 
+COMPILE_BLOCKING_VIEWS = {"consert": "ConSERT's views (per-token embedding masks)"}
+"""Views whose batches cannot run through a compiled forward: `run.compile` refused, `auto` left eager."""
+
 HALF_PRECISION = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -114,6 +121,15 @@ class Execution:
     trackers: tuple[str, ...] = field(default=())
     #: The backbone's stored weights (`model.weights_dtype`, `auto` resolved: `backbone_weights_dtype`).
     weights_dtype: torch.dtype = torch.float32
+    #: The run's length in steps and each process's batch, once the corpus is read (`for_run_length`): what
+    #: `run.compile: auto` weighs the compile against.
+    planned_steps: int | None = None
+    process_batch: int = 0
+    #: Why the recipe cannot be compiled at all (ConSERT's views), or None: `auto` then stays eager.
+    compile_blocked: str | None = None
+
+    def for_run_length(self, planned_steps: int, process_batch: int) -> Execution:
+        return dataclasses.replace(self, planned_steps=planned_steps, process_batch=process_batch)
 
     @property
     def chunk_size(self) -> int | None:
@@ -125,13 +141,33 @@ class Execution:
 
     @property
     def compile(self) -> str:
+        """`run.compile` as asked (auto before the backbone is known: `compile_for` resolves it)."""
         return self.run.compile
+
+    def compile_for(self, backbone: nn.Module) -> str:
+        """`run.compile`, `auto` resolved for `backbone`: CUDA graphs over the bucketed packed pass where it packs
+        (BERT and RoBERTa in half precision on CUDA) and the run repays the compile, else none."""
+        if self.run.compile != "auto":
+            return self.run.compile
+        config = getattr(backbone, "config", None)
+        fixed_shapes = packing_refusal(backbone) is None and not (config is not None and is_decoder_only(config))
+        packs = self.run.packed is not False and packs_when_auto(self.device_type, self.precision)
+        repays = graphs_repay(self.planned_steps, self.process_batch)
+        usable = fixed_shapes and packs and not self.run.gradient_checkpointing and self.compile_blocked is None
+        return AUTO_MODE if usable and repays and self.device_type == "cuda" else "none"
+
+    def bucket_for(self, backbone: nn.Module, max_length: int) -> int:
+        """`run.packed_bucket`, or `auto_bucket` where `run.compile: auto` compiles and it is 0."""
+        if self.run.packed_bucket or self.run.compile != "auto" or self.compile_for(backbone) == "none":
+            return self.run.packed_bucket
+        return auto_bucket(self.process_batch, max_length)
 
     def pass_plan(self, backbone: nn.Module, max_length: int = 0) -> PassPlan:
         """How the run's training passes execute on this device for `backbone` (`csekit.encoding.passes`);
         `max_length`: the recipe's, every row's bound when the packed pass runs on fixed shapes."""
         packed, refusal = self.run.packed, packing_refusal(backbone)
-        bucket, compiled = self.run.packed_bucket, self.run.compile != "none"
+        mode = self.compile_for(backbone)
+        bucket, compiled = self.bucket_for(backbone, max_length), mode != "none"
         config = getattr(backbone, "config", None)
         decoder = config is not None and is_decoder_only(config)
         if refusal is None and self.run.gradient_checkpointing:
@@ -154,7 +190,7 @@ class Execution:
             fused_qkv=bool(packed) and not decoder and fuses_qkv(self.run.fused_qkv, self.device_type),
             token_bucket=bucket,
             width_bound=max_length if bucket else 0,
-            layer_stack=compile_layer_stack(self.run.compile) if packed and bucket and compiled else None,
+            layer_stack=compile_layer_stack(mode) if packed and bucket and compiled else None,
         )
 
     def prepare_backbone(self, backbone: nn.Module, recipe: Recipe) -> None:
@@ -163,10 +199,11 @@ class Execution:
             enable_fast_dropout(backbone)  # type: ignore[arg-type]
         if self.run.gradient_checkpointing:
             enable_gradient_checkpointing(backbone)
-        if self.run.compile != "none":
-            if recipe.data.views.get("name") == "consert":
-                raise CsekitError("recipe key run.compile: ConSERT's views (per-token embedding masks) need none")
-            compile_backbone(backbone, self.run.compile, recipe.model.max_length)
+        mode = self.compile_for(backbone)
+        if mode != "none":
+            if self.compile_blocked is not None:
+                raise CsekitError(f"recipe key run.compile: {self.compile_blocked} need none")
+            compile_backbone(backbone, mode, recipe.model.max_length)
 
     def prepare_process(self) -> None:
         """Process-wide settings of a CPU run (glibc's freed-memory threshold)."""
@@ -203,7 +240,13 @@ def decide_execution(recipe: Recipe, trackers: list[str] | None = None, device_t
         loader=loader_options(recipe.run.num_workers, device),
         trackers=tuple(trackers if trackers is not None else tracker_names(recipe.run.report_to)),
         weights_dtype=backbone_weights_dtype(recipe.model.weights_dtype, precision, recipe.model.lora),
+        compile_blocked=COMPILE_BLOCKING_VIEWS.get(str(recipe.data.views.get("name"))),
     )
+
+
+def planned_steps(recipe: Recipe, corpus_rows: int) -> int:
+    """A run's length in steps as its corpus gives it: `train.max_steps`, else its epochs of full batches."""
+    return recipe.train.max_steps or recipe.train.epochs * (corpus_rows // recipe.train.batch_size)
 
 
 def build_run_model(

@@ -160,9 +160,9 @@ class RunConfig:
     # auto | true | false: between log points a step never waits for the device (csekit.training.sync_free); the
     # same weights; needs train.optimizer adamw and not train.precision fp16. auto: on for CUDA, off on a CPU.
     sync_free: str = "auto"
-    # none | default | reduce-overhead | max-autotune: the backbone's training forward through torch.compile
-    # (csekit.training.compiled); the first steps take the compile's time. Not with ConSERT's views.
-    compile: str = "none"
+    # none | auto | default | reduce-overhead | max-autotune: the training forward through torch.compile (csekit.
+    # training.compiled); auto: CUDA graphs on CUDA for runs long enough to repay the compile. Not ConSERT's views.
+    compile: str = "auto"
     # DataLoader worker processes per training process; auto: none on a CPU, a few persistent ones on a GPU
     # (csekit.training.loading). The batches are the same with any number.
     num_workers: int | str = "auto"
@@ -408,7 +408,7 @@ def _check_run(recipe: Recipe, where: Any) -> None:
         ("run.packed_bucket", run.packed_bucket >= 0, "must be 0 (off) or a number of tokens"),
         (
             "run.packed",
-            run.packed is not True or run.compile == "none" or run.packed_bucket > 0,
+            run.packed is not True or run.compile in ("none", "auto") or run.packed_bucket > 0,
             "cannot be true with run.compile unless run.packed_bucket gives the packed pass fixed shapes (it would "
             "drive the layers one by one and never call the compiled forward); use auto or set run.packed_bucket",
         ),

@@ -103,8 +103,8 @@ def sharded_execution(execution: Execution) -> Execution:
         raise CsekitError(
             f"recipe key run.chunk_size is not supported under {SHARDED_NAMES} (the shards hold the memory)"
         )
-    if execution.compile != "none":
-        raise CsekitError(f"recipe key run.compile is not supported under {SHARDED_NAMES} yet; use none")
+    if execution.compile not in ("none", "auto"):
+        raise CsekitError(f"recipe key run.compile is not supported under {SHARDED_NAMES} yet; use none or auto")
     if execution.run.packed is True:
         raise CsekitError(
             f"recipe key run.packed: true is not supported under {SHARDED_NAMES} (the packed pass calls the layers' "
@@ -116,7 +116,8 @@ def sharded_execution(execution: Execution) -> Execution:
             "recipe key model.weights_dtype: bf16 weights (a bf16 base beside fp32 adapters) are not supported under "
             f"{SHARDED_NAMES} yet; use fp32"
         )
-    return dataclasses.replace(execution, sync_free=False, run=dataclasses.replace(execution.run, packed=False))
+    run = dataclasses.replace(execution.run, packed=False, compile="none")
+    return dataclasses.replace(execution, sync_free=False, run=run)
 
 
 READS_SHARDED_WEIGHTS = {

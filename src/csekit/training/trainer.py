@@ -35,7 +35,7 @@ from csekit.training.best_model import START_STEP, TrainResult, keep_if_best
 from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import read_checkpoint, write_checkpoint
 from csekit.training.dev_scoring import check_dev_representation, dev_precision, score_dev
-from csekit.training.execution import build_run_model, decide_execution
+from csekit.training.execution import build_run_model, decide_execution, planned_steps
 from csekit.training.interrupt import TrainingInterrupted, ctrl_c_stops_after_the_step
 from csekit.training.model import ContrastiveModel, load_encoder
 from csekit.training.optimization import forward_backward, make_optimizer
@@ -125,6 +125,8 @@ class Trainer:
         self._check_output_and_recipe(allow_changes)
         set_seed(self.config.seed)
         self.data = TrainData.load(recipe, data_dir)
+        process_batch = self.config.batch_size // self.accelerator.num_processes
+        self.execution = self.execution.for_run_length(planned_steps(recipe, len(self.data.corpus)), process_batch)
         self._build_model()
         processes, execution = self.accelerator.num_processes, self.execution
         self.loader = self.data.loader(self.views, processes, execution.chunk_size, self.loader_options)
