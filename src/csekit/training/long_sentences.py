@@ -1,7 +1,7 @@
 """How much of the corpus `model.max_length` cuts: said at the start of a run, never found out afterwards.
 
 Training tokenises each sentence to at most `model.max_length` tokens and drops the rest without a word.
-SimCSE's 32 cuts few sentences (3.8% of the STS and SICK sentences the quickstart trains on, with MiniLM's
+SimCSE's 32 cuts few sentences (3.9% of the STS and SICK sentences the quickstart trains on, with MiniLM's
 tokenizer); on a corpus of paragraphs it cuts most of them, and the model learns from their openings only.
 At the start of a run the share of corpus sentences longer than the bound is measured with the run's own
 tokenizer and pooler (`Pooler.encode_ids`, as the views tokenise a batch: the special tokens counted as
