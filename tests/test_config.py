@@ -10,7 +10,8 @@ from csekit.core.errors import CsekitError
 from csekit.core.registry import Registry
 from csekit.parts.objectives import BUILTIN, OBJECTIVES, InfoNCE
 from csekit.training.part_building import build_part
-from csekit.training.recipe import load_recipe
+from csekit.training.recipe import Recipe, load_recipe
+from csekit.training.recipe_checks import validate_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -159,3 +160,13 @@ def test_part_options_are_checked_when_the_recipe_is_loaded() -> None:
         load_recipe(None, ["objectives=[{name: infonce, temperature: warm}]"])
     with pytest.raises(CsekitError, match=r"model\.head\.num_groups: expected an integer"):
         load_recipe(None, ["model.head={name: whitening, num_groups: many}"])
+
+
+def test_the_value_checks_are_apart_from_the_schema_and_name_the_key() -> None:
+    """recipe_checks.py checks what the schema (recipe_schema.py) cannot: load_recipe runs it after the keys, so a
+    mistyped key is refused before the parts (and torch) are imported (tests/test_cli_startup.py)."""
+    recipe = Recipe()
+    validate_recipe(recipe)  # the defaults are a valid recipe
+    recipe.train.batch_size = 1
+    with pytest.raises(CsekitError, match=r"^here: recipe key train.batch_size must be at least 2"):
+        validate_recipe(recipe, lambda key: "here")

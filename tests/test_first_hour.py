@@ -19,7 +19,7 @@ from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.hub import hub_reachable, looks_like_hub_id
 from csekit.parts.hooks import StartsLater
 from csekit.parts.objectives.slt_fai import AdversarialTuning, IncompleteSentenceFiltering
-from csekit.training.progress_log import _progress_line, format_loss, never_active_warnings
+from csekit.training.progress_log import _progress_line, never_active_warnings
 from csekit.training.trainer import train
 
 
@@ -193,8 +193,8 @@ def test_progress_lines_in_a_log_name_the_dev_metric_and_the_time_left(
     assert [line.split()[1] for line in lines] == ["2/4", "4/4"]
     assert all(re.search(r" sent/s, \d+:\d\d elapsed, \d+:\d\d left$", line) for line in lines), lines
     # Each line names the step its score was measured at: the log point of step 2 comes before step 2's evaluation.
-    assert re.search(r" loss \d\.\d{4} avg_sts -?\d+\.\d\d @ step 0 ", lines[0]), lines
-    assert re.search(r" loss \d\.\d{4} avg_sts -?\d+\.\d\d @ step 2 ", lines[1]), lines
+    assert re.search(r" loss \d[\d.e+-]* avg_sts -?\d+\.\d\d @ step 0 ", lines[0]), lines
+    assert re.search(r" loss \d[\d.e+-]* avg_sts -?\d+\.\d\d @ step 2 ", lines[1]), lines
     assert " dev " not in " ".join(lines)
     assert lines[1].endswith(" 0:00 left")
 
@@ -205,14 +205,6 @@ def test_the_time_left_is_the_pace_so_far() -> None:
     line = _progress_line(record, 300, dev, elapsed=65.0, steps_run=10)  # 6.5 s a step since resume
     assert line == "step 30/300 loss 0.5000 stsb-dev 81.23 @ step 25 12.0 sent/s, 1:05 elapsed, 29:15 left"
     assert _progress_line(record, 300, "", 4000.0, 30).endswith("1:06:40 elapsed, 10:00:00 left")
-
-
-@pytest.mark.parametrize(
-    ("loss", "shown"),
-    [(0.5, "0.5000"), (0.0146, "0.0146"), (3.14159e-5, "3.142e-05"), (0.0, "0.0000"), (-2e-6, "-2.000e-06")],
-)
-def test_a_small_loss_is_not_shown_as_zero(loss: float, shown: str) -> None:
-    assert format_loss(loss) == shown
 
 
 # ------------------------------------------------------------------ an interrupted quickstart

@@ -1,6 +1,8 @@
 """The `csekit` command line: train, evaluate, bench, encode, probe, diagnose, augment, freq, download-data.
 
 Every input mistake is a `CsekitError`: printed as one line on stderr, exit status 2, no traceback.
+Nothing heavy is imported at the top: `--help`, `--version` and the mistakes found before a model loads answer
+without torch, transformers or scipy (a command imports what it runs; benchmarks/cli_startup.py times it).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Annotated, Any
 
-import numpy as np
 import typer
 
 from csekit.commands.augment import check_augment_options, paraphrase_engine
@@ -48,6 +49,7 @@ from csekit.commands.options import (
     saving_output,
     warn,
 )
+from csekit.commands.startup import VersionOption, quiet_transformers
 from csekit.core.errors import CsekitError, message_line
 from csekit.core.json_text import json_text
 from csekit.core.run_lock import locks_output
@@ -61,8 +63,10 @@ app = typer.Typer(
     "SNCSE, PromptBERT, MixCSE, RankCSE.",
 )
 
-EMBEDDING_FORMATS = (".npy", ".txt", ".tsv")
-"""What `csekit encode --output` writes, by the file's suffix."""
+
+@app.callback()
+def _options(version: VersionOption = False) -> None:
+    """The options of `csekit` itself, before a command."""
 
 
 @app.command(cls=Command)
@@ -93,10 +97,8 @@ def train(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train a model from a recipe; writes best/, last/, checkpoint/, metrics.jsonl and recipe.yaml."""
-    from csekit.training.recipe import load_recipe
-    from csekit.training.run_folder import SAVED_RECIPE
-    from csekit.training.trainer import TrainingInterrupted
-    from csekit.training.trainer import train as run_training
+    from csekit.training.interrupt import TrainingInterrupted
+    from csekit.training.recipe import SAVED_RECIPE, load_recipe
 
     if recipe is None:
         if not resume:
@@ -106,7 +108,9 @@ def train(
             raise CsekitError(f"nothing to resume in {output}: no run there (no {SAVED_RECIPE})")
     if allow_changes and not resume:
         raise CsekitError("--allow-changes goes with --resume")
-    config = load_recipe(recipe, overrides or [])
+    config = load_recipe(recipe, overrides or [])  # a mistake in it: one line, before torch is imported
+    from csekit.training.trainer import train as run_training
+
     try:
         result = run_training(
             config, output, data_dir=data_dir, resume=resume, show_progress=progress, allow_changes=allow_changes
@@ -155,20 +159,21 @@ def evaluate(
     """Evaluate a model SentEval's way: STS (Spearman x 100), transfer tasks (accuracy x 100), alignment/uniformity;
     on your own files: sentence pairs (--pairs), retrieval sets (--retrieval); and on MTEB (--mteb)."""
     from csekit.core.atomic import atomic_write_text
-    from csekit.data.data_dir import resolve_data_dir
-    from csekit.evaluation.command_encoder import command_encoder
     from csekit.evaluation.file_tasks import read_file_tasks, skipped_report
+
+    whitened = whiten or whiten_dim is not None
+    check_evaluate_numbers(batch_size, n_jobs, whiten_dim)
+    check_output_file(output)
+    own_files = read_file_tasks(pairs or (), pairs_columns, retrieval or (), split)  # bad files: one line, now
+    from csekit.data.data_dir import resolve_data_dir  # the rest imports torch (and mteb), after the cheap checks
+    from csekit.evaluation.command_encoder import command_encoder
     from csekit.evaluation.mteb_run import resolve_tasks, run_mteb
     from csekit.evaluation.suite import protocol_facts, run_evaluation
 
-    whitened = whiten or whiten_dim is not None
     mteb_tasks = resolve_tasks(mteb, whitened)  # an unknown name: one line, before the model is loaded
     own = bool(pairs or retrieval or mteb)
     groups = evaluation_groups(tasks, own, whitened, bool(retrieval), classifier, sentence_end, test_template)
-    check_evaluate_numbers(batch_size, n_jobs, whiten_dim)
-    check_output_file(output)
     root = resolve_data_dir(data_dir) if any(groups.values()) else None
-    own_files = read_file_tasks(pairs or (), pairs_columns, retrieval or (), split)  # bad files: one line, now
     reading = {"sentence_end": sentence_end, "test_template": test_template}  # None: the model's own
     encode = command_encoder(model, pooler, precision, batch_size, warn=warn, **reading)
     started = time.perf_counter()
@@ -275,37 +280,39 @@ def encode(
     pooler: PoolerOption = None,
     precision: PrecisionOption = "fp32",
     batch_size: BatchSizeOption = 128,
+    normalize: Annotated[
+        bool,
+        typer.Option(
+            "--normalize",
+            help="Scale each embedding to length 1, so that a dot product is the cosine (default: the model's own "
+            "vectors, as evaluate scores them).",
+        ),
+    ] = False,
 ) -> None:
     """Write one embedding row per input line (a float32 .npy matrix, or tab-separated text for .txt/.tsv)."""
+    import numpy as np
+
+    from csekit.commands.encode import check_embedding_format, read_sentences, unit_length
     from csekit.core.atomic import write_file
-    from csekit.core.bounded_read import TEXT_FILE_LIMIT, read_bounded_bytes
-    from csekit.core.lines import split_lines
-    from csekit.evaluation.command_encoder import command_encoder
 
     require_at_least("--batch-size", batch_size)
     check_output_file(output)
-    if output.suffix.lower() not in EMBEDDING_FORMATS:
-        raise CsekitError(f"--output {output}: write .npy (a float32 matrix) or .txt/.tsv (tab-separated text)")
-    try:
-        data = read_bounded_bytes(input, TEXT_FILE_LIMIT)
-    except FileNotFoundError:
-        raise CsekitError(f"input {input} does not exist") from None
-    except OSError as error:
-        raise CsekitError(f"input {input}: cannot read it ({error.strerror})") from None
-    try:
-        sentences = split_lines(data.decode("utf-8"))
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise CsekitError(f"{input}:{line}: not valid UTF-8") from None
+    check_embedding_format(output)
+    sentences = read_sentences(input)
+    from csekit.evaluation.command_encoder import command_encoder  # torch: only once the input is known good
+
     encode = command_encoder(model, pooler, precision, batch_size, warn=warn)
-    embeddings = encode(sentences)
+    embeddings = encode(sentences, progress_label=f"encoding {input}")
+    if normalize:
+        embeddings = unit_length(embeddings)
     with saving_output(output):
         output.parent.mkdir(parents=True, exist_ok=True)
         if output.suffix.lower() == ".npy":
             write_file(output, lambda handle: np.save(handle, embeddings))
         else:  # 9 significant digits: a float32 read back is the same float32
             write_file(output, lambda handle: np.savetxt(handle, embeddings, fmt="%.9g", delimiter="\t"))
-    typer.echo(f"wrote {embeddings.shape[0]} x {embeddings.shape[1]} embeddings to {output} ({encode.label})")
+    unit = ", unit length" if normalize else ""
+    typer.echo(f"wrote {embeddings.shape[0]} x {embeddings.shape[1]} embeddings{unit} to {output} ({encode.label})")
 
 
 @app.command(cls=Command)
@@ -328,6 +335,8 @@ def probe(
     batch_size: BatchSizeOption = 128,
 ) -> None:
     """OssCSE's bias probes: Spearman on Cont./Oppn. STS splits (by MER) and a sentence-transformation probe."""
+    require_at_least("--batch-size", batch_size)
+    check_output_file(output)
     from csekit.core.atomic import atomic_write_text
     from csekit.evaluation.command_encoder import command_encoder
     from csekit.evaluation.probes import (
@@ -340,8 +349,6 @@ def probe(
         transformation_probe,
     )
 
-    require_at_least("--batch-size", batch_size)
-    check_output_file(output)
     chosen = select_datasets(load_probe_datasets(data_dir), datasets)
     rows = load_transformation_probe(transformations)
     encode = command_encoder(model, pooler, precision, batch_size, warn=warn)
@@ -398,16 +405,16 @@ def diagnose(
 ) -> None:
     """The biases the papers study, one encoding pass per model: anisotropy, alignment/uniformity, frequency
     probe (SLT-FAI), Cont./Oppn. gap (OssCSE), false-negative rate (DCLR). See docs/diagnose.md."""
+    require_at_least("--batch-size", batch_size)
+    check_output_file(output)
+    if not -1.0 <= phi <= 1.0:
+        raise CsekitError(f"--phi is a cosine, between -1 and 1, got {phi}")
     from csekit.core.atomic import atomic_write_text
     from csekit.data.data_dir import resolve_data_dir
     from csekit.evaluation.diagnose import DCLR_BATCH_SIZE, DiagnoseSettings, format_diagnose_table, load_diagnose_data
     from csekit.prep.frequency import read_counts, resolve_counts_path
 
-    require_at_least("--batch-size", batch_size)
-    check_output_file(output)
     require_at_least("--sentences", sentences, DCLR_BATCH_SIZE)
-    if not -1.0 <= phi <= 1.0:
-        raise CsekitError(f"--phi is a cosine, between -1 and 1, got {phi}")
     root = resolve_data_dir(data_dir)
     counts_path = resolve_counts_path(counts, root)
     data = load_diagnose_data(root)
@@ -497,11 +504,11 @@ def freq(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Count token frequencies over a corpus with a model's tokenizer (SLT-FAI's frequency labels)."""
+    require_at_least("--chunk-lines", chunk_lines)
+    check_output_file(output)
     from csekit.core.atomic import atomic_write_text
     from csekit.prep.frequency import count_tokens, counts_by_token, load_counting_tokenizer
 
-    require_at_least("--chunk-lines", chunk_lines)
-    check_output_file(output)
     try:
         loaded = load_counting_tokenizer(tokenizer)
     except CsekitError as error:
@@ -547,10 +554,7 @@ def download_data(
 
 def main() -> None:
     """Entry point: run the app, turning user errors into one line and exit status 2."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     for stream in (sys.stdout, sys.stderr):  # a path whose bytes are not UTF-8 is printed escaped, not a traceback
         with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(errors="backslashreplace")

@@ -4,16 +4,15 @@ the file tasks' scores, then what was evaluated and how."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from csekit.commands.options import require_at_least
+from csekit.commands.options import require_at_least, shown_as_written
 from csekit.core.errors import CsekitError
-from csekit.evaluation.result import STS_AVERAGE, TRANSFER_AVERAGE, EvalResult
-from csekit.evaluation.sts import format_sts_table
-from csekit.evaluation.tasks import AVG_STS, FILE_TASK_KINDS
-from csekit.evaluation.transfer import format_transfer_table
+
+if TYPE_CHECKING:  # the evaluation modules bring scipy and torch: imported when a command runs, not for --help
+    from csekit.evaluation.result import EvalResult
 
 PairsOption = Annotated[
     list[Path] | None,
@@ -48,8 +47,11 @@ MtebOption = Annotated[
     str | None,
     typer.Option(
         "--mteb",
-        help="MTEB tasks or benchmarks through the mteb package (pip install 'csekit[mteb]'): \"STS12,SICK-R\", "
-        '"MTEB(eng, v2)"; main score x 100 per task; mteb\'s result files beside --output (default: none).',
+        help=shown_as_written(
+            "MTEB tasks or benchmarks through the mteb package, installed with pip install 'csekit[mteb]': "
+            '"STS12,SICK-R", "MTEB(eng, v2)"; main score x 100 per task; mteb\'s result files beside --output '
+            "(default: none)."
+        ),
         show_default=False,
     ),
 ]
@@ -141,6 +143,11 @@ def evaluation_groups(
 def print_evaluation(result: EvalResult, groups: dict[str, list[str]]) -> None:
     """The STS table, the dev scores and their mean, the transfer table and alignment/uniformity, as run; then
     each of the user's own tasks."""
+    from csekit.evaluation.result import STS_AVERAGE, TRANSFER_AVERAGE
+    from csekit.evaluation.sts import format_sts_table
+    from csekit.evaluation.tasks import AVG_STS, FILE_TASK_KINDS
+    from csekit.evaluation.transfer import format_transfer_table
+
     tasks, averages = result.tasks, result.averages
     if groups["sts"]:
         typer.echo(format_sts_table({**tasks, STS_AVERAGE: averages.get(STS_AVERAGE)}))

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+import typer.core
 from typer.core import TyperCommand, TyperGroup
 
 from csekit.core.errors import CsekitError
@@ -33,6 +34,12 @@ class Group(TyperGroup):
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _untyped_flags(super().get_params(ctx))
+
+
+def shown_as_written(text: str) -> str:
+    """`text` for a help string, its square brackets shown: typer's rich markup reads `[mteb]` as a style tag and
+    drops it (`pip install 'csekit'`), unless the bracket is escaped."""
+    return text.replace("[", "\\[") if getattr(typer.core, "HAS_RICH", False) else text
 
 
 DataDirOption = Annotated[

@@ -445,8 +445,9 @@ class SentenceEncoder(nn.Module):
         batch_size: int = 128,
         precision: str = "fp32",
         show_progress_bar: bool | None = None,
+        progress_label: str = "encoding",
     ) -> np.ndarray:
-        """Embed sentences as float32 numpy rows, in input order.
+        """Embed sentences as float32 numpy rows, in input order (the progress bar, if shown, says `progress_label`).
 
         Duplicates are encoded once, and sentences are sorted by length so batches carry little
         padding; the test-time representation is the pooled vector (through `head` if one is kept). Each
@@ -474,7 +475,7 @@ class SentenceEncoder(nn.Module):
         autocast = torch.autocast(device.type, dtype=DTYPES[precision], enabled=precision != "fp32")
         try:
             with torch.inference_mode(), autocast:
-                for start in progress(range(0, len(order), batch_size), "encoding", "batches", show_progress_bar):
+                for start in progress(range(0, len(order), batch_size), progress_label, "batches", show_progress_bar):
                     index = order[start : start + batch_size]
                     batch = pad_ids({key: [values[i] for i in index] for key, values in ids.items()}, pad_id)
                     inputs = {key: value.to(device) for key, value in batch.items()}

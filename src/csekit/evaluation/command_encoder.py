@@ -47,9 +47,14 @@ class CommandEncoder:
     def test_template(self) -> str:
         return self.encoder.test_template
 
-    def __call__(self, sentences: Sequence[str]) -> np.ndarray:
+    def __call__(self, sentences: Sequence[str], progress_label: str = "encoding") -> np.ndarray:
+        """The embeddings of `sentences`; the progress bar says `progress_label` (what is encoded)."""
         return self.encoder.encode(
-            list(sentences), batch_size=self.batch_size, precision=self.precision, show_progress_bar=self.show_progress
+            list(sentences),
+            batch_size=self.batch_size,
+            precision=self.precision,
+            show_progress_bar=self.show_progress,
+            progress_label=progress_label,
         )
 
 

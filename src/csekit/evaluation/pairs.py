@@ -4,8 +4,11 @@ score it as SentEval scores STS-B (Spearman and Pearson of the cosine similarity
 The file is untrusted: read line by line through `core/bounded_read.py` (at most `PAIRS_LINE_LIMIT` bytes a
 line), JSON rows through `core/json_lines.py`. A file that cannot be scored (no header naming the columns, a
 row with too few fields, a score that is not a number, no pairs at all, a line too long) is one `CsekitError`
-naming the file and line. A row that is merely incomplete (an empty sentence, an empty score) is skipped and
-reported with its reason, so a few holes in a large file do not stop the evaluation.
+naming the file and line, and the likely cause where the file's shape shows it: a file separated by `;` (its
+header is one column), an unquoted comma in a CSV row (more fields than the header), the first pair of a file
+without a header read as its header (a number among the names), a header read as a pair (--pairs-columns gives
+numbers, and the first line's score is no number). A row that is merely incomplete (an empty sentence, an empty
+score) is skipped and reported with its reason, so a few holes in a large file do not stop the evaluation.
 """
 
 from __future__ import annotations
@@ -18,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import pearsonr, spearmanr
 
 from csekit.core.errors import CsekitError, at
 from csekit.core.json_lines import RowProblem, json_row, numbered_lines
@@ -88,8 +90,11 @@ class _PairsReader:
     def __init__(self, path: Path, columns: tuple[str, str, str] | tuple[int, int, int], delimiter: str | None):
         self.path, self.columns, self.delimiter = path, columns, delimiter
         self.positions: tuple[int, ...] | None = None
-        if delimiter is not None and isinstance(columns[0], int):
+        self.numbered = delimiter is not None and isinstance(columns[0], int)
+        if self.numbered:
             self.positions = tuple(int(column) - 1 for column in columns)  # no header: the columns by number
+        self.header_width: int | None = None  # the header's fields: a row with more has a stray separator
+        self.first_line: int | None = None  # the first line that is not blank (a header, or a pair without one)
         self.sentences1: list[str] = []
         self.sentences2: list[str] = []
         self.scores: list[float] = []
@@ -105,6 +110,7 @@ class _PairsReader:
             raise CsekitError(f"{where}: not valid UTF-8") from None
         if not text.strip():
             return
+        self.first_line = self.first_line or number
         if self.delimiter is None:
             values = self._json_values(text, where)
         elif self.positions is None:
@@ -116,6 +122,7 @@ class _PairsReader:
                 raise CsekitError(
                     f"{where}: {len(fields)} fields, but the pairs are read from column {max(self.positions) + 1}"
                 )
+            self._check_width(fields, where)
             values = tuple(fields[position] for position in self.positions)
         self._pair(number, where, values)
 
@@ -131,11 +138,27 @@ class _PairsReader:
         names = [field.strip() for field in fields]
         missing = [name for name in self.columns if name not in names]
         if missing:
+            cause = _header_cause(names, self.delimiter or "")
+            if cause is not None:
+                raise CsekitError(f"{where}: {cause}")
             raise CsekitError(
                 f"{where}: the header names {', '.join(names)}, not {', '.join(map(str, missing))}; a pairs file's "
                 f"header names {', '.join(map(str, self.columns))} (or give --pairs-columns)"
             )
         self.positions = tuple(names.index(str(name)) for name in self.columns)
+        self.header_width = len(names)
+
+    def _check_width(self, fields: list[str], where: str) -> None:
+        """A row with more (non-empty) fields than the header has a separator inside a sentence: every later column
+        would be read shifted, a sentence as the score."""
+        width = self.header_width
+        if width is None or len(fields) <= width or not any(field.strip() for field in fields[width:]):
+            return
+        if self.delimiter == ",":
+            cause = 'an unquoted comma in a sentence? quote a field that holds one: "a man, a plan"'
+        else:
+            cause = "a tab inside a sentence? replace it with a space"
+        raise CsekitError(f"{where}: {len(fields)} fields, but the header names {width}: {cause}")
 
     def _json_values(self, text: str, where: str) -> tuple[Any, Any, Any]:
         first, second, score = (str(name) for name in self.columns)
@@ -154,6 +177,13 @@ class _PairsReader:
         if score is None or (isinstance(score, str) and not score.strip()):
             self.skipped.append(Skipped(number, "no score"))
             return
+        if self.numbered and number == self.first_line and not _is_number(score):
+            names = tuple(str(value).strip()[:40] for value in values)
+            fix = "leave --pairs-columns out" if names == DEFAULT_COLUMNS else f"give --pairs-columns {','.join(names)}"
+            raise CsekitError(
+                f'{where}: the score (column {self.columns[2]}) "{str(score)[:80]}" is not a number: this first line '
+                f"looks like a header, read as a pair because --pairs-columns gives column numbers; {fix}"
+            )
         value = _score(score, where, str(self.columns[2]))
         self.sentences1.append(sentence1)
         self.sentences2.append(sentence2)
@@ -165,6 +195,42 @@ class _PairsReader:
             skipped = f" ({len(self.skipped)} lines skipped)" if self.skipped else ""
             raise CsekitError(f"pairs file {self.path}: {found}{skipped}; a correlation needs at least two")
         return PairsFile(self.path, self.sentences1, self.sentences2, self.scores, self.skipped)
+
+
+SEPARATORS = {",": "comma", ";": "semicolon", "\t": "tab", "|": "vertical bar"}
+"""Separators a pairs file could be written with, by name."""
+SUFFIX_OF = {",": ".csv", "\t": ".tsv"}
+
+
+def _header_cause(names: list[str], delimiter: str) -> str | None:
+    """Why a header does not name the columns, when its shape says: one column holding another separator (a
+    `;`-separated CSV, as spreadsheets write where the decimal mark is a comma), or a number among its names (the
+    first pair of a file without a header)."""
+    found = [mark for mark in SEPARATORS if mark != delimiter and mark in names[0]] if len(names) == 1 else []
+    if found:
+        mark, own = found[0], SEPARATORS[delimiter]
+        fix = (
+            f"name it {SUFFIX_OF[mark]}" if mark in SUFFIX_OF else f"save it {own}-separated, or tab-separated as .tsv"
+        )
+        return (
+            f'the header "{names[0][:80]}" is one column holding {mark!r}: the file looks '
+            f"{SEPARATORS[mark]}-separated, and a {SUFFIX_OF[delimiter]} file is read {own}-separated; {fix}"
+        )
+    numbers = [name for name in names if _is_number(name)]
+    if numbers:
+        return (
+            f'this first line looks like a pair, not a header ("{numbers[0][:40]}" is a number): a file without a '
+            "header needs --pairs-columns with column numbers (e.g. 1,2,3)"
+        )
+    return None
+
+
+def _is_number(value: Any) -> bool:
+    """Whether a score field reads as a finite number."""
+    try:
+        return math.isfinite(float(value.strip() if isinstance(value, str) else value))
+    except (TypeError, ValueError):
+        return False
 
 
 def _score(value: Any, where: str, column: str) -> float:
@@ -193,6 +259,8 @@ def cosines(encode: Encoder, pairs: PairsFile) -> np.ndarray:
 def score_pairs(encode: Encoder, pairs: PairsFile) -> dict[str, float]:
     """Spearman and Pearson (fractions; x 100 when printed) of the cosines against the gold scores, as SentEval's
     STS-B, the number of pairs scored and of lines skipped."""
+    from scipy.stats import pearsonr, spearmanr  # a second of imports: not for reading (and refusing) a file
+
     sims, gold = cosines(encode, pairs).astype(np.float64), np.asarray(pairs.scores, dtype=np.float64)
     return {
         "spearman": float(spearmanr(sims, gold)[0]),

@@ -4,7 +4,7 @@ A part's options are its constructor's keyword arguments. Besides them a part ma
 parameter, for the build arguments `csekit.training.model.build_model` gives it itself (`BUILD_CONTEXT`):
 plain values, so that a part can be built outside a recipe with the same arguments (`WhiteningHead(768,
 batch_size=64)`). The options are checked twice with the same code: against each constructor when the
-recipe is loaded (`csekit.training.recipe.validate_recipe`, before any backbone is read) and when the part
+recipe is loaded (`csekit.training.recipe_checks.validate_recipe`, before any backbone is read) and when the part
 is built. This module imports nothing of the recipe, so that both can use it.
 
 A part that wraps another of its kind (Matryoshka around any objective) lists in `nested_parts` the options

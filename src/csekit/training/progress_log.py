@@ -14,6 +14,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from csekit.core.numbers import format_loss
 from csekit.parts.hooks import StartsLater
 
 
@@ -130,11 +131,3 @@ def _clock(seconds: float) -> str:
     minutes, second = divmod(round(seconds), 60)
     hours, minute = divmod(minutes, 60)
     return f"{hours}:{minute:02d}:{second:02d}" if hours else f"{minute}:{second:02d}"
-
-
-def format_loss(value: float) -> str:
-    """A loss with 4 decimals, or 4 significant digits in scientific notation below 1e-3 (0.0000 hides a loss
-    that is small but not zero), e.g. 0.1276, 0.0146, 3.142e-05."""
-    if value != 0 and abs(value) < 1e-3:
-        return f"{value:.3e}"
-    return f"{value:.4f}"

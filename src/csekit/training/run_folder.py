@@ -29,14 +29,13 @@ from csekit.core.json_lines import RowProblem, json_row
 from csekit.core.json_text import json_text
 from csekit.core.run_lock import check_not_locked
 from csekit.core.save_guard import guarded_save
-from csekit.training.recipe import RUN_SECTION, Recipe, load_recipe, recipe_changes
+from csekit.training.recipe import RUN_SECTION, SAVED_RECIPE, Recipe, load_recipe, recipe_changes
 from csekit.training.state_checks import LARGEST_COUNT
 
 STATE_FILE = "trainer_state.json"
 CHECKPOINT_STAGING = ".checkpoint.tmp"
 """Where a checkpoint is written before it is swapped in as checkpoint/ (a fixed name: every process finds it)."""
 
-SAVED_RECIPE = "recipe.yaml"
 CHECKPOINT_RECIPE = f"checkpoint/{SAVED_RECIPE}"
 """The recipe the checkpoint was written with, saved inside it: the reference a --resume is compared with."""
 

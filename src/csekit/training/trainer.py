@@ -37,6 +37,7 @@ from csekit.training.checkpoint import read_checkpoint, write_checkpoint
 from csekit.training.dev_scoring import check_dev_representation, dev_precision, score_dev
 from csekit.training.execution import build_run_model, decide_execution, planned_steps
 from csekit.training.interrupt import TrainingInterrupted, ctrl_c_stops_after_the_step
+from csekit.training.long_sentences import announce_long_sentences
 from csekit.training.model import ContrastiveModel, load_encoder
 from csekit.training.optimization import forward_backward, make_optimizer
 from csekit.training.processes import (
@@ -243,6 +244,7 @@ class Trainer:
             print(f"csekit: {self.data.duplicates.summary()}", file=sys.stderr)
         for line in never_active_warnings(self.unwrapped.part_names, self.steps_per_epoch, self.total_steps):
             print(line, file=sys.stderr)
+        long_sentences = announce_long_sentences(self.data, self.unwrapped.encoder)
         # An accepted change (--allow-changes) reaches the checkpoint's own copy of the recipe with the next
         # checkpoint, which is written as a whole: until then checkpoint/ stays exactly the last good one.
         with self._saving(SAVED_RECIPE):
@@ -257,6 +259,7 @@ class Trainer:
                     "processes": self.accelerator.num_processes,
                     "precision": self.precision,
                     "duplicates": self.data.duplicates.record(),
+                    **long_sentences,
                 }
             )
         if self.trackers:

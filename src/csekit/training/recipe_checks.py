@@ -1,0 +1,214 @@
+"""The checks of a recipe's values that its schema cannot express: ranges, choices, the parts and their options.
+
+`csekit.training.recipe.load_recipe` runs them after the schema check, importing this module only then: the
+choices live with the code that uses them (precisions, compile modes, the parts' registries), which brings torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from csekit.core.errors import CsekitError, did_you_mean
+from csekit.core.precision import PRECISIONS
+from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
+from csekit.encoding.sentence_end import SENTENCE_ENDS
+from csekit.encoding.whole_template import recipe_checks
+from csekit.training.backbone_options import check_backbone_options
+from csekit.training.compiled import COMPILE_MODES
+from csekit.training.dev_selection import check_dev_selection
+from csekit.training.part_building import BUILD_CONTEXT, check_part_options
+from csekit.training.recipe_schema import (
+    MAX_SEED,
+    OPTIMIZERS,
+    TRACKER_FOLDER_OPTIONS,
+    ModelConfig,
+    Recipe,
+    tracker_names,
+)
+from csekit.training.recipe_values import (
+    MAX_WORKERS,
+    check_corpus_fields,
+    check_data,
+    check_view_indices,
+    recipe_parts,
+)
+from csekit.training.sync_free import SYNC_FREE_CHOICES
+
+
+def _check_run(recipe: Recipe, where: Any) -> None:
+    """The execution settings' ranges and choices, and the two that exclude each other."""
+    run = recipe.run
+    batch_size = recipe.train.batch_size
+    checks = [
+        ("run.eval_batch_size", run.eval_batch_size >= 1, "must be at least 1"),
+        (
+            "run.chunk_size",
+            run.chunk_size is None or 1 <= run.chunk_size <= batch_size,
+            f"must be at least 1 and at most train.batch_size ({batch_size}), or null for one pass",
+        ),
+        ("run.sync_free", run.sync_free.lower() in SYNC_FREE_CHOICES, "must be auto, true or false"),
+        ("run.compile", run.compile in COMPILE_MODES, f"must be one of {', '.join(COMPILE_MODES)}"),
+        ("run.length_group_size", run.length_group_size >= 0, "must be 0 (off) or a positive size"),
+        (
+            "run.packed",
+            isinstance(run.packed, bool) or run.packed == "auto",  # 1 == True: not a setting
+            "must be auto, true or false",
+        ),
+        ("run.fused_qkv", isinstance(run.fused_qkv, bool) or run.fused_qkv == "auto", "must be auto, true or false"),
+        (
+            "run.num_workers",
+            run.num_workers == "auto" or (type(run.num_workers) is int and 0 <= run.num_workers <= MAX_WORKERS),
+            f"must be from 0 (batches in the main process) to {MAX_WORKERS}, or auto",
+        ),
+        ("run.packed_bucket", run.packed_bucket >= 0, "must be 0 (off) or a number of tokens"),
+        (
+            "run.packed",
+            run.packed is not True or run.compile in ("none", "auto") or run.packed_bucket > 0,
+            "cannot be true with run.compile unless run.packed_bucket gives the packed pass fixed shapes (it would "
+            "drive the layers one by one and never call the compiled forward); use auto or set run.packed_bucket",
+        ),
+    ]
+    for key, ok, message in checks:
+        if not ok:
+            raise CsekitError(f"{where(key)}: recipe key {key} {message}")
+    _check_report_to(run.report_to, where)
+
+
+def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
+    """Checks the schema cannot express: value ranges and choices."""
+    train = recipe.train
+    seed_range = f"must be in [0, {MAX_SEED}] (numpy's seed range)"
+    checks = [
+        ("train.batch_size", train.batch_size >= 2, "must be at least 2 (contrastive learning needs negatives)"),
+        ("train.lr", math.isfinite(train.lr) and train.lr > 0, "must be a positive number"),
+        ("train.epochs", train.epochs >= 1, "must be at least 1"),
+        ("train.max_steps", train.max_steps is None or train.max_steps >= 1, "must be at least 1"),
+        ("train.eval_every", train.eval_every >= 0, "must be >= 0 (0 evaluates only at the end)"),
+        ("train.log_every", train.log_every >= 1, "must be at least 1"),
+        ("train.max_bad_steps", train.max_bad_steps >= 1, "must be at least 1"),
+        ("train.precision", train.precision in PRECISIONS, "must be auto, fp32, bf16 or fp16"),
+        ("train.optimizer", train.optimizer in OPTIMIZERS, f"must be one of {', '.join(OPTIMIZERS)}"),
+        ("train.warmup_ratio", 0 <= train.warmup_ratio < 1, "must be in [0, 1)"),
+        ("train.weight_decay", math.isfinite(train.weight_decay) and train.weight_decay >= 0, "must be >= 0"),
+        (
+            "train.max_grad_norm",
+            train.max_grad_norm is None or train.max_grad_norm > 0,
+            "must be positive (the gradient norm is clipped to it), or null for no clipping",
+        ),
+        (
+            "train.patience",
+            train.patience is None or train.patience >= 1,
+            "must be at least 1 (evaluations without improvement), or null for no early stopping",
+        ),
+        ("train.seed", 0 <= train.seed <= MAX_SEED, seed_range),
+        ("model.max_length", recipe.model.max_length >= 4, "must be at least 4"),
+        (
+            "model.dropout",
+            recipe.model.dropout is None or 0 <= recipe.model.dropout < 1,
+            "must be in [0, 1), or null for the backbone's own",
+        ),
+        ("objectives", len(recipe.objectives) >= 1, "must list at least one objective (e.g. - name: infonce)"),
+    ]
+    for key, ok, message in checks:
+        if not ok:
+            raise CsekitError(f"{where(key)}: recipe key {key} {message}")
+    check_data(recipe.data, where)
+    _check_run(recipe, where)
+    check_dev_selection(train.dev_task, train.select_metric, train.patience, where)
+    _check_dev_scoring(recipe, where)
+    _check_templates(recipe.model, where)
+    check_backbone_options(recipe.model, where)
+    for index, spec in enumerate(recipe.objectives):
+        weight = spec.get("weight", 1.0) if isinstance(spec, Mapping) else 1.0
+        number = isinstance(weight, int | float) and not isinstance(weight, bool)
+        if not (number and math.isfinite(weight) and weight >= 0):
+            key = f"objectives[{index}].weight"
+            raise CsekitError(f"{where(key)}: recipe key {key} must be a number >= 0, got {weight!r}")
+    # A mistyped part name, an option of the wrong type, a view or corpus field that cannot exist: reported here,
+    # with the file and line, not when the model is built or at the first step.
+    parts = recipe_parts(recipe, where)
+    for key, factory, spec in parts:
+        check_part_options(factory, spec, key, BUILD_CONTEXT, where)
+    check_view_indices(parts, where)
+    check_corpus_fields(parts, recipe.data.corpus, where)
+    POOLERS.get(recipe.model.pooler, f"{where('model.pooler')}: recipe key model.pooler")
+
+
+TEMPLATE_POSITIONS = ("row", "from_zero")
+"""`model.template_positions` choices (see `csekit.encoding.pooling.DenoisedMaskPooler`)."""
+DEV_PRECISIONS = ("fp32", "training")
+"""`train.dev_precision` choices."""
+
+
+def _check_dev_scoring(recipe: Recipe, where: Any) -> None:
+    """The keys that score dev as an author's code did must fit the model they score."""
+    model, train = recipe.model, recipe.train
+    denoised = model.pooler == "mask_denoised"
+    checks = [
+        ("model.template_positions", model.template_positions in TEMPLATE_POSITIONS, "must be row or from_zero"),
+        (
+            "model.template_positions",
+            model.template_positions == "row" or denoised,
+            f"{model.template_positions} is for model.pooler mask_denoised (the template-alone pass), "
+            f"not {model.pooler}",
+        ),
+        ("train.dev_precision", train.dev_precision in DEV_PRECISIONS, "must be fp32 or training"),
+        ("model.sentence_end", model.sentence_end in SENTENCE_ENDS, f"must be one of {', '.join(SENTENCE_ENDS)}"),
+        (
+            "train.dev_denoise",
+            not train.dev_denoise or denoised,
+            f"needs model.pooler mask_denoised (not {model.pooler})",
+        ),
+        (
+            "train.dev_with_head",
+            not train.dev_with_head or model.head.get("name") != "none",
+            "needs a training head (model.head is none)",
+        ),
+        (
+            "train.dev_pooler_output",
+            not train.dev_pooler_output or (model.pooler == "cls" and not train.dev_with_head),
+            f"reads the [CLS] state through the backbone's pooler layer: it needs model.pooler cls (not "
+            f"{model.pooler}) and no train.dev_with_head",
+        ),
+        *recipe_checks(model.pooler, model.test_template, train.dev_denoise and train.dev_test_template),
+    ]
+    for key, ok, message in checks:
+        if not ok:
+            raise CsekitError(f"{where(key)}: recipe key {key} {message}")
+
+
+def _check_templates(model: ModelConfig, where: Any) -> None:
+    """`model.templates` needs a prompt pooler, which must accept them (one [X] and one [MASK] each)."""
+    if model.templates is None:
+        return
+    key = "model.templates"
+    try:
+        if not issubclass(POOLERS.get(model.pooler), MaskPooler):
+            raise CsekitError(f"are for the prompt poolers (mask, mask_denoised), not model.pooler {model.pooler}")
+        make_pooler(model.pooler, templates=model.templates)
+    except CsekitError as error:
+        raise CsekitError(f"{where(key)}: recipe key {key}: {error}") from None
+
+
+def _check_report_to(report_to: str, where: Any) -> None:
+    """`report_to` is none or a comma list of the trackers csekit can keep inside the run folder ("all" is refused)."""
+    from accelerate.utils import LoggerType
+
+    known = [tracker.value for tracker in LoggerType if tracker != LoggerType.ALL]
+    choices = [name for name in known if name in TRACKER_FOLDER_OPTIONS]
+    names = tracker_names(report_to)
+    if not names and report_to.strip() != "none":
+        raise CsekitError(f"{where('run.report_to')}: recipe key run.report_to is empty; use none or a tracker")
+    for name in names:
+        if name in known and name not in choices:
+            raise CsekitError(
+                f"{where('run.report_to')}: recipe key run.report_to: {name} writes its local files where its own "
+                f"configuration says, outside the run folder; csekit keeps {', '.join(choices)} inside it"
+            )
+        if name not in choices:
+            raise CsekitError(
+                f'{where("run.report_to")}: recipe key run.report_to: unknown tracker "{name}"'
+                f"{did_you_mean(name, choices)}; choose none or {', '.join(choices)}"
+            )
