@@ -34,6 +34,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -208,8 +209,8 @@ def run(
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
         for index, name in enumerate(names):
-            later = sum(MIN_STAGE_SECONDS for later in names[index + 1 :] if limits[later] != math.inf)
-            limit = min(limits[name], deadline - time.time() - later)
+            after = sum(MIN_STAGE_SECONDS for other in names[index + 1 :] if limits[other] != math.inf)
+            limit = min(limits[name], deadline - time.time() - after)
             least = MIN_STAGE_SECONDS if tiny else LEAST_SECONDS.get(name, MIN_STAGE_SECONDS)
             if limit < least:
                 why = f"{max(limit, 0):.0f} s left of its share, and it needs {least} s"
@@ -343,6 +344,9 @@ def main() -> None:
     elif args.command == "install":
         print(json.dumps(install_wheels(args.carry, args.site, args.users)))
     elif args.command == "run":
+        # Stopped from outside (the device tool's timeout), end the running stage's group on the way out: it is
+        # a session of its own, which a signal to this process's group does not reach.
+        signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
         results = run(args.carry, args.out, args.budget, args.device, args.tiny, args.only, args.site)
         print((args.out / "summary.md").read_text(encoding="utf-8"))
         failed = [name for name, stage in results["stages"].items() if stage["status"] != "ok"]

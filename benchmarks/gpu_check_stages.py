@@ -32,6 +32,8 @@ TEST_FILES = ("tests/test_packed.py", "tests/test_sync_free.py", "tests/test_dcl
 TEST_MARKS = "cuda or gpu_image"
 PER_TEST_SECONDS = 60
 """A test's limit (benchmarks/per_test_limit.py): the 7 CUDA tests took seconds each on the H200."""
+COMPILE_RUN_SECONDS = 90
+"""A compiled run on a GPU: its first steps (the compile) took 55 to 77 s on an H200 (gpu_check.LEAST_SECONDS)."""
 CHILD_MARGIN = 3.0
 """Seconds a stage keeps after its children's limit to report before its own deadline."""
 DEADLINE_VARIABLE = "GPU_CHECK_DEADLINE"
@@ -179,7 +181,7 @@ def pytest_command(files: list[str], marks: str) -> list[str]:
     return [*command, "-m", marks, *files]
 
 
-def test_counts(text: str) -> dict[str, int]:
+def pytest_counts(text: str) -> dict[str, int]:
     """pytest's closing counts ("1 passed, 6 skipped, 3 deselected in 2.1s" -> passed 1, skipped 6, ...)."""
     import re
 
@@ -203,7 +205,7 @@ def tests(stage: Stage) -> None:
     except subprocess.TimeoutExpired as error:
         text, code = str(error.stdout or ""), "timed out"
     last = [line for line in text.splitlines() if line.strip()][-1:] or [""]
-    counts = test_counts(text)
+    counts = pytest_counts(text)
     stage.report(pytest={"exit": code, "summary": last[0].strip("= "), "counts": counts, "tail": text[-6000:]})
     if code == 5:
         stage.skip(f"pytest selected no test (-m {TEST_MARKS!r})")
@@ -406,9 +408,13 @@ def compile_stage(stage: Stage) -> None:
     stage.report(backend=compiled.COMPILE_BACKEND, runs=rows)
     model, corpus = stage.bert(), stage.corpus()
     runs = [(variant, mode, batch) for variant in range(2) for mode in modes for batch in stage.batches]
+    least = 20 if stage.tiny else COMPILE_RUN_SECONDS
     for variant, mode, batch in runs:
         label, keys = list(compile_variants(batch).items())[variant]
         name = f"run.compile={mode}, {label}, batch {batch}"
+        if stage.child_seconds() < least:  # one started now would be killed before it measured anything
+            rows[name] = {"error": f"not run: {stage.left():.0f} s left, a compiled run needs about {least} s"}
+            continue
         flops = earlier.get("batches", {}).get(str(batch), {}).get("common_flops")
         overrides = [*throughput.loop_overrides(model, corpus, batch, stage.precision), *keys]
         try:
@@ -419,6 +425,8 @@ def compile_stage(stage: Stage) -> None:
             rows[name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
         throughput.release_memory(stage.device)
         stage.report(runs=rows)
+    if all(row.get("error", "").startswith("not run") for row in rows.values()):
+        stage.skip(f"no compiled run started: each needs about {least} s")
 
 
 def compiled_run(overrides: list[str], folder: Path, stage: Stage) -> dict[str, Any]:

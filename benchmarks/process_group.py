@@ -91,13 +91,15 @@ def supervise(
     """Wait for `process` until `deadline` (time.time()), calling `on_wait` every `every` seconds; then end its
     group whatever happened (what the leader left behind goes too). Its exit code, or None: killed at the deadline."""
     code: int | None = None
-    while True:
-        try:
-            code = process.wait(timeout=max(min(every, deadline - time.time()), POLL_SECONDS))
-            break
-        except subprocess.TimeoutExpired:
-            if time.time() >= deadline:
+    try:
+        while True:
+            try:
+                code = process.wait(timeout=max(min(every, deadline - time.time()), POLL_SECONDS))
                 break
-            on_wait()
-    end_group(process, grace)
+            except subprocess.TimeoutExpired:
+                if time.time() >= deadline:
+                    break
+                on_wait()
+    finally:  # also when the supervisor itself is stopped (SystemExit from its SIGTERM handler, Ctrl-C)
+        end_group(process, grace)
     return code

@@ -275,10 +275,18 @@ def test_a_stage_killed_at_its_limit_leaves_no_process_of_its_group(tmp_path: Pa
         else:
             raise AssertionError(f"process group {process.pid} still has processes")
 
+    def stopped() -> None:  # the supervisor stopped from outside (its SIGTERM handler raises SystemExit)
+        raise SystemExit(143)
+
+    process = start([sys.executable, "-c", "import time; time.sleep(300)"])
+    with pytest.raises(SystemExit):
+        supervise(process, time.time() + 600, 0.2, stopped, grace=1.0)
+    assert live_members(process.pid) == [] and process.returncode is not None
+
 
 def test_a_hung_test_fails_at_the_per_test_limit_and_the_next_one_runs(tmp_path: Path) -> None:
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from gpu_check_stages import pytest_command, test_counts
+    from gpu_check_stages import pytest_command, pytest_counts
 
     hung = tmp_path / "test_hung.py"
     hung.write_text("import time\n\n\ndef test_hangs():\n    time.sleep(300)\n\n\ndef test_after():\n    pass\n")
@@ -288,7 +296,7 @@ def test_a_hung_test_fails_at_the_per_test_limit_and_the_next_one_runs(tmp_path:
     )
     text = done.stdout + done.stderr
     assert done.returncode == 1 and "ran past the per-test limit of 2 s" in text, text[-3000:]
-    assert test_counts(text) == {"passed": 1, "failed": 1, "error": 0, "skipped": 0}
+    assert pytest_counts(text) == {"passed": 1, "failed": 1, "error": 0, "skipped": 0}
 
 
 def test_a_stage_that_ran_nothing_says_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
