@@ -10,7 +10,8 @@ of `--assets/corpus.txt`, in one process (benchmarks/gpu_check.py runs the same 
   csekit <variant>  `csekit.training.trainer.Trainer`'s own loop: its DataLoader (collation, the copy to the
                     device), `Trainer.step` and what follows it, with the recipe keys of `KEYS` all off, each
                     alone on, and all on (`--key KEY=ON,OFF` adds a key; keys added to KEYS slot in); then
-                    all on with the keys that act inside the packed pass only (`on_top_variants`)
+                    all on with the fixed-shape packed pass (`on_top_variants`); a variant that would
+                    execute what an earlier one does (`effective_settings`) is listed, not measured
   ST MNRL           sentence-transformers: `MultipleNegativesRankingLoss` on (s, s) pairs (its unsupervised
                     SimCSE recipe), AdamW as its trainer configures it (transformers' default optim
                     `adamw_torch_fused` for torch >= 2.8: fused, no weight decay, gradients clipped at 1.0)
