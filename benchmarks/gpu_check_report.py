@@ -30,6 +30,8 @@ def table(results: dict[str, Any]) -> str:
 def summary_markdown(results: dict[str, Any]) -> str:
     stages = results.get("stages", {})
     lines = [f"# gpu_check: {results.get('device')}{' (tiny)' if results.get('tiny') else ''}", ""]
+    if results.get("wheels"):
+        lines += [f"wheels: {', '.join(f'{k} {v}' for k, v in results['wheels'].items())}", ""]
     lines += ["| stage | status | seconds | limit |", "|---|---|---|---|"]
     for name, stage in stages.items():
         lines.append(f"| {name} | {stage.get('status')} | {stage.get('seconds', '')} | {stage.get('limit_s', '')} |")
@@ -58,11 +60,31 @@ def checks(stage: dict[str, Any]) -> list[str]:
     lines = []
     if "bound_tflops" in stage:
         lines.append(f"- bf16 matrix-product bound: {stage['bound_tflops']:.4g} TFLOP/s")
-    for name in ("adamw", "packed"):
-        if name in stage:
-            lines.append(f"- {name}: {json.dumps(stage[name], default=str)}")
+    if "adamw" in stage:
+        lines.append(f"- adamw: {json.dumps(stage['adamw'], default=str)}")
+    lines += paths(stage.get("paths", {}))
     for path, names in stage.get("kernels", {}).items():
         lines.append(f"- attention kernels, {path}: {', '.join(names) if isinstance(names, list) else names}")
+    return lines
+
+
+def paths(checked: dict[str, Any]) -> list[str]:
+    """Each path's drift from the fp32 padded pass against its tolerance (benchmarks/gpu_paths.py)."""
+    lines = []
+    for group in ("bert", "decoder"):
+        for name, f in checked.get(group, {}).items():
+            if name == "facts":
+                lines.append(f"- {group}: {json.dumps(f, default=str)}")
+            elif "error" in f:
+                lines.append(f"- {group}, {name}: FAILED to run: {f['error']}")
+            else:
+                verdict = "within" if f["within"] else "OUT OF TOLERANCE"
+                bounds = f["tolerance"]
+                lines.append(
+                    f"- {group}, {name} ({f['precision']}): pooled {f['pooled_max_relative']:.2e} of "
+                    f"{f['pooled_scale']:.3g} (<= {bounds['pooled_max_relative']:g}), gradients "
+                    f"{f['grad_relative']:.2e} (<= {bounds['grad_relative']:g}): {verdict}"
+                )
     return lines
 
 

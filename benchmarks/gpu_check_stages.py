@@ -1,8 +1,11 @@
 """The stages of benchmarks/gpu_check.py, one function each, run one to a process (`gpu_check.py stage NAME`).
 
 A stage reports as it goes (`Stage.report` rewrites its part file whole), so a stage killed at its time
-limit still leaves what it measured; gpu_check.py folds the part into results.json. What several stages
-use (the unpacked data, the fp32 MiniLM, the random BERT) is made once in the run's work folder.
+deadline still leaves what it measured; gpu_check.py folds the part into results.json. A stage that ran nothing
+says so (`Stage.skip`, with why) and one whose checks failed names them (`Stage.fail`), so that neither reads ok.
+Its deadline is absolute (`--deadline`, and $GPU_CHECK_DEADLINE if earlier); its children (pytest, the decoder's
+processes) get what is left of it, less `CHILD_MARGIN` to report. What several stages use (the unpacked data,
+the fp32 MiniLM, the random BERT) is made once in the run's work folder.
 """
 
 from __future__ import annotations
@@ -21,10 +24,19 @@ from typing import Any
 import gpu_throughput as throughput
 import step_tools
 import torch
+from gpu_paths import path_checks
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_FILES = ("tests/test_packed.py", "tests/test_sync_free.py", "tests/test_dclr.py", "tests/test_encoder.py")
 """Files holding tests marked `cuda` or `gpu_image` (collecting the whole suite needs packages the image lacks)."""
+TEST_MARKS = "cuda or gpu_image"
+PER_TEST_SECONDS = 60
+"""A test's limit (benchmarks/per_test_limit.py): the 7 CUDA tests took seconds each on the H200."""
+COMPILE_RUN_SECONDS = 90
+"""A compiled run on a GPU: its first steps (the compile) took 55 to 77 s on an H200 (gpu_check.LEAST_SECONDS)."""
+CHILD_MARGIN = 3.0
+"""Seconds a stage keeps after its children's limit to report before its own deadline."""
+DEADLINE_VARIABLE = "GPU_CHECK_DEADLINE"
 TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}
 ATTENTION_NAMES = ("flash", "fmha", "attention", "attn", "sdpa", "softmax", "efficient", "bmm", "varlen")
 """Substrings (lower case) of the kernel and operator names an attention path launches."""
@@ -38,22 +50,36 @@ VERSIONED = (
     "jiwer",
     "rapidfuzz",
 )
-"""Distributions whose versions the environment stage reports (the last three travel as wheels)."""
+"""Distributions whose versions the environment stage reports (omegaconf travels as a wheel; jiwer and rapidfuzz,
+which no stage imports, are reported missing on the image)."""
 
 
 class Stage:
-    """One stage's settings, the shared work folder, and its report (the part file, rewritten whole)."""
+    """One stage's settings, the shared work folder, its deadline and its report (the part file, rewritten whole)."""
 
-    def __init__(self, carry: Path, work: Path, part: Path, device: str, limit: float, tiny: bool) -> None:
+    def __init__(self, carry: Path, work: Path, part: Path, device: str, deadline: float, tiny: bool) -> None:
         self.carry, self.work, self.part, self.device, self.tiny = carry, work, part, device, tiny
-        self.deadline = time.monotonic() + limit
+        given = os.environ.get(DEADLINE_VARIABLE)
+        self.deadline = min(deadline, float(given)) if given else deadline  # time.time(), as the parent's
         self.results: dict[str, Any] = {}
         self.batches = (8,) if tiny else (64, 512)
-        self.steps, self.warmup = (2, 1) if tiny else (20, 5)
+        self.steps, self.warmup = (2, 1) if tiny else (10, 3)
         self.precision = "bf16" if device == "cuda" else "fp32"
 
     def left(self) -> float:
-        return self.deadline - time.monotonic()
+        return self.deadline - time.time()
+
+    def child_seconds(self) -> float:
+        """What a child process may take: the stage's time left, less what the stage needs to report."""
+        return self.left() - CHILD_MARGIN
+
+    def skip(self, why: str) -> None:
+        """The stage ran nothing: its status says skipped, and why."""
+        self.report(skipped=why)
+
+    def fail(self, why: str) -> None:
+        """A check of the stage failed: its status says failed, and which (the stage goes on)."""
+        self.report(failures=[*self.results.get("failures", []), why])
 
     def report(self, **values: Any) -> None:
         self.results.update(values)
@@ -117,6 +143,8 @@ def environment(stage: Stage) -> None:
         except importlib.metadata.PackageNotFoundError:  # a missing package is what this stage is for
             versions[name] = "missing"
     facts: dict[str, Any] = {"versions": versions, "cpus": os.cpu_count(), "load": os.getloadavg()[0]}
+    facts["offline"] = {key: os.environ.get(key) for key in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    facts["pythonpath"] = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if stage.device == "cuda":
         properties = torch.cuda.get_device_properties(0)
         facts["device_name"] = properties.name
@@ -147,27 +175,66 @@ def command_output(command: list[str]) -> str:
     return (done.stdout or done.stderr).strip()[:2000]
 
 
+def pytest_command(files: list[str], marks: str) -> list[str]:
+    """pytest on `files` for the tests marked `marks`, each under the per-test limit (`per_test_limit`)."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "per_test_limit", "-rs"]
+    return [*command, "-m", marks, *files]
+
+
+def pytest_counts(text: str) -> dict[str, int]:
+    """pytest's closing counts ("1 passed, 6 skipped, 3 deselected in 2.1s" -> passed 1, skipped 6, ...)."""
+    import re
+
+    counts = {word: 0 for word in ("passed", "failed", "error", "skipped")}
+    for number, word in re.findall(r"(\d+) (passed|failed|errors?|skipped)", text[-3000:]):
+        counts[word.rstrip("s") if word.startswith("error") else word] += int(number)
+    return counts
+
+
 def tests(stage: Stage) -> None:
-    """pytest -m "cuda or gpu_image": the CUDA tests and those the image's library versions once broke."""
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-m", "cuda or gpu_image"]
+    """pytest -m "cuda or gpu_image": the CUDA tests and those the image's library versions once broke, each test
+    under PER_TEST_SECONDS and the whole run under the stage's time."""
+    seconds = stage.child_seconds()
+    env = {**os.environ, "PER_TEST_LIMIT_SECONDS": f"{max(1.0, min(PER_TEST_SECONDS, seconds)):.0f}"}
     try:
-        done = subprocess.run([*command, *TEST_FILES], capture_output=True, text=True, cwd=REPO, timeout=stage.left())
+        done = subprocess.run(
+            pytest_command(list(TEST_FILES), TEST_MARKS), capture_output=True, text=True, cwd=REPO, env=env,
+            timeout=max(seconds, 1.0),
+        )  # fmt: skip
         text, code = done.stdout + done.stderr, done.returncode
     except subprocess.TimeoutExpired as error:
         text, code = str(error.stdout or ""), "timed out"
     last = [line for line in text.splitlines() if line.strip()][-1:] or [""]
-    stage.report(pytest={"exit": code, "summary": last[0].strip("= "), "tail": text[-6000:]})
+    counts = pytest_counts(text)
+    stage.report(pytest={"exit": code, "summary": last[0].strip("= "), "counts": counts, "tail": text[-6000:]})
+    if code == 5:
+        stage.skip(f"pytest selected no test (-m {TEST_MARKS!r})")
+    elif code == 0 and not (counts["passed"] or counts["failed"] or counts["error"]):
+        stage.skip(f"every selected test was skipped ({counts['skipped']}): {last[0].strip('= ')}")
+    elif code != 0:
+        stage.fail(f"pytest exit {code}: {last[0].strip('= ')[:200]}")
 
 
 def checks(stage: Stage) -> None:
-    """The bf16 bound; fused AdamW with a device and a host learning rate; packed, padded, fp32; attention kernels."""
+    """The bf16 bound; fused AdamW with a device and a host learning rate; every path auto takes or may take
+    against an fp32 padded pass (benchmarks/gpu_paths.py); attention kernels. A path out of tolerance fails it."""
     size = 256 if stage.tiny else 8192
     stage.report(bound_tflops=throughput.matmul_bound(stage.device, size, 3 if stage.tiny else 20))
-    for name, check in (("adamw", adamw_check), ("packed", packed_check), ("kernels", kernel_check)):
+    for name, check in (("adamw", adamw_check), ("paths", paths_check), ("kernels", kernel_check)):
         try:
             stage.report(**{name: check(stage)})
         except Exception as error:  # each check is a result of its own
             stage.report(**{name: {"error": f"{type(error).__name__}: {str(error)[:500]}"}})
+            stage.fail(f"{name}: {type(error).__name__}")
+    for failed in stage.results.get("paths", {}).get("failed", []):
+        stage.fail(f"out of tolerance: {failed}")
+
+
+def paths_check(stage: Stage) -> dict[str, Any]:
+    """benchmarks/gpu_paths.py on the random BERT (the corpus's first sentences) and a random decoder."""
+    sentences = stage.corpus().read_text(encoding="utf-8").splitlines()[: stage.batches[0]]
+    bucket = throughput.packed_bucket(stage.batches[0])
+    return path_checks(stage.bert(), sentences, stage.work, stage.device, stage.precision, stage.tiny, bucket)
 
 
 def adamw_check(stage: Stage) -> dict[str, Any]:
@@ -203,36 +270,6 @@ def packed_inputs(stage: Stage) -> tuple[Any, dict[str, torch.Tensor]]:
     sentences = stage.corpus().read_text(encoding="utf-8").splitlines()[: stage.batches[0]]
     inputs = encoder.tokenize(sentences, max_length=throughput.MAX_LENGTH)
     return encoder, {key: value.to(stage.device) for key, value in inputs.items()}
-
-
-def packed_check(stage: Stage) -> dict[str, Any]:
-    """Pooled vectors and gradients of the packed and the padded pass at `precision`, against fp32 padded."""
-    from csekit.encoding.passes import PassPlan
-
-    encoder, inputs = packed_inputs(stage)
-    dtype = torch.bfloat16 if stage.precision == "bf16" else None
-
-    def run(packed: bool, autocast: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        plan = PassPlan(packed=packed, packed_required=packed)
-        encoder.zero_grad(set_to_none=True)
-        with torch.autocast(torch.device(stage.device).type, dtype=dtype, enabled=autocast and dtype is not None):
-            pooled = encoder(inputs, token_states=False, plan=plan).pooled.float()
-        weights = torch.randn(pooled.shape, generator=torch.Generator().manual_seed(1)).to(pooled.device)
-        (pooled * weights).sum().backward()
-        grads = torch.cat([p.grad.flatten().float() for p in encoder.parameters() if p.grad is not None])
-        return pooled.detach(), grads
-
-    reference = run(False, False)
-    paths = {"padded": run(False, True), "packed": run(True, True)}
-    figures: dict[str, Any] = {"precision": stage.precision, "rows": inputs["input_ids"].shape[0]}
-    for name, (pooled, grads) in paths.items():
-        figures[name] = {
-            "pooled_max_abs_vs_fp32": (pooled - reference[0]).abs().max().item(),
-            "pooled_scale": reference[0].abs().max().item(),
-            "grad_relative_vs_fp32": ((grads - reference[1]).norm() / reference[1].norm()).item(),
-        }
-    figures["packed_vs_padded_pooled_max_abs"] = (paths["packed"][0] - paths["padded"][0]).abs().max().item()
-    return figures
 
 
 def kernel_check(stage: Stage) -> dict[str, list[str]]:
@@ -349,10 +386,9 @@ def evaluate(model: Path, pooler: str | None, root: Path, tasks: str, device: st
 def compile_variants(batch: int) -> dict[str, list[str]]:
     """What `compile_stage` compiles at `batch`: the bucketed packed pass with every key on (its layer stack on
     fixed shapes, issue "Speed IV" Build 2), then the padded forward with the other keys off (as measured before)."""
-    bucket = throughput.packed_bucket(batch)
-    fixed = [*throughput.key_variants(throughput.KEYS)["all on"], f"run.packed_bucket={bucket}", "run.fused_qkv=true"]
+    bucket = f"run.packed_bucket={throughput.packed_bucket(batch)}"
     return {
-        f"all on, run.packed_bucket={bucket}, run.fused_qkv=true": fixed,
+        f"all on, {bucket}": [*throughput.key_variants(throughput.KEYS)["all on"], bucket],  # run.fused_qkv on too
         "others off": throughput.key_variants(throughput.KEYS)["all off"],
     }
 
@@ -372,9 +408,13 @@ def compile_stage(stage: Stage) -> None:
     stage.report(backend=compiled.COMPILE_BACKEND, runs=rows)
     model, corpus = stage.bert(), stage.corpus()
     runs = [(variant, mode, batch) for variant in range(2) for mode in modes for batch in stage.batches]
+    least = 20 if stage.tiny else COMPILE_RUN_SECONDS
     for variant, mode, batch in runs:
         label, keys = list(compile_variants(batch).items())[variant]
         name = f"run.compile={mode}, {label}, batch {batch}"
+        if stage.child_seconds() < least:  # one started now would be killed before it measured anything
+            rows[name] = {"error": f"not run: {stage.left():.0f} s left, a compiled run needs about {least} s"}
+            continue
         flops = earlier.get("batches", {}).get(str(batch), {}).get("common_flops")
         overrides = [*throughput.loop_overrides(model, corpus, batch, stage.precision), *keys]
         try:
@@ -385,6 +425,8 @@ def compile_stage(stage: Stage) -> None:
             rows[name] = {"error": f"{type(error).__name__}: {str(error)[:300]}"}
         throughput.release_memory(stage.device)
         stage.report(runs=rows)
+    if all(row.get("error", "").startswith("not run") for row in rows.values()):
+        stage.skip(f"no compiled run started: each needs about {least} s")
 
 
 def compiled_run(overrides: list[str], folder: Path, stage: Stage) -> dict[str, Any]:
@@ -421,18 +463,20 @@ def decoder(stage: Stage) -> None:
     stage.report(runs=rows)
     for setting, batch in plan:  # most wanted first: the stage stops where its time ends
         name = f"{setting}, batch {batch}"
-        if stage.left() < 15:
+        if stage.child_seconds() < 12:
             rows[name] = {"error": "not run: the stage's time was up"}
             continue
         extra = ["--batch", str(batch)] + (["--tiny"] if stage.tiny else [])
         try:
-            row = setting_in_process(setting, stage.device, steps, extra, timeout=stage.left())
+            row = setting_in_process(setting, stage.device, steps, extra, timeout=stage.child_seconds())
         except subprocess.TimeoutExpired:
             row = {"error": "timed out"}
         if "error" not in row:
             row["seconds"] = statistics.median(row["step_seconds"][1:] or row["step_seconds"])
         rows[name] = row
         stage.report(runs=rows)
+    if all(row.get("error", "").startswith("not run") for row in rows.values()):
+        stage.skip("no setting started: too little of the stage's time was left for one")
 
 
 STAGE_FUNCTIONS: dict[str, Callable[[Stage], None]] = {
@@ -446,8 +490,9 @@ STAGE_FUNCTIONS: dict[str, Callable[[Stage], None]] = {
 }
 
 
-def run_one(name: str, carry: Path, work: Path, part: Path, device: str, limit: float, tiny: bool) -> None:
-    stage = Stage(carry, work, part, device, limit, tiny)
+def run_one(name: str, carry: Path, work: Path, part: Path, device: str, deadline: float, tiny: bool) -> None:
+    stage = Stage(carry, work, part, device, deadline, tiny)
+    stage.report(deadline=round(stage.deadline, 1))  # what the stage was given: the smaller of its own and the run's
     if device == "cpu":
         torch.set_num_threads(min(4, os.cpu_count() or 1))
     STAGE_FUNCTIONS[name](stage)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The second prepared GPU call (issue "On a GPU III", item 5), after benchmarks/gpu_check.sh, from the repository
 # root of a checkout holding .gpu-carry/, with $OUT set by the device tool:
-#   BENCH_SECONDS=290 bash benchmarks/gpu_suite.sh [gpu_suite.py subset options, e.g. --seeds 42 43 --keep dclr-minilm]
+#   BENCH_SECONDS=270 bash benchmarks/gpu_suite.sh [gpu_suite.py subset options, e.g. --seeds 42 43 --keep dclr-minilm]
 # Trains the controlled suite's carried configurations for one epoch of the 89,192 sentences in bf16 under a time
 # limit (a run cut off is listed, and `csekit bench --summary-only` tables what finished), then copies the tables
 # and the runs' small files (metrics, results; no weights) to $OUT.
@@ -10,8 +10,10 @@ cd "$(dirname "$0")/.."
 CARRY=${CARRY:-.gpu-carry}
 OUT=${OUT:?set OUT to the results folder}
 WORK=${WORK:-/tmp/gpu-suite}
-python3 -m pip install -q --no-index --no-deps --target "$WORK/site" "$CARRY"/wheels/*.whl
 export PYTHONPATH=$WORK/site:$PWD/src:$PWD/benchmarks
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+# the carried wheels the suite needs (omegaconf), into $WORK/site; a failed install is printed, never fatal
+python3 benchmarks/gpu_check.py install --carry "$CARRY" --site "$WORK/site" --for suite
 mkdir -p "$WORK/data" && tar xzf "$CARRY/data.tar.gz" -C "$WORK/data"
 export CSEKIT_DATA=$WORK/data
 python3 -c "import sys; from pathlib import Path; from gpu_check_stages import widened_copy; \
@@ -23,7 +25,7 @@ BENCH=(bench "$WORK/suite.yaml" --output "$WORK/runs" --no-progress --data-dir "
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
 date -u
 # csekit itself is timeout's child: on the limit it checkpoints the step it is on and exits, and timeout waits
-timeout -k 60 "${BENCH_SECONDS:-290}" "${CSEKIT[@]}" "${BENCH[@]}" > "$OUT/bench_log.txt" 2>&1
+timeout -k 60 "${BENCH_SECONDS:-270}" "${CSEKIT[@]}" "${BENCH[@]}" > "$OUT/bench_log.txt" 2>&1
 echo "bench exit $?"; date -u
 "${CSEKIT[@]}" "${BENCH[@]}" --summary-only >> "$OUT/bench_log.txt" 2>&1
 cp "$WORK"/runs/results.* "$OUT"/ 2>/dev/null

@@ -10,7 +10,8 @@ of `--assets/corpus.txt`, in one process (benchmarks/gpu_check.py runs the same 
   csekit <variant>  `csekit.training.trainer.Trainer`'s own loop: its DataLoader (collation, the copy to the
                     device), `Trainer.step` and what follows it, with the recipe keys of `KEYS` all off, each
                     alone on, and all on (`--key KEY=ON,OFF` adds a key; keys added to KEYS slot in); then
-                    all on with the keys that act inside the packed pass only (`on_top_variants`)
+                    all on with the fixed-shape packed pass (`on_top_variants`); a variant that would
+                    execute what an earlier one does (`effective_settings`) is listed, not measured
   ST MNRL           sentence-transformers: `MultipleNegativesRankingLoss` on (s, s) pairs (its unsupervised
                     SimCSE recipe), AdamW as its trainer configures it (transformers' default optim
                     `adamw_torch_fused` for torch >= 2.8: fused, no weight decay, gradients clipped at 1.0)
@@ -49,11 +50,14 @@ LR = 3e-5
 
 KEYS: dict[str, tuple[str, str]] = {
     "run.packed": ("true", "false"),
+    "run.fused_qkv": ("true", "false"),
     "run.sync_free": ("true", "false"),
     "run.fast_dropout": ("true", "false"),
     "run.num_workers": ("2", "0"),
 }
-"""The csekit keys measured on and off: key -> (on, off). run.compile runs apart (gpu_check's last stage)."""
+"""The csekit keys measured on and off: key -> (on, off). run.compile runs apart (gpu_check's last stage).
+run.fused_qkv acts inside the packed pass only: alone (packing off) it is "all off" again, a row `run_batch`
+drops as a repeat (`distinct_variants`)."""
 
 
 def packed_bucket(batch: int) -> int:
@@ -64,13 +68,10 @@ def packed_bucket(batch: int) -> int:
 
 
 def on_top_variants(batch: int) -> dict[str, list[str]]:
-    """Keys that act only inside the packed pass (issue "Speed IV", Build 2), measured on top of all keys on."""
+    """Keys that act only inside the packed pass and only pay under run.compile (issue "Speed IV", Build 2),
+    measured on top of all keys on."""
     bucket = f"run.packed_bucket={packed_bucket(batch)}"
-    return {
-        "all on, run.fused_qkv=true": ["run.fused_qkv=true"],
-        f"all on, {bucket}": [bucket],
-        f"all on, run.fused_qkv=true, {bucket}": ["run.fused_qkv=true", bucket],
-    }
+    return {f"all on, {bucket}": [bucket]}
 
 
 Step = Callable[[], None]
@@ -100,6 +101,51 @@ def key_variants(keys: dict[str, tuple[str, str]]) -> dict[str, list[str]]:
         variants[f"{key}={on}"] = [f"{k}={on if k == key else v}" for k, v in off.items()]
     variants["all on"] = [f"{k}={values[0]}" for k, values in keys.items()]
     return variants
+
+
+def effective_settings(overrides: list[str], device: str) -> str:
+    """What the loop with `overrides` executes on `device` once every `auto` and every key that acts only with
+    another is resolved (csekit's own `decide_execution` and pass plan): two variants with the same string run
+    the same step."""
+    import dataclasses
+
+    from transformers import AutoConfig, AutoModel
+
+    from csekit.training.execution import decide_execution
+    from csekit.training.recipe import load_recipe
+
+    recipe = load_recipe(REPO / "recipes" / "quickstart.yaml", overrides)
+    execution = decide_execution(recipe, device_type=torch.device(device).type)
+    with torch.device("meta"):  # the layout alone decides whether the packed pass runs it: no weights
+        backbone = AutoModel.from_config(AutoConfig.from_pretrained(recipe.model.backbone))
+    plan = execution.pass_plan(backbone, recipe.model.max_length)
+    run = recipe.run
+    settings = {
+        "plan": {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan) if f.name != "layer_stack"},
+        "compiled_stack": plan.layer_stack is not None,
+        "precision": execution.precision,
+        "sync_free": execution.sync_free,
+        "loader": dataclasses.asdict(execution.loader),
+        "run": {key: getattr(run, key) for key in ("fast_dropout", "compile", "chunk_size", "gradient_checkpointing")},
+    }
+    return json.dumps(settings, sort_keys=True, default=str)
+
+
+def distinct_variants(
+    variants: dict[str, list[str]], settings: Callable[[list[str]], str]
+) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """`variants` without those whose `settings` repeat an earlier one's, and for each dropped, the one it repeats."""
+    kept: dict[str, list[str]] = {}
+    seen: dict[str, str] = {}
+    repeats: dict[str, str] = {}
+    for name, overrides in variants.items():
+        key = settings(overrides)
+        if key in seen:
+            repeats[name] = seen[key]
+            continue
+        seen[key] = name
+        kept[name] = overrides
+    return kept, repeats
 
 
 def loop_overrides(model_dir: Path, corpus: Path, batch: int, precision: str) -> list[str]:
@@ -275,22 +321,30 @@ def run_batch(
     report: Callable[[dict[str, Any]], None] = lambda row: None,
 ) -> dict[str, Any]:
     """One batch size: the common FLOP count, then every variant (most telling first; those of
-    `on_top_variants` last), `report` after each."""
+    `on_top_variants` last) that does not repeat an earlier one's effective settings, `report` after each."""
     sentences = corpus.read_text(encoding="utf-8").splitlines()
     base = loop_overrides(model_dir, corpus, batch, precision)
     variants = key_variants(keys)
     variants.update({name: [*variants["all on"], *more] for name, more in on_top_variants(batch).items()})
-    row: dict[str, Any] = {"variants": {}}
+    settings: dict[str, str] = {}
+
+    def resolved(overrides: list[str]) -> str:
+        return settings.setdefault(" ".join(overrides), effective_settings([*base, *overrides], device))
+
+    variants, repeats = distinct_variants(variants, resolved)
+    row: dict[str, Any] = {"variants": {}, "repeats": repeats}
+    row["settings"] = {name: json.loads(resolved(overrides)) for name, overrides in variants.items()}
     with tempfile.TemporaryDirectory() as folder:
         row["common_flops"] = padded_flops([*base, *variants["all off"]], Path(folder) / "flops")
         release_memory(device)
         report(row)
-        order = ["all off", "all on", "ST MNRL", "ST CMNRL", *(n for n in variants if n not in ("all off", "all on"))]
+        first = [name for name in ("all off", "all on") if name in variants]
+        order = [*first, "ST MNRL", "ST CMNRL", *(n for n in variants if n not in first)]
         for name in order:
             try:
-                if name == "ST CMNRL":  # 10x the step of the others at batch 512: half the steps
+                if name == "ST CMNRL":  # 10x the step of the others at batch 512 (1.3 to 1.7 s): fewer steps
                     figures = measure_st(
-                        model_dir, True, sentences, batch, device, precision, max(steps // 2, 1), warmup
+                        model_dir, True, sentences, batch, device, precision, max(steps // 4, 1), min(warmup, 2)
                     )
                 elif name.startswith("ST "):
                     figures = measure_st(

@@ -1,20 +1,27 @@
 """benchmarks/gpu_check.py, the one prepared GPU command, end to end on a CPU so that it never rots.
 
 `prepare` makes the carry folder from stand-ins (a tiny model, a made-up data folder and corpus; no wheels),
-then `run --device cpu --tiny` runs every stage in its own process: each must end ok and report its figures,
-and the results stay within what the device tool returns (a few files, one folder deep).
+then `run --device cpu --tiny` runs every stage in its own process group under a deadline passed down to it:
+each must end ok and report its figures (every path check within tolerance, no loop row that repeats another),
+and the results stay within what the device tool returns (a few files, one folder deep). Apart: a stage killed
+at its limit leaves no process of its group, a hung test fails at the per-test limit, a stage that ran nothing
+says skipped, and a failed wheel install does not stop the call.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import add_sick_trial, make_corpus, make_data_dir, make_tiny_encoder
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,28 +60,56 @@ def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
     assert "1_Pooling/config.json" in tree
 
     command = [sys.executable, str(SCRIPT), "run", "--carry", str(carry), "--out", str(out), "--device", "cpu"]
-    done = subprocess.run([*command, "--tiny", "--budget", "900"], capture_output=True, text=True, cwd=REPO)
+    deadline = time.time() + 850  # the run's deadline, set before it starts (as gpu_check.sh does), under its budget
+    env = {**os.environ, "GPU_CHECK_DEADLINE": f"{deadline:.1f}"}
+    command += ["--tiny", "--budget", "900", "--site", str(tmp_path / "site")]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == ["log.txt", "profiles.md", "results.json", "summary.md"]
-    stages = json.loads((out / "results.json").read_text())["stages"]
+    results = json.loads((out / "results.json").read_text())
+    stages = results["stages"]
     assert {name: stage["status"] for name, stage in stages.items()} == dict.fromkeys(
         ["environment", "tests", "checks", "loop", "quickstart", "decoder", "compile"], "ok"
     ), (out / "log.txt").read_text()[-4000:]
+    assert results["wheels"] == {"omegaconf": f"on the image ({importlib.metadata.version('omegaconf')})"}
+    # The deadline passes down: the run's is the environment's, each stage's the smaller of its share and that.
+    assert results["deadline"] <= round(deadline, 1)
+    for name, stage in stages.items():
+        assert stage["deadline"] <= results["deadline"] and stage["limit_s"] <= 850, name
+    environment = stages["environment"]
+    assert environment["offline"] == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    assert all(os.path.isabs(entry) for entry in environment["pythonpath"]), environment["pythonpath"]
     decoder_runs = stages["decoder"]["runs"]  # issue 54's GPU figures: the LoRA step on a (here toy) Llama
     assert set(decoder_runs) == {"bf16/bf16, batch 2", "fp32/fp32, batch 2"}, decoder_runs
     assert all(run["seconds"] > 0 and run["peak_mib"] > 0 and run["trainable"] > 0 for run in decoder_runs.values())
-    assert stages["environment"]["versions"]["omegaconf"][0].isdigit()
+    assert environment["versions"]["omegaconf"][0].isdigit()
     assert stages["tests"]["pytest"]["exit"] == 0  # on a CPU: the CUDA tests skipped, the gpu_image test run
     assert re.match(r"1 passed, [1-9]\d* skipped", stages["tests"]["pytest"]["summary"])  # however many CUDA tests
     checks = stages["checks"]
     assert checks["bound_tflops"] > 0 and checks["adamw"]["max_abs_difference"] < 1e-6
-    assert checks["packed"]["packed_vs_padded_pooled_max_abs"] < 1e-4  # fp32 on a CPU: the same pass
+    paths = checks["paths"]
+    assert paths["failed"] == [] and paths["decoder"]["facts"]["attention"] == "sdpa"
+    bert = {name: f for name, f in paths["bert"].items() if name != "facts"}
+    assert {"padded", "packed", "packed, fused QKV"} < set(bert)
+    assert any(name.startswith("auto (packed True") for name in bert)  # auto packs on a CPU
+    buckets = [f for name, f in bert.items() if "bucket" in name]
+    assert len(buckets) == 2 and all(f["empty_padding_rows"] > 0 for f in buckets)
+    assert any(f["empty_padding_rows"] == f["padding_rows"] for f in buckets)  # a bucket of only empty rows
+    decoder_paths = {name: f for name, f in paths["decoder"].items() if name != "facts"}
+    assert len(decoder_paths) == 4
+    assert decoder_paths["LoRA on bf16 weights, gradient checkpointing, bf16"]["base_dtypes"] == ["torch.bfloat16"]
+    for name, figures in {**bert, **decoder_paths}.items():
+        assert figures["within"] and figures["grad_relative"] <= figures["tolerance"]["grad_relative"], name
     assert checks["kernels"]["padded"] and checks["kernels"]["packed"]
     for batch, row in stages["loop"]["batches"].items():
         variants = row["variants"]
+        assert row["repeats"] == {"run.fused_qkv=true": "all off"}  # alone it changes nothing: no row of its own
         assert set(variants) == {"all off", "all on", "ST MNRL", "ST CMNRL"} | {
-            f"{key}={values[0]}" for key, values in stages["loop"]["keys"].items()
+            f"{key}={values[0]}" for key, values in stages["loop"]["keys"].items() if key != "run.fused_qkv"
         } | set(stages["loop"]["on_top"][batch]), batch
+        settings = [json.dumps(row["settings"][name], sort_keys=True) for name in variants if not name.startswith("ST")]
+        assert len(set(settings)) == len(settings) == len(variants) - 2  # no row repeats another's settings
+        assert row["settings"]["all on"]["plan"]["fused_qkv"] is True
         assert any("run.packed_bucket" in name for name in variants)  # the packed pass on fixed shapes, measured
         assert all(v["seconds"] > 0 and v["tflops"] > 0 for v in variants.values()), variants
         assert row["common_flops"] > 0
@@ -87,6 +122,7 @@ def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
     assert any("run.packed_bucket" in name for name in stages["compile"]["runs"])  # the captured packed pass
     summary = (out / "summary.md").read_text()
     assert "| 8 | ST MNRL |" in summary and "| 8 | all on |" in summary and "## quickstart" in summary
+    assert "bert, packed, fused QKV (fp32)" in summary and "OUT OF TOLERANCE" not in summary
 
 
 def test_each_key_runs_alone_on_and_a_key_added_later_slots_in() -> None:
@@ -103,14 +139,20 @@ def test_each_key_runs_alone_on_and_a_key_added_later_slots_in() -> None:
         assert f"{key}={on}" in variants[f"{key}={on}"] and f"{key}={off}" not in variants[f"{key}={on}"]
 
 
-def test_the_stages_fit_the_budget_and_one_stage_gets_all_of_it() -> None:
+def test_the_first_call_fits_seven_minutes_and_one_stage_gets_all_of_it() -> None:
+    """The default budget (the shell script's too) leaves a minute or more of the 420 s for the machine's start,
+    and the shares leave the rest of it to the wheels, the kills' grace and compile."""
     sys.path.insert(0, str(REPO / "benchmarks"))
-    from gpu_check import STAGES, stage_limits
+    from gpu_check import DEFAULT_BUDGET, STAGES, stage_limits
 
-    limits = stage_limits(480, [name for name, _, _ in STAGES])
+    assert DEFAULT_BUDGET <= 330
+    assert f"BUDGET=${{1:-{DEFAULT_BUDGET}}}" in (REPO / "benchmarks" / "gpu_check.sh").read_text()
+    limits = stage_limits(DEFAULT_BUDGET, [name for name, _, _ in STAGES])
     assert limits["compile"] == float("inf")  # what is left, last
-    assert sum(v for v in limits.values() if v != float("inf")) <= 480 - 30
+    assert sum(v for v in limits.values() if v != float("inf")) <= DEFAULT_BUDGET - 20
     assert stage_limits(150, ["loop"]) == {"loop": 150}
+    doubled = stage_limits(2 * DEFAULT_BUDGET, [name for name, _, _ in STAGES])
+    assert all(doubled[name] == 2 * limits[name] for name in limits if name != "compile")
 
 
 def test_the_suite_call_trains_the_carried_configurations_on_the_carried_model(tmp_path: Path) -> None:
@@ -189,7 +231,163 @@ def test_each_compiled_run_starts_below_the_recompile_limit(tmp_path: Path, monk
         yield (lambda: compiled(torch.ones(next(sizes)))), None
 
     monkeypatch.setattr(gpu_throughput, "csekit_loop", loop)
-    stage = gpu_check_stages.Stage(tmp_path, tmp_path, tmp_path / "part.json", "cpu", 60.0, tiny=True)
+    stage = gpu_check_stages.Stage(tmp_path, tmp_path, tmp_path / "part.json", "cpu", time.time() + 60, tiny=True)
     first = gpu_check_stages.compiled_run([], tmp_path, stage)
     second = gpu_check_stages.compiled_run([], tmp_path, stage)
     assert first["frames_compiled"] == second["frames_compiled"] == 2
+
+
+def benchmarks_path() -> str:
+    return os.pathsep.join([str(REPO / "benchmarks"), str(REPO / "src")])
+
+
+def test_a_stage_killed_at_its_limit_leaves_no_process_of_its_group(tmp_path: Path) -> None:
+    """The stage and the child it started (both deaf to SIGTERM, as a process inside a CUDA call is) are ended
+    whole at the deadline: SIGTERM, then SIGKILL; and a stage that exits leaves no child running either."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from process_group import live_members, start, supervise
+
+    for deaf, exits in ((True, False), (False, True)):
+        ready = tmp_path / f"ready-{deaf}"
+        stage = (
+            "import signal, subprocess, sys, time\n"
+            f"signal.signal(signal.SIGTERM, signal.SIG_IGN if {deaf} else signal.SIG_DFL)\n"
+            "child = subprocess.Popen(['sleep', '300'])\n"
+            f"open({str(ready)!r}, 'w').write(str(child.pid))\n"
+            f"sys.exit(0) if {exits} else time.sleep(300)\n"
+        )
+        process = start([sys.executable, "-c", stage])
+        for _ in range(600):  # the child started (at most a minute on a loaded machine)
+            if ready.exists() and ready.read_text():
+                break
+            time.sleep(0.1)
+        child = int(ready.read_text())
+        assert os.getpgid(child) == process.pid  # the child is in the stage's group
+        code = supervise(process, time.time() + (60 if exits else 1), 0.5, grace=1.0)
+        assert code == (0 if exits else None)
+        assert live_members(process.pid) == []  # nothing of the group runs on
+        for _ in range(600):  # and once the dead are reaped (by init), the kernel knows no process of the group
+            try:
+                os.killpg(process.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"process group {process.pid} still has processes")
+
+    def stopped() -> None:  # the supervisor stopped from outside (its SIGTERM handler raises SystemExit)
+        raise SystemExit(143)
+
+    process = start([sys.executable, "-c", "import time; time.sleep(300)"])
+    with pytest.raises(SystemExit):
+        supervise(process, time.time() + 600, 0.2, stopped, grace=1.0)
+    assert live_members(process.pid) == [] and process.returncode is not None
+
+
+def test_a_hung_test_fails_at_the_per_test_limit_and_the_next_one_runs(tmp_path: Path) -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_check_stages import pytest_command, pytest_counts
+
+    hung = tmp_path / "test_hung.py"
+    hung.write_text("import time\n\n\ndef test_hangs():\n    time.sleep(300)\n\n\ndef test_after():\n    pass\n")
+    env = {**os.environ, "PER_TEST_LIMIT_SECONDS": "2", "PYTHONPATH": benchmarks_path()}
+    done = subprocess.run(
+        pytest_command([str(hung)], "not slow"), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200
+    )
+    text = done.stdout + done.stderr
+    assert done.returncode == 1 and "ran past the per-test limit of 2 s" in text, text[-3000:]
+    assert pytest_counts(text) == {"passed": 1, "failed": 1, "error": 0, "skipped": 0}
+
+
+def test_a_stage_that_ran_nothing_says_skipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pytest selecting no test, or skipping every one it selected, and a stage whose share is used up before it
+    starts: each reads skipped with why, never ok."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check
+    import gpu_check_stages
+
+    monkeypatch.setenv("PYTHONPATH", benchmarks_path())
+    unmarked = tmp_path / "test_unmarked.py"
+    unmarked.write_text("def test_plain():\n    pass\n")
+    skipped = tmp_path / "test_skipped.py"
+    skipped.write_text(
+        "import pytest\n\n\n@pytest.mark.cuda\n@pytest.mark.skip(reason='no GPU')\ndef test_gpu():\n    pass\n"
+    )
+    expected = {unmarked: "skipped: pytest selected no test", skipped: "skipped: every selected test was skipped"}
+    for file, status in expected.items():
+        monkeypatch.setattr(gpu_check_stages, "TEST_FILES", (str(file),))
+        part = tmp_path / f"{file.stem}.json"
+        stage = gpu_check_stages.Stage(tmp_path, tmp_path, part, "cpu", time.time() + 120, tiny=True)
+        gpu_check_stages.tests(stage)
+        reported = json.loads(part.read_text())
+        assert gpu_check.stage_status(0, reported, 120).startswith(status), reported
+    assert gpu_check.stage_status(0, {"failures": ["out of tolerance: bert: packed"]}, 60).startswith("failed: out of")
+    assert gpu_check.stage_status(None, {}, 60).startswith("timed out after 60 s")
+
+    results = gpu_check.run(tmp_path, tmp_path / "out", 8, "cpu", True, ["environment", "compile"])
+    assert all(stage["status"].startswith("skipped: ") for stage in results["stages"].values()), results
+    assert "seconds" not in results["stages"]["environment"]  # never started
+
+
+def test_the_stage_takes_the_earlier_of_its_deadline_and_the_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check
+    import gpu_check_stages
+
+    now = time.time()
+    monkeypatch.setenv("GPU_CHECK_DEADLINE", f"{now + 30:.1f}")
+    assert gpu_check.run_deadline(900) <= now + 30.1 and gpu_check.run_deadline(10) <= time.time() + 10
+    stage = gpu_check_stages.Stage(tmp_path, tmp_path, tmp_path / "part.json", "cpu", now + 600, tiny=True)
+    assert stage.deadline <= now + 30.1 and stage.child_seconds() < stage.left() <= 30.1
+    env = gpu_check.stage_environment("cpu", tmp_path / "site", now + 20)
+    assert float(env["GPU_CHECK_DEADLINE"]) <= now + 20.1  # what the stage's own children see
+    assert env["HF_HUB_OFFLINE"] == env["TRANSFORMERS_OFFLINE"] == "1"
+    assert all(os.path.isabs(entry) for entry in env["PYTHONPATH"].split(os.pathsep))
+
+
+def test_a_failed_wheel_install_is_a_line_and_only_the_needed_wheels_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import gpu_check
+
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / "csekit_broken_wheel-1.0-py3-none-any.whl").write_text("not a zip file")
+    wheels = {"csekit-broken-wheel": ("loop",), "csekit-unneeded-wheel": ("suite",), "omegaconf": ("loop",)}
+    monkeypatch.setattr(gpu_check, "WHEELS", wheels)
+    done = gpu_check.install_wheels(tmp_path, tmp_path / "site", ["environment", "loop"])
+    assert set(done) == {"csekit-broken-wheel", "omegaconf"}  # the suite's wheel is not a stage's: not installed
+    assert done["csekit-broken-wheel"].startswith("failed") and done["omegaconf"].startswith("on the image")
+    assert not list((tmp_path / "site").glob("*csekit*"))
+
+
+def test_a_key_that_acts_only_with_another_makes_no_row_of_its_own(tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Rows are deduplicated by what the loop executes once `auto` and the keys' interplay are resolved:
+    run.fused_qkv alone (no packing) is "all off" again, and a variant spelled apart from "all on" is "all on"."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_throughput import KEYS, distinct_variants, effective_settings, key_variants, loop_overrides
+
+    base = loop_overrides(tiny_model_dir, tmp_path / "corpus.txt", 8, "fp32")
+    variants = key_variants(KEYS)
+    variants["all on, fused again"] = [*variants["all on"], "run.fused_qkv=true"]
+    kept, repeats = distinct_variants(variants, lambda overrides: effective_settings([*base, *overrides], "cpu"))
+    assert repeats == {"run.fused_qkv=true": "all off", "all on, fused again": "all on"}
+    assert "run.fused_qkv" in KEYS
+    assert json.loads(effective_settings([*base, *kept["all on"]], "cpu"))["plan"]["fused_qkv"] is True
+
+
+def test_the_path_checks_see_a_wrong_padding_mask(tmp_path: Path) -> None:
+    """The decoder's mask check has teeth: padding read as real tokens is far out of the fp32 tolerance."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_paths import alone_results, decoder_encoder, decoder_folder, decoder_sentences, judged
+    from pass_reference import drift, pass_results
+
+    folder = decoder_folder(tmp_path / "decoder", tiny=True)
+    encoder = decoder_encoder(folder, "cpu", "fp32", False, "fp32", False)
+    inputs = encoder.tokenize(decoder_sentences(6), max_length=32)
+    alone = alone_results(encoder, inputs)
+    assert judged(drift(alone, pass_results(encoder, inputs)), "fp32")["within"]
+    unmasked = {**inputs, "attention_mask": torch.ones_like(inputs["attention_mask"])}
+    assert not judged(drift(alone, pass_results(encoder, unmasked)), "fp32")["within"]

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import WORDS, make_corpus, read_metrics, tiny_recipe
+from pass_reference import pass_results
 from test_packed import POOLERS, mixed_inputs, tiny_encoder
 from torch import Tensor
 
@@ -37,31 +38,6 @@ def bucketed(bucket: int = 16, width_bound: int = 40, fused: bool = False, stack
         packed=True, packed_required=True, fused_qkv=fused, token_bucket=bucket, width_bound=width_bound,
         layer_stack=stack,
     )  # fmt: skip
-
-
-def pass_results(
-    encoder: SentenceEncoder, inputs: dict[str, Tensor], plan: PassPlan, token_states: bool
-) -> tuple[Tensor, Tensor | None, dict[str, Tensor], list[tuple[int, ...]]]:
-    """Pooled vectors, real tokens' states, every gradient of a loss on both, and the shapes the first layer's
-    feed-forward saw."""
-    encoder.zero_grad(set_to_none=True)
-    shapes: list[tuple[int, ...]] = []
-    feed_forward = encoder.backbone.encoder.layer[0].intermediate
-    handle = feed_forward.register_forward_pre_hook(lambda module, args: shapes.append(tuple(args[0].shape)))
-    try:
-        output = encoder(inputs, token_states=token_states, plan=plan)
-    finally:
-        handle.remove()
-    weights = torch.randn(output.pooled.shape, generator=torch.Generator().manual_seed(1))
-    loss = (output.pooled * weights).sum()
-    states = None
-    if token_states:
-        states = output.token_states * inputs["attention_mask"][..., None]
-        loss = loss + states.pow(2).sum()
-        states = states.detach()
-    loss.backward()
-    grads = {name: p.grad.clone() for name, p in encoder.named_parameters() if p.grad is not None}
-    return output.pooled.detach(), states, grads, shapes
 
 
 def assert_same(expected: tuple, actual: tuple) -> None:

@@ -28,7 +28,7 @@ MACHINE_PATH = re.compile(
 mount folders, macOS's and pytest's per-user temporary folders, Windows user folders."""
 
 ALLOWED: frozenset[tuple[str, str]] = frozenset()
-"""(file, path) pairs written on purpose; none today. `/tmp/site` in benchmarks/gpu_check* is a scratch
+"""(file, path) pairs written on purpose; none today. `/tmp/gpu-check-site` in benchmarks/gpu_check* is a scratch
 folder on the GPU machine, which this check does not look for."""
 
 
