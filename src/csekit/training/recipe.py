@@ -26,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from csekit.core.bounded_read import parse_yaml_value, read_yaml_file
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.precision import PRECISIONS
+from csekit.encoding.folder_pooling import AUTO_POOLER, check_pooler_name
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
 from csekit.encoding.sentence_end import SENTENCE_ENDS
 from csekit.encoding.whole_template import recipe_checks
@@ -46,7 +47,7 @@ from csekit.training.sync_free import SYNC_FREE_CHOICES
 @dataclass
 class ModelConfig:
     backbone: str = "bert-base-uncased"
-    pooler: str = "cls"
+    pooler: str = "cls"  # or auto: a sentence-transformers backbone's own Pooling and Normalize (folder_pooling)
     max_length: int = 32
     dropout: float | None = None  # None keeps the backbone's own dropout (0.1 for BERT)
     head: dict[str, Any] = field(default_factory=lambda: {"name": "mlp"})
@@ -476,7 +477,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         check_part_options(factory, spec, key, BUILD_CONTEXT, where)
     check_view_indices(parts, where)
     check_corpus_fields(parts, recipe.data.corpus, where)
-    POOLERS.get(recipe.model.pooler, f"{where('model.pooler')}: recipe key model.pooler")
+    check_pooler_name(recipe.model.pooler, f"{where('model.pooler')}: recipe key model.pooler")
 
 
 TEMPLATE_POSITIONS = ("row", "from_zero")
@@ -528,7 +529,7 @@ def _check_templates(model: ModelConfig, where: Any) -> None:
         return
     key = "model.templates"
     try:
-        if not issubclass(POOLERS.get(model.pooler), MaskPooler):
+        if model.pooler == AUTO_POOLER or not issubclass(POOLERS.get(model.pooler), MaskPooler):
             raise CsekitError(f"are for the prompt poolers (mask, mask_denoised), not model.pooler {model.pooler}")
         make_pooler(model.pooler, templates=model.templates)
     except CsekitError as error:
