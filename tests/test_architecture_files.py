@@ -337,6 +337,7 @@ def test_the_file_checks_find_each_bypass_and_accept_the_wrapped_savers() -> Non
 NAME_JOINS = {
     "csekit.bench.suite": "run_dir",
     "csekit.encoding.model_folder": "_inside",
+    "csekit.encoding.folder_pooling": "module_folder",
 }
 """Where a name read from a file (a suite's recipe name; modules.json's and csekit.json's paths) is joined to its
 folder: each such function must call child_path, and every use of the name goes through that function."""

@@ -50,7 +50,8 @@ PoolerOption = Annotated[
     str | None,
     typer.Option(
         "--pooler",
-        help="cls, mean, first_last_avg, mask (prompt) or pooler_output (default: the model's own, else cls).",
+        help="cls, mean, max, first_last_avg, mask (prompt), pooler_output, ... or auto: a sentence-transformers "
+        "folder's own pooling and normalisation (default: the model's own, else cls).",
     ),
 ]
 PrecisionOption = Annotated[

@@ -25,6 +25,8 @@ from csekit.core.precision import DTYPES, resolve_precision
 from csekit.core.progress import progress
 from csekit.encoding.decoder import is_decoder_only, prepare_tokenizer, real_token_positions, set_attention
 from csekit.encoding.export import save_model
+from csekit.encoding.folder_pooling import check_auto_location, check_folder_pooling, choose_pooling
+from csekit.encoding.hub import resolve_model_path
 from csekit.encoding.lora import add_lora
 from csekit.encoding.model_folder import freeze_unused_pooler, load_model, non_finite_parameters
 from csekit.encoding.packed import PackingLayout, packed_pass, split_layout
@@ -196,7 +198,9 @@ class SentenceEncoder(nn.Module):
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
 
-        `pooler` overrides the pooler recorded with the model (default `cls` for plain checkpoints).
+        `pooler` overrides the pooler recorded with the model; None or `auto` read the model's own representation
+        (csekit.json's, or a sentence-transformers folder's Pooling and Normalize: `csekit.encoding.folder_pooling`),
+        and a plain checkpoint reads `cls` (None) or is refused (`auto`).
         `dropout` overrides the backbone's hidden and attention dropout (SimCSE's views come from it).
         `templates` are a prompt pooler's templates (instead of those saved with the model, or its own);
         `template_positions` where `mask_denoised`'s template-alone pass numbers positions (row or from_zero).
@@ -218,10 +222,13 @@ class SentenceEncoder(nn.Module):
                 "attention_probs_dropout_prob": dropout,
                 "attention_dropout": dropout,
             }
+        check_auto_location(pooler, resolve_model_path(name_or_path))  # before a hub name is downloaded
         loaded = load_model(name_or_path, AutoModel, config_overrides=overrides, weights_dtype=weights_dtype)
         set_attention(loaded.model, attention)
         location, missing, saved = loaded.location, loaded.missing_weights, loaded.layout
-        chosen = pooler or saved.pooler or "cls"
+        own = choose_pooling(pooler, location, saved)
+        check_folder_pooling(own, int(loaded.model.config.hidden_size), loaded.tokenizer)
+        chosen = own.pooler
         if chosen == PoolerOutputPooler.name and any(key.startswith("pooler.") for key in missing):
             raise CsekitError(
                 f'model "{location}": its checkpoint has no weights for the pooler layer '
@@ -229,10 +236,12 @@ class SentenceEncoder(nn.Module):
                 "random), so the pooler_output pooler would read noise; choose another pooler"
             )
         backbone = add_lora(loaded.model, lora) if lora is not None else loaded.model
+        pooling = _make_pooler(chosen, templates, saved.templates, template_positions)
+        pooling.normalized = own.normalize
         encoder = cls(
             backbone,
             loaded.tokenizer,
-            _make_pooler(chosen, templates, saved.templates, template_positions),
+            pooling,
             sentence_end=sentence_end if sentence_end is not None else saved.sentence_end,
             test_template=_test_template(
                 test_template, saved.test_template, chosen == MaskPooler.name and not templates
@@ -358,7 +367,7 @@ class SentenceEncoder(nn.Module):
         mask = inputs.pop(EMBEDDING_MASK, None)
         forward = functools.partial(self._forward_packed, plan=packed, layout=layout) if packed else self._forward
         if mask is None:
-            return forward(inputs, token_states)
+            return self._normalized(forward(inputs, token_states))
         embeddings = getattr(self.backbone, "embeddings", None)
         if not isinstance(embeddings, nn.Module):
             raise CsekitError(
@@ -371,9 +380,16 @@ class SentenceEncoder(nn.Module):
 
         handle = embeddings.register_forward_hook(apply_mask)
         try:
-            return forward(inputs, token_states)
+            return self._normalized(forward(inputs, token_states))
         finally:
             handle.remove()
+
+    def _normalized(self, output: EncoderOutput) -> EncoderOutput:
+        """`output` with unit-length vectors where the pooler is followed by normalisation (a sentence-transformers
+        Normalize module): training, evaluation and the saved model all see the vectors the folder gives."""
+        if self.pooler.normalized:
+            output.pooled = nn.functional.normalize(output.pooled, p=2, dim=-1)
+        return output
 
     def _forward_packed(
         self, inputs: dict[str, Tensor], token_states: bool, plan: PassPlan, layout: PackingLayout | None = None

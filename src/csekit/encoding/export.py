@@ -3,8 +3,8 @@
 `SentenceTransformer(path)` loads a saved csekit model unchanged: the transformer's own files, then one
 module per step of the pooler (Pooling, WeightedLayerPooling for first_last_avg, a Dense for the
 pooler_output layer and for a kept head), and `csekit.json` with what csekit alone reads back (the
-pooler's name, prompt templates, the kept head's folder, the sentence-end rule, the test template). The folder is
-written atomically.
+pooler's name, prompt templates, the kept head's folder, the sentence-end rule, the test template); a Normalize
+module after the pooler's when its vectors have unit length (`Pooler.normalized`). The folder is written atomically.
 A model sentence-transformers cannot reproduce (a prompt pooler, a sentence-end rule) names a module that refuses
 to load, so `SentenceTransformer(path)` fails in one line instead of embedding it another way.
 """
@@ -27,6 +27,7 @@ from csekit.core.errors import CsekitError
 from csekit.core.save_guard import guarded_save
 from csekit.core.version import __version__
 from csekit.encoding.decoder import eos_token_id
+from csekit.encoding.folder_pooling import MODE_FLAGS, MODE_OF_POOLER
 from csekit.encoding.kept_head import DenseTanh, ExportsAsDenseTanh
 from csekit.encoding.lora import plain_model, plain_weights
 from csekit.encoding.model_card import CARD_FILE, render_model_card
@@ -115,6 +116,9 @@ def _write(out: Path, encoder: Exportable, card_facts: Mapping[str, Any] | None)
     if pooler_layer is not None:  # pooler_output: [CLS] then the backbone's pooler layer, as a Dense
         modules.add_dense(f"{len(modules.entries)}_Dense", pooler_layer)
     meta: dict[str, Any] = {"csekit_version": __version__, "pooler": encoder.pooler.name}
+    if encoder.pooler.normalized:  # unit-length vectors (pooler auto on a folder that had a Normalize module)
+        modules.add("Normalize", f"{len(modules.entries)}_Normalize")
+        meta["normalize"] = True
     templates = getattr(encoder.pooler, "templates", None)
     if templates is not None:
         meta["templates"] = list(templates)
@@ -178,22 +182,11 @@ def _write_pooling(modules: _ModuleList, encoder: Exportable) -> None:
         return
     elif name == "last_token":
         _append_eos_when_tokenizing(out, encoder.tokenizer)
-    elif name not in ("cls", "mean", "weighted_mean", PoolerOutputPooler.name):
+    elif name not in MODE_OF_POOLER:
         raise CsekitError(f'pooler "{name}" cannot be exported to sentence-transformers yet')
-    pooling_mode = "cls" if name in ("cls", PoolerOutputPooler.name) else name
+    mode = "mean" if name == "first_last_avg" else MODE_OF_POOLER[name]  # first_last_avg: the layers' mean
     folder = modules.add("Pooling", f"{len(modules.entries)}_Pooling")
-    config = {
-        "word_embedding_dimension": dim,
-        "pooling_mode_cls_token": pooling_mode == "cls",
-        "pooling_mode_mean_tokens": pooling_mode == "mean",
-        "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False,
-    }
-    if pooling_mode in ("weighted_mean", "last_token"):  # the decoder poolers (csekit.encoding.decoder_pooling)
-        config |= {
-            "pooling_mode_weightedmean_tokens": name == "weighted_mean",
-            "pooling_mode_lasttoken": name == "last_token",
-        }
+    config = {"word_embedding_dimension": dim, **{flag: mode == flagged for flag, flagged in MODE_FLAGS.items()}}
     _write_json(folder / "config.json", config)
 
 

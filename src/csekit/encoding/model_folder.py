@@ -40,6 +40,7 @@ from csekit.core.errors import CsekitError
 from csekit.core.json_lines import json_row
 from csekit.core.safe_names import child_path
 from csekit.encoding.decoder import DECODER_SPECIAL_TOKENS, is_decoder_only
+from csekit.encoding.folder_pooling import read_modules, transformer_folder
 from csekit.encoding.hub import hub_options, resolve_model_path, unreachable_hub_message
 from csekit.encoding.model_config import check_config_values, check_model_size, check_tokenizer_config
 from csekit.encoding.model_files import check_model_files
@@ -233,12 +234,16 @@ class SavedLayout:
     """Where a model keeps its transformer, and what csekit or sentence-transformers saved with it."""
 
     transformer_dir: str
-    pooler: str | None = None  # the pooler the model was saved with (csekit.json, or modules.json's Pooling)
+    pooler: str | None = None  # the pooler csekit saved the model with (csekit.json)
     head_config: Any = None  # csekit.json's "head" (checked where the head is loaded)
     templates: list[str] | None = None  # a prompt pooler's templates (csekit.json)
     sentence_end: str = "none"  # how `encode` writes each sentence's end (csekit.json; csekit.encoding.sentence_end)
     test_template: str = "none"  # what `encode` tokenises whole (csekit.json; csekit.encoding.whole_template)
     csekit_trained: bool = False  # whether csekit saved it (csekit.json)
+    normalize: bool = False  # whether csekit saved it with unit-length vectors (csekit.json)
+    #: A sentence-transformers folder that csekit did not save: its own pooling is in modules.json, read only where a
+    #: load reads the folder's own representation (csekit.encoding.folder_pooling).
+    sentence_transformers: bool = False
 
 
 def read_json(path: Path, expected: type = dict) -> Any:
@@ -305,13 +310,9 @@ def local_model_layout(path: Path, needs_config: bool = True) -> SavedLayout:
     config.json is refused (a tokenizer alone is enough for `csekit freq`)."""
     layout = SavedLayout(str(path))
     if (path / CSEKIT_CONFIG).exists():
-        pooler, head_config, templates, sentence_end, test_template = _csekit_metadata(path / CSEKIT_CONFIG)
-        layout = SavedLayout(
-            str(path), pooler, head_config, templates, sentence_end, test_template, csekit_trained=True
-        )
+        layout = _csekit_layout(path, path / CSEKIT_CONFIG)
     elif (path / "modules.json").exists():
-        transformer_dir, pooler = _sentence_transformers_layout(path)
-        layout = SavedLayout(str(transformer_dir), pooler)
+        layout = SavedLayout(str(transformer_folder(path, read_modules(path))), sentence_transformers=True)
     if not (Path(layout.transformer_dir) / "config.json").exists():
         if (path / "best").is_dir() or (path / "last").is_dir():
             raise CsekitError(
@@ -325,42 +326,22 @@ def local_model_layout(path: Path, needs_config: bool = True) -> SavedLayout:
     return layout
 
 
-def _sentence_transformers_layout(path: Path) -> tuple[Path, str | None]:
-    """For a sentence-transformers directory: the transformer's folder and its pooling mode."""
-    modules_file = path / "modules.json"
-    modules = read_json(modules_file, list)
-    if not all(isinstance(module, dict) for module in modules):
-        raise CsekitError(f"{modules_file}: expected a list of modules")
-    transformer_dir, pooler = path, None
-    for module in modules:
-        kind = str(module.get("type", ""))
-        if kind.endswith("Transformer"):
-            transformer_dir = _inside(path, module.get("path", ""), modules_file)
-        elif kind.endswith("Pooling"):
-            if "path" not in module:
-                raise CsekitError(f'{modules_file}: the Pooling module has no "path"')
-            config = read_json(_inside(path, module["path"], modules_file) / "config.json")
-            mode = config.get("pooling_mode")
-            if mode is None:
-                mode = "cls" if config.get("pooling_mode_cls_token") else "mean"
-            pooler = mode if mode in ("cls", "mean") else None
-        elif kind.endswith("WeightedLayerPooling"):
-            pooler = "first_last_avg"
-    return transformer_dir, pooler
-
-
-def _csekit_metadata(path: Path) -> tuple[str | None, Any, list[str] | None, str, str]:
-    """`csekit.json`: the saved pooler (a name), the kept head (checked where it is loaded), prompt templates, the
-    sentence-end rule and the test template."""
+def _csekit_layout(folder: Path, path: Path) -> SavedLayout:
+    """`csekit.json`: the saved pooler (a name) and whether it normalises, the kept head (checked where it is
+    loaded), prompt templates, the sentence-end rule and the test template."""
     meta = read_json(path)
-    pooler, templates = meta.get("pooler"), meta.get("templates")
+    pooler, templates, normalize = meta.get("pooler"), meta.get("templates"), meta.get("normalize", False)
     if pooler is not None and not isinstance(pooler, str):
         raise CsekitError(f'{path}: "pooler" must be a pooler\'s name, found {_json_kind(pooler)}')
     if templates is not None and not (isinstance(templates, list) and all(isinstance(t, str) for t in templates)):
         raise CsekitError(f'{path}: "templates" must be a list of strings, found {_json_kind(templates)}')
+    if not isinstance(normalize, bool):
+        raise CsekitError(f'{path}: "normalize" must be true or false, found {_json_kind(normalize)}')
     sentence_end = check_sentence_end(meta.get("sentence_end", NO_SENTENCE_END), f'{path}: "sentence_end"')
     test_template = check_test_template(meta.get("test_template", NO_TEST_TEMPLATE), f'{path}: "test_template"')
-    return pooler, meta.get("head"), templates, sentence_end, test_template
+    return SavedLayout(
+        str(folder), pooler, meta.get("head"), templates, sentence_end, test_template, True, normalize=normalize
+    )
 
 
 def load_kept_head(folder: Path, head_config: Any, dim: int) -> Any:

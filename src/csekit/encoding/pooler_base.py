@@ -24,6 +24,9 @@ class Pooler(nn.Module):
     needs_all_layers: bool = False
     #: Whether the token ids differ between views (prompt poolers use one template per view).
     view_dependent: bool = False
+    #: Whether the pooled vector is scaled to unit length (a sentence-transformers folder's Normalize module, read by
+    #: `model.pooler: auto`; `csekit.encoding.folder_pooling`). Set on the instance; the encoder applies it.
+    normalized: bool = False
 
     def bind(self, tokenizer: PreTrainedTokenizerBase) -> None:
         """Called once with the encoder's tokenizer; a pooler that needs token ids (the mask) reads them here."""

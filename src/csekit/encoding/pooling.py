@@ -99,6 +99,29 @@ class MeanPooler(Pooler):
         return masked_mean(hidden_states[-1], attention_mask)
 
 
+class MaxPooler(Pooler):
+    """Per channel, the largest last-layer state over the real tokens (sentence-transformers' `max` mode)."""
+
+    name = "max"
+
+    def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        states = hidden_states[-1]
+        padding = ~attention_mask.bool().unsqueeze(-1)
+        return states.masked_fill(padding, float("-inf")).max(dim=1).values
+
+
+class MeanSqrtLenPooler(Pooler):
+    """The masked sum of the last layer's states over the square root of the sentence's length
+    (sentence-transformers' `mean_sqrt_len_tokens` mode): longer sentences get longer vectors."""
+
+    name = "mean_sqrt_len"
+
+    def forward(self, hidden_states: Sequence[Tensor], attention_mask: Tensor, input_ids: Tensor) -> Tensor:
+        states = hidden_states[-1]
+        mask = attention_mask.unsqueeze(-1).to(states.dtype)
+        return (states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9).sqrt()
+
+
 class FirstLastAvgPooler(Pooler):
     """Masked mean over tokens of (first transformer layer + last layer) / 2.
 
@@ -420,6 +443,8 @@ BUILTIN: Mapping[str, type[Pooler]] = MappingProxyType(
     {
         ClsPooler.name: ClsPooler,
         MeanPooler.name: MeanPooler,
+        MaxPooler.name: MaxPooler,  # sentence-transformers' max mode
+        MeanSqrtLenPooler.name: MeanSqrtLenPooler,  # sentence-transformers' mean_sqrt_len_tokens mode
         FirstLastAvgPooler.name: FirstLastAvgPooler,
         MaskPooler.name: MaskPooler,
         "mask_denoised": DenoisedMaskPooler,  # PromptBERT: template denoising in training
@@ -448,7 +473,9 @@ __all__ = [
     "FirstLastAvgPooler",
     "LastTokenPooler",
     "MaskPooler",
+    "MaxPooler",
     "MeanPooler",
+    "MeanSqrtLenPooler",
     "Pooler",
     "PoolerOutputPooler",
     "PromptNotExported",

@@ -12,6 +12,7 @@ from typing import Any
 
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.precision import PRECISIONS
+from csekit.encoding.folder_pooling import AUTO_POOLER, check_pooler_name
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
 from csekit.encoding.sentence_end import SENTENCE_ENDS
 from csekit.encoding.whole_template import recipe_checks
@@ -133,7 +134,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
         check_part_options(factory, spec, key, BUILD_CONTEXT, where)
     check_view_indices(parts, where)
     check_corpus_fields(parts, recipe.data.corpus, where)
-    POOLERS.get(recipe.model.pooler, f"{where('model.pooler')}: recipe key model.pooler")
+    check_pooler_name(recipe.model.pooler, f"{where('model.pooler')}: recipe key model.pooler")
 
 
 TEMPLATE_POSITIONS = ("row", "from_zero")
@@ -185,7 +186,7 @@ def _check_templates(model: ModelConfig, where: Any) -> None:
         return
     key = "model.templates"
     try:
-        if not issubclass(POOLERS.get(model.pooler), MaskPooler):
+        if model.pooler == AUTO_POOLER or not issubclass(POOLERS.get(model.pooler), MaskPooler):
             raise CsekitError(f"are for the prompt poolers (mask, mask_denoised), not model.pooler {model.pooler}")
         make_pooler(model.pooler, templates=model.templates)
     except CsekitError as error:

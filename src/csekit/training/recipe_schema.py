@@ -16,7 +16,7 @@ import yaml
 @dataclass
 class ModelConfig:
     backbone: str = "bert-base-uncased"
-    pooler: str = "cls"
+    pooler: str = "cls"  # or auto: a sentence-transformers backbone's own Pooling and Normalize (folder_pooling)
     max_length: int = 32
     dropout: float | None = None  # None keeps the backbone's own dropout (0.1 for BERT)
     head: dict[str, Any] = field(default_factory=lambda: {"name": "mlp"})
