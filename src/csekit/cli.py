@@ -48,7 +48,7 @@ from csekit.commands.options import (
     saving_output,
     warn,
 )
-from csekit.core.errors import CsekitError, message_line
+from csekit.core.errors import CsekitError, absolute, message_line
 from csekit.core.json_text import json_text
 from csekit.core.run_lock import locks_output
 
@@ -93,20 +93,21 @@ def train(
     progress: Annotated[bool, typer.Option(help="Show a progress bar.")] = True,
 ) -> None:
     """Train a model from a recipe; writes best/, last/, checkpoint/, metrics.jsonl and recipe.yaml."""
-    from csekit.training.recipe import load_recipe
-    from csekit.training.run_folder import SAVED_RECIPE
+    from csekit.training.run_folder import SAVED_RECIPE, load_run_recipe, load_saved_recipe
     from csekit.training.trainer import TrainingInterrupted
     from csekit.training.trainer import train as run_training
 
     if recipe is None:
         if not resume:
             raise CsekitError("a recipe file is needed (csekit train RECIPE --output DIR), or --resume")
-        recipe = output / SAVED_RECIPE
-        if not recipe.is_file():
+        if not (output / SAVED_RECIPE).is_file():
             raise CsekitError(f"nothing to resume in {output}: no run there (no {SAVED_RECIPE})")
     if allow_changes and not resume:
         raise CsekitError("--allow-changes goes with --resume")
-    config = load_recipe(recipe, overrides or [])
+    if recipe is None:  # the run's own recipe (a relative path an older csekit recorded gets a hint)
+        config = load_saved_recipe(output / SAVED_RECIPE, overrides or [], note_legacy_keys=True)
+    else:  # on --resume, its relative paths name the files the run recorded
+        config = load_run_recipe(recipe, overrides or [], output, resume)
     try:
         result = run_training(
             config, output, data_dir=data_dir, resume=resume, show_progress=progress, allow_changes=allow_changes
@@ -290,7 +291,7 @@ def encode(
     try:
         data = read_bounded_bytes(input, TEXT_FILE_LIMIT)
     except FileNotFoundError:
-        raise CsekitError(f"input {input} does not exist") from None
+        raise CsekitError(f"input {absolute(input)} does not exist") from None
     except OSError as error:
         raise CsekitError(f"input {input}: cannot read it ({error.strerror})") from None
     try:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,8 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
+    # A path (relative: from the current folder, else the data folder; recorded absolute when a run starts, see
+    # csekit.training.recipe_paths), or hf:NAME[:split] for a hub dataset.
     corpus: str = "corpus/wiki1m_for_simcse.txt"
     views: dict[str, Any] = field(default_factory=lambda: {"name": "dropout"})
     max_chars: int = 10_000  # longer lines are input errors (or skipped with bad_lines: skip); at most 1,000,000
@@ -106,7 +108,8 @@ class TrainConfig:
     max_bad_steps: int = 20  # this many non-finite steps in a row stop the run
     # Dev tasks evaluated every eval_every steps, one or a list: sts (STS-B dev and SICK-R dev, and their mean
     # avg_sts, as SimCSE's and DCLR's code log them), stsb-dev, sick-dev, none, or your own files: pairs:PATH
-    # and retrieval:PATH (csekit.training.dev_selection).
+    # and retrieval:PATH, or {pairs: PATH, columns: [q, d, score]} and {retrieval: DIR, split: dev}, read as
+    # --pairs-columns and --split read them (csekit.training.dev_selection).
     dev_task: Any = "sts"
     # The dev score that picks the best checkpoint: stsb-dev, sick-dev, avg_sts, pairs:NAME/spearman, ...
     select_metric: str = "stsb-dev"
@@ -193,6 +196,9 @@ class Recipe:
     def to_yaml(self) -> str:
         return yaml.safe_dump(dataclasses.asdict(self), sort_keys=False)
 
+
+PathsAs = Callable[["Recipe"], "Recipe"] | None
+"""What gives a recipe its paths before its checks read the files (`load_recipe`'s `paths`)."""
 
 RUN_SECTION = "run"
 """The recipe section of execution settings (`RunConfig`): compared on --resume never, recorded when changed."""
@@ -331,11 +337,14 @@ def _legacy_override(item: str, moved: list[str]) -> str:
     return f"{RUN_SECTION}.{new_key}{equals}{value}"
 
 
-def load_recipe(path: str | Path | None, overrides: Sequence[str] = (), *, note_legacy_keys: bool = True) -> Recipe:
+def load_recipe(
+    path: str | Path | None, overrides: Sequence[str] = (), *, note_legacy_keys: bool = True, paths: PathsAs = None
+) -> Recipe:
     """Read a recipe file (or the defaults when `path` is None) and apply `--set` overrides.
 
     Execution settings written where recipes before the `run:` section had them are read into `run`, with one
     line on stderr naming the new keys (none with `note_legacy_keys` False: a saved run's recipe read to compare).
+    `paths` gives the recipe its paths before the checks read its files (a resumed run's, `run_folder.load_run_recipe`).
     """
     raw: dict[str, Any] = {}
     lines: dict[str, int] = {}
@@ -376,6 +385,7 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = (), *, note_
         key = getattr(error, "full_key", "") or ""
         message = yaml_text_number_hint(getattr(error, "value", None)) or str(error).splitlines()[0]
         raise CsekitError(f"{where_in_file(key)}: recipe key {key}: {message}") from None
+    recipe = paths(recipe) if paths is not None else recipe
     validate_recipe(recipe, where_in_file)
     return recipe
 
@@ -568,28 +578,3 @@ def _check_report_to(report_to: str, where: Any) -> None:
                 f'{where("run.report_to")}: recipe key run.report_to: unknown tracker "{name}"'
                 f"{did_you_mean(name, choices)}; choose none or {', '.join(choices)}"
             )
-
-
-def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted keys of a resolved recipe (`objectives[0].temperature`) and their values."""
-    if isinstance(value, Mapping):
-        flat: dict[str, Any] = {}
-        for key, item in value.items():
-            flat.update(_flatten(item, f"{prefix}.{key}" if prefix else str(key)))
-        return flat or {prefix: {}}
-    if isinstance(value, list) and value:
-        flat = {}
-        for index, item in enumerate(value):
-            flat.update(_flatten(item, f"{prefix}[{index}]"))
-        return flat
-    return {prefix: value}
-
-
-def recipe_changes(old: Recipe, new: Recipe) -> dict[str, tuple[Any, Any]]:
-    """Every dotted key whose value differs between two resolved recipes: {key: (old, new)} (None: absent)."""
-    before, after = _flatten(dataclasses.asdict(old)), _flatten(dataclasses.asdict(new))
-    return {
-        key: (before.get(key), after.get(key))
-        for key in [*before, *(k for k in after if k not in before)]
-        if before.get(key) != after.get(key) or (key in before) != (key in after)
-    }
