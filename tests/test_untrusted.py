@@ -32,7 +32,8 @@ from csekit.data import data_dir as data_dir_module
 from csekit.parts.heads import HEADS
 from csekit.parts.objectives import OBJECTIVES, InfoNCE
 from csekit.training.part_building import build_part
-from csekit.training.recipe import load_recipe, recipe_changes
+from csekit.training.recipe import load_recipe
+from csekit.training.run_folder import recipe_changes
 from csekit.training.trainer import train
 
 CaptureErr = pytest.CaptureFixture[str]

@@ -50,7 +50,7 @@ from csekit.commands.options import (
     warn,
 )
 from csekit.commands.startup import VersionOption, quiet_transformers
-from csekit.core.errors import CsekitError, message_line
+from csekit.core.errors import CsekitError, absolute, message_line
 from csekit.core.json_text import json_text
 from csekit.core.run_lock import locks_output
 
@@ -103,13 +103,21 @@ def train(
     if recipe is None:
         if not resume:
             raise CsekitError("a recipe file is needed (csekit train RECIPE --output DIR), or --resume")
-        recipe = output / SAVED_RECIPE
-        if not recipe.is_file():
+        if not (output / SAVED_RECIPE).is_file():
             raise CsekitError(f"nothing to resume in {output}: no run there (no {SAVED_RECIPE})")
     if allow_changes and not resume:
         raise CsekitError("--allow-changes goes with --resume")
-    config = load_recipe(recipe, overrides or [])  # a mistake in it: one line, before torch is imported
-    from csekit.training.trainer import train as run_training
+    if not resume:  # a new run: a mistake in its recipe is one line, before torch is imported
+        config = load_recipe(recipe, overrides or [])
+    elif recipe is None:  # the run's own recipe (a relative path an older csekit recorded gets a hint)
+        from csekit.training.run_folder import load_saved_recipe
+
+        config = load_saved_recipe(output / SAVED_RECIPE, overrides or [], note_legacy_keys=True)
+    else:  # on --resume, its relative paths name the files the run recorded
+        from csekit.training.run_folder import load_run_recipe
+
+        config = load_run_recipe(recipe, overrides or [], output, resume)
+    from csekit.training.trainer import train as run_training  # a mistake in the recipe: one line, before torch
 
     try:
         result = run_training(

@@ -34,20 +34,22 @@ def _run_one(
     from csekit.data.data_dir import resolve_data_dir
     from csekit.evaluation.alignment import pairwise_cosines, sample_sentences
     from csekit.evaluation.command_encoder import command_encoder
-    from csekit.evaluation.file_tasks import read_file_tasks
+    from csekit.evaluation.file_tasks import read_task
     from csekit.evaluation.suite import protocol_facts, run_evaluation
-    from csekit.training.recipe import load_recipe
+    from csekit.training.run_folder import load_run_recipe, resolve_run_paths
     from csekit.training.trainer import train
 
-    config = load_recipe(recipe.path, [*recipe.overrides, *overrides, f"train.seed={seed}"])
-    started = any((folder / name).exists() for name in ("metrics.jsonl", "checkpoint"))
+    started = _started(folder)
+    # Paths absolute, a started run's as it recorded them: the corpus sampled below is the one it trained on.
+    config = load_run_recipe(recipe.path, [*recipe.overrides, *overrides, f"train.seed={seed}"], folder, started)
+    config = resolve_run_paths(config, folder, data_dir, started)
     train_start = time.perf_counter()
     result = train(config, folder, data_dir=data_dir, resume=started, show_progress=show_progress)
     train_seconds = time.perf_counter() - train_start
     evaluate_start = time.perf_counter()
     encode = command_encoder(folder / "best", None, "fp32", config.run.eval_batch_size, show_progress=False)
     root = resolve_data_dir(data_dir)
-    files = read_file_tasks(suite.pairs, None, suite.retrieval)
+    files = [read_task(task) for task in suite.files]
     groups = suite_groups(suite)
     evaluation = run_evaluation(encode, root, groups, n_jobs=-1, files=files, classifier=suite.transfer_classifier)
     corpus = open_corpus(config.data.corpus, root, config.data.max_chars, "skip", config.data.text_column)
@@ -70,6 +72,11 @@ def _run_one(
     return report
 
 
+def _started(folder: Path) -> bool:
+    """Whether a run was started in `folder` (it is resumed, with the paths it recorded)."""
+    return any((folder / name).exists() for name in ("metrics.jsonl", "checkpoint"))
+
+
 def _pending_runs(out: Path, suite: Suite) -> list[tuple[SuiteRecipe, int]]:
     """The (recipe, seed) pairs without a results.json yet, in the order they run."""
     return [
@@ -81,22 +88,34 @@ def _pending_runs(out: Path, suite: Suite) -> list[tuple[SuiteRecipe, int]]:
 
 
 def check_suite_inputs(
-    suite: Suite, pending: list[tuple[SuiteRecipe, int]], data_dir: Path | None, overrides: Sequence[str]
+    suite: Suite,
+    pending: list[tuple[SuiteRecipe, int]],
+    data_dir: Path | None,
+    overrides: Sequence[str],
+    output: Path | None = None,
 ) -> None:
-    """Resolve every pending run's recipe and look up its inputs before the first training.
+    """Resolve every pending run's recipe and look up its inputs before the first training (a run started in
+    `output` with the paths it recorded).
 
     One line lists each recipe whose recipe or inputs are wrong (with the command that makes a missing
     input), so that a suite never stops hours in because a later recipe's corpus or counts were never made.
     """
     from csekit.training.inputs import check_recipe_inputs
     from csekit.training.recipe import load_recipe
+    from csekit.training.run_folder import load_run_recipe, resolve_run_paths
 
     problems: dict[str, str] = {}
     for recipe, seed in pending:
         if recipe.name in problems:
             continue
         try:
-            config = load_recipe(recipe.path, [*recipe.overrides, *overrides, f"train.seed={seed}"])
+            settings = [*recipe.overrides, *overrides, f"train.seed={seed}"]
+            folder = run_dir(output, recipe, seed) if output is not None else None
+            if folder is not None and _started(folder):  # its inputs are those it recorded
+                config = load_run_recipe(recipe.path, settings, folder, resume=True)
+                config = resolve_run_paths(config, folder, data_dir, resume=True)
+            else:
+                config = load_recipe(recipe.path, settings)
             check_recipe_inputs(config, data_dir)
         except CsekitError as error:
             problems[recipe.name] = str(error)
@@ -157,7 +176,7 @@ def run_suite(
     out = Path(output)
     data_path = Path(data_dir) if data_dir else None
     pending = _pending_runs(out, suite)
-    check_suite_inputs(suite, pending, data_path, overrides)
+    check_suite_inputs(suite, pending, data_path, overrides, out)
     out.mkdir(parents=True, exist_ok=True)
     ran: list[str] = []
     skipped = [run_dir(out, r, s).name for r in suite.recipes for s in suite.seeds if (r, s) not in pending]

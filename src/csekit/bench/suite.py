@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from csekit.core.bounded_read import parse_yaml, read_bounded_text
-from csekit.core.errors import CsekitError, at
+from csekit.core.errors import CsekitError, absolute, at
 from csekit.core.safe_names import check_name, child_path
 from csekit.evaluation.published import load_published
-from csekit.evaluation.tasks import TRANSFER_CLASSIFIERS
+from csekit.evaluation.tasks import TRANSFER_CLASSIFIERS, FileTask
 from csekit.training.recipe import MAX_SEED
 
 SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline", "published", "transfer_classifier"}
@@ -39,10 +39,20 @@ class Suite:
     sample_sentences: int = 1000
     baseline: str | None = None  # a recipe name: the summary compares every other one with it, seed by seed
     published: Path | None = None  # the papers' numbers (benchmarks/published/*.yaml), compared task by task
-    # The user's own files among `tasks` (pairs:PATH, retrieval:PATH), relative to the suite; `tasks` the rest.
-    pairs: list[Path] = field(default_factory=list)
-    retrieval: list[Path] = field(default_factory=list)
+    # The user's own files among `tasks` (pairs:PATH, retrieval:PATH, {pairs: PATH, columns: [...]}, {retrieval:
+    # DIR, split: NAME}), relative to the suite and held absolute; `tasks` the rest.
+    files: list[FileTask] = field(default_factory=list)
     transfer_classifier: str = "sklearn"  # SentEval's transfer protocol: sklearn or pytorch (the papers')
+
+    @property
+    def pairs(self) -> list[Path]:
+        """The pairs files among the suite's tasks."""
+        return [task.path for task in self.files if task.kind == "pairs"]
+
+    @property
+    def retrieval(self) -> list[Path]:
+        """The retrieval folders among the suite's tasks."""
+        return [task.path for task in self.files if task.kind == "retrieval"]
 
 
 def _line_of(text: str, key: str) -> int | None:
@@ -112,25 +122,30 @@ def load_suite(path: str | Path) -> Suite:
         sample,
         None if baseline is None else str(baseline),
         _published_file(path, text, raw.get("published"), recipes),
-        files["pairs"],
-        files["retrieval"],
+        files,
         classifier,
     )
 
 
-def _suite_tasks(path: Path, text: str, value: Any) -> tuple[str, dict[str, list[Path]]]:
-    """The suite's `tasks` (a comma list or a YAML list): SentEval's tasks as `--tasks` names them, and the user's
-    files (`pairs:PATH`, `retrieval:PATH`, relative to the suite), each read and checked now."""
-    from csekit.evaluation.file_tasks import read_file_tasks, split_file_entries
+def _suite_tasks(path: Path, text: str, value: Any) -> tuple[str, list[FileTask]]:
+    """The suite's `tasks` (a comma list, or a YAML list of names and file tasks): SentEval's tasks as `--tasks`
+    names them, and the user's files (`pairs:PATH`, `retrieval:PATH`, or mappings with `columns` and `split`, as
+    `train.dev_task` takes them), relative to the suite and held absolute, each read and checked now."""
+    from csekit.evaluation.file_tasks import read_task, split_file_entries
     from csekit.evaluation.suite import parse_tasks
 
-    text_of_tasks = ",".join(str(entry) for entry in value) if isinstance(value, list) else str(value)
+    listed = value if isinstance(value, list) else [value]
+    entries = [
+        name.strip() for entry in listed for name in (str(entry).split(",") if not isinstance(entry, dict) else [])
+    ]
+    entries = [name for name in entries if name] + [entry for entry in listed if isinstance(entry, dict)]
+    text_of_tasks = ",".join(str(entry) for entry in listed if not isinstance(entry, dict))
     try:
-        others, files = split_file_entries([entry.strip() for entry in text_of_tasks.split(",") if entry.strip()])
-        files = {kind: [path.parent / file for file in paths] for kind, paths in files.items()}
-        if others or not any(files.values()):
+        others, files = split_file_entries(entries, base=Path(absolute(path)).parent, given_by="tasks")
+        if others or not files:
             parse_tasks(",".join(others) if others else text_of_tasks)  # nothing named: the text as written
-        read_file_tasks(files["pairs"], None, files["retrieval"])
+        for task in files:
+            read_task(task)
     except CsekitError as error:
         raise CsekitError(f"{at(path, _line_of(text, 'tasks'))}: {error}") from None
     return ",".join(others), files

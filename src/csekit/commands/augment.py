@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from csekit.commands.options import require_at_least
-from csekit.core.errors import CsekitError
+from csekit.core.errors import CsekitError, absolute
 
 
 def check_augment_options(
@@ -33,7 +33,7 @@ def check_augment_options(
     if can not in ("cannot", "can not"):
         raise CsekitError(f'--can "{can}": choose cannot or "can not"')
     if not corpus.is_file():
-        raise CsekitError(f"corpus {corpus} does not exist")
+        raise CsekitError(f"corpus {absolute(corpus)} does not exist")
 
 
 def paraphrase_engine(engine: str, paraphrases: Path | None, pivots: str | None) -> Any:

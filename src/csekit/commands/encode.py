@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from csekit.core.bounded_read import TEXT_FILE_LIMIT, read_bounded_bytes
-from csekit.core.errors import CsekitError
+from csekit.core.errors import CsekitError, absolute
 from csekit.core.lines import split_lines
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def read_sentences(path: Path) -> list[str]:
     try:
         data = read_bounded_bytes(path, TEXT_FILE_LIMIT)
     except FileNotFoundError:
-        raise CsekitError(f"input {path} does not exist") from None
+        raise CsekitError(f"input {absolute(path)} does not exist") from None
     except OSError as error:
         raise CsekitError(f"input {path}: cannot read it ({error.strerror})") from None
     try:

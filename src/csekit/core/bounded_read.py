@@ -37,7 +37,7 @@ from typing import IO, Any, BinaryIO, TypeVar
 
 import yaml
 
-from csekit.core.errors import CsekitError
+from csekit.core.errors import CsekitError, absolute
 
 METADATA_LIMIT = 16 * 2**20
 """The largest JSON or YAML metadata file read (a tokenizer.json is a few MiB; csekit's own files are KiB)."""
@@ -84,7 +84,7 @@ def _open_named(path: str | Path, what: str, limit: int | None) -> BinaryIO:
     try:
         return open_regular(path, limit)
     except FileNotFoundError:
-        raise CsekitError(f"{what} {path} does not exist") from None
+        raise CsekitError(f"{what} {absolute(path)} does not exist") from None
     except OSError as error:
         raise CsekitError(f"{what} {path}: cannot read it ({error.strerror or error})") from None
 
@@ -146,7 +146,7 @@ def read_bounded_text(path: str | Path, what: str, limit: int = METADATA_LIMIT) 
     try:
         data = read_bounded_bytes(path, limit)
     except FileNotFoundError:
-        raise CsekitError(f"{what} {path} does not exist") from None
+        raise CsekitError(f"{what} {absolute(path)} does not exist") from None
     except OSError as error:
         raise CsekitError(f"{what} {path}: cannot read it ({error.strerror or error})") from None
     try:

@@ -8,6 +8,7 @@ key at fault, and say what to do.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -40,6 +41,12 @@ def message_line(error: CsekitError) -> str:
 def at(path: str | Path, line: int | None = None) -> str:
     """Format a location as `path:line` (or just `path`) for error messages."""
     return f"{path}:{line}" if line is not None else str(path)
+
+
+def absolute(path: str | Path) -> str:
+    """The full path a relative `path` means from the current folder (`..` folded, links kept), for a message that
+    says a path does not exist: a relative one would not say where it was looked for."""
+    return os.path.abspath(os.path.expanduser(path))
 
 
 def did_you_mean(word: str, choices: Iterable[str], prefix: str = "") -> str:

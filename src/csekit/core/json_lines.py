@@ -17,7 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from csekit.core.bounded_read import bounded_lines, open_regular
-from csekit.core.errors import CsekitError, at
+from csekit.core.errors import CsekitError, absolute, at
 
 JSON_LINE_LIMIT = 2**20
 """The longest line of a JSON-lines file read (1 MiB; a row of sentences is a few hundred bytes)."""
@@ -105,7 +105,7 @@ def numbered_lines(path: Path, what: str, limit: int) -> Iterator[tuple[int, byt
     try:
         handle = open_regular(path)
     except FileNotFoundError:
-        raise CsekitError(f"{what} {path} does not exist") from None
+        raise CsekitError(f"{what} {absolute(path)} does not exist") from None
     except OSError as error:
         raise CsekitError(f"{what} {path}: cannot read it ({error.strerror or error})") from None
     with handle:

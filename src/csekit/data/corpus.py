@@ -25,7 +25,7 @@ import torch
 from torch.utils.data import Dataset
 
 from csekit.core.bounded_read import bounded_lines, open_regular
-from csekit.core.errors import CsekitError
+from csekit.core.errors import CsekitError, absolute
 from csekit.core.json_lines import RowProblem, json_row
 from csekit.encoding.packed import PACKING_LAYOUT, PackingLayout
 
@@ -99,8 +99,8 @@ class Corpus(Dataset):
         self._lengths = np.zeros(0, dtype=np.int32)
         self._lines: list[Any] | None = None
         self._handle: Any = None  # opened on first read (forked DataLoader workers share it)
-        if not self.path.exists():
-            raise CsekitError(f"corpus {self.path} does not exist")
+        if not os.path.exists(self.path):  # False, not OSError, for a name too long to be a file's
+            raise CsekitError(f"corpus {absolute(self.path)} does not exist")
         if not self.path.is_file():
             raise CsekitError(f"corpus {self.path} is not a file")
         self._scanned = self._signature()
@@ -238,16 +238,18 @@ class HubCorpus(Dataset):
 
 
 def resolve_corpus_path(corpus: str, data_dir: Path | None) -> str | Path:
-    """A corpus given as a path is used as is; a relative one is also looked up in the data folder."""
+    """A corpus given as a path, absolute: as it is if absolute, else from the current folder, else from the data
+    folder (when one is given; a corpus in neither is refused naming both); a hub dataset's name as it is."""
     if corpus.startswith(HUB_PREFIX):
         return corpus
     path = Path(corpus).expanduser()
-    if path.is_absolute() or path.exists() or data_dir is None:
-        return path
-    candidate = data_dir / path
-    if candidate.exists():
+    here = Path(absolute(path))
+    if path.is_absolute() or os.path.exists(here) or data_dir is None:
+        return here
+    candidate = Path(absolute(data_dir / path))
+    if os.path.exists(candidate):
         return candidate
-    raise CsekitError(f"corpus {corpus} not found (looked in the current folder and in {data_dir})")
+    raise CsekitError(f"corpus {corpus} not found (looked for {here} and, in the data folder, {candidate})")
 
 
 def open_corpus(

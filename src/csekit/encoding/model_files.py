@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from csekit.core.bounded_read import open_regular, read_json_file
-from csekit.core.errors import CsekitError
+from csekit.core.errors import CsekitError, absolute
 from csekit.core.safe_names import check_name
 
 MODEL_TEXT_LIMIT = 2**26
@@ -76,7 +76,7 @@ def check_library_file(folder: Path, name: str, limit: int | None, what: str) ->
     try:
         open_regular(path, limit).close()
     except FileNotFoundError:
-        raise CsekitError(f"{what}: {path} does not exist (a dangling link or a missing file)") from None
+        raise CsekitError(f"{what}: {absolute(path)} does not exist (a dangling link or a missing file)") from None
     except OSError as error:
         raise CsekitError(f"{path}: cannot read it ({error.strerror or error})") from None
     _check_link_stays_inside(folder, path, what)

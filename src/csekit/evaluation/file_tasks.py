@@ -3,18 +3,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
 
-from csekit.core.errors import CsekitError
-from csekit.evaluation.pairs import PairsFile, parse_columns, read_pairs, score_pairs, skipped_lines
+from csekit.core.errors import CsekitError, did_you_mean
+from csekit.evaluation.pairs import DEFAULT_COLUMNS, PairsFile, parse_columns, read_pairs, score_pairs, skipped_lines
 from csekit.evaluation.retrieval import METRICS, evaluate_retrieval
-from csekit.evaluation.retrieval_data import RetrievalSet, read_retrieval_set
-from csekit.evaluation.tasks import FILE_TASK_KINDS, FileTask, file_tasks
+from csekit.evaluation.retrieval_data import RetrievalSet, check_split, read_retrieval_set
+from csekit.evaluation.tasks import FILE_TASK_KINDS, FileTask, PairsColumns, file_task, file_tasks, unique_tasks
 
 Encoder = Callable[[list[str]], np.ndarray]
 
@@ -23,20 +24,117 @@ FILE_TASK_SCORES = {"pairs": ("spearman", "pearson"), "retrieval": METRICS}
 what a training selects on (`KIND:NAME/score`) and what bench's tables show."""
 
 
-def split_file_entries(entries: Sequence[str]) -> tuple[list[str], dict[str, list[Path]]]:
-    """A list of task names where `pairs:PATH` and `retrieval:PATH` name a user's files (`train.dev_task`, a bench
-    suite's `tasks`): the other entries, and the paths of each kind (a CsekitError for a kind without a path)."""
+ENTRY_OPTIONS: Mapping[str, str] = MappingProxyType({"pairs": "columns", "retrieval": "split"})
+"""The option a file task's mapping entry may give beside its path, by kind: `{pairs: PATH, columns: [a, b, s]}`
+(`--pairs-columns`), `{retrieval: DIR, split: dev}` (`--split`)."""
+
+
+_MAPPINGS = "{pairs: PATH, columns: [sentence1, sentence2, score]} or {retrieval: DIR, split: test}"
+
+
+class TaskEntryError(CsekitError):
+    """A wrong entry of a task list; `key` places it: `[1]`, `[1].columns` (within the list as written), or ""."""
+
+    def __init__(self, message: str, key: str = "") -> None:
+        super().__init__(message)
+        self.key = key
+
+
+def split_file_entries(
+    value: Any, base: Path | None = None, given_by: str | None = None
+) -> tuple[list[str], list[FileTask]]:
+    """A task list (`train.dev_task`, a bench suite's `tasks`: one entry or a list) where `pairs:PATH`,
+    `retrieval:PATH` and the mappings of `ENTRY_OPTIONS` name a user's files: the other entries (names, as
+    written), and the file tasks, pairs first (their names unique). A relative path is taken from `base` when
+    given (a suite's folder), else as it is. A wrong entry is a `TaskEntryError` placing it in the list."""
+    listed = isinstance(value, list)
+    entries = value if listed else [value]
     others: list[str] = []
-    paths: dict[str, list[Path]] = {kind: [] for kind in FILE_TASK_KINDS}
-    for entry in entries:
+    tasks: list[FileTask] = []
+    for index, entry in enumerate(entries):
+        place = f"[{index}]" if listed else ""
+        parsed = _file_entry(entry, place, base)
+        if isinstance(parsed, FileTask):
+            tasks.append(parsed)
+        else:
+            others.append(parsed)
+    tasks.sort(key=lambda task: list(FILE_TASK_KINDS).index(task.kind))  # stable: pairs, then retrieval
+    return others, unique_tasks(tasks, given_by)
+
+
+def _file_entry(entry: Any, place: str, base: Path | None) -> str | FileTask:
+    """One entry: a name (returned as it is), `KIND:PATH`, or a mapping `{KIND: PATH, OPTION: VALUE}`."""
+    if isinstance(entry, str):
         kind, colon, path = entry.partition(":")
         if not (colon and kind in FILE_TASK_KINDS):
-            others.append(entry)
-        elif not path.strip():
-            raise CsekitError(f'"{entry}" names no file; give {kind}:PATH')
-        else:
-            paths[kind].append(Path(path.strip()).expanduser())
-    return others, paths
+            return entry
+        if not path.strip() or "\0" in path:
+            raise TaskEntryError(f"{entry!r} names no file; give {kind}:PATH", place)
+        return file_task(kind, _entry_path(path, base))
+    if not isinstance(entry, Mapping):
+        raise TaskEntryError(f"an entry is a task name, KIND:PATH or a mapping {_MAPPINGS}, not {entry!r}", place)
+    keys = [*FILE_TASK_KINDS, *ENTRY_OPTIONS.values()]
+    for key in entry:
+        if key not in keys:
+            named = f'"{key}"' if isinstance(key, str) else repr(key)
+            raise TaskEntryError(
+                f"unknown key {named}{did_you_mean(str(key), keys)}; a file task is {_MAPPINGS}", _key(place, key)
+            )
+    kinds = [kind for kind in FILE_TASK_KINDS if kind in entry]
+    if len(kinds) != 1:
+        raise TaskEntryError(f"a file task gives one of {' or '.join(FILE_TASK_KINDS)}: {_MAPPINGS}", place)
+    kind = kinds[0]
+    for option, option_kind in ((o, k) for k, o in ENTRY_OPTIONS.items()):
+        if option in entry and option_kind != kind:
+            raise TaskEntryError(f"{option} goes with {option_kind}, not {kind}: {_MAPPINGS}", _key(place, option))
+    path = entry[kind]
+    if not isinstance(path, str) or not path.strip() or "\0" in path:
+        raise TaskEntryError(f"{kind} must be a path (text without NUL), not {path!r}", _key(place, kind))
+    try:
+        if kind == "pairs":
+            columns = entry_columns(entry.get("columns"))
+            return file_task(kind, _entry_path(path, base), columns=columns)
+        split = entry.get("split", "test")
+        if not isinstance(split, str) or not split:
+            raise CsekitError(f"split must name a qrels file (text: dev for qrels/dev.tsv), not {split!r}")
+        check_split(split, "split")
+        return file_task(kind, _entry_path(path, base), split=split)
+    except TaskEntryError:
+        raise
+    except CsekitError as error:
+        raise TaskEntryError(str(error), _key(place, ENTRY_OPTIONS[kind])) from None
+
+
+def _key(place: str, key: Any) -> str:
+    return f"{place}.{key}"
+
+
+def _entry_path(path: str, base: Path | None) -> Path:
+    given = Path(path.strip()).expanduser()
+    return given if base is None else base / given
+
+
+def entry_columns(value: Any) -> PairsColumns | None:
+    """A mapping entry's `columns`: a list of three names or 1-based numbers, or their comma text, read by the one
+    rule of `--pairs-columns` (`parse_columns`); None (not given) is the default names."""
+    if value is None:
+        return None
+    if isinstance(value, list) and all(isinstance(item, str | int) and not isinstance(item, bool) for item in value):
+        text = ",".join(str(item) for item in value)
+    elif isinstance(value, str):
+        text = value
+    else:
+        raise CsekitError(
+            f"columns must list three column names or 1-based numbers ([q, d, score], [1, 2, 3]), not {value!r}"
+        )
+    return parse_columns(text, "columns")
+
+
+def read_task(task: FileTask) -> ReadTask:
+    """A file task read and checked: a pairs file with its columns, a retrieval folder with its qrels split."""
+    if task.kind == "pairs":
+        return ReadTask(task, read_pairs(task.path, task.columns or DEFAULT_COLUMNS))
+    return ReadTask(task, read_retrieval_set(task.path, task.split))
 
 
 @dataclass(frozen=True)
@@ -57,11 +155,9 @@ def read_file_tasks(
     pairs: Sequence[Path] = (), columns: str | None = None, retrieval: Sequence[Path] = (), split: str = "test"
 ) -> list[ReadTask]:
     """Every `--pairs` file (its columns named by `--pairs-columns`) and `--retrieval` folder (qrels `split`)."""
-    read: list[ReadTask] = []
     parsed = parse_columns(columns)
-    read += [ReadTask(task, read_pairs(task.path, parsed)) for task in file_tasks("pairs", pairs)]
-    read += [ReadTask(task, read_retrieval_set(task.path, split)) for task in file_tasks("retrieval", retrieval)]
-    return read
+    tasks = [*file_tasks("pairs", pairs, columns=parsed), *file_tasks("retrieval", retrieval, split=split)]
+    return [read_task(task) for task in tasks]
 
 
 def score_file_tasks(encode: Encoder, encode_raw: Encoder, tasks: Sequence[ReadTask]) -> dict[str, Any]:

@@ -53,21 +53,22 @@ class PairsFile:
     skipped: list[Skipped]
 
 
-def parse_columns(text: str | None) -> tuple[str, str, str] | tuple[int, int, int]:
+def parse_columns(text: str | None, what: str = "--pairs-columns") -> tuple[str, str, str] | tuple[int, int, int]:
     """`--pairs-columns`: three column names (`query,passage,label`) or three 1-based column numbers for a file
-    without a header (`1,2,3`); None is the default names."""
+    without a header (`1,2,3`); None is the default names. `what` names the option in errors (a recipe's or a
+    suite's `columns:` are read by this same rule)."""
     if text is None:
         return DEFAULT_COLUMNS
     parts = [part.strip() for part in text.split(",")]
     if len(parts) != 3 or not all(parts):
-        raise CsekitError(f'--pairs-columns "{text}": give three columns, sentence1,sentence2,score (names or numbers)')
+        raise CsekitError(f'{what} "{text}": give three columns, sentence1,sentence2,score (names or numbers)')
     if all(part.isdigit() for part in parts):
         numbers = tuple(int(part) for part in parts)
         if min(numbers) < 1 or len(set(numbers)) != 3:
-            raise CsekitError(f'--pairs-columns "{text}": column numbers start at 1 and differ')
+            raise CsekitError(f'{what} "{text}": column numbers start at 1 and differ')
         return numbers  # type: ignore[return-value]
     if len(set(parts)) != 3:
-        raise CsekitError(f'--pairs-columns "{text}": name three different columns')
+        raise CsekitError(f'{what} "{text}": name three different columns')
     return parts[0], parts[1], parts[2]
 
 
@@ -77,7 +78,10 @@ def read_pairs(path: Path, columns: tuple[str, str, str] | tuple[int, int, int] 
     if suffix not in (*JSON_SUFFIXES, *DELIMITERS):
         raise CsekitError(f"pairs file {path}: name it .tsv, .csv or .jsonl (its suffix says how it is read)")
     if suffix in JSON_SUFFIXES and isinstance(columns[0], int):
-        raise CsekitError(f"pairs file {path}: a JSON-lines file names its fields; give --pairs-columns as names")
+        raise CsekitError(
+            f"pairs file {path}: a JSON-lines file names its fields; give the columns (--pairs-columns, columns:) "
+            "as names"
+        )
     reader = _PairsReader(path, columns, DELIMITERS.get(suffix))
     for number, line in numbered_lines(path, "pairs file", PAIRS_LINE_LIMIT):
         reader.add(number, line)
@@ -143,7 +147,8 @@ class _PairsReader:
                 raise CsekitError(f"{where}: {cause}")
             raise CsekitError(
                 f"{where}: the header names {', '.join(names)}, not {', '.join(map(str, missing))}; a pairs file's "
-                f"header names {', '.join(map(str, self.columns))} (or give --pairs-columns)"
+                f"header names {', '.join(map(str, self.columns))} "
+                "(or give the columns: --pairs-columns, or columns: in a task's mapping)"
             )
         self.positions = tuple(names.index(str(name)) for name in self.columns)
         self.header_width = len(names)

@@ -14,14 +14,15 @@ integer, an empty file: one `CsekitError` naming the file and line.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from csekit.core.bounded_read import bounded_lines, open_regular
-from csekit.core.errors import CsekitError, at
+from csekit.core.errors import CsekitError, absolute, at
 from csekit.core.json_lines import json_rows
-from csekit.core.safe_names import child_path
+from csekit.core.safe_names import check_name, child_path
 
 QRELS_LINE_LIMIT = 2**16
 """The longest qrels line read (two ids and a score)."""
@@ -83,13 +84,19 @@ def corpus_texts(retrieval: RetrievalSet, chunk: int) -> Iterator[list[str]]:
         raise CsekitError(f"{retrieval.corpus}: the corpus changed while it was read")
 
 
-def read_retrieval_set(folder: Path, split: str = "test") -> RetrievalSet:
-    """The ids, queries and qrels of a BEIR folder (see the module's docstring)."""
-    if not folder.is_dir():
-        raise CsekitError(f"retrieval folder {folder} does not exist or is not a folder")
-    qrels_path = child_path(folder / "qrels", f"{split}.tsv", "--split")
+def check_split(split: str, what: str = "--split") -> None:
+    """A qrels split names one file inside qrels/ (`what` names the option in the error: `--split`, `split`)."""
+    check_name(f"{split}.tsv", what)
+
+
+def read_retrieval_set(folder: Path, split: str = "test", what: str = "--split") -> RetrievalSet:
+    """The ids, queries and qrels of a BEIR folder (see the module's docstring); `what` names the option that gave
+    `split` in errors."""
+    if not os.path.isdir(folder):  # False, not OSError, for a name too long to be a file's
+        raise CsekitError(f"retrieval folder {absolute(folder)} does not exist or is not a folder")
+    qrels_path = child_path(folder / "qrels", f"{split}.tsv", what)
     if not qrels_path.exists():
-        raise CsekitError(f"retrieval folder {folder}: no qrels/{split}.tsv (BEIR's layout; --split names the qrels)")
+        raise CsekitError(f"retrieval folder {folder}: no qrels/{split}.tsv (BEIR's layout; {what} names the qrels)")
     doc_lines = _unique_ids(folder / "corpus.jsonl", "corpus", {"title": (str, type(None))})
     query_texts: dict[str, str] = {}
     query_lines: dict[str, int] = {}

@@ -96,27 +96,52 @@ FILE_TASK_KINDS: Mapping[str, str] = MappingProxyType(
 """The tasks a user's own files give, beside the table above: each file (or folder) is one task, `KIND:NAME`."""
 
 
+PairsColumns = tuple[str, str, str] | tuple[int, int, int]
+"""The columns a pairs file is read from: three header names, or three 1-based numbers (a file without a header)."""
+
+
 @dataclass(frozen=True)
 class FileTask:
-    """One task read from a user's file or folder; `name` (`pairs:NAME`, `retrieval:NAME`) names it in results."""
+    """One task read from a user's file or folder; `name` (`pairs:NAME`, `retrieval:NAME`) names it in results.
+
+    `columns` (pairs; None: sentence1, sentence2, score) and `split` (retrieval: qrels/SPLIT.tsv) say how it is
+    read, as `--pairs-columns` and `--split` do; they never change its name."""
 
     kind: str
     path: Path
     name: str
+    columns: PairsColumns | None = None
+    split: str = "test"
 
 
-def file_tasks(kind: str, paths: Sequence[Path], given_by: str | None = None) -> list[FileTask]:
-    """Each path one task named after its file (without the suffix) or folder; two of one name are refused
-    (`given_by` names where the paths were given in that error: `--KIND` by default)."""
-    tasks: dict[str, FileTask] = {}
-    for path in paths:
-        stem = path.stem if kind == "pairs" else path.resolve().name
-        task = FileTask(kind, path, f"{kind}:{stem}")
-        if task.name in tasks:
-            given = given_by or f"--{kind}"
-            raise CsekitError(f"{given} {tasks[task.name].path} and {path} would both be task {task.name}; rename one")
-        tasks[task.name] = task
-    return list(tasks.values())
+def file_task(kind: str, path: Path, columns: PairsColumns | None = None, split: str = "test") -> FileTask:
+    """The task of one file (named after it without the suffix) or folder (named after it)."""
+    stem = path.stem if kind == "pairs" else path.resolve().name
+    return FileTask(kind, path, f"{kind}:{stem}", columns, split)
+
+
+def unique_tasks(tasks: Sequence[FileTask], given_by: str | None = None) -> list[FileTask]:
+    """The tasks, two of one name refused (`given_by` names where the paths were given: `--KIND` by default)."""
+    named: dict[str, FileTask] = {}
+    for task in tasks:
+        if task.name in named:
+            given = given_by or f"--{task.kind}"
+            raise CsekitError(
+                f"{given} {named[task.name].path} and {task.path} would both be task {task.name}; rename one"
+            )
+        named[task.name] = task
+    return list(named.values())
+
+
+def file_tasks(
+    kind: str,
+    paths: Sequence[Path],
+    given_by: str | None = None,
+    columns: PairsColumns | None = None,
+    split: str = "test",
+) -> list[FileTask]:
+    """Each path one task (see `file_task`), all read alike; two of one name are refused (see `unique_tasks`)."""
+    return unique_tasks([file_task(kind, path, columns, split) for path in paths], given_by)
 
 
 def tasks_of(*groups: str) -> tuple[str, ...]:

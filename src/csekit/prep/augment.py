@@ -20,7 +20,7 @@ from typing import Any
 
 from csekit.core.atomic import open_for_append, refuse_unsafe_file, truncate_file
 from csekit.core.bounded_read import bounded_lines, open_regular
-from csekit.core.errors import CsekitError, at
+from csekit.core.errors import CsekitError, absolute, at
 from csekit.core.json_lines import RowProblem, json_row
 from csekit.core.save_guard import guarded_save
 from csekit.prep.match_error import mer
@@ -161,7 +161,7 @@ def _sentences(path: Path, report: AugmentReport) -> Iterator[tuple[int, str]]:
                 else:
                     report.blank_lines += 1
     except FileNotFoundError:
-        raise CsekitError(f"corpus {path} does not exist") from None
+        raise CsekitError(f"corpus {absolute(path)} does not exist") from None
     except UnicodeDecodeError:
         raise CsekitError(f"corpus {path}: not valid UTF-8") from None
 

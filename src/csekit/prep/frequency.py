@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -35,7 +36,7 @@ from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
 from csekit.core.bounded_read import bounded_lines, open_regular, read_json_file
-from csekit.core.errors import CsekitError
+from csekit.core.errors import CsekitError, absolute
 from csekit.core.progress import amount_progress
 from csekit.encoding.model_folder import load_model
 from csekit.encoding.token_input import token_ids
@@ -77,8 +78,8 @@ def count_tokens(
     tokens are not added; each line is tokenised as in the authors' `tokenizer.tokenize(line)`.
     """
     path = Path(path)
-    if not path.is_file():
-        raise CsekitError(f"corpus {path} does not exist")
+    if not os.path.isfile(path):
+        raise CsekitError(f"corpus {absolute(path)} does not exist")
     if chunk_lines < 1:
         raise CsekitError("--chunk-lines must be at least 1")
     totals = np.zeros(table_size(tokenizer), dtype=np.int64)
@@ -119,24 +120,27 @@ def counts_by_token(counts: np.ndarray, tokenizer: PreTrainedTokenizerBase) -> d
 
 
 def resolve_counts_path(counts: str | Path, data_dir: str | Path | None = None) -> Path:
-    """A counts file as given (absolute or relative to the current folder), else under the data folder."""
+    """A counts file, absolute: as given (absolute or relative to the current folder), else under the data folder;
+    a missing one is refused naming every path tried."""
     from csekit.data.data_dir import resolve_data_dir
 
     path = Path(counts).expanduser()
-    if path.is_file():
-        return path
-    places = ["the current folder"]
+    here = Path(absolute(path))
+    if os.path.isfile(here):
+        return here
+    places = [str(here)]
     if not path.is_absolute():
         try:
             root = resolve_data_dir(data_dir)
         except CsekitError:
             root = None
         if root is not None:
-            places.append(str(root))
-            if (root / path).is_file():
-                return root / path
+            candidate = Path(absolute(root / path))
+            if os.path.isfile(candidate):
+                return candidate
+            places.append(str(candidate))
     raise CsekitError(
-        f"token counts file {counts} not found (looked in {' and '.join(places)}); "
+        f"token counts file {counts} not found (looked for {' and '.join(places)}); "
         f"make it with: csekit freq --corpus CORPUS --tokenizer MODEL --output {counts}"
     )
 
@@ -166,7 +170,7 @@ def read_counts(path: str | Path) -> dict[str, int]:
     try:
         modified = path.stat().st_mtime
     except OSError:
-        raise CsekitError(f"token counts file {path} does not exist") from None
+        raise CsekitError(f"token counts file {absolute(path)} does not exist") from None
     return dict(_read_counts_cached(str(path.resolve()), modified))
 
 

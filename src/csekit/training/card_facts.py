@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from csekit.evaluation.result import EvalResult
+from csekit.training.dev_selection import dev_task_names
 from csekit.training.recipe import Recipe
 
 
@@ -24,13 +25,13 @@ def training_card_facts(
     """Plain data for the card: the recipe as dicts, so the encoder layer never needs the Recipe type; the dev
     `scores` (as metrics.jsonl logs them) in the one result layout, {"tasks": ..., "averages": ...}; and
     `training`, what csekit.json keeps of the run (read back by `csekit evaluate --mteb` for mteb's ModelMeta:
-    the base model, the corpus and the dev task, and the day the model was saved); `start_scores`, the starting
-    model's dev scores (step 0), for the card's before-and-after table."""
+    the base model, the corpus and the dev tasks as text, and the day the model was saved); `start_scores`, the
+    starting model's dev scores (step 0), for the card's before-and-after table."""
     return {
         "training": {
             "base_model": recipe.model.backbone,
             "corpus": recipe.data.corpus,
-            "dev_task": recipe.train.dev_task,
+            "dev_task": dev_task_names(recipe.train.dev_task),  # a file task's mapping as KIND:PATH
             "saved_on": datetime.datetime.now(datetime.UTC).date().isoformat(),
         },
         "recipe": dataclasses.asdict(recipe),

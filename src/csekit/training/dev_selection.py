@@ -3,7 +3,10 @@
 `train.dev_task` is one entry or a list of them: SentEval's dev splits (`sts`: STS-B dev and SICK-R dev, giving
 their mean `avg_sts` too; `stsb-dev`; `sick-dev`), `none`, and a user's own files as `csekit evaluate` reads
 them: `pairs:PATH` (a scored pairs file, `--pairs`) and `retrieval:PATH` (a BEIR-layout folder, `--retrieval`,
-its qrels/test.tsv). A relative PATH is read from the current folder, as a relative `data.corpus` is.
+its qrels/test.tsv), or as mappings that say how to read them, `{pairs: PATH, columns: [q, d, score]}`
+(`--pairs-columns`: names, or 1-based numbers for a file without a header) and `{retrieval: DIR, split: dev}`
+(`--split`), parsed by the one reader of task lists (`csekit.evaluation.file_tasks.split_file_entries`). A relative
+PATH is read from the current folder, and recorded absolute when the run starts (`csekit.training.recipe_paths`).
 
 A file task gives its scores under the task's name as `csekit evaluate` names it, one flat key a score
 (`pairs:NAME/spearman`, `pairs:NAME/pearson`, `retrieval:NAME/ndcg@10`, ...): metrics.jsonl, the progress line,
@@ -14,24 +17,22 @@ anything is trained, and read again when the run starts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import yaml
 
 from csekit.core.errors import CsekitError, did_you_mean
-from csekit.evaluation.file_tasks import FILE_TASK_SCORES, ReadTask, split_file_entries
-from csekit.evaluation.pairs import PairsFile, read_pairs, score_pairs
+from csekit.evaluation.file_tasks import FILE_TASK_SCORES, ReadTask, TaskEntryError, read_task, split_file_entries
+from csekit.evaluation.pairs import PairsFile, score_pairs
 from csekit.evaluation.retrieval import evaluate_retrieval
-from csekit.evaluation.retrieval_data import read_retrieval_set
-from csekit.evaluation.tasks import AVG_STS, FILE_TASK_KINDS, TRAINING_DEV_TASKS, FileTask, file_tasks
+from csekit.evaluation.tasks import AVG_STS, FILE_TASK_KINDS, TRAINING_DEV_TASKS, FileTask
 
 Encoder = Callable[[list[str]], np.ndarray]
 
 NO_DEV_TASK = "none"
-RETRIEVAL_SPLIT = "test"
-"""The qrels a `retrieval:` dev task reads (qrels/test.tsv, as `csekit evaluate --retrieval` by default)."""
 
 
 @dataclass(frozen=True)
@@ -50,20 +51,40 @@ class DevTasks:
         return (*names, *(f"{task.name}/{score}" for task in self.files for score in FILE_TASK_SCORES[task.kind]))
 
 
-def dev_task_entries(dev_task: Any) -> list[str]:
-    """`train.dev_task` as a list of entries (one string, or a list of strings)."""
-    entries = [dev_task] if isinstance(dev_task, str) else dev_task
-    if not isinstance(entries, list) or not entries or not all(isinstance(entry, str) for entry in entries):
+def dev_task_entries(dev_task: Any) -> list[Any]:
+    """`train.dev_task` as a list of entries (one entry, or a list of them): names, `KIND:PATH` or mappings."""
+    entries = dev_task if isinstance(dev_task, list) else [dev_task]
+    if not entries or not isinstance(dev_task, str | Mapping | list):  # a wrong entry of a list: placed by its parser
         raise CsekitError(f"must be a dev task or a list of them, not {dev_task!r}")
     return entries
 
 
+def dev_task_text(dev_task: Any) -> str:
+    """`train.dev_task` for a message: its entries joined by commas, a mapping as YAML writes it in a line."""
+    entries = dev_task if isinstance(dev_task, list) else [dev_task]
+    return ", ".join(
+        entry if isinstance(entry, str) else yaml.safe_dump(entry, default_flow_style=True, width=10**6).strip()
+        for entry in entries
+    )
+
+
+def dev_task_names(dev_task: Any) -> str | list[str]:
+    """`train.dev_task` as text, a file task's mapping as `KIND:PATH` (what a saved model's csekit.json records):
+    one entry as one string, a list as a list."""
+    names = []
+    for entry in dev_task if isinstance(dev_task, list) else [dev_task]:
+        kind = next((kind for kind in FILE_TASK_KINDS if isinstance(entry, Mapping) and kind in entry), None)
+        names.append(f"{kind}:{entry[kind]}" if kind is not None else str(entry))
+    return names if isinstance(dev_task, list) else names[0]
+
+
 def parse_dev_tasks(dev_task: Any) -> DevTasks:
-    """The splits and file tasks `train.dev_task` names (no file is read here); one CsekitError naming a wrong one."""
+    """The splits and file tasks `train.dev_task` names (no file is read here); one CsekitError naming a wrong one
+    (a `TaskEntryError` placing a wrong file entry)."""
     entries = dev_task_entries(dev_task)
     choices = [*TRAINING_DEV_TASKS, NO_DEV_TASK, *(f"{kind}:PATH" for kind in FILE_TASK_KINDS)]
     splits: list[str] = []
-    others, paths = split_file_entries(entries)
+    others, files = split_file_entries(dev_task, given_by="train.dev_task")
     for entry in others:
         if entry in TRAINING_DEV_TASKS:
             splits += TRAINING_DEV_TASKS[entry]
@@ -74,31 +95,28 @@ def parse_dev_tasks(dev_task: Any) -> DevTasks:
             raise CsekitError(
                 f'unknown dev task "{entry}"{alone}{did_you_mean(entry, choices)}; choose {", ".join(choices)}'
             )
-    files = [task for kind, kind_paths in paths.items() for task in file_tasks(kind, kind_paths, "train.dev_task")]
     return DevTasks(tuple(dict.fromkeys(splits)), tuple(files))
 
 
 def read_dev_files(tasks: DevTasks) -> list[ReadTask]:
     """Each file task read and checked (a bad file: one CsekitError naming the file and line)."""
-    return [
-        ReadTask(
-            task, read_pairs(task.path) if task.kind == "pairs" else read_retrieval_set(task.path, RETRIEVAL_SPLIT)
-        )
-        for task in tasks.files
-    ]
+    return [read_task(task) for task in tasks.files]
 
 
 def check_dev_selection(dev_task: Any, select_metric: str, patience: int | None, where: Any) -> None:
     """`dev_task` names known splits and readable files, `select_metric` is one of the scores they give, and
     `patience` has a dev task to count with; `where(key)` places an error in the recipe."""
+    key = "train.dev_task"
     try:
         tasks = parse_dev_tasks(dev_task)
         read_dev_files(tasks)
+    except TaskEntryError as error:
+        raise CsekitError(f"{where(key + error.key)}: recipe key {key}{error.key}: {error}") from None
     except CsekitError as error:
-        raise CsekitError(f"{where('train.dev_task')}: recipe key train.dev_task: {error}") from None
+        raise CsekitError(f"{where(key)}: recipe key {key}: {error}") from None
     scores = tasks.metrics()
+    named = dev_task_text(dev_task)
     if scores and select_metric not in scores:
-        named = dev_task if isinstance(dev_task, str) else ", ".join(dev_task)
         raise CsekitError(
             f'{where("train.select_metric")}: recipe key train.select_metric: "{select_metric}" is not a '
             f"score of dev_task {named}{did_you_mean(select_metric, scores)}; choose {', '.join(scores)}"
@@ -106,7 +124,7 @@ def check_dev_selection(dev_task: Any, select_metric: str, patience: int | None,
     if patience is not None and not scores:
         raise CsekitError(
             f"{where('train.patience')}: recipe key train.patience needs a dev task to count evaluations without "
-            f"improvement (train.dev_task is {dev_task}); set train.dev_task or remove train.patience"
+            f"improvement (train.dev_task is {named}); set train.dev_task or remove train.patience"
         )
 
 

@@ -7,6 +7,7 @@ and a missing one is named with the command that makes it.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from csekit.core.errors import CsekitError
@@ -44,8 +45,8 @@ def check_recipe_inputs(recipe: Recipe, data_dir: str | Path | None, needs_data_
             location = resolve_corpus_path(corpus, root)
         except CsekitError as error:
             raise CsekitError(f"{error}{_corpus_hint(corpus, root)}") from None
-        if not Path(location).is_file():
-            raise CsekitError(f"corpus {corpus} not found{_corpus_hint(corpus, root)}")
+        if not os.path.isfile(location):
+            raise CsekitError(f"corpus {corpus} not found (looked for {location}){_corpus_hint(corpus, root)}")
     for spec in recipe.objectives:
         if isinstance(spec.get("counts"), str):
             resolve_counts_path(spec["counts"], root)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -190,7 +190,13 @@ def _legacy_override(item: str, moved: list[str]) -> str:
     return f"{RUN_SECTION}.{new_key}{equals}{value}"
 
 
-def load_recipe(path: str | Path | None, overrides: Sequence[str] = (), *, note_legacy_keys: bool = True) -> Recipe:
+PathsAs = Callable[[Recipe], Recipe] | None
+"""What gives a recipe its paths before its checks read the files (`load_recipe`'s `paths`)."""
+
+
+def load_recipe(
+    path: str | Path | None, overrides: Sequence[str] = (), *, note_legacy_keys: bool = True, paths: PathsAs = None
+) -> Recipe:
     """Read a recipe file (or the defaults when `path` is None) and apply `--set` overrides.
 
     Execution settings written where recipes before the `run:` section had them are read into `run`, with one
@@ -237,6 +243,7 @@ def load_recipe(path: str | Path | None, overrides: Sequence[str] = (), *, note_
         raise CsekitError(f"{where_in_file(key)}: recipe key {key}: {message}") from None
     from csekit.training.recipe_checks import validate_recipe  # the parts' checks import torch: after the schema's
 
+    recipe = paths(recipe) if paths is not None else recipe
     validate_recipe(recipe, where_in_file)
     return recipe
 

@@ -45,6 +45,8 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
+    # A path (relative: from the current folder, else the data folder; recorded absolute when a run starts, see
+    # csekit.training.recipe_paths), or hf:NAME[:split] for a hub dataset.
     corpus: str = "corpus/wiki1m_for_simcse.txt"
     views: dict[str, Any] = field(default_factory=lambda: {"name": "dropout"})
     max_chars: int = 10_000  # longer lines are input errors (or skipped with bad_lines: skip); at most 1,000,000
@@ -76,7 +78,8 @@ class TrainConfig:
     max_bad_steps: int = 20  # this many non-finite steps in a row stop the run
     # Dev tasks evaluated every eval_every steps, one or a list: sts (STS-B dev and SICK-R dev, and their mean
     # avg_sts, as SimCSE's and DCLR's code log them), stsb-dev, sick-dev, none, or your own files: pairs:PATH
-    # and retrieval:PATH (csekit.training.dev_selection).
+    # and retrieval:PATH, or {pairs: PATH, columns: [q, d, score]} and {retrieval: DIR, split: dev}, read as
+    # --pairs-columns and --split read them (csekit.training.dev_selection).
     dev_task: Any = "sts"
     # The dev score that picks the best checkpoint: stsb-dev, sick-dev, avg_sts, pairs:NAME/spearman, ...
     select_metric: str = "stsb-dev"

@@ -7,9 +7,11 @@ Nothing is created before every input is checked; a folder that holds a run is o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -29,7 +31,9 @@ from csekit.core.json_lines import RowProblem, json_row
 from csekit.core.json_text import json_text
 from csekit.core.run_lock import check_not_locked
 from csekit.core.save_guard import guarded_save
+from csekit.data.data_dir import optional_data_dir
 from csekit.training.recipe import RUN_SECTION, SAVED_RECIPE, Recipe, load_recipe, recipe_changes
+from csekit.training.recipe_paths import as_recorded, older_run_hint, resolve_recipe_paths
 from csekit.training.state_checks import LARGEST_COUNT
 
 STATE_FILE = "trainer_state.json"
@@ -223,10 +227,10 @@ def recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bo
     """
     saved_path = output_dir / SAVED_RECIPE
     copy_path = output_dir / CHECKPOINT_RECIPE
-    reference_path = copy_path if copy_path.is_file() else saved_path
+    reference_path = _reference_path(output_dir)
     if not reference_path.exists():
         return {}
-    reference = load_recipe(reference_path, note_legacy_keys=False)
+    reference = as_recorded(load_saved_recipe(reference_path), recipe)
     changes = recipe_changes(reference, recipe)
     refused = {key: change for key, change in changes.items() if not key.startswith(f"{RUN_SECTION}.")}
     fixed = {key: change for key, change in refused.items() if key in FIXED_BY_CHECKPOINT}
@@ -237,7 +241,7 @@ def recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bo
             "start a new run with the new one"
         )
     if refused and not allow_changes:
-        saved = load_recipe(saved_path, note_legacy_keys=False)
+        saved = as_recorded(load_saved_recipe(saved_path), recipe)
         edited = recipe_changes(reference, saved) if reference_path == copy_path else {}
         edited = {key: change for key, change in edited.items() if not key.startswith(f"{RUN_SECTION}.")}
         if edited:
@@ -252,6 +256,46 @@ def recipe_changes_on_resume(output_dir: Path, recipe: Recipe, allow_changes: bo
             f"without a recipe and --set to continue it as saved ({saved_path}), or pass --allow-changes"
         )
     return {key: [old, new] for key, (old, new) in changes.items()}
+
+
+def _reference_path(output_dir: Path) -> Path:
+    """The recipe a resumed run continues: the checkpoint's copy, else (a run older than that copy) recipe.yaml."""
+    copy_path = output_dir / CHECKPOINT_RECIPE
+    return copy_path if copy_path.is_file() else output_dir / SAVED_RECIPE
+
+
+def load_saved_recipe(path: Path, overrides: Sequence[str] = (), note_legacy_keys: bool = False) -> Recipe:
+    """A run folder's recipe, read like any recipe; when it fails on a relative path an older csekit recorded, the
+    error says to resume from the folder that run started in (`older_run_hint`)."""
+    try:
+        return load_recipe(path, overrides, note_legacy_keys=note_legacy_keys)
+    except CsekitError as error:
+        raise CsekitError(f"{error}{older_run_hint(path, str(error))}") from None
+
+
+def _recorded(output_dir: Path, resume: bool) -> Recipe | None:
+    """The recipe a resumed run continues, read once the folder passed `check_output` (no link is read through);
+    None for a new run, or a run folder without one."""
+    if not resume:
+        return None
+    check_output(output_dir, resume)
+    reference_path = _reference_path(output_dir)
+    return load_saved_recipe(reference_path) if reference_path.is_file() else None
+
+
+def load_run_recipe(path: Path, overrides: Sequence[str], output_dir: Path, resume: bool) -> Recipe:
+    """The recipe file `path` (with `overrides`) for the run in `output_dir`: on `resume`, its relative paths that
+    the run's recorded ones end with name those, before its checks read the files (`as_recorded`), so a run's own
+    recipe continues it from any folder."""
+    recorded = _recorded(output_dir, resume)
+    paths = (lambda recipe: as_recorded(recipe, recorded)) if recorded is not None else None
+    return load_recipe(path, overrides, paths=paths)
+
+
+def resolve_run_paths(recipe: Recipe, output_dir: Path, data_dir: str | Path | None, resume: bool) -> Recipe:
+    """The recipe a run starts with: every relative path absolute (`csekit.training.recipe_paths`), on `resume`
+    the paths the run recorded where the recipe's relative ones name them, so a run continues from any folder."""
+    return resolve_recipe_paths(recipe, optional_data_dir(data_dir), _recorded(output_dir, resume))
 
 
 def _named(changes: dict[str, tuple[Any, Any]]) -> str:

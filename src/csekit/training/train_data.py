@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, Subset
 
 from csekit.core.errors import CsekitError
 from csekit.data.corpus import TrainCollator, open_corpus, sentence_text
-from csekit.data.data_dir import resolve_data_dir
+from csekit.data.data_dir import optional_data_dir, resolve_data_dir
 from csekit.data.duplicates import DuplicateReport, SentenceGroups, SeparatingSampler, check_separable
 from csekit.evaluation.file_tasks import ReadTask
 from csekit.training.chunked import check_chunk_size
@@ -29,16 +29,6 @@ from csekit.training.loading import LoaderOptions, skipping_batches
 from csekit.training.recipe import Recipe
 from csekit.training.recipe_values import fields_read, recipe_parts
 from csekit.training.run_folder import TrainerState
-
-
-def optional_data_dir(data_dir: str | Path | None) -> Path | None:
-    """The data folder if one is given (it may hold the corpus); without a dev task none is required."""
-    try:
-        return resolve_data_dir(data_dir)
-    except CsekitError:
-        if data_dir is not None:
-            raise
-        return None
 
 
 @dataclass

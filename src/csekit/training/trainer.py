@@ -57,6 +57,7 @@ from csekit.training.run_folder import (
     check_run_in_folder,
     create_output,
     recipe_changes_on_resume,
+    resolve_run_paths,
 )
 from csekit.training.sharding import (
     FullModel,
@@ -116,6 +117,7 @@ class Trainer:
         allow_changes: bool,
         held_until_the_end: contextlib.ExitStack,
     ) -> None:
+        recipe = resolve_run_paths(recipe, output, data_dir, resume)  # recorded absolute (csekit.training.recipe_paths)
         self.recipe = recipe
         self.config = recipe.train
         self.output = output

@@ -71,6 +71,10 @@ class ReplacedTokenDetection(nn.Module):
     in its run script). `encoder`, `tokenizer` and `seed` are build arguments.
     """
 
+    #: The options naming a model (a folder, an alias or a hub name): a folder is recorded absolute when a run starts
+    #: (csekit.training.recipe_paths).
+    model_options = ("generator",)
+
     def __init__(
         self,
         encoder: SentenceEncoder,

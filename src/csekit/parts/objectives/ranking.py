@@ -64,6 +64,10 @@ class RankingDistillation(nn.Module):
     (the InfoNCE temperature, as the public code reuses InfoNCE's logits).
     """
 
+    #: The options naming a model (a folder, an alias or a hub name): a folder is recorded absolute when a run starts
+    #: (csekit.training.recipe_paths).
+    model_options = ("teachers",)
+
     def __init__(
         self,
         teachers: list[str],

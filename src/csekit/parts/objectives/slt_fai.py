@@ -104,6 +104,8 @@ class AdversarialTuning(nn.Module):
 
     #: The view options that index the step's inputs (not the training representations): checked at load.
     input_view_options = ("views",)
+    #: The options naming a token counts file: recorded absolute when a run starts (csekit.training.recipe_paths).
+    counts_options = ("counts",)
 
     reads_token_states = True  # the encoder keeps every position of the last layer for it
 
@@ -220,6 +222,8 @@ class IncompleteSentenceFiltering(nn.Module):
 
     #: The view options that index the step's inputs (not the training representations): checked at load.
     input_view_options = ("view",)
+    #: The options naming a token counts file: recorded absolute when a run starts (csekit.training.recipe_paths).
+    counts_options = ("counts",)
 
     def __init__(
         self,

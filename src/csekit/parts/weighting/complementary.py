@@ -40,6 +40,10 @@ class ComplementaryWeighting(nn.Module):
     moved to the training device on first use.
     """
 
+    #: The options naming a model (a folder, an alias or a hub name): a folder is recorded absolute when a run starts
+    #: (csekit.training.recipe_paths).
+    model_options = ("model",)
+
     def __init__(
         self,
         model: str = "self",
