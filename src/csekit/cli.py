@@ -50,7 +50,7 @@ from csekit.commands.options import (
     warn,
 )
 from csekit.commands.startup import VersionOption, quiet_transformers
-from csekit.core.errors import CsekitError, absolute, message_line
+from csekit.core.errors import CsekitError, message_line
 from csekit.core.json_text import json_text
 from csekit.core.run_lock import locks_output
 

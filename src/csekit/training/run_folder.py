@@ -7,11 +7,10 @@ Nothing is created before every input is checked; a folder that holds a run is o
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
