@@ -170,7 +170,9 @@ class Execution:
         bucket, compiled = self.bucket_for(backbone, max_length), mode != "none"
         config = getattr(backbone, "config", None)
         decoder = config is not None and is_decoder_only(config)
-        if refusal is None and self.run.gradient_checkpointing:
+        if refusal is None and self.run.gradient_checkpointing and not decoder:
+            # BERT's packed pass drives the layers itself (no checkpoint); a decoder's re-enters its attention in
+            # the checkpoint's recomputation (csekit.encoding.packed_decoder)
             refusal = "the padding-free pass does not run with gradient checkpointing (run.gradient_checkpointing)"
         if refusal is None and decoder and bucket:
             refusal = "the fixed-shape packed pass (run.packed_bucket) runs bert and roberta backbones only"
