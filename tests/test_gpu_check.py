@@ -3,7 +3,8 @@
 `prepare` makes the carry folder from stand-ins (a tiny model, a made-up data folder and corpus; no wheels),
 then `run --device cpu --tiny` runs every stage in its own process group under a deadline passed down to it:
 each must end ok and report its figures (every path check within tolerance, no loop row that repeats another),
-and the results stay within what the device tool returns (a few files, one folder deep). Apart: a stage killed
+and the results stay within what the device tool returns (a few files, one folder deep); then `run --only
+decoder`, the second call's stage, on a toy Mistral, padded and packed (its figures' fields). Apart: a stage killed
 at its limit leaves no process of its group, a hung test fails at the per-test limit, a stage that ran nothing
 says skipped, and a failed wheel install does not stop the call.
 """

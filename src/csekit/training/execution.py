@@ -11,7 +11,8 @@ Each `auto`, per device kind, and the measurement behind it (docs/performance.md
 - `run.packed`: on for CPU training ("Padding-free pass": 0.83x the length groups' step on a 2-core Zen 3 in
   fp32) and on CUDA where the flash kernel runs it ("On a GPU III": on an H200 in bf16, 46.4 against 82.4 ms
   a step at batch 64, 106.4 against 121.8 ms at 512). Decoder LLMs: on CUDA by the same rule (the same
-  kernel), not on a CPU, where their packed pass was not measured ("Padding-free decoders").
+  kernel; with `run.gradient_checkpointing` too, whose recomputation re-enters the packed attention), not on a
+  CPU, where their packed pass was not measured ("Padding-free decoders").
 - `run.length_group_size`: groups on a CPU, one pass on CUDA ("Throughput against sentence-transformers": on
   an H100 at batch 512, 1,138 ms a step in groups, 122 ms in one pass).
 - `run.sync_free`: on CUDA, off on a CPU ("On a GPU III": 51.3 against 82.4 ms at batch 64, 78.1 against
