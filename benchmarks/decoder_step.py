@@ -7,7 +7,7 @@ LLM2Vec (BehnamGhader et al., 2024) reports 10.8 s a SimCSE step for a 7B model 
 128 tokens, LoRA r 16). This is csekit's step at that shape (the GPU command's `decoder` stage runs it):
 
 * a random model of Mistral-7B's configuration (`MISTRAL_7B`: 32 layers, width 4,096, 32 query and 8 key/value
-  heads, MLP 14,336, 32,000 tokens, rope theta 1e6, sliding window 4,096 as Mistral-7B-v0.1's config; 7.11B
+  heads, MLP 14,336, 32,000 tokens, rope theta 1e6 as v0.2's, sliding window 4,096 as v0.1's config; 7.11B
   parameters without the LM head), built where it trains directly in bf16 (`model.weights_dtype: bf16`): no
   weights are downloaded, read or written. At 128 tokens the window never binds (the packed pass runs);
 * set up as recipes/llm2vec-simcse-sheared-llama.yaml sets a decoder up: bidirectional attention, mean pooling,
