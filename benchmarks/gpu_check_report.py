@@ -119,6 +119,43 @@ def compile_section(stage: dict[str, Any]) -> list[str]:
     return lines
 
 
+def decoder(stage: dict[str, Any]) -> list[str]:
+    """The LLM2Vec-shape step (benchmarks/decoder_step.py): each pass beside LLM2Vec's reported A100 step."""
+    if "parameters" not in stage:
+        return generic(stage)
+    lines = [
+        f"- {stage['device_name']}: {stage['parameters'] / 1e9:.2f}B parameters ({stage['lora_parameters'] / 1e6:.1f}M"
+        f" LoRA), built in {stage['build_seconds']:.1f} s; shape {stage['shape']}; tokenizer {stage['tokenizer']}",
+        f"- bound {stage['bound_tflops']:.4g} TFLOP/s ({stage['bound_source']}); FLOP a step: {stage['formula']}",
+        "",
+        "| pass | s/step | peak GiB | real / padded tokens | FLOP/step (real) | bound s | of the bound | computed, of "
+        "the bound | first layer |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, run in stage.get("runs", {}).items():
+        if "flop_per_step" not in run:
+            lines.append(f"| {kind} | {run.get('error', 'no step timed')} | | | | | | | |")
+            continue
+        tokens = run["tokens"]
+        lines.append(
+            f"| {kind} | {run['seconds_per_step']:.3f} | {run['peak_bytes'] / 2**30:.2f} | {tokens['real']:,.0f} / "
+            f"{tokens['padded']:,.0f} | {run['flop_per_step']:.3g} | {run['bound_seconds']:.3f} | "
+            f"{run['bound_fraction']:.1%} | {run['computed_bound_fraction']:.1%} | {run['first_layer_tokens']} |"
+        )
+    if "llm2vec" in stage:
+        reported = stage["llm2vec"]
+        lines.append(
+            f"| LLM2Vec, {reported['device']} (reported, rated on {reported['bound_tflops']:g}) | "
+            f"{reported['seconds_per_step']} | | | | {reported['bound_seconds']:.3f} | "
+            f"{reported['bound_fraction']:.1%} | {reported['padded_bound_fraction']:.1%} (padded) | |"
+        )
+    timed = [run["seconds_per_step"] for run in stage.get("runs", {}).values() if run.get("seconds_per_step")]
+    if timed and "H200" in stage["device_name"]:
+        verdict = "met" if min(timed) <= stage["target_seconds"] else "NOT met"
+        lines += ["", f"target: at most {stage['target_seconds']} s a step on an H200: {verdict} ({min(timed):.3f} s)"]
+    return lines
+
+
 SECTIONS = {
     "environment": environment,
     "tests": tests,
@@ -126,6 +163,7 @@ SECTIONS = {
     "loop": loop,
     "quickstart": quickstart,
     "compile": compile_section,
+    "decoder": decoder,
 }
 
 

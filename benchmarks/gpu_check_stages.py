@@ -449,7 +449,7 @@ def compiled_run(overrides: list[str], folder: Path, stage: Stage) -> dict[str, 
     return {"first_steps_seconds": first, "frames_compiled": counters["frames"]["ok"] - before, **measured}
 
 
-def decoder(stage: Stage) -> None:
+def decoder_memory(stage: Stage) -> None:
     """Issue 54's GPU figures: benchmarks/decoder_memory.py's LoRA step on a random 1B Llama (bidirectional, mean,
     LoRA r 16, gradient checkpointing, as the llm2vec recipes), each weights/precision setting in its own process,
     at the script's batch (4 sentences of 128 tokens) and at LLM2Vec's (128); peak memory and seconds a step."""
@@ -479,14 +479,35 @@ def decoder(stage: Stage) -> None:
         stage.skip("no setting started: too little of the stage's time was left for one")
 
 
+def decoder(stage: Stage) -> None:
+    """Issue 62, item 3 (the second call's stage): benchmarks/decoder_step.py, csekit's SimCSE step at LLM2Vec's
+    shape (a random Mistral-7B, bf16 weights, LoRA r 16, checkpointing, batch 128 of the carried Wikipedia sentences
+    at up to 128 tokens, the carried MiniLM's tokenizer), padded then packed, in this process: its figures reach
+    the part file after the build and after each kind, so a stage killed at its deadline keeps those it finished."""
+    from decoder_step import DECODER_CORPUS, measure, nominal_bound
+
+    name = torch.cuda.get_device_name() if stage.device == "cuda" else "cpu"
+    bound = None
+    if nominal_bound(name) is None:  # no datasheet figure (a CPU, another GPU): the measured bf16 product
+        bound = throughput.matmul_bound(stage.device, 256 if stage.tiny else 8192, 3 if stage.tiny else 20)
+    corpus = stage.data_dir() / DECODER_CORPUS
+    deadline = stage.deadline - CHILD_MARGIN
+    report = lambda figures: stage.report(**figures)  # noqa: E731
+    results = measure(stage.device, stage.carry / "model", corpus, stage.tiny, bound, deadline, report)
+    for kind, run in results["runs"].items():
+        if "error" in run:
+            stage.fail(f"{kind}: {run['error'][:200]}")
+
+
 STAGE_FUNCTIONS: dict[str, Callable[[Stage], None]] = {
     "environment": environment,
     "tests": tests,
     "checks": checks,
     "loop": loop,
     "quickstart": quickstart,
-    "decoder": decoder,
+    "decoder_memory": decoder_memory,
     "compile": compile_stage,
+    "decoder": decoder,
 }
 
 

@@ -13,8 +13,9 @@ models in fp32, and in bf16 where a path needs it (bf16 weights), so the tests e
 * A random Llama-layout decoder (tests/tiny_decoders.py; on CUDA 4 layers of width 512, heads of 64), built as
   a recipe builds it (`load_encoder`, `Execution.prepare_backbone`): bidirectional attention through SDPA
   over right-padded rows, checked first against each row run alone (the padding mask, fp32), then at the
-  training precision, with LoRA adapters and gradient checkpointing (the llm2vec recipes), and with LoRA on
-  bf16 base weights (`model.weights_dtype`).
+  training precision, with LoRA adapters and gradient checkpointing (the llm2vec recipes), padded and packed (the
+  checkpoint's recomputation re-entering the packed attention; on CUDA its flash kernel), and with LoRA on bf16
+  base weights (`model.weights_dtype`).
 """
 
 from __future__ import annotations
@@ -198,6 +199,8 @@ def decoder_sentences(rows: int) -> list[str]:
 def decoder_checks(work: Path, device: str, precision: str, tiny: bool, rows: int) -> dict[str, Any]:
     """The decoder paths, each against the plain fp32 decoder's (or, with LoRA, the fp32 LoRA decoder's) padded
     pass; the padding mask against the rows run alone."""
+    from csekit.encoding.passes import PassPlan
+
     folder = work / "decoder-random"
     if not folder.exists():
         decoder_folder(folder, tiny)
@@ -218,15 +221,21 @@ def decoder_checks(work: Path, device: str, precision: str, tiny: bool, rows: in
         lambda: judged(drift(alone_results(plain, inputs), reference), "fp32"),
     )
 
-    def path(encoder: Any, expected: PassResults, at: str) -> dict[str, Any]:
+    def path(encoder: Any, expected: PassResults, at: str, plan: Any = None) -> dict[str, Any]:
         with autocast(device, at):
-            return judged(drift(expected, pass_results(encoder, inputs)), at)
+            return judged(drift(expected, pass_results(encoder, inputs, plan)), at)
 
     prepared = decoder_encoder(folder, device, precision, False, "fp32", True)
     measured(f"padded, {precision}, fast dropout", checks, lambda: path(prepared, reference, precision))
     lora_reference = pass_results(decoder_encoder(folder, device, "fp32", True, "fp32", False), inputs)
     lora = decoder_encoder(folder, device, precision, True, "fp32", True)
     measured(f"LoRA, gradient checkpointing, {precision}", checks, lambda: path(lora, lora_reference, precision))
+    packed = PassPlan(packed=True, packed_required=True)  # the recomputation re-enters the packed attention
+    measured(
+        f"LoRA, gradient checkpointing, packed, {precision}",
+        checks,
+        lambda: path(lora, lora_reference, precision, packed),
+    )
 
     def bf16_weights() -> dict[str, Any]:
         encoder = decoder_encoder(folder, device, "bf16", True, "bf16", True)

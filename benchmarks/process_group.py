@@ -1,8 +1,8 @@
 """A process run in its own process group and ended whole: SIGTERM to the group, then SIGKILL after a grace.
 
 benchmarks/gpu_check.py runs each stage this way. A stage's children (pytest and the processes its tests start,
-the decoder stage's one-setting processes) stay in the stage's group, so ending the group at the stage's limit,
-or after it exits, leaves nothing of it running on the GPU: killing the stage's process alone (as
+the decoder_memory stage's one-setting processes) stay in the stage's group, so ending the group at the stage's
+limit, or after it exits, leaves nothing of it running on the GPU: killing the stage's process alone (as
 `subprocess.run(timeout=...)` does) left its pytest or decoder child holding the device into the next stage.
 Plain Python, no torch: the parent process imports it.
 """

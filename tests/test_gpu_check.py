@@ -3,7 +3,8 @@
 `prepare` makes the carry folder from stand-ins (a tiny model, a made-up data folder and corpus; no wheels),
 then `run --device cpu --tiny` runs every stage in its own process group under a deadline passed down to it:
 each must end ok and report its figures (every path check within tolerance, no loop row that repeats another),
-and the results stay within what the device tool returns (a few files, one folder deep). Apart: a stage killed
+and the results stay within what the device tool returns (a few files, one folder deep); then `run --only
+decoder`, the second call's stage, on a toy Mistral, padded and packed (its figures' fields). Apart: a stage killed
 at its limit leaves no process of its group, a hung test fails at the per-test limit, a stage that ran nothing
 says skipped, and a failed wheel install does not stop the call.
 """
@@ -27,6 +28,7 @@ from conftest import add_sick_trial, make_corpus, make_data_dir, make_tiny_encod
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 CORPUS = "corpus/sts_sick_unlabeled_sentences.txt"  # recipes/quickstart.yaml's data.corpus
+WIKIPEDIA = "corpus/wiki1m_for_simcse.head11913.txt"  # the decoder stage's sentences (benchmarks/decoder_step.py)
 
 
 def stand_ins(root: Path) -> tuple[Path, Path]:
@@ -40,6 +42,7 @@ def stand_ins(root: Path) -> tuple[Path, Path]:
     shutil.copy(stsb / "sts-dev.csv", stsb / "sts-test.csv")
     (data / "corpus").mkdir()
     make_corpus(data / CORPUS, lines=256)
+    make_corpus(data / WIKIPEDIA, lines=64)
     return model, data
 
 
@@ -51,6 +54,7 @@ def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     manifest = json.loads((carry / "manifest.json").read_text())
     assert manifest["corpus"] == CORPUS and set(manifest["files"]) >= {"data.tar.gz", "model/model.safetensors"}
+    assert manifest["decoder_corpus"] == WIKIPEDIA
     import torch
     from safetensors.torch import load_file
 
@@ -69,7 +73,7 @@ def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
     results = json.loads((out / "results.json").read_text())
     stages = results["stages"]
     assert {name: stage["status"] for name, stage in stages.items()} == dict.fromkeys(
-        ["environment", "tests", "checks", "loop", "quickstart", "decoder", "compile"], "ok"
+        ["environment", "tests", "checks", "loop", "quickstart", "decoder_memory", "compile"], "ok"
     ), (out / "log.txt").read_text()[-4000:]
     assert results["wheels"] == {"omegaconf": f"on the image ({importlib.metadata.version('omegaconf')})"}
     # The deadline passes down: the run's is the environment's, each stage's the smaller of its share and that.
@@ -79,7 +83,7 @@ def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
     environment = stages["environment"]
     assert environment["offline"] == {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     assert all(os.path.isabs(entry) for entry in environment["pythonpath"]), environment["pythonpath"]
-    decoder_runs = stages["decoder"]["runs"]  # issue 54's GPU figures: the LoRA step on a (here toy) Llama
+    decoder_runs = stages["decoder_memory"]["runs"]  # issue 54's GPU figures: the LoRA step on a (here toy) Llama
     assert set(decoder_runs) == {"bf16/bf16, batch 2", "fp32/fp32, batch 2"}, decoder_runs
     assert all(run["seconds"] > 0 and run["peak_mib"] > 0 and run["trainable"] > 0 for run in decoder_runs.values())
     assert environment["versions"]["omegaconf"][0].isdigit()
@@ -96,7 +100,7 @@ def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
     assert len(buckets) == 2 and all(f["empty_padding_rows"] > 0 for f in buckets)
     assert any(f["empty_padding_rows"] == f["padding_rows"] for f in buckets)  # a bucket of only empty rows
     decoder_paths = {name: f for name, f in paths["decoder"].items() if name != "facts"}
-    assert len(decoder_paths) == 4
+    assert len(decoder_paths) == 5 and "LoRA, gradient checkpointing, packed, fp32" in decoder_paths
     assert decoder_paths["LoRA on bf16 weights, gradient checkpointing, bf16"]["base_dtypes"] == ["torch.bfloat16"]
     for name, figures in {**bert, **decoder_paths}.items():
         assert figures["within"] and figures["grad_relative"] <= figures["tolerance"]["grad_relative"], name
@@ -123,6 +127,29 @@ def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
     summary = (out / "summary.md").read_text()
     assert "| 8 | ST MNRL |" in summary and "| 8 | all on |" in summary and "## quickstart" in summary
     assert "bert, packed, fused QKV (fp32)" in summary and "OUT OF TOLERANCE" not in summary
+
+    # The second call's stage (benchmarks/gpu_suite.sh runs it so): the LLM2Vec-shape step, here on a toy Mistral.
+    second = tmp_path / "second"
+    command = [sys.executable, str(SCRIPT), "run", "--carry", str(carry), "--out", str(second), "--device", "cpu"]
+    env = {**os.environ, "GPU_CHECK_DEADLINE": f"{time.time() + 290:.1f}"}
+    done = subprocess.run([*command, "--tiny", "--budget", "300", "--only", "decoder"], capture_output=True, text=True,
+                          cwd=REPO, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    decoder = json.loads((second / "results.json").read_text())["stages"]
+    assert list(decoder) == ["decoder"] and decoder["decoder"]["status"] == "ok", (second / "log.txt").read_text()
+    decoder = decoder["decoder"]
+    runs = decoder["runs"]
+    assert list(runs) == ["padded", "packed"]
+    for kind, figures in runs.items():
+        assert figures["packed"] is (kind == "packed")
+        assert figures["seconds_per_step"] > 0 and figures["peak_bytes"] > 0 and figures["bound_fraction"] > 0
+        assert figures["tokens"]["real"] < figures["tokens"]["padded"] and figures["tokens"]["rows"] == 8  # 2 views
+        assert len(figures["first_layer_tokens"]) == 2  # the forward and the checkpoint's recomputation
+    assert runs["packed"]["flop_per_step"] == runs["padded"]["flop_per_step"] < runs["padded"]["padded_flop_per_step"]
+    assert runs["packed"]["first_layer_tokens"][0] < runs["padded"]["first_layer_tokens"][0]  # real tokens only
+    assert decoder["llm2vec"]["seconds_per_step"] == 10.8 and decoder["llm2vec"]["bound_fraction"] > 0
+    assert decoder["target_seconds"] == 4.4 and decoder["tokenizer"].startswith("model: ")
+    assert "| LLM2Vec, A100-80GB (reported, rated on 312) | 10.8 |" in (second / "summary.md").read_text()
 
 
 def test_each_key_runs_alone_on_and_a_key_added_later_slots_in() -> None:
@@ -153,6 +180,31 @@ def test_the_first_call_fits_seven_minutes_and_one_stage_gets_all_of_it() -> Non
     assert stage_limits(150, ["loop"]) == {"loop": 150}
     doubled = stage_limits(2 * DEFAULT_BUDGET, [name for name, _, _ in STAGES])
     assert all(doubled[name] == 2 * limits[name] for name in limits if name != "compile")
+    assert "decoder" not in limits and stage_limits(150, ["decoder"]) == {"decoder": 150}  # the second call's
+
+
+def test_the_flop_count_of_a_lora_step_at_llm2vecs_shape() -> None:
+    """A frozen weight's backward computes the activations' gradient only: 2 P T forward, 2 P T recomputed, 2 P T
+    backward (6 P T by coincidence with checkpointing, 4 P T without), the adapters 8 and attention 4 times their
+    forward; Mistral-7B's shape counted on the meta device (no memory): 6.98B frozen, 41.9M LoRA r 16 parameters."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import decoder_step
+    from transformers import AutoConfig, AutoModel
+
+    from csekit.encoding.lora import add_lora
+
+    config = AutoConfig.for_model("mistral", **decoder_step.MISTRAL_7B)
+    with torch.device("meta"):
+        model = add_lora(AutoModel.from_config(config), {"r": 16, "target_modules": "all-linear"})
+    frozen, lora = decoder_step.projection_parameters(model)
+    assert (frozen, lora) == (32 * (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336), 32 * 16 * 81920)
+    tokens, squares = 6000, 180_000
+    flop = decoder_step.step_flop(frozen, lora, 32, 4096, tokens, squares)
+    assert flop == 3 * 2 * frozen * tokens + 4 * 2 * lora * tokens + 4 * 4 * 32 * 4096 * squares
+    assert decoder_step.step_flop(frozen, 0, 32, 4096, tokens, 0) == 6 * frozen * tokens
+    assert decoder_step.step_flop(frozen, 0, 32, 4096, tokens, 0, checkpointing=False) == 4 * frozen * tokens
+    bounds = [decoder_step.nominal_bound(name) for name in ("NVIDIA H200", "NVIDIA A100-SXM4-80GB", "cpu")]
+    assert bounds == [989, 312, None]
 
 
 def test_the_suite_call_trains_the_carried_configurations_on_the_carried_model(tmp_path: Path) -> None:

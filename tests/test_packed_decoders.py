@@ -29,7 +29,7 @@ from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.lora import add_lora
 from csekit.encoding.packed import packing_refusal
 from csekit.encoding.passes import PassPlan, PlannedEncoder
-from csekit.training.execution import decide_execution
+from csekit.training.execution import decide_execution, enable_gradient_checkpointing
 from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
@@ -185,6 +185,76 @@ def test_the_flash_kernels_call_equals_the_padded_pass(
     assert calls == [expected] * layers  # grouped-query heads as they are, causal per sentence where causal
 
 
+def first_layer_rows(encoder: SentenceEncoder) -> tuple[list[int], Callable[[], None]]:
+    """The token counts the first layer's feed-forward is called with, forward and backward alike (a checkpoint's
+    recomputation too), and the hook's remover."""
+    seen: list[int] = []
+    mlp = encoder.backbone.get_base_model().layers[0].mlp
+    handle = mlp.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[:-1].numel()))
+    return seen, handle.remove
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+@pytest.mark.parametrize("model_type", DECODER_TYPES)
+def test_packed_with_gradient_checkpointing_gives_the_padded_gradients(model_type: str, attention: str) -> None:
+    """With LoRA and run.gradient_checkpointing's (non-reentrant) checkpointing, the backward re-runs each layer
+    after the pass has put the model's attention name back; its recomputation must attend within each sentence as
+    the packed forward did (it once ran the model's own attention over the whole packed row, which torch's
+    checkpoint stopped at: a different number of tensors saved in the recomputation)."""
+    encoder = tiny(model_type, attention, lora=True)
+    right = encoder.tokenize(SENTENCES)
+    padded = run(encoder, right, PADDED)
+    enable_gradient_checkpointing(encoder.backbone)
+    seen, remove = first_layer_rows(encoder)
+    try:
+        packed = run(encoder, left_padded(right, encoder.tokenizer.pad_token_id), PACKED)
+    finally:
+        remove()
+    differences(padded, packed)
+    real = int(right["attention_mask"].sum())
+    assert seen == [real, real]  # the forward and the backward's recomputation, both on the packed row
+    assert encoder.backbone.get_base_model().config._attn_implementation == "sdpa"  # its own name after both
+    assert packing_refusal(encoder.backbone) is None  # so `auto` and `true` pack it
+
+
+def test_the_recomputation_draws_the_forwards_dropout() -> None:
+    """SimCSE's positives are dropout: with attention dropout and LoRA's dropout on, a checkpointed packed step's
+    gradients equal an uncheckpointed packed step's from the same seed (the recomputation replays the masks)."""
+    grads = []
+    for checkpointing in (False, True):
+        encoder = make_tiny_decoder("llama", attention="bidirectional")
+        encoder.backbone.config.attention_dropout = 0.3
+        encoder.backbone = add_lora(encoder.backbone, {"r": 4, "alpha": 8, "dropout": 0.1})
+        with torch.no_grad():
+            for name, parameter in encoder.backbone.named_parameters():
+                if "lora_B" in name:
+                    parameter.normal_(0, 0.2, generator=torch.Generator().manual_seed(3))
+        encoder.train()
+        if checkpointing:
+            enable_gradient_checkpointing(encoder.backbone)
+        torch.manual_seed(5)
+        encoder(encoder.tokenize(SENTENCES), plan=PACKED).pooled.square().sum().backward()
+        grads.append({n: p.grad.clone() for n, p in encoder.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_reentrant_checkpointing_is_refused_by_name() -> None:
+    """Reentrant checkpointing takes no context for its recomputation: refused, never run with wrong gradients."""
+    encoder = tiny("qwen2", "bidirectional", lora=True)
+    model = encoder.backbone.get_base_model()
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers 5.24's name; 5.17 has the other
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": True})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    expected = "the padding-free pass runs with non-reentrant gradient checkpointing only"
+    assert packing_refusal(encoder.backbone).startswith(expected)
+    with pytest.raises(CsekitError, match=expected):
+        encoder(encoder.tokenize(SENTENCES), plan=PACKED)
+
+
 def test_a_batch_wider_than_the_sliding_window_runs_padded() -> None:
     """The packed pass does not apply a sliding window; a batch whose rows may exceed it runs the padded pass."""
     encoder = tiny("mistral", "causal")
@@ -231,7 +301,7 @@ def test_auto_packs_decoders_on_cuda_where_the_flash_kernel_runs_and_not_on_a_cp
 
     assert plan("cuda").packed and not plan("cuda").fused_qkv  # fused q/k/v is the BERT pass's
     assert not plan("cpu").packed and plan("cpu", "run.packed=true").packed
-    assert not plan("cuda", "run.gradient_checkpointing=true").packed  # checkpointing re-runs layers: padded
+    assert plan("cuda", "run.gradient_checkpointing=true").packed  # the recomputation re-enters packed attention
     assert not plan("cuda", "run.packed_bucket=64").packed
     with pytest.raises(CsekitError, match=r"run\.packed_bucket\) runs bert and roberta backbones only"):
         plan("cuda", "run.packed=true", "run.packed_bucket=64")

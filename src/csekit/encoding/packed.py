@@ -31,7 +31,7 @@ another backbone is not.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,8 +100,23 @@ def _decoder_refusal(model: nn.Module, model_type: str | None) -> str | None:
     layers = getattr(model, "layers", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
         return f"{type(model).__name__} has no `layers` list"
-    if any(getattr(layer, "gradient_checkpointing", False) for layer in layers):
-        return "the padding-free pass does not run with gradient checkpointing"
+    return checkpointing_refusal(layers)
+
+
+def checkpointing_refusal(layers: Iterable[nn.Module]) -> str | None:
+    """Why a decoder's checkpointed `layers` cannot run padding-free, or None: the packed pass hands each layer's
+    checkpoint call the recomputation's attention as a `context_fn` (`csekit.encoding.packed_decoder`), which only
+    torch's non-reentrant checkpoint takes (`run.gradient_checkpointing` enables that one), and one that has its own
+    `context_fn` already would lose it."""
+    for layer in layers:
+        if not getattr(layer, "gradient_checkpointing", False):
+            continue
+        options = getattr(getattr(layer, "_gradient_checkpointing_func", None), "keywords", None) or {}
+        if options.get("use_reentrant") is not False or "context_fn" in options:
+            return (
+                "the padding-free pass runs with non-reentrant gradient checkpointing only "
+                "(run.gradient_checkpointing's: use_reentrant False, no context_fn of its own)"
+            )
     return None
 
 

@@ -16,17 +16,24 @@ on one row of the batch's real tokens ([1, T]), and only attention changes:
   no flash-attn package needed; grouped-query heads as they are), elsewhere in length groups through the
   backbone's own attention function with the mask transformers builds for it (`AttentionGroups`).
 
-LoRA (peft) wraps the projections only, so a LoRA backbone runs the same way. Gradient checkpointing is refused
-(`packing_refusal`): its backward re-runs the layers after the pass has put the attention name back. A batch
-wider than a sliding window (Mistral's, 4096 tokens) runs padded (`rows_fit_window`).
+LoRA (peft) wraps the projections only, so a LoRA backbone runs the same way. Gradient checkpointing (torch's
+non-reentrant checkpoint, as `run.gradient_checkpointing` enables it) re-runs each layer in the backward, after
+the pass has put the attention name back: for the pass, each checkpointed layer's checkpoint function gets a
+`context_fn` whose recomputation context names `PACKED_ATTENTION` again (`_recomputed_packed`), so the
+recomputation attends as the forward did (the packing keyword travels with the layer's saved call). Naming
+csekit's function for the whole run instead would need a mask function of the backbone's own attention for its
+padded passes (evaluation, a batch wider than the window), which transformers looks up by the same name. Reentrant
+checkpointing takes no `context_fn` and is refused (`packing_refusal`). A batch wider than a sliding window
+(Mistral's, 4096 tokens) runs padded (`rows_fit_window`).
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -43,6 +50,7 @@ from csekit.encoding.packed import (
     PackedOutput,
     PackedRows,
     PackingLayout,
+    checkpointing_refusal,
     flash_attention_runs,
 )
 
@@ -147,15 +155,39 @@ def _group_masks(model: nn.Module, groups: AttentionGroups, causal: bool) -> lis
     ]
 
 
+class _AttentionNamed:
+    """`config` names `implementation` as its attention inside the block, its own name again after it. A class, not
+    a generator, so that one instance may be entered again (a checkpoint's recomputation, once a backward)."""
+
+    def __init__(self, config: Any, implementation: str) -> None:
+        self.config, self.implementation, self.own = config, implementation, None
+
+    def __enter__(self) -> None:
+        self.own = self.config._attn_implementation
+        self.config._attn_implementation = self.implementation
+
+    def __exit__(self, *exception: object) -> None:
+        self.config._attn_implementation = self.own
+
+
 @contextmanager
-def _attention_named(config: Any, implementation: str) -> Iterator[None]:
-    """`config` names `implementation` as its attention inside the block, its own name again after it."""
-    own = config._attn_implementation
-    config._attn_implementation = implementation
+def _recomputed_packed(model: nn.Module) -> Iterator[None]:
+    """Inside the block, each checkpointed layer's checkpoint call gets a `context_fn` (torch.utils.checkpoint):
+    nothing around the forward, `PACKED_ATTENTION` named around the recomputation in the backward, whenever that
+    runs; the layers' own checkpoint functions are put back after the block (the padded passes never see it)."""
+    layers = [layer for layer in model.layers if getattr(layer, "gradient_checkpointing", False)]
+    owns = [layer._gradient_checkpointing_func for layer in layers]
+
+    def contexts() -> tuple[Any, Any]:
+        return nullcontext(), _AttentionNamed(model.config, PACKED_ATTENTION)
+
+    for layer, own in zip(layers, owns, strict=True):
+        layer._gradient_checkpointing_func = partial(own, context_fn=contexts)
     try:
         yield
     finally:
-        config._attn_implementation = own
+        for layer, own in zip(layers, owns, strict=True):
+            layer._gradient_checkpointing_func = own
 
 
 def packed_decoder_pass(
@@ -174,6 +206,9 @@ def packed_decoder_pass(
     mask = inputs["attention_mask"]
     rows = PackedRows.of(mask, layout)
     model = plain_model(backbone)
+    refusal = checkpointing_refusal(model.layers)
+    if refusal is not None:
+        raise CsekitError(refusal)
     causal = attention_of(model.config) == "causal"
     flash_dtype = _flash_dtype(model, mask.device)
     groups = None if flash_dtype is not None else rows.attention_groups(attention_group_rows)
@@ -187,7 +222,7 @@ def packed_decoder_pass(
         if key in inputs and not (key == "input_ids" and "inputs_embeds" in inputs):
             packed[key] = rows.pack(inputs[key])[None]
     AttentionInterface.register(PACKED_ATTENTION, packed_attention)
-    with _attention_named(model.config, PACKED_ATTENTION):
+    with _AttentionNamed(model.config, PACKED_ATTENTION), _recomputed_packed(model):
         outputs = backbone(
             **packed, use_cache=False, output_hidden_states=all_layers, return_dict=True, **{PACKING_KEY: packing}
         )

@@ -11,7 +11,8 @@ Each `auto`, per device kind, and the measurement behind it (docs/performance.md
 - `run.packed`: on for CPU training ("Padding-free pass": 0.83x the length groups' step on a 2-core Zen 3 in
   fp32) and on CUDA where the flash kernel runs it ("On a GPU III": on an H200 in bf16, 46.4 against 82.4 ms
   a step at batch 64, 106.4 against 121.8 ms at 512). Decoder LLMs: on CUDA by the same rule (the same
-  kernel), not on a CPU, where their packed pass was not measured ("Padding-free decoders").
+  kernel; with `run.gradient_checkpointing` too, whose recomputation re-enters the packed attention), not on a
+  CPU, where their packed pass was not measured ("Padding-free decoders").
 - `run.length_group_size`: groups on a CPU, one pass on CUDA ("Throughput against sentence-transformers": on
   an H100 at batch 512, 1,138 ms a step in groups, 122 ms in one pass).
 - `run.sync_free`: on CUDA, off on a CPU ("On a GPU III": 51.3 against 82.4 ms at batch 64, 78.1 against
@@ -170,7 +171,9 @@ class Execution:
         bucket, compiled = self.bucket_for(backbone, max_length), mode != "none"
         config = getattr(backbone, "config", None)
         decoder = config is not None and is_decoder_only(config)
-        if refusal is None and self.run.gradient_checkpointing:
+        if refusal is None and self.run.gradient_checkpointing and not decoder:
+            # BERT's packed pass drives the layers itself (no checkpoint); a decoder's re-enters its attention in
+            # the checkpoint's recomputation (csekit.encoding.packed_decoder)
             refusal = "the padding-free pass does not run with gradient checkpointing (run.gradient_checkpointing)"
         if refusal is None and decoder and bucket:
             refusal = "the fixed-shape packed pass (run.packed_bucket) runs bert and roberta backbones only"
