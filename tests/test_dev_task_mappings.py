@@ -97,7 +97,7 @@ def test_own_files_with_columns_and_a_dev_split_select_checkpoints_and_resume(
     assert code == 0, err
     metric = "retrieval:kb/ndcg@10"
     evaluations = [record for record in read_metrics(tmp_path / "run") if metric in record]
-    assert [record["step"] for record in evaluations] == [2, 4, 6]
+    assert [record["step"] for record in evaluations] == [0, 2, 4, 6]  # 0: the starting model
     for record in evaluations:
         assert {"pairs:scores-first/spearman", "pairs:renamed/pearson", "retrieval:kb/recall@100"} <= set(record)
     scores = [record[metric] for record in evaluations]

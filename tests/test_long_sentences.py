@@ -121,6 +121,11 @@ def test_the_run_start_prints_the_line_and_gives_the_start_events_field(
         "(more than 5%): training sees their first 8 tokens only; raise model.max_length or split the corpus's "
         "long lines\n"
     )
+    assert announce_long_sentences(data, SentenceEncoder.load(tiny_model_dir, "cls"))["long_sentences"]["longer"] == 6
+    capsys.readouterr()
+    uncut = TrainData.load(tiny_recipe(tiny_model_dir, corpus, "model.max_length=32"), None)
+    assert announce_long_sentences(uncut, SentenceEncoder.load(tiny_model_dir))["long_sentences"]["longer"] == 0
+    assert capsys.readouterr().err == ""  # nothing is cut: nothing to say (metrics.jsonl still gets the field)
     assert field == {
         "long_sentences": {
             "max_length": 8,

@@ -129,10 +129,12 @@ def measure_long_sentences(
 
 def announce_long_sentences(data: TrainData, encoder: Any) -> dict[str, Any]:
     """At a run's start: measure the corpus against `model.max_length` with the run's encoder (its tokenizer and
-    pooler), print the line on stderr, and return the field to merge into metrics.jsonl's start event."""
+    pooler), print the line on stderr when some sentence is cut (a run that cuts nothing says nothing), and return
+    the field to merge into metrics.jsonl's start event (always)."""
     recipe = data.recipe
     found = measure_long_sentences(
         data.corpus, encoder.tokenizer, encoder.pooler, recipe.model.max_length, recipe.data.text_column
     )
-    print(found.line(), file=sys.stderr)
+    if found.longer:
+        print(found.line(), file=sys.stderr)
     return found.record()
