@@ -1,0 +1,60 @@
+"""Issue #64 ("Hostile files IV"): cases of the earlier waves' rules that still slipped through (a-e), and the
+resume and output checks (defects 5 and 7). Each test failed before its fix (a traceback, a file written through,
+a wrong reason, a run counted twice, or work lost at the end)."""
+
+from __future__ import annotations
+
+import gzip
+import tempfile
+from pathlib import Path
+
+import pytest
+from conftest import assert_one_line_error, run_main, write_recipe
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from csekit.core.errors import CsekitError
+from csekit.data.corpus import Corpus
+
+CaptureErr = pytest.CaptureFixture[str]
+SENTENCES = b"".join(f"sentence number {i} of the corpus\n".encode() for i in range(200))
+
+# --- a: a damaged .gz corpus is one line naming it ------------------------------------------------------------
+
+
+def _damaged_gz(path: Path, offset: int, value: int) -> Path:
+    """A .gz corpus whose compressed body has the byte at `offset` (after the 10-byte header) replaced."""
+    data = bytearray(gzip.compress(SENTENCES))
+    position = 10 + offset % (len(data) - 18)  # inside the deflate stream, before the CRC and length
+    data[position] = value if data[position] != value else value ^ 0xFF
+    path.write_bytes(bytes(data))
+    return path
+
+
+def test_a_damaged_gz_corpus_is_one_line_naming_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """zlib's `Error -3 while decompressing data` was a traceback (zlib.error is no OSError)."""
+    corpus = tmp_path / "corpus.txt.gz"
+    data = bytearray(gzip.compress(SENTENCES))
+    data[20:220] = bytes(200)
+    corpus.write_bytes(bytes(data))
+    with pytest.raises(CsekitError, match=r"corpus .*corpus\.txt\.gz: cannot read it \(Error -3"):
+        Corpus(corpus)
+    recipe = write_recipe(tmp_path, tmp_path / "model", corpus)
+    code, err = run_main(monkeypatch, capsys, "train", str(recipe), "--output", str(tmp_path / "run"))
+    assert_one_line_error(code, err, str(corpus), "cannot read it")
+    assert not (tmp_path / "run").exists()
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.integers(min_value=0, max_value=10_000), st.integers(min_value=0, max_value=255))
+def test_a_gz_corpus_with_any_byte_changed_gives_sentences_or_one_line(offset: int, value: int) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        path = _damaged_gz(Path(folder) / "c.txt.gz", offset, value)
+        try:
+            corpus = Corpus(path, max_chars=200, bad_lines="skip")
+        except CsekitError as error:
+            assert "\n" not in str(error) and "c.txt.gz" in str(error)
+            return
+        assert all(isinstance(corpus[i], str) for i in range(len(corpus)))
