@@ -5,6 +5,7 @@ a wrong reason, a run counted twice, or work lost at the end)."""
 from __future__ import annotations
 
 import gzip
+import os
 import tempfile
 from pathlib import Path
 
@@ -58,3 +59,25 @@ def test_a_gz_corpus_with_any_byte_changed_gives_sentences_or_one_line(offset: i
             assert "\n" not in str(error) and "c.txt.gz" in str(error)
             return
         assert all(isinstance(corpus[i], str) for i in range(len(corpus)))
+
+
+# --- b: a lock file with another name (a hard link) is never written -------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["train", "result"])
+def test_a_lock_hard_linked_to_a_file_elsewhere_is_not_written_through(kind: str, tmp_path: Path) -> None:
+    """`.lock` (train) or `.NAME.lock` (every other command's result) sharing its inode with a file outside the
+    folder: the file was truncated and overwritten with the holder's record, then the name removed."""
+    from csekit.core.run_lock import LOCK_NAME, hold_result_lock, hold_run_lock, result_lock
+
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me", encoding="utf-8")
+    folder = tmp_path / "run"
+    folder.mkdir()
+    lock = folder / LOCK_NAME if kind == "train" else result_lock(folder / "out.json")
+    os.link(victim, lock)
+    holding = hold_run_lock(folder) if kind == "train" else hold_result_lock(folder / "out.json", "encode")
+    with pytest.raises(CsekitError, match=r"hard link.*remove it") as error, holding:
+        pass
+    assert str(lock) in str(error.value) and "\n" not in str(error.value)
+    assert victim.read_text(encoding="utf-8") == "keep me" and lock.exists()
