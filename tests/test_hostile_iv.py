@@ -81,3 +81,92 @@ def test_a_lock_hard_linked_to_a_file_elsewhere_is_not_written_through(kind: str
         pass
     assert str(lock) in str(error.value) and "\n" not in str(error.value)
     assert victim.read_text(encoding="utf-8") == "keep me" and lock.exists()
+
+
+# --- c, e: a suite's names are one table cell each; seeds and names are given once ------------------------------
+
+
+def _suite(folder: Path, text: str) -> Path:
+    (folder / "a.yaml").write_text("name: a\n", encoding="utf-8")
+    (folder / "b.yaml").write_text("name: b\n", encoding="utf-8")
+    (folder / "suite.yaml").write_text(text, encoding="utf-8")
+    return folder / "suite.yaml"
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [
+        ("a\\n| injected | 99.00 | row |", r"'a\n| injected"),
+        ("a\\rb", r"'a\rb'"),
+        ("a\\u2028b", r"'a\u2028b'"),
+        ("a | b", "'|'"),
+        ("tab\\there", r"'\t'"),
+    ],
+)
+def test_a_suite_recipe_name_that_would_break_results_md_is_refused_at_its_line(
+    name: str, needle: str, tmp_path: Path
+) -> None:
+    """A name holding a newline wrote an extra row into results.md (the runs trained first)."""
+    from csekit.bench.suite import load_suite
+
+    suite = _suite(tmp_path, f'seeds: [1]\nrecipes:\n  - recipe: a.yaml\n  - recipe: b.yaml\n    name: "{name}"\n')
+    with pytest.raises(CsekitError, match=r"suite\.yaml:5: recipe name: ") as error:
+        load_suite(suite)
+    assert needle in str(error.value) and "Markdown table" in str(error.value)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(st.text(min_size=1, max_size=12))
+def test_every_recipe_name_a_suite_accepts_is_one_cell_of_one_row(name: str) -> None:
+    """The rule as a property: whatever name load_suite lets through, results.md's table gets one row for it, with
+    as many cells as the header, and results.csv reads it back as it was."""
+    import csv
+    import io
+    import json
+
+    from csekit.bench.suite import load_suite
+    from csekit.bench.tables import format_csv, format_markdown
+
+    with tempfile.TemporaryDirectory() as folder:
+        suite = _suite(Path(folder), f"seeds: [1]\nrecipes:\n  - recipe: a.yaml\n    name: {json.dumps(name)}\n")
+        try:
+            loaded = load_suite(suite)
+        except CsekitError as error:
+            assert "\n" not in str(error) and "suite.yaml" in str(error)
+            return
+    method = loaded.recipes[0].name
+    rows = [{"method": method, "seeds": 1, "STS-B dev": (80.0, 0.0)}]
+    lines = format_markdown(["STS-B dev"], rows).splitlines()
+    assert len(lines) == 3 and lines[2].count("|") == lines[0].count("|")
+    assert next(csv.DictReader(io.StringIO(format_csv(["STS-B dev"], rows))))["method"] == method
+
+
+def test_a_seed_given_twice_is_refused_at_its_line(tmp_path: Path) -> None:
+    """seeds [1, 2, 1] trained seed 1 once and counted its result twice (a mean over 3 "seeds")."""
+    from csekit.bench.suite import load_suite
+
+    suite = _suite(tmp_path, "seeds:\n  - 1\n  - 2\n  - 1\nrecipes: [a.yaml]\n")
+    with pytest.raises(CsekitError, match=r"suite\.yaml:4: seed 1 is given twice in seeds"):
+        load_suite(suite)
+
+
+def test_a_recipe_name_given_twice_is_refused_at_the_second_entry(tmp_path: Path) -> None:
+    from csekit.bench.suite import load_suite
+
+    suite = _suite(tmp_path, "seeds: [1]\nrecipes:\n  - recipe: a.yaml\n  - recipe: b.yaml\n    name: a\n")
+    with pytest.raises(CsekitError, match=r"suite\.yaml:5: two recipes are named 'a' \(entries 1 and 2\)"):
+        load_suite(suite)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(st.lists(st.integers(min_value=0, max_value=5), min_size=1, max_size=6))
+def test_a_suite_loads_exactly_when_its_seeds_are_distinct(seeds: list[int]) -> None:
+    from csekit.bench.suite import load_suite
+
+    with tempfile.TemporaryDirectory() as folder:
+        suite = _suite(Path(folder), f"seeds: {seeds}\nrecipes: [a.yaml]\n")
+        if len(set(seeds)) == len(seeds):
+            assert load_suite(suite).seeds == seeds
+        else:
+            with pytest.raises(CsekitError, match=r"suite\.yaml:1: seed \d+ is given twice"):
+                load_suite(suite)
