@@ -170,3 +170,43 @@ def test_a_suite_loads_exactly_when_its_seeds_are_distinct(seeds: list[int]) -> 
         else:
             with pytest.raises(CsekitError, match=r"suite\.yaml:1: seed \d+ is given twice"):
                 load_suite(suite)
+
+
+# --- d: the writability probe cannot be blocked by a planted name ------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["file", "folder", "dangling-link", "fifo"])
+@pytest.mark.parametrize("process", [0, 1])
+def test_a_planted_write_test_name_does_not_make_a_writable_folder_unwritable(
+    kind: str, process: int, tmp_path: Path
+) -> None:
+    """`.csekit-write-test-0` left in a run folder stopped every run there with "not writable (File exists)"."""
+    from csekit.training.run_folder import create_output
+
+    output = tmp_path / "run"
+    output.mkdir()
+    for name in (f".csekit-write-test-{process}", f".csekit-write-test-{process}-0"):
+        planted = output / name
+        if kind == "file":
+            planted.write_text("mine", encoding="utf-8")
+        elif kind == "folder":
+            planted.mkdir()
+        elif kind == "fifo":
+            os.mkfifo(planted)
+        else:
+            planted.symlink_to(tmp_path / "nowhere")
+    before = sorted(os.listdir(output))
+    create_output(output, process)
+    assert sorted(os.listdir(output)) == before  # the probe is gone, the planted entries are untouched
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_probe_name_that_is_taken_is_drawn_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's random name clashing with a planted entry: another name is drawn, the entry is left alone."""
+    from csekit.core import atomic
+
+    draws = iter(["clash", "free"])
+    monkeypatch.setattr(atomic.secrets, "token_hex", lambda size: next(draws))
+    (tmp_path / ".csekit-write-test-0-clash").mkdir()
+    atomic.check_writable(tmp_path, 0)
+    assert os.listdir(tmp_path) == [".csekit-write-test-0-clash"]
