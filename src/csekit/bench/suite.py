@@ -13,7 +13,7 @@ from csekit.core.errors import CsekitError, at
 from csekit.core.safe_names import check_label, check_name, child_path
 from csekit.evaluation.published import load_published
 from csekit.evaluation.tasks import TRANSFER_CLASSIFIERS
-from csekit.training.recipe import MAX_SEED
+from csekit.training.recipe_bounds import MAX_SEED
 
 SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline", "published", "transfer_classifier"}
 RECIPE_KEYS = {"recipe", "name", "set", "control", "paper"}
