@@ -4,6 +4,7 @@ its fix (a silently different model, a traceback, or a wrong reason)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -149,3 +150,97 @@ def test_an_adapter_in_a_hub_repository_is_refused_too(models: dict[str, Path], 
     options = {"cache_dir": str(tmp_path / "hub"), "local_files_only": True}
     with pytest.raises(CsekitError, match=r'model "org/tiny" \(adapter_config\.json\).*peft adapter'):
         from_pretrained(AutoModel, "org/tiny", **options)
+
+
+# --- 4, 6: config.json values transformers' validators refuse, the keys csekit reads, a rotary theta or factor ----
+
+
+@pytest.fixture(scope="module")
+def decoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tiny_decoders import tiny_decoder_dir
+
+    return tiny_decoder_dir(tmp_path_factory.mktemp("decoder") / "model")
+
+
+def _with_config(model: Path, folder: Path, **values: object) -> Path:
+    shutil.copytree(model, folder)
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    (folder / "config.json").write_text(json.dumps({**config, **values}), encoding="utf-8")
+    return folder
+
+
+CONFIG_CASES: dict[str, tuple[dict[str, object], str]] = {
+    "head_dim-odd": ({"head_dim": 7}, "even rotary dimension"),
+    "initializer_range-1e308": ({"initializer_range": 1e308}, "initializer_range"),
+    "layer_types-unknown": ({"layer_types": ["x", "y"]}, "layer_types"),
+    "rope_parameters-text": ({"rope_parameters": "x"}, "rope_parameters"),
+    "dtype-bogus": ({"dtype": "bogus"}, "bogus"),
+    "is_causal-text": ({"is_causal": "no"}, '"is_causal" is "no"'),
+    "tie_word_embeddings-number": ({"tie_word_embeddings": 1}, '"tie_word_embeddings" is 1'),
+    "rope_theta-zero": ({"rope_parameters": {"rope_type": "default", "rope_theta": 0.0}}, '"rope_theta" is 0.0'),
+    "rope_theta-negative": ({"rope_parameters": {"rope_type": "default", "rope_theta": -1.0}}, '"rope_theta" is -1.0'),
+    "rope-factor-zero": (
+        {"rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 0.0}},
+        '"factor" is 0.0',
+    ),
+    "rope_theta-tiny": (
+        {"rope_parameters": {"rope_type": "default", "rope_theta": 1e-308}},
+        "computed from its config.json hold NaN or infinity",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CONFIG_CASES)
+def test_a_config_value_transformers_refuses_or_csekit_cannot_read_is_one_line(
+    case: str, decoder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """Tracebacks from transformers' config validators (StrictDataclass...Error, AttributeError for the dtype);
+    `is_causal: "no"` loaded as causal; a zero rope theta or factor was refused as "the run that wrote it
+    diverged"."""
+    values, needle = CONFIG_CASES[case]
+    model = _with_config(decoder, tmp_path / "model", **values)
+    sentences = tmp_path / "in.txt"
+    sentences.write_text("the dog runs\n", encoding="utf-8")
+    output = tmp_path / "out.npy"
+    code, err = run_main(monkeypatch, capsys, "encode", str(model), "-i", str(sentences), "-o", str(output))
+    assert_one_line_error(code, err, needle)
+    assert "diverged" not in err and not output.exists()
+    assert str(model) in err
+
+
+CONFIG_VALUES = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-3, max_value=64),
+        st.sampled_from([0.0, -1.0, 1e-308, 1e308, 0.5, 2.0, 10000.0]),
+        st.sampled_from(["", "x", "bogus", "default", "linear", "full_attention", "float16", "eager", "silu"]),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.dictionaries(st.sampled_from(["rope_type", "rope_theta", "factor", "x"]), inner, max_size=3),
+    ),
+    max_leaves=6,
+)
+
+
+EDGE_VALUES = st.sampled_from(
+    [0, -1, 7, 3.5, 1e308, 1e-308, -0.5, "x", "bogus", None, True, [], {}, ["x"], {"rope_theta": 0.0}, {"x": 1}]
+)
+"""Values at the edges: zero, negative, odd, huge and tiny, of the wrong type, empty containers."""
+
+
+@settings(max_examples=120, deadline=None, derandomize=True)
+@given(st.data())
+def test_any_value_of_a_tiny_models_config_key_loads_or_is_one_line(decoder: Path, data: st.DataObject) -> None:
+    """Generated config.json values for the tiny decoder's own keys: the model loads, or one line names the file;
+    never another exception."""
+    config = json.loads((decoder / "config.json").read_text(encoding="utf-8"))
+    key = data.draw(st.sampled_from(sorted(k for k in config if k != "model_type")), label="key")
+    value = data.draw(st.one_of(EDGE_VALUES, CONFIG_VALUES), label="value")
+    with tempfile.TemporaryDirectory() as root:
+        model = _with_config(decoder, Path(root) / "model", **{key: value})
+        try:
+            SentenceEncoder.load(model)
+        except CsekitError as error:
+            assert "\n" not in str(error) and str(model) in str(error)
