@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -210,3 +211,77 @@ def test_a_probe_name_that_is_taken_is_drawn_again(tmp_path: Path, monkeypatch: 
     (tmp_path / ".csekit-write-test-0-clash").mkdir()
     atomic.check_writable(tmp_path, 0)
     assert os.listdir(tmp_path) == [".csekit-write-test-0-clash"]
+
+
+# --- 5: a resume runs as many processes as wrote the checkpoint; a resume without one says it starts over ---------
+
+
+@pytest.fixture(scope="module")
+def finished_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run of 4 steps with a checkpoint at step 2 and at its end (copy `run` before changing it)."""
+    from conftest import train_finished_run
+
+    return train_finished_run(tmp_path_factory.mktemp("finished"), "  max_steps: 4\n  eval_every: 2\n")
+
+
+def _resume(monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr, run: Path) -> tuple[int, str]:
+    return run_main(monkeypatch, capsys, "train", "--output", str(run), "--resume", "--no-progress")
+
+
+@pytest.mark.parametrize("saved", [2, 3])
+def test_a_checkpoint_of_several_processes_is_not_resumed_in_one(
+    saved: int, finished_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """A two-process run resumed in one process (the interrupted run's line named no launcher) loaded process 0's
+    states and trained on with other batches, exit 0."""
+    run = Path(shutil.copytree(finished_root / "run", tmp_path / "run"))
+    for process in range(1, saved):  # the other processes' generator states, as a run of `saved` writes them
+        shutil.copy(run / "checkpoint" / "rng_state_0.pt", run / "checkpoint" / f"rng_state_{process}.pt")
+    metrics = (run / "metrics.jsonl").read_bytes()
+    code, err = _resume(monkeypatch, capsys, run)
+    command = f"accelerate launch --num_processes {saved} -m csekit.cli train --output {run} --resume"
+    assert_one_line_error(code, err, f"written by {saved} processes and this resume runs 1", command)
+    assert (run / "metrics.jsonl").read_bytes() == metrics
+
+
+def test_a_resume_without_a_checkpoint_says_it_starts_over(
+    finished_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """A run stopped before its first checkpoint: `--resume` started over from step 0 without a word."""
+    run = Path(shutil.copytree(finished_root / "run", tmp_path / "run"))
+    shutil.rmtree(run / "checkpoint")
+    code, err = _resume(monkeypatch, capsys, run)
+    assert code == 0
+    assert f"csekit: no checkpoint in {run}: starting over from step 0" in err.splitlines()
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(
+    st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), min_size=1, max_size=20),
+    st.integers(min_value=1, max_value=64),
+    st.sampled_from([None, "data"]),
+)
+def test_the_resume_line_launches_as_many_processes_as_the_run(
+    output: str, processes: int, data_dir: str | None
+) -> None:
+    """The interrupted run's `resume with:` command (every process count, any folder name) runs `processes`
+    processes on that folder; what follows `#` is a note the shell ignores."""
+    import shlex
+
+    from csekit.training.interrupt import TrainingInterrupted
+
+    old = os.environ.get("WORLD_SIZE")
+    os.environ["WORLD_SIZE"] = str(processes)
+    try:
+        command = TrainingInterrupted(3, Path(output)).resume_command(data_dir)
+    finally:
+        if old is None:
+            del os.environ["WORLD_SIZE"]
+        else:
+            os.environ["WORLD_SIZE"] = old
+    words = shlex.split(command, comments=True)  # as a shell reads it: the note after `#` is a comment
+    tail = ["train", "--output", str(Path(output)), "--resume", *(["--data-dir", data_dir] if data_dir else [])]
+    if processes == 1:
+        assert words == ["csekit", *tail]
+    else:
+        assert words == ["accelerate", "launch", "--num_processes", str(processes), "-m", "csekit.cli", *tail]
