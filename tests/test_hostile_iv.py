@@ -285,3 +285,38 @@ def test_the_resume_line_launches_as_many_processes_as_the_run(
         assert words == ["csekit", *tail]
     else:
         assert words == ["accelerate", "launch", "--num_processes", str(processes), "-m", "csekit.cli", *tail]
+
+
+# --- 7: the MLM generator script checks its --output before training ---------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["dangling-link", "link-to-a-folder", "file", "folder", "file-as-parent"])
+def test_the_generator_script_refuses_an_output_it_could_not_write_before_training(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """`--output` a dangling link passed `exists()` and failed at save_pretrained, after the whole training."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import minilm_mlm_generator
+
+    output = tmp_path / "generator"
+    if kind == "dangling-link":
+        output.symlink_to(tmp_path / "nowhere")
+    elif kind == "link-to-a-folder":
+        (tmp_path / "elsewhere").mkdir()
+        output.symlink_to(tmp_path / "elsewhere")
+    elif kind == "file":
+        output.write_text("mine", encoding="utf-8")
+    elif kind == "folder":
+        output.mkdir()
+    else:
+        output.write_text("mine", encoding="utf-8")
+        output = output / "sub" / "generator"
+    missing_data = tmp_path / "no-data"  # the check must come first: no data folder is ever looked for
+    argv = ["minilm_mlm_generator.py", "--output", str(output), "--data-dir", str(missing_data), "--steps", "1"]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit) as stop:
+        minilm_mlm_generator.main()
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1
+    assert err.startswith(f"minilm_mlm_generator: --output {output}") and "no-data" not in err
+    assert not (tmp_path / "nowhere").exists()  # nothing created through the link
