@@ -97,6 +97,18 @@ def test_an_adapter_is_one_line_in_every_model_a_recipe_loads(
     assert not output.exists()
 
 
+def test_an_adapter_the_library_applied_anyway_is_refused_after_the_load(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The second line of defence: the files' check switched off (as if the adapter appeared after it), the model
+    transformers built with an adapter is refused, never returned."""
+    from csekit.encoding import model_files
+
+    monkeypatch.setattr(model_files, "ADAPTER_FILES", ())
+    with pytest.raises(CsekitError, match="peft adapter"):
+        SentenceEncoder.load(models["encoder"])
+
+
 ADAPTER_NAMES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
 
 

@@ -43,7 +43,7 @@ from csekit.core.safe_names import child_path
 from csekit.encoding.decoder import DECODER_SPECIAL_TOKENS, is_decoder_only
 from csekit.encoding.hub import hub_options, resolve_model_path, unreachable_hub_message
 from csekit.encoding.model_config import check_config_values, check_model_size, check_tokenizer_config
-from csekit.encoding.model_files import check_model_files, refuse_hub_adapter
+from csekit.encoding.model_files import adapter_message, check_model_files, refuse_hub_adapter
 from csekit.encoding.sentence_end import NO_SENTENCE_END, check_sentence_end
 from csekit.encoding.whole_template import NO_TEST_TEMPLATE, check_test_template
 
@@ -528,6 +528,8 @@ def _load_weights(
     config.output_hidden_states = False
     built = {"dtype": dtype} if dtype is not None else {}  # else from_pretrained's fp32
     model, info = from_pretrained(model_class, location, config=config, output_loading_info=True, **hub, **built)
+    if getattr(model, "_hf_peft_config_loaded", False):  # the files checked first; this holds whatever changed since
+        raise CsekitError(adapter_message(f'model "{location}"'))
     if local:
         missing = sorted(key for key in info["missing_keys"] if not key.startswith(UNREAD_WEIGHTS_PREFIX))
         if missing or info.get("error_msgs"):

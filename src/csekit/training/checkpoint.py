@@ -203,8 +203,9 @@ def check_processes(folder: Path, processes: int) -> None:
     saved = saved_processes(folder)
     if saved not in (0, processes):  # 0: no generator state at all, which `load_rng_state` names
         raise CsekitError(
-            f"checkpoint {folder} was written by {saved} processes and this resume runs {processes}: the batches and "
-            f"random draws would differ from the run's. Resume with: {resume_command(folder.parent, saved)}"
+            f"checkpoint {folder} was written by {saved} process{'es' if saved > 1 else ''} and this resume runs "
+            f"{processes}: the batches and random draws would differ from the run's. Resume with: "
+            f"{resume_command(folder.parent, saved)}"
         )
 
 
