@@ -18,6 +18,7 @@ a measurement of csekit's DiffCSE parts on MiniLM, never a paper reproduction.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import time
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 
+from csekit.core.atomic import atomic_directory
 from csekit.core.errors import CsekitError, message_line
 from csekit.data.corpus import Corpus
 from csekit.data.data_dir import resolve_data_dir
@@ -67,17 +69,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     output = Path(args.output)
-    if output.exists():
-        sys.exit(f"minilm_mlm_generator: {output} exists; name a new folder")
-
-    from transformers import AutoTokenizer, BertForMaskedLM, DataCollatorForLanguageModeling
-
-    torch.manual_seed(args.seed)
     try:
+        check_output(output)  # before the training: a folder that cannot be written lost the work at the end
         corpus = Corpus(resolve_data_dir(args.data_dir) / CORPUS)
     except CsekitError as error:  # no data folder, or no corpus in it: one line, as csekit's commands say it
         print(f"minilm_mlm_generator: {message_line(error)}", file=sys.stderr)
         sys.exit(2)
+
+    from transformers import AutoTokenizer, BertForMaskedLM, DataCollatorForLanguageModeling
+
+    torch.manual_seed(args.seed)
     sentences = sorted({corpus[i] for i in range(len(corpus))})  # distinct sentences, in a fixed order
     random.Random(args.seed).shuffle(sentences)
     held_out, train = sentences[: args.held_out], sentences[args.held_out :]
@@ -106,14 +107,32 @@ def main() -> None:
         if step % 100 == 0 or step == args.steps:
             print(f"step {step}: loss {loss.item():.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
     print(f"masked-token top-1 accuracy after: {masked_accuracy(model, evaluation):.3f}")
-    model.save_pretrained(output)
-    tokenizer.save_pretrained(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_directory(output) as folder:  # written whole or not at all; a link put at its name is refused
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
     print(f"wrote {output}")
+
+
+def check_output(output: Path) -> None:
+    """Refuse an --output the model could not be written to, before any work: something at its name (a link, a
+    dangling one too, a file or a folder), a file where a parent folder must be, a parent that cannot be written."""
+    if os.path.lexists(output):
+        kind = "a symbolic link" if output.is_symlink() else "a folder" if output.is_dir() else "a file"
+        raise CsekitError(f"--output {output} exists ({kind}); name a new folder")
+    existing = next(folder for folder in Path(os.path.abspath(output)).parents if os.path.lexists(folder))
+    if not existing.is_dir():
+        raise CsekitError(f"--output {output}: {existing} is not a folder, so the model cannot be written there")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise CsekitError(f"--output {output}: the folder {existing} cannot be written")
 
 
 if __name__ == "__main__":
     try:
         main()
+    except CsekitError as error:  # the output folder could not be written after all (a link put there since)
+        print(f"minilm_mlm_generator: {message_line(error)}", file=sys.stderr)
+        sys.exit(2)
     except KeyboardInterrupt:  # the folder is written only at the end, so nothing half-made is left
         print("minilm_mlm_generator: interrupted; nothing written", file=sys.stderr)
         sys.exit(130)

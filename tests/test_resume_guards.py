@@ -82,8 +82,8 @@ def test_a_tampered_queue_counter_is_refused(
 @pytest.mark.parametrize(
     "option, needle",
     [
-        ("queue_size: 1000000000000", "from 1 to 65536 vectors"),
-        ("queue_ratio: 1.0e+15", "option queue_ratio must be a number in (0, 65536]"),
+        ("queue_size: 1000000000000", "queue_size must be from 1 to 65,536 (vectors in the queue)"),
+        ("queue_ratio: 1.0e+15", "queue_ratio must be in (0, 65,536]"),
     ],
 )
 def test_a_huge_queue_is_one_line_before_the_run_folder(
@@ -101,7 +101,7 @@ def test_a_huge_queue_is_one_line_before_the_run_folder(
 
 
 def test_num_workers_has_an_upper_bound(tmp_path: Path) -> None:
-    with pytest.raises(CsekitError, match=r"recipe key run.num_workers must be from 0 .* to 64"):
+    with pytest.raises(CsekitError, match=r"recipe key run.num_workers must be from 0 to 64"):
         tiny_recipe(tmp_path / "model", tmp_path / "corpus.txt", "run.num_workers=100000")
 
 

@@ -6,12 +6,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from csekit.core.bounded_read import parse_yaml, read_bounded_text
 from csekit.core.errors import CsekitError, absolute, at
-from csekit.core.safe_names import check_name, child_path
+from csekit.core.safe_names import check_label, check_name, child_path
 from csekit.evaluation.published import load_published
 from csekit.evaluation.tasks import TRANSFER_CLASSIFIERS, FileTask
-from csekit.training.recipe import MAX_SEED
+from csekit.training.recipe_schema import MAX_SEED
 
 SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline", "published", "transfer_classifier"}
 RECIPE_KEYS = {"recipe", "name", "set", "control", "paper"}
@@ -70,6 +72,25 @@ def _line_naming(text: str, key: str, value: str) -> int | None:
     return _line_of(text, key)
 
 
+def _item_lines(node: Any, key: str, field: str | None = None) -> list[int]:
+    """The line of each item of the top-level list `key` (none when the suite has no such list); with `field`, the
+    line of that key inside an item that is a mapping (else the item's)."""
+    if not isinstance(node, yaml.MappingNode):
+        return []
+    for key_node, value_node in node.value:
+        if key_node.value == key and isinstance(value_node, yaml.SequenceNode):
+            return [_field_line(item, field) for item in value_node.value]
+    return []
+
+
+def _field_line(item: yaml.Node, field: str | None) -> int:
+    if field is not None and isinstance(item, yaml.MappingNode):
+        for key_node, _ in item.value:
+            if key_node.value == field:
+                return int(key_node.start_mark.line) + 1
+    return int(item.start_mark.line) + 1
+
+
 def _is_seed(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEED
 
@@ -78,7 +99,8 @@ def load_suite(path: str | Path) -> Suite:
     """Read and check a suite file; mistakes are CsekitErrors naming the file and line."""
     path = Path(path)
     text = read_bounded_text(path, "suite file", limit=2**20)
-    raw = parse_yaml(text, str(path), "suite")[0] or {}
+    raw, node = parse_yaml(text, str(path), "suite")
+    raw = raw or {}
     if not isinstance(raw, dict):
         raise CsekitError(f"{path}: a suite is a mapping with keys {', '.join(sorted(SUITE_KEYS))}")
     for key in raw:
@@ -91,13 +113,21 @@ def load_suite(path: str | Path) -> Suite:
         raise CsekitError(
             f"{at(path, _line_of(text, 'seeds'))}: seeds must be a non-empty list of integers in [0, {MAX_SEED}]"
         )
+    seed_lines = _item_lines(node, "seeds")
+    for index, seed in enumerate(seeds):  # a repeated seed trained one run and counted it twice
+        if seed in seeds[:index]:
+            raise CsekitError(
+                f"{at(path, seed_lines[index] if seed_lines else _line_of(text, 'seeds'))}: seed {seed} is given "
+                "twice in seeds; each seed is one run of every recipe: remove the repeat"
+            )
     tasks, files = _suite_tasks(path, text, raw.get("tasks", "sts"))
     entries = raw.get("recipes")
     if not isinstance(entries, list) or not entries:
         raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: recipes must be a non-empty list")
     recipes: list[SuiteRecipe] = []
-    for entry in entries:
-        recipes.append(_suite_recipe(path, text, entry, [r.name for r in recipes]))
+    lines = zip(_item_lines(node, "recipes"), _item_lines(node, "recipes", "name"), strict=True)
+    for entry, (line, name_line) in zip(entries, lines, strict=True):
+        recipes.append(_suite_recipe(path, text, entry, [r.name for r in recipes], (line, name_line)))
     sample = raw.get("sample_sentences", 1000)
     if not isinstance(sample, int) or sample < 2:
         raise CsekitError(f"{at(path, _line_of(text, 'sample_sentences'))}: sample_sentences must be an integer >= 2")
@@ -114,8 +144,10 @@ def load_suite(path: str | Path) -> Suite:
             f"{at(path, _line_of(text, 'transfer_classifier'))}: transfer_classifier must be one of "
             f"{', '.join(TRANSFER_CLASSIFIERS)}, found {classifier!r}"
         )
+    name = str(raw.get("name") or path.stem)
+    check_label(name, f"{at(path, _line_of(text, 'name'))}: suite name", table_cell=False)  # results.md's heading
     return Suite(
-        str(raw.get("name") or path.stem),
+        name,
         seeds,
         tasks,
         recipes,
@@ -151,12 +183,14 @@ def _suite_tasks(path: Path, text: str, value: Any) -> tuple[str, list[FileTask]
     return ",".join(others), files
 
 
-def _suite_recipe(path: Path, text: str, entry: Any, taken: list[str]) -> SuiteRecipe:
-    """One entry of a suite's `recipes:` list, checked (`taken`: the names of the entries before it)."""
+def _suite_recipe(path: Path, text: str, entry: Any, taken: list[str], lines: tuple[int, int]) -> SuiteRecipe:
+    """One entry of a suite's `recipes:` list, checked (`taken`: the names of the entries before it; `lines`: the
+    entry's line and the line of its name, the entry's when the name is its recipe's file name)."""
+    line, name_line = lines
     if isinstance(entry, str):
         entry = {"recipe": entry}
     if not isinstance(entry, dict) or "recipe" not in entry:
-        raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: each recipe needs a `recipe:` path")
+        raise CsekitError(f"{at(path, line)}: each recipe needs a `recipe:` path")
     unknown = set(entry) - RECIPE_KEYS
     if unknown:
         key = sorted(unknown)[0]
@@ -174,9 +208,14 @@ def _suite_recipe(path: Path, text: str, entry: Any, taken: list[str]) -> SuiteR
         raise CsekitError(f"{at(path, _line_of(text, 'name'))}: a recipe name must be text")
     name = str(name)
     # The name becomes the run folder OUTPUT/NAME-seedK: it must stay one folder inside OUTPUT.
-    check_name(name, f"{at(path, _line_naming(text, 'name', name))}: recipe name", folder="--output")
+    where = at(path, name_line)
+    check_name(name, f"{where}: recipe name", folder="--output")
+    check_label(name, f"{where}: recipe name")  # written into results.md's tables and results.csv as it is
     if name in taken:
-        raise CsekitError(f"{at(path, _line_of(text, 'recipes'))}: two recipes are named {name!r}; give one a name")
+        raise CsekitError(
+            f"{where}: two recipes are named {name!r} (entries {taken.index(name) + 1} and "
+            f"{len(taken) + 1}); a run would be trained and counted once for both: give one another name"
+        )
     control = entry.get("control")
     paper = entry.get("paper")
     if paper is not None and (not isinstance(paper, str) or not paper):

@@ -160,10 +160,21 @@ def truncate_file(path: str | Path, size: int) -> None:
 
 
 def check_writable(folder: str | Path, process: int = 0) -> None:
-    """Create and remove a probe file in `folder`: OSError when the folder cannot be written."""
-    probe = Path(folder) / f".csekit-write-test-{process}"
-    os.close(_open_in_folder(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
-    os.unlink(probe)
+    """Create and remove a probe file in `folder`: OSError when the folder cannot be written.
+
+    The probe's name is fresh each time (random, created exclusively, another drawn on a clash): a file, folder or
+    link someone left at a fixed name made a writable folder "not writable" (FileExistsError's reason).
+    """
+    for _ in range(_ATTEMPTS):
+        probe = Path(folder) / f".csekit-write-test-{process}-{secrets.token_hex(8)}"
+        try:
+            fd = _open_in_folder(probe, _O_CREATE_NEW)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        os.unlink(probe)
+        return
+    raise FileExistsError(f"no free probe name in {folder}")
 
 
 def current_umask() -> int:

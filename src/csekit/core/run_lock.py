@@ -97,9 +97,16 @@ def hold_run_lock(output: Path, command: str = "train", path: Path | None = None
                 f"{path} cannot be opened as a lock file ({error.strerror}); csekit does not follow a "
                 "symbolic link there: remove it"
             ) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device: not ours to lock, write or delete
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # a FIFO, a device: not ours to lock, write or delete
             os.close(fd)
             raise CsekitError(f"{path} is not a regular file, so it cannot be a run's lock file: remove it")
+        if info.st_nlink > 1:  # a hard link: the same file has another name, perhaps outside the folder
+            os.close(fd)
+            raise CsekitError(
+                f"{path} has {info.st_nlink - 1} other name(s) (a hard link), so writing it would change a file "
+                "elsewhere; csekit writes only a lock file of its own there: remove it"
+            )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -62,3 +62,13 @@ def _name_problem(name: str, nested: bool) -> str | None:
     if any(part in ("", ".", "..") for part in parts):
         return "holds an empty, '.' or '..' component"
     return None
+
+
+def check_label(text: str, what: str, table_cell: bool = True) -> None:
+    """Refuse (CsekitError) a name read from a file that a report writes as it is (results.md, results.csv): a line
+    break, a control or format character, or (`table_cell`) a `|`, would add a row to a Markdown table or split
+    its cells."""
+    bad = next((char for char in text if not char.isprintable() or (table_cell and char == "|")), None)
+    if bad is not None:
+        place = "a Markdown table cell" if table_cell else "a line of the report"
+        raise CsekitError(f"{what}: {text!r} holds {bad!r}, which cannot stand in {place}; use printable characters")

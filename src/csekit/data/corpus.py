@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -148,7 +149,7 @@ class Corpus(Dataset):
                         starts.append(offset)
                         lengths.append(len(content or b""))
                     offset += size
-        except (OSError, EOFError, gzip.BadGzipFile) as error:
+        except (OSError, EOFError, zlib.error) as error:  # zlib.error: a damaged .gz body (BadGzipFile is an OSError)
             raise CsekitError(f"corpus {self.path}: cannot read it ({error})") from None
         if keep_in_memory:
             self._lines = lines

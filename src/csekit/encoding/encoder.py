@@ -251,6 +251,11 @@ class SentenceEncoder(nn.Module):
             encoder.trained_pooler = saved.pooler
         encoder.head = loaded.head
         bad = non_finite_parameters(encoder)
+        if bad and not set(bad) & set(encoder.state_dict()):  # only buffers built from the config (rotary ones)
+            raise CsekitError(
+                f'model "{location}": {len(bad)} tensors computed from its config.json hold NaN or infinity (e.g. '
+                f"{bad[0]}); a value there is out of range"
+            )
         if bad:
             raise CsekitError(
                 f'model "{location}": {len(bad)} weight tensors hold NaN or infinity (e.g. {bad[0]}); its embeddings '

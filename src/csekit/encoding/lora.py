@@ -12,6 +12,7 @@ adapters' deltas are not rounded to bf16 (many are smaller than bf16's spacing a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,15 @@ LORA_KEYS = ("r", "alpha", "dropout", "target_modules")
 LORA_DEFAULTS: Mapping[str, Any] = {"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": "all-linear"}
 """LLM2Vec's r (16) and peft's defaults; `all-linear`: every linear layer of the backbone."""
 
+MAX_RANK = 4096
+"""The largest `model.lora.r` (LLM2Vec trains 16; a rank beyond the layer's width adds nothing): 2^30 asked for
+hundreds of gigabytes of adapter weights."""
+MAX_TARGETS = 256
+MODULE_NAME = re.compile(r"[A-Za-z0-9_]+(\.[A-Za-z0-9_]+)*")
+"""A module name as `target_modules` lists it (`q_proj`, `self_attn.q_proj`): peft matches the end of each layer's
+name against it. Text that is not `all-linear` is a regular expression to peft (a recipe's pattern could backtrack
+for hours), so only lists of names are taken."""
+
 
 def lora_options(spec: Mapping[str, Any]) -> dict[str, Any]:
     """`model.lora` with its defaults, checked; a one-line error names the bad key."""
@@ -31,15 +41,20 @@ def lora_options(spec: Mapping[str, Any]) -> dict[str, Any]:
         raise CsekitError(f"model.lora has no key {unknown[0]!r}; its keys are {', '.join(LORA_KEYS)}")
     options = {**LORA_DEFAULTS, **spec}
     r, alpha, dropout, targets = (options[key] for key in LORA_KEYS)
-    if type(r) is not int or r < 1:
-        raise CsekitError(f"model.lora.r must be a whole number >= 1, got {r!r}")
+    if type(r) is not int or not 1 <= r <= MAX_RANK:
+        raise CsekitError(f"model.lora.r must be a whole number from 1 to {MAX_RANK}, got {r!r}")
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or alpha <= 0:
         raise CsekitError(f"model.lora.alpha must be a positive number, got {alpha!r}")
     if isinstance(dropout, bool) or not isinstance(dropout, int | float) or not 0 <= dropout < 1:
         raise CsekitError(f"model.lora.dropout must be in [0, 1), got {dropout!r}")
-    names = [targets] if isinstance(targets, str) else targets
-    if not isinstance(names, list) or not names or not all(isinstance(name, str) and name for name in names):
-        raise CsekitError(f"model.lora.target_modules must be all-linear or a list of module names, got {targets!r}")
+    if targets == "all-linear":
+        return options
+    plain = isinstance(targets, list) and 0 < len(targets) <= MAX_TARGETS
+    if not plain or not all(isinstance(name, str) and MODULE_NAME.fullmatch(name) for name in targets):
+        raise CsekitError(
+            f"model.lora.target_modules must be all-linear or a list of at most {MAX_TARGETS} module names (letters, "
+            f"digits, _ and dots; peft reads any other text as a regular expression), got {str(targets)[:100]!r}"
+        )
     return options
 
 

@@ -8,8 +8,10 @@ width 32,768 was allocated before anything refused it. So, for a local folder:
 
 * `check_config_values`: sizes within `CONFIG_LIMITS`; keys csekit cannot honour refused
   (`REFUSED_KEYS`, `ALLOWED_VALUES`); every key the model type's config class declares (transformers 5's
-  config classes are typed dataclasses) has a value of the declared type; activations, epsilons, dropouts,
-  token ids and label counts within their ranges; tokenizer_config.json's `model_max_length` positive;
+  config classes are typed dataclasses) has a value of the declared type, and so has each key csekit reads
+  itself (`RELIED_ON_TYPES`); activations, epsilons, dropouts, token ids, label counts and rotary thetas and
+  factors within their ranges; then the config class is built from the values, and what its own validators
+  refuse is one line too; tokenizer_config.json's `model_max_length` positive;
 * `check_model_size`: the parameters the model would allocate, counted on the meta device (nothing is
   allocated), at most `PARAMETER_LIMIT`.
 
@@ -78,14 +80,63 @@ ALLOWED_VALUES: dict[str, tuple[Any, ...]] = {
 """config.json keys with the only values csekit can run (flash attention needs a package and a GPU)."""
 
 
+RELIED_ON_TYPES: dict[str, type] = {
+    "is_causal": bool,  # csekit.encoding.decoder: the attention a backbone runs with
+    "is_decoder": bool,
+    "is_encoder_decoder": bool,
+    "add_cross_attention": bool,
+    "tie_word_embeddings": bool,  # MNTP: whether the LM head is the input embeddings
+    "output_hidden_states": bool,
+    "_name_or_path": str,
+}
+"""config.json keys csekit reads itself from a built config (which keeps any value it does not declare), and their
+types: `is_causal: "no"` was taken as true (a non-empty string)."""
+
+
 def check_config_values(config: dict[str, Any], path: Path) -> None:
-    """config.json's values (already read) by type and range, before transformers builds a config from them."""
+    """config.json's values (already read) by type and range, before transformers builds a config from them; then
+    the config class's own validation (transformers 5's typed configs refuse more), as one line."""
     for section in (config, *(v for v in config.values() if isinstance(v, dict))):  # text_config, encoder, ...
         _check_sizes(section, path)
         _check_refused(section, path)
     _check_declared_types(config, path)
+    for key, expected in RELIED_ON_TYPES.items():
+        if key in config and not isinstance(config[key], expected):
+            raise _refuse(path, key, config[key], f"{'true or false' if expected is bool else 'a string'}")
     for key, value in config.items():
         _check_range(key, value, config, path)
+    _check_rope(config, path)
+    _check_config_class(config, path)
+
+
+def _check_rope(section: dict[str, Any], path: Path, in_rope: bool = False) -> None:
+    """A rotary embedding's theta and scaling factor, wherever they are (`rope_theta`, `rope_parameters`, per layer
+    type, `rope_scaling`): a positive number. Zero gave inverse frequencies of infinity, refused later as weights of
+    a diverged run."""
+    for key, value in section.items():
+        rotary = key == "rope_theta" or (in_rope and key == "factor")
+        if rotary and value is not None and (not _number(value) or value <= 0):
+            raise _refuse(path, key, value, "a positive number (the rotary embedding's frequencies divide by it)")
+        if isinstance(value, dict):
+            _check_rope(value, path, in_rope or key.startswith("rope"))
+
+
+def _check_config_class(config: dict[str, Any], path: Path) -> None:
+    """The model type's config class built from the values, as transformers' load builds it: its validators (an odd
+    `head_dim` for RoPE, an `initializer_range` out of range, unknown `layer_types`, a `dtype` torch lacks) were
+    tracebacks."""
+    import copy
+
+    from transformers import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
+        return  # transformers refuses an unknown type itself, in one line (see SentenceEncoder.load)
+    try:
+        CONFIG_MAPPING[model_type].from_dict(copy.deepcopy(config))
+    except Exception as error:  # StrictDataclass*ValidationError, ValueError, TypeError, AttributeError...
+        reason = " ".join(str(error).split())[:240] or type(error).__name__
+        raise CsekitError(f"{path}: transformers refuses this config ({reason})") from None
 
 
 def _refuse(path: Path, key: str, value: Any, expected: str) -> CsekitError:

@@ -45,6 +45,12 @@ LIBRARY_READS: dict[str, int | None] = {
 """Names (patterns, first match wins) a library may open in a model folder, and the bytes it may read (None: any
 size). Other entries (README.md, onnx/, 1_Pooling/, tf_model.h5) are never opened by transformers' torch loads."""
 
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")
+"""peft's adapter files (transformers' ADAPTER_CONFIG_NAME, ADAPTER_SAFE_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME). With
+adapter_config.json in a folder, transformers' model loads apply the adapter by themselves (without config.json,
+to the base model its `base_model_name_or_path` names), outside every csekit check: other embeddings, a regex
+`target_modules`, any rank. csekit saves a LoRA model with its adapters merged, so it loads no adapter."""
+
 INDEX_FILES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 """Index files whose `weight_map` names the shards transformers loads."""
 
@@ -55,6 +61,9 @@ def check_model_files(folder: Path) -> None:
         names = sorted(os.listdir(folder))
     except OSError as error:
         raise CsekitError(f"{folder}: cannot list the model folder ({error.strerror or error})") from None
+    adapters = [name for name in names if name in ADAPTER_FILES]
+    if adapters:
+        raise CsekitError(adapter_message(str(folder / adapters[0])))
     for name in names:
         if name == CHAT_TEMPLATE_FOLDER:
             _check_template_folder(folder)
@@ -63,6 +72,28 @@ def check_model_files(folder: Path) -> None:
     _check_fast_tokenizer_files(folder)
     for index in INDEX_FILES:
         _check_shards(folder, index)
+
+
+def adapter_message(found: str) -> str:
+    """One line for a model that holds a peft adapter (`found`: its file)."""
+    return (
+        f"{found}: the model holds a peft adapter, which transformers would apply by itself, unchecked; csekit loads "
+        "no adapter (it saves LoRA models merged): merge it into the weights (peft's merge_and_unload) and save that"
+    )
+
+
+def refuse_hub_adapter(location: str, options: dict[str, Any]) -> None:
+    """A hub model (not a folder) whose repository holds adapter_config.json, looked up as transformers' own load
+    would (`find_adapter_config_file`, with the load's cache options), is refused like a folder that holds one."""
+    from transformers.utils import find_adapter_config_file
+
+    lookup = {key: options[key] for key in ("local_files_only", "revision", "cache_dir") if key in options}
+    try:
+        found = find_adapter_config_file(location, **lookup)
+    except (OSError, ValueError):  # a name the hub cannot give: transformers' load says so itself
+        return
+    if found is not None:
+        raise CsekitError(adapter_message(f'model "{location}" ({ADAPTER_FILES[0]})'))
 
 
 def library_pattern(name: str) -> str | None:

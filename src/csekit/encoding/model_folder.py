@@ -10,7 +10,8 @@ complementary model, RankCSE's teacher, `csekit freq`'s tokenizer, an `fsmt` or 
 * config.json's values have their declared types and ranges, and the model's size as a whole is bounded before
   it is built (`model_config`: sizes within `CONFIG_LIMITS`, `PARAMETER_LIMIT`);
 * every file transformers may read is a bounded regular file inside the folder (`model_files.check_model_files`:
-  a link to /dev/zero, a 1 GiB chat template, a shard named `../x` are refused), and a vocabulary file is there;
+  a link to /dev/zero, a 1 GiB chat template, a shard named `../x` are refused; so is a peft adapter, which
+  transformers would apply by itself), and a vocabulary file is there;
 * the weights' embedding matrices (read from the safetensors header) have the rows config.json says;
 
 and after loading, `check_tokenizer` wants the tokenizer's special tokens in its vocabulary and its
@@ -43,7 +44,7 @@ from csekit.encoding.decoder import DECODER_SPECIAL_TOKENS, is_decoder_only
 from csekit.encoding.folder_pooling import read_modules, transformer_folder
 from csekit.encoding.hub import hub_options, resolve_model_path, unreachable_hub_message
 from csekit.encoding.model_config import check_config_values, check_model_size, check_tokenizer_config
-from csekit.encoding.model_files import check_model_files
+from csekit.encoding.model_files import adapter_message, check_model_files, refuse_hub_adapter
 from csekit.encoding.sentence_end import NO_SENTENCE_END, check_sentence_end
 from csekit.encoding.whole_template import NO_TEST_TEMPLATE, check_test_template
 
@@ -142,10 +143,12 @@ def from_pretrained(loader: Any, location: str, **options: Any) -> Any:
     """
     builds_a_model = _builds_a_model(loader)
     if Path(location).is_dir():
-        config = check_model_folder(Path(location))
+        config = check_model_folder(Path(location))  # adapter files included (`check_model_files`)
         if builds_a_model:
             # before a byte of it is allocated, with the config object the load passes when there is one
             check_model_size(config, Path(location) / "config.json", loader, options.get("config"))
+    else:
+        refuse_hub_adapter(location, options)  # transformers would apply a hub repository's adapter too
     if builds_a_model:
         import torch
 
@@ -506,6 +509,8 @@ def _load_weights(
     config.output_hidden_states = False
     built = {"dtype": dtype} if dtype is not None else {}  # else from_pretrained's fp32
     model, info = from_pretrained(model_class, location, config=config, output_loading_info=True, **hub, **built)
+    if getattr(model, "_hf_peft_config_loaded", False):  # the files checked first; this holds whatever changed since
+        raise CsekitError(adapter_message(f'model "{location}"'))
     if local:
         missing = sorted(key for key in info["missing_keys"] if not key.startswith(UNREAD_WEIGHTS_PREFIX))
         if missing or info.get("error_msgs"):

@@ -16,8 +16,11 @@ reads it back into a resumed run; the trainer calls them.
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
+import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,7 @@ from csekit.core.atomic import (
 from csekit.core.bounded_read import read_by_name, read_with
 from csekit.core.errors import CsekitError
 from csekit.encoding.model_folder import non_finite_parameters
+from csekit.training.interrupt import resume_command
 from csekit.training.run_folder import (
     CHECKPOINT_STAGING,
     SAVED_RECIPE,
@@ -59,6 +63,10 @@ LEGACY_FILES = ("custom_checkpoint_0.pkl", "random_states_0.pkl", "optimizer.bin
 
 def rng_file(process: int) -> str:
     return f"rng_state_{process}.pt"
+
+
+RNG_FILE = re.compile(r"rng_state_(0|[1-9][0-9]{0,5})\.pt")
+"""The names `rng_file` gives, one a process."""
 
 
 def save_shared_state(
@@ -184,6 +192,23 @@ def _load_state_dict(path: Path, target: Any, device: torch.device) -> None:
         raise CsekitError(f"checkpoint file {path} does not fit this run ({str(error)[:200]})") from None
 
 
+def saved_processes(folder: Path) -> int:
+    """How many processes wrote the checkpoint `folder`: each writes its own generator states (`rng_file`)."""
+    return sum(1 for name in os.listdir(folder) if RNG_FILE.fullmatch(name))
+
+
+def check_processes(folder: Path, processes: int) -> None:
+    """A checkpoint resumes only with as many processes as wrote it: with fewer, the first processes' states loaded
+    and the run trained on with other batches (each process takes its share of a batch) and other random draws."""
+    saved = saved_processes(folder)
+    if saved not in (0, processes):  # 0: no generator state at all, which `load_rng_state` names
+        raise CsekitError(
+            f"checkpoint {folder} was written by {saved} process{'es' if saved > 1 else ''} and this resume runs "
+            f"{processes}: the batches and random draws would differ from the run's. Resume with: "
+            f"{resume_command(folder.parent, saved)}"
+        )
+
+
 def load_rng_state(folder: Path, process: int) -> None:
     """Restore this process's generators; a missing or wrong file stops the run (the resume would not be exact)."""
     path = folder / rng_file(process)
@@ -262,7 +287,10 @@ def read_checkpoint(
     for folder in (checkpoint_dir, output / "best", output / "last"):
         recover_directory(folder)
     if not check_checkpoint(checkpoint_dir):
+        if accelerator.is_main_process:  # the run stopped before its first checkpoint: say what --resume does
+            print(f"csekit: no checkpoint in {output}: starting over from step 0", file=sys.stderr)
         return None
+    check_processes(checkpoint_dir, accelerator.num_processes)
     state = read_trainer_state(checkpoint_dir / STATE_FILE)
     if state.step > total_steps:  # the loop ends at total_steps: it would never stop
         raise CsekitError(

@@ -7,6 +7,7 @@ continues the run; the CLI prints it and exits with 128 + the signal's number.
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 import signal
 from collections.abc import Iterator
@@ -29,11 +30,27 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.signal_number = int(signal_number)
 
     def resume_command(self, data_dir: str | Path | None = None) -> str:
-        """The command that continues the run (from its saved recipe)."""
-        command = ["csekit", "train", "--output", str(self.output_dir), "--resume"]
-        if data_dir is not None:
-            command += ["--data-dir", str(data_dir)]
-        return shlex.join(command)
+        """The command that continues the run (from its saved recipe), with as many processes as it ran."""
+        return resume_command(self.output_dir, running_processes(), data_dir)
+
+
+def running_processes() -> int:
+    """How many processes this run has: WORLD_SIZE, which `accelerate launch` and torchrun set (else one)."""
+    value = os.environ.get("WORLD_SIZE", "1")
+    return int(value) if value.isdigit() and int(value) >= 1 else 1
+
+
+def resume_command(output_dir: str | Path, processes: int, data_dir: str | Path | None = None) -> str:
+    """The command that continues the run in `output_dir` with `processes` processes: a run of several must be
+    launched as it was (a resume in one process trained on with other batches); a shell comment names the launcher
+    options csekit cannot know (the accelerate config file)."""
+    command = ["train", "--output", str(output_dir), "--resume"]
+    if data_dir is not None:
+        command += ["--data-dir", str(data_dir)]
+    if processes <= 1:
+        return shlex.join(["csekit", *command])
+    launch = ["accelerate", "launch", "--num_processes", str(processes), "-m", "csekit.cli", *command]
+    return shlex.join(launch) + "  # with the --config_file the run was launched with"
 
 
 def loader_workers_leave_stop_signals(worker_id: int) -> None:

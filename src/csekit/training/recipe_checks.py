@@ -20,8 +20,8 @@ from csekit.training.backbone_options import check_backbone_options
 from csekit.training.compiled import COMPILE_MODES
 from csekit.training.dev_selection import check_dev_selection
 from csekit.training.part_building import BUILD_CONTEXT, check_part_options
+from csekit.training.recipe_bounds import check_option_bounds, check_schema_bounds, check_step_size
 from csekit.training.recipe_schema import (
-    MAX_SEED,
     OPTIMIZERS,
     TRACKER_FOLDER_OPTIONS,
     ModelConfig,
@@ -43,7 +43,6 @@ def _check_run(recipe: Recipe, where: Any) -> None:
     run = recipe.run
     batch_size = recipe.train.batch_size
     checks = [
-        ("run.eval_batch_size", run.eval_batch_size >= 1, "must be at least 1"),
         (
             "run.chunk_size",
             run.chunk_size is None or 1 <= run.chunk_size <= batch_size,
@@ -51,7 +50,6 @@ def _check_run(recipe: Recipe, where: Any) -> None:
         ),
         ("run.sync_free", run.sync_free.lower() in SYNC_FREE_CHOICES, "must be auto, true or false"),
         ("run.compile", run.compile in COMPILE_MODES, f"must be one of {', '.join(COMPILE_MODES)}"),
-        ("run.length_group_size", run.length_group_size >= 0, "must be 0 (off) or a positive size"),
         (
             "run.packed",
             isinstance(run.packed, bool) or run.packed == "auto",  # 1 == True: not a setting
@@ -60,10 +58,9 @@ def _check_run(recipe: Recipe, where: Any) -> None:
         ("run.fused_qkv", isinstance(run.fused_qkv, bool) or run.fused_qkv == "auto", "must be auto, true or false"),
         (
             "run.num_workers",
-            run.num_workers == "auto" or (type(run.num_workers) is int and 0 <= run.num_workers <= MAX_WORKERS),
+            run.num_workers == "auto" or type(run.num_workers) is int,  # its range: recipe_bounds
             f"must be from 0 (batches in the main process) to {MAX_WORKERS}, or auto",
         ),
-        ("run.packed_bucket", run.packed_bucket >= 0, "must be 0 (off) or a number of tokens"),
         (
             "run.packed",
             run.packed is not True or run.compile in ("none", "auto") or run.packed_bucket > 0,
@@ -78,45 +75,19 @@ def _check_run(recipe: Recipe, where: Any) -> None:
 
 
 def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
-    """Checks the schema cannot express: value ranges and choices."""
+    """Checks the schema cannot express: value ranges (`recipe_bounds`, every number) and choices."""
     train = recipe.train
-    seed_range = f"must be in [0, {MAX_SEED}] (numpy's seed range)"
     checks = [
-        ("train.batch_size", train.batch_size >= 2, "must be at least 2 (contrastive learning needs negatives)"),
-        ("train.lr", math.isfinite(train.lr) and train.lr > 0, "must be a positive number"),
-        ("train.epochs", train.epochs >= 1, "must be at least 1"),
-        ("train.max_steps", train.max_steps is None or train.max_steps >= 1, "must be at least 1"),
-        ("train.eval_every", train.eval_every >= 0, "must be >= 0 (0 evaluates only at the end)"),
-        ("train.log_every", train.log_every >= 1, "must be at least 1"),
-        ("train.max_bad_steps", train.max_bad_steps >= 1, "must be at least 1"),
         ("train.precision", train.precision in PRECISIONS, "must be auto, fp32, bf16 or fp16"),
         ("train.optimizer", train.optimizer in OPTIMIZERS, f"must be one of {', '.join(OPTIMIZERS)}"),
-        ("train.warmup_ratio", 0 <= train.warmup_ratio < 1, "must be in [0, 1)"),
-        ("train.weight_decay", math.isfinite(train.weight_decay) and train.weight_decay >= 0, "must be >= 0"),
-        (
-            "train.max_grad_norm",
-            train.max_grad_norm is None or train.max_grad_norm > 0,
-            "must be positive (the gradient norm is clipped to it), or null for no clipping",
-        ),
-        (
-            "train.patience",
-            train.patience is None or train.patience >= 1,
-            "must be at least 1 (evaluations without improvement), or null for no early stopping",
-        ),
-        ("train.seed", 0 <= train.seed <= MAX_SEED, seed_range),
-        ("model.max_length", recipe.model.max_length >= 4, "must be at least 4"),
-        (
-            "model.dropout",
-            recipe.model.dropout is None or 0 <= recipe.model.dropout < 1,
-            "must be in [0, 1), or null for the backbone's own",
-        ),
         ("objectives", len(recipe.objectives) >= 1, "must list at least one objective (e.g. - name: infonce)"),
     ]
     for key, ok, message in checks:
         if not ok:
             raise CsekitError(f"{where(key)}: recipe key {key} {message}")
     check_data(recipe.data, where)
-    _check_run(recipe, where)
+    _check_run(recipe, where)  # before the bounds: its relations (a chunk within the batch) say more
+    check_schema_bounds(recipe, where)
     check_dev_selection(train.dev_task, train.select_metric, train.patience, where)
     _check_dev_scoring(recipe, where)
     _check_templates(recipe.model, where)
@@ -132,6 +103,8 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     parts = recipe_parts(recipe, where)
     for key, factory, spec in parts:
         check_part_options(factory, spec, key, BUILD_CONTEXT, where)
+    check_option_bounds(parts, where)
+    check_step_size(recipe, parts, where)
     check_view_indices(parts, where)
     check_corpus_fields(parts, recipe.data.corpus, where)
     check_pooler_name(recipe.model.pooler, f"{where('model.pooler')}: recipe key model.pooler")

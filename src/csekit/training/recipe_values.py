@@ -25,7 +25,7 @@ from typing import Any
 
 from csekit.core.errors import CsekitError
 from csekit.core.registry import Registry
-from csekit.data.corpus import HUB_PREFIX, MAX_SENTENCE_CHARS
+from csekit.data.corpus import HUB_PREFIX
 from csekit.data.duplicates import DUPLICATE_MODES
 from csekit.parts.heads import HEADS
 from csekit.parts.negatives import NEGATIVES
@@ -86,14 +86,9 @@ def _with_nested(key: str, spec: Mapping[str, Any], registry: Any, where: Where)
 
 
 def check_data(data: Any, where: Where) -> None:
-    """The `data` section's values: choices and ranges."""
+    """The `data` section's choices (its numbers' ranges: `recipe_bounds`)."""
     checks = [
         ("data.bad_lines", data.bad_lines in ("error", "skip"), "must be error or skip"),
-        (
-            "data.max_chars",
-            1 <= data.max_chars <= MAX_SENTENCE_CHARS,
-            f"must be from 1 to {MAX_SENTENCE_CHARS:,} (characters of a sentence)",
-        ),
         ("data.duplicates", data.duplicates in DUPLICATE_MODES, f"must be one of {', '.join(DUPLICATE_MODES)}"),
     ]
     for key, ok, message in checks:
