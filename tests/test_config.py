@@ -168,5 +168,5 @@ def test_the_value_checks_are_apart_from_the_schema_and_name_the_key() -> None:
     recipe = Recipe()
     validate_recipe(recipe)  # the defaults are a valid recipe
     recipe.train.batch_size = 1
-    with pytest.raises(CsekitError, match=r"^here: recipe key train.batch_size must be at least 2"):
+    with pytest.raises(CsekitError, match=r"^here: recipe key train.batch_size must be from 2 to 65,536"):
         validate_recipe(recipe, lambda key: "here")
