@@ -195,6 +195,6 @@ def test_a_checkpoint_reads_on_accelerates_cpu_device_of_several_processes(tmp_p
     model, _ = build_run_model(recipe, SentenceEncoder.load(root / "tiny-model"))
     optimizer = make_optimizer(model, recipe)
     scheduler = get_linear_schedule_with_warmup(optimizer, 0, 2)  # as the trainer makes it
-    accelerator = SimpleNamespace(device=torch.device("cpu", 0), scaler=None, process_index=0)
+    accelerator = SimpleNamespace(device=torch.device("cpu", 0), scaler=None, process_index=0, num_processes=1)
     state = read_checkpoint(accelerator, root / "run", model, optimizer, scheduler, 2)  # type: ignore[arg-type]
     assert state is not None and state.step == 2
