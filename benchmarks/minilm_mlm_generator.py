@@ -59,6 +59,40 @@ def masked_accuracy(model: Any, batches: list[dict[str, torch.Tensor]]) -> float
     return right / max(total, 1)
 
 
+def train_masked_lm(
+    model: Any, tokenizer: Any, train: list[str], held_out: list[str], steps: int, lr: float
+) -> tuple[float, float]:
+    """`steps` batches of BERT's masking (15%, 80/10/10) over `train` in order, AdamW at `lr` on all weights; the
+    masked-token top-1 accuracy on `held_out` before and after, printed as it goes (this script and the stand-in's)."""
+    from transformers import DataCollatorForLanguageModeling
+
+    collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, return_tensors="pt")
+
+    def batch_of(texts: list[str]) -> dict[str, torch.Tensor]:
+        encoded = tokenizer(texts, truncation=True, max_length=MAX_LENGTH)
+        return collate([{key: encoded[key][i] for key in encoded} for i in range(len(texts))])
+
+    evaluation = [batch_of(held_out[i : i + BATCH]) for i in range(0, len(held_out), BATCH)]
+    print(f"{len(train):,} training and {len(held_out):,} held-out distinct sentences; {steps} steps of {BATCH}")
+    before = masked_accuracy(model, evaluation)
+    print(f"masked-token top-1 accuracy before: {before:.3f}", flush=True)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    started = time.perf_counter()
+    for step in range(1, steps + 1):
+        start = ((step - 1) * BATCH) % max(len(train) - BATCH, 1)
+        logits, labels = masked_logits(model, batch_of(train[start : start + BATCH]))
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % 100 == 0 or step == steps:
+            print(f"step {step}: loss {loss.item():.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
+    after = masked_accuracy(model, evaluation)
+    print(f"masked-token top-1 accuracy after: {after:.3f}")
+    return before, after
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", required=True, help="the model folder to write (must not exist)")
@@ -76,7 +110,7 @@ def main() -> None:
         print(f"minilm_mlm_generator: {message_line(error)}", file=sys.stderr)
         sys.exit(2)
 
-    from transformers import AutoTokenizer, BertForMaskedLM, DataCollatorForLanguageModeling
+    from transformers import AutoTokenizer, BertForMaskedLM
 
     torch.manual_seed(args.seed)
     sentences = sorted({corpus[i] for i in range(len(corpus))})  # distinct sentences, in a fixed order
@@ -85,28 +119,7 @@ def main() -> None:
     folder = resolve_model_path("minilm-l6")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = BertForMaskedLM.from_pretrained(folder)  # the MLM head's transform starts random, its decoder tied
-    collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, return_tensors="pt")
-
-    def batch_of(texts: list[str]) -> dict[str, torch.Tensor]:
-        encoded = tokenizer(texts, truncation=True, max_length=MAX_LENGTH)
-        return collate([{key: encoded[key][i] for key in encoded} for i in range(len(texts))])
-
-    evaluation = [batch_of(held_out[i : i + BATCH]) for i in range(0, len(held_out), BATCH)]
-    print(f"{len(train):,} training and {len(held_out):,} held-out distinct sentences; {args.steps} steps of {BATCH}")
-    print(f"masked-token top-1 accuracy before: {masked_accuracy(model, evaluation):.3f}", flush=True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    model.train()
-    started = time.perf_counter()
-    for step in range(1, args.steps + 1):
-        start = ((step - 1) * BATCH) % max(len(train) - BATCH, 1)
-        logits, labels = masked_logits(model, batch_of(train[start : start + BATCH]))
-        loss = torch.nn.functional.cross_entropy(logits, labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step % 100 == 0 or step == args.steps:
-            print(f"step {step}: loss {loss.item():.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
-    print(f"masked-token top-1 accuracy after: {masked_accuracy(model, evaluation):.3f}")
+    train_masked_lm(model, tokenizer, train, held_out, args.steps, args.lr)
     output.parent.mkdir(parents=True, exist_ok=True)
     with atomic_directory(output) as folder:  # written whole or not at all; a link put at its name is refused
         model.save_pretrained(folder)

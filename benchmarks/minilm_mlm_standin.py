@@ -25,12 +25,11 @@ import json
 import random
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
-from minilm_mlm_generator import masked_accuracy, masked_logits
+from minilm_mlm_generator import train_masked_lm
 
 from csekit.core.errors import CsekitError, message_line
 from csekit.data.corpus import Corpus
@@ -129,7 +128,7 @@ def untrained_sts(folder: Path, data_dir: str | None) -> dict[str, float]:
 
 
 def make_standin(args: argparse.Namespace) -> Path:
-    from transformers import AutoTokenizer, BertForMaskedLM, DataCollatorForLanguageModeling
+    from transformers import AutoTokenizer, BertForMaskedLM
 
     output, settings = Path(args.output), settings_of(args)
     if check_output(output, settings):
@@ -142,30 +141,7 @@ def make_standin(args: argparse.Namespace) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = BertForMaskedLM.from_pretrained(folder)  # the MLM head's transform starts random, its decoder tied
     reinitialise_top_layers(model, args.reinit_top_layers)
-    collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, return_tensors="pt")
-
-    def batch_of(texts: list[str]) -> dict[str, torch.Tensor]:
-        encoded = tokenizer(texts, truncation=True, max_length=MAX_LENGTH)
-        return collate([{key: encoded[key][i] for key in encoded} for i in range(len(texts))])
-
-    evaluation = [batch_of(held_out[i : i + BATCH]) for i in range(0, len(held_out), BATCH)]
-    print(f"{len(train):,} training and {len(held_out):,} held-out distinct sentences; {args.steps} steps of {BATCH}")
-    before = masked_accuracy(model, evaluation)
-    print(f"masked-token top-1 accuracy before: {before:.3f}", flush=True)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
-    model.train()
-    started = time.perf_counter()
-    for step in range(1, args.steps + 1):
-        start = ((step - 1) * BATCH) % max(len(train) - BATCH, 1)
-        logits, labels = masked_logits(model, batch_of(train[start : start + BATCH]))
-        loss = torch.nn.functional.cross_entropy(logits, labels)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if step % 100 == 0 or step == args.steps:
-            print(f"step {step}: loss {loss.item():.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
-    after = masked_accuracy(model, evaluation)
-    print(f"masked-token top-1 accuracy after: {after:.3f}")
+    before, after = train_masked_lm(model, tokenizer, train, held_out, args.steps, args.lr)
     staging = output.with_name(output.name + ".partial")  # a leftover of an interrupted save is made again
     if staging.is_symlink() or (staging.exists() and not staging.is_dir()):
         raise CsekitError(f"{staging} is in the way (a link or a file); remove it")
