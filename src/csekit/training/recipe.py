@@ -153,9 +153,8 @@ class RunConfig:
     # On a CPU, dropout masks from 16 random bits an element and attention in plain ops (csekit.encoding.
     # fast_dropout): about 4x cheaper masks; the drop probability is rounded to 1/65536.
     fast_dropout: bool = True
-    # Rows the encoder holds activations for at a time (null: the whole batch): any batch trains in the memory of
-    # a chunk, with the same loss and gradients, for a second encoder pass (csekit.training.chunked). Must divide
-    # each process's share of train.batch_size.
+    # Rows the encoder holds activations for at a time (null: the whole batch; csekit.training.chunked): the same
+    # loss and gradients, for a second encoder pass. Must divide each process's share of train.batch_size.
     chunk_size: int | None = None
     # auto | true | false: between log points a step never waits for the device (csekit.training.sync_free); the
     # same weights; needs train.optimizer adamw and not train.precision fp16. auto: on for CUDA, off on a CPU.
@@ -176,6 +175,9 @@ class RunConfig:
     # Recompute each layer's activations in backward instead of keeping them (transformers' gradient checkpointing,
     # non-reentrant): the same gradients, about a third more compute, far less activation memory (LLM2Vec's setting).
     gradient_checkpointing: bool = False
+    # Half-precision copies of the linear weights for the step's products, refreshed after each optimizer step, fp32
+    # masters beside them (csekit.training.compute_copies): auto | true | false; auto is off until measured on a GPU.
+    compute_copies: bool | str = "auto"
 
 
 @dataclass
@@ -400,6 +402,7 @@ def _check_run(recipe: Recipe, where: Any) -> None:
             "must be auto, true or false",
         ),
         ("run.fused_qkv", isinstance(run.fused_qkv, bool) or run.fused_qkv == "auto", "must be auto, true or false"),
+        ("run.compute_copies", run.compute_copies in ("auto", True, False), "must be auto, true or false"),
         (
             "run.num_workers",
             run.num_workers == "auto" or (type(run.num_workers) is int and 0 <= run.num_workers <= MAX_WORKERS),
