@@ -29,8 +29,9 @@ SRC = REPO / "src" / "csekit"
 
 def test_every_execution_setting_has_one_old_place_and_every_old_place_one_setting() -> None:
     """The old places cover the whole section (a saved run of any age resumes with every setting it gave)."""
-    # Settings added after the run: section existed have no old place (fused_qkv, packed_bucket: issue 47, Build 2).
-    newer = {"gradient_checkpointing", "fused_qkv", "packed_bucket"}
+    # Settings added after the run: section existed have no old place (fused_qkv, packed_bucket: issue 47, Build 2;
+    # compute_copies: issue 62).
+    newer = {"gradient_checkpointing", "fused_qkv", "packed_bucket", "compute_copies"}
     fields = {field.name for field in dataclasses.fields(RunConfig)} - newer
     assert sorted(LEGACY_RUN_KEYS.values()) == sorted(fields)
 
@@ -189,7 +190,8 @@ def test_compile_auto_chooses_cuda_graphs_only_for_runs_that_repay_the_compile(
 ) -> None:
     """`run.compile: auto` (issue 62 item 5): CUDA graphs over the bucketed packed pass on CUDA in half precision
     when the run is at least the measured break-even long (5,800 steps at batch 64), none otherwise: on a CPU, for a
-    short run, before the run's length is known, for ConSERT's views and where the fixed-shape pass cannot run."""
+    short run, before the run's length is known, for ConSERT's views, with compute copies and where the fixed-shape
+    pass cannot run."""
     from csekit.encoding.encoder import SentenceEncoder
 
     backbone = SentenceEncoder.load(tiny_model_dir).backbone
@@ -211,6 +213,7 @@ def test_compile_auto_chooses_cuda_graphs_only_for_runs_that_repay_the_compile(
     assert decided("cuda", 10**6, "train.precision=fp32").compile_for(backbone) == "none"  # no flash kernel in fp32
     assert decided("cuda", 10**6, "run.packed=false").compile_for(backbone) == "none"
     assert decided("cuda", 10**6, "data.views={name: consert}").compile_for(backbone) == "none"
+    assert decided("cuda", 10**6, "run.compute_copies=true").compile_for(backbone) == "none"  # asked for instead
     short = decided("cuda", 1_000)
     assert short.bucket_for(backbone, 32) == 0 and short.pass_plan(backbone, 32).layer_stack is None
     asked = decided("cuda", 1_000, "run.compile=default", "run.packed_bucket=128")

@@ -41,6 +41,7 @@ from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import EncoderOutput, SentenceEncoder
 from csekit.encoding.packed import split_layout
 from csekit.encoding.passes import plan_of
+from csekit.training.compute_copies import ComputeCopies
 
 GRADIENT_BUCKET = 1 << 22
 """Gradient elements all-reduced in one message when several processes average a chunked step's gradients."""
@@ -129,12 +130,14 @@ class ChunkedEncoder:
         encoder: SentenceEncoder,
         chunk_size: int,
         autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+        after_backward: Callable[[], None] | None = None,
     ) -> None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be at least 1, got {chunk_size}")
         self.encoder = encoder
         self.chunk_size = chunk_size
         self.autocast = autocast  # phase 3 runs outside the model's forward: the same mixed precision again
+        self.after_backward = after_backward  # compute copies fold each backward's gradients into fp32 masters
         self.passes: list[CachedPass] = []
         self.encoding = False  # inside one of this object's own encoder calls (see `only_chunked_encoding`)
 
@@ -196,6 +199,8 @@ class ChunkedEncoder:
                     output = self.encoder(part, token_states=cached.token_states is not None)
                 tensors, grads = cached.outputs_and_gradients(output, rows)
                 torch.autograd.backward(tensors, grads)
+                if self.after_backward is not None:
+                    self.after_backward()
         self.passes.clear()
 
     @contextlib.contextmanager
@@ -261,14 +266,16 @@ def cached_step(
     steps_per_epoch: int | None = None,
     backward: Callable[[Tensor], None] = Tensor.backward,
     autocast: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    after_backward: Callable[[], None] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """One chunked step's loss and parts, back-propagated into the parameters' `.grad` (all three phases).
 
     `model` is the `ContrastiveModel` (possibly wrapped, e.g. by DDP) and `encoder` its trained encoder;
     `backward` back-propagates the loss (accelerate's, which scales an fp16 loss) and `autocast` gives the
-    mixed precision the model's forward runs in. `batch` is what `TrainCollator` makes.
+    mixed precision the model's forward runs in; `after_backward` runs after each backward (phase 2's and each
+    chunk's). `batch` is what `TrainCollator` makes.
     """
-    chunked = ChunkedEncoder(encoder, chunk_size, autocast)
+    chunked = ChunkedEncoder(encoder, chunk_size, autocast, after_backward)
     with chunked.only_chunked_encoding(model):
         loss, parts = model(
             batch["inputs"],
@@ -279,6 +286,8 @@ def cached_step(
             encoder=cast(SentenceEncoder, chunked),
         )
     backward(loss)
+    if after_backward is not None:
+        after_backward()
     chunked.backward()
     return loss, parts
 
@@ -315,12 +324,19 @@ def chunked_forward_backward(
     chunk_size: int,
     step: int = 0,
     steps_per_epoch: int | None = None,
+    copies: ComputeCopies | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """The training loop's chunked step: `cached_step` under accelerate, gradients averaged over processes."""
+    """The training loop's chunked step: `cached_step` under accelerate, gradients averaged over processes.
+
+    With `copies` (`run.compute_copies`) the step runs on them, their gradients folded into the fp32 masters after
+    each backward: the chunks' gradients add up in fp32, as autocast's do.
+    """
     encoder = accelerator.unwrap_model(model).training_encoder()
-    with accelerator.no_sync(model):
+    in_use = copies.in_use() if copies is not None else contextlib.nullcontext()
+    fold = copies.fold if copies is not None else None
+    with accelerator.no_sync(model), in_use:
         loss, parts = cached_step(
-            model, encoder, batch, chunk_size, step, steps_per_epoch, accelerator.backward, accelerator.autocast
+            model, encoder, batch, chunk_size, step, steps_per_epoch, accelerator.backward, accelerator.autocast, fold
         )
     if accelerator.num_processes > 1:
         average_gradients(list(model.parameters()), accelerator.num_processes)

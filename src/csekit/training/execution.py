@@ -31,6 +31,10 @@ Each `auto`, per device kind, and the measurement behind it (docs/performance.md
   GPU III" measured no loss from it on CUDA).
 - `train.precision: auto`: bf16 where the device runs it natively, else fp32 ("Precision that fits the
   hardware": emulated bf16 took 27x fp32's step on a Zen 3).
+- `run.compute_copies`: off everywhere (not measured yet). It removes autocast's per-layer casts, which matter
+  where the host's dispatch limits the step (CUDA at batch 64, "On a GPU III"), but no GPU step has been timed
+  with it; a CPU trains in fp32 unless bf16 is native, and it adds half-precision copies and a kept fp32 gradient
+  buffer to memory ("Compute copies (Speed V item 4)": the operator calls it removes on a CPU).
 - `model.weights_dtype: auto`: a LoRA run's frozen base in bf16 where its precision is bf16, else fp32 weights
   (`csekit.training.backbone_options`: half the weights' memory; full fine-tuning keeps fp32).
 """
@@ -53,6 +57,7 @@ from csekit.encoding.packed import flash_packing_runs, packing_refusal
 from csekit.encoding.passes import PassPlan
 from csekit.training.backbone_options import backbone_weights_dtype
 from csekit.training.compiled import AUTO_MODE, auto_bucket, compile_backbone, compile_layer_stack, graphs_repay
+from csekit.training.compute_copies import check_parts_for_copies, use_compute_copies
 from csekit.training.loading import LoaderOptions, loader_options
 from csekit.training.model import ContrastiveModel, build_model
 from csekit.training.processes import keep_freed_memory, training_device_type, training_precision
@@ -87,6 +92,10 @@ shared machine's load."""
 FUSED_QKV_AUTO_DEVICES = ("cuda",)
 """Device kinds where `run.fused_qkv: auto` fuses the packed pass's query, key and value products: CUDA (fewer
 kernel launches and autocast casts, measured faster at batch 64 and 512 on an H200)."""
+
+COMPUTE_COPIES_AUTO_DEVICES: tuple[str, ...] = ()
+"""Device kinds where `run.compute_copies: auto` keeps half-precision copies of the weights: none until a GPU step is
+timed with them (the table above); `true` keeps them wherever the run computes in bf16 or fp16."""
 
 COMPILE_BLOCKING_VIEWS = {"consert": "ConSERT's views (per-token embedding masks)"}
 """Views whose batches cannot run through a compiled forward: `run.compile` refused, `auto` left eager."""
@@ -128,6 +137,8 @@ class Execution:
     process_batch: int = 0
     #: Why the recipe cannot be compiled at all (ConSERT's views), or None: `auto` then stays eager.
     compile_blocked: str | None = None
+    #: `run.compute_copies`, `auto` resolved (`csekit.training.compute_copies`).
+    compute_copies: bool = False
 
     def for_run_length(self, planned_steps: int, process_batch: int) -> Execution:
         return dataclasses.replace(self, planned_steps=planned_steps, process_batch=process_batch)
@@ -155,6 +166,7 @@ class Execution:
         packs = self.run.packed is not False and packs_when_auto(self.device_type, self.precision)
         repays = graphs_repay(self.planned_steps, self.process_batch)
         usable = fixed_shapes and packs and not self.run.gradient_checkpointing and self.compile_blocked is None
+        usable = usable and not self.compute_copies  # asked for instead: the compiled graph casts without calls
         return AUTO_MODE if usable and repays and self.device_type == "cuda" else "none"
 
     def bucket_for(self, backbone: nn.Module, max_length: int) -> int:
@@ -244,6 +256,9 @@ def decide_execution(recipe: Recipe, trackers: list[str] | None = None, device_t
         trackers=tuple(trackers if trackers is not None else tracker_names(recipe.run.report_to)),
         weights_dtype=backbone_weights_dtype(recipe.model.weights_dtype, precision, recipe.model.lora),
         compile_blocked=COMPILE_BLOCKING_VIEWS.get(str(recipe.data.views.get("name"))),
+        compute_copies=use_compute_copies(
+            recipe.run.compute_copies, precision, recipe.run.compile, auto=device_type in COMPUTE_COPIES_AUTO_DEVICES
+        ),
     )
 
 
@@ -259,5 +274,7 @@ def build_run_model(
     device): its passes with the run's plan, the backbone with fast dropout and the compiled forward."""
     execution = execution or decide_execution(recipe, device_type=encoder.device.type)
     model, views = build_model(recipe, encoder, execution.pass_plan(encoder.backbone, recipe.model.max_length))
+    if execution.compute_copies:
+        check_parts_for_copies(model.part_names)
     execution.prepare_backbone(encoder.backbone, recipe)
     return model, views

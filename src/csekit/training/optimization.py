@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -10,7 +11,8 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
 from csekit.parts.hooks import own_learning_rate
-from csekit.training.chunked import chunked_forward_backward
+from csekit.training.chunked import average_gradients, chunked_forward_backward
+from csekit.training.compute_copies import ComputeCopies
 from csekit.training.model import ContrastiveModel
 from csekit.training.recipe import Recipe
 
@@ -98,21 +100,34 @@ def forward_backward(
     step: int = 0,
     steps_per_epoch: int | None = None,
     chunk_size: int | None = None,
+    copies: ComputeCopies | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
     """A step's loss and parts, back-propagated, and the gradient norm before clipping.
 
     `batch` is what `TrainCollator` makes. The loop decides what to do with the results (skip a
     non-finite step, or step AdamW); the benchmarks call this too, so they time the loop's own step.
     With `chunk_size` (`run.chunk_size`) the encoder holds that many rows' activations at a time
-    (`csekit.training.chunked`); the loss, parts and gradients are the same.
+    (`csekit.training.chunked`); the loss, parts and gradients are the same. With `copies` (`run.compute_copies`)
+    the forward and backward run on half-precision copies of the linear weights and the gradients reach the fp32
+    masters, which are clipped and stepped as always (`csekit.training.compute_copies`).
     """
     if chunk_size is not None:
-        loss, parts = chunked_forward_backward(accelerator, model, batch, chunk_size, step, steps_per_epoch)
-    else:
+        loss, parts = chunked_forward_backward(accelerator, model, batch, chunk_size, step, steps_per_epoch, copies)
+    elif copies is None:
         loss, parts = model(
             batch["inputs"], batch["sentences"], batch["fields"], step=step, steps_per_epoch=steps_per_epoch
         )
         accelerator.backward(loss)
+    else:
+        # DDP's gradient hooks are on the masters, which the backward does not reach: one average after it instead.
+        several = accelerator.num_processes > 1
+        with accelerator.no_sync(model) if several else contextlib.nullcontext(), copies.in_use():
+            loss, parts = model(
+                batch["inputs"], batch["sentences"], batch["fields"], step=step, steps_per_epoch=steps_per_epoch
+            )
+            accelerator.backward(loss)
+        if several:
+            average_gradients(list(model.parameters()), accelerator.num_processes)
     return loss, parts, gradient_norm(accelerator, model.parameters(), max_grad_norm)
 
 

@@ -57,6 +57,11 @@ def _check_run(recipe: Recipe, where: Any) -> None:
         ),
         ("run.fused_qkv", isinstance(run.fused_qkv, bool) or run.fused_qkv == "auto", "must be auto, true or false"),
         (
+            "run.compute_copies",
+            isinstance(run.compute_copies, bool) or run.compute_copies == "auto",  # 1 == True: not a setting
+            "must be auto, true or false",
+        ),
+        (
             "run.num_workers",
             run.num_workers == "auto" or type(run.num_workers) is int,  # its range: recipe_bounds
             f"must be from 0 (batches in the main process) to {MAX_WORKERS}, or auto",

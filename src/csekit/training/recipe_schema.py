@@ -149,6 +149,9 @@ class RunConfig:
     # Recompute each layer's activations in backward instead of keeping them (transformers' gradient checkpointing,
     # non-reentrant): the same gradients, about a third more compute, far less activation memory (LLM2Vec's setting).
     gradient_checkpointing: bool = False
+    # Half-precision copies of the linear weights for the step's products, refreshed after each optimizer step, fp32
+    # masters beside them (csekit.training.compute_copies): auto | true | false; auto is off until measured on a GPU.
+    compute_copies: bool | str = "auto"
 
 
 @dataclass

@@ -103,6 +103,11 @@ def sharded_execution(execution: Execution) -> Execution:
         raise CsekitError(
             f"recipe key run.chunk_size is not supported under {SHARDED_NAMES} (the shards hold the memory)"
         )
+    if execution.run.compute_copies is True:
+        raise CsekitError(
+            f"recipe key run.compute_copies: true is not supported under {SHARDED_NAMES} (they hold and gather the "
+            "weights themselves); use auto or false"
+        )
     if execution.compile not in ("none", "auto"):
         raise CsekitError(f"recipe key run.compile is not supported under {SHARDED_NAMES} yet; use none or auto")
     if execution.run.packed is True:
@@ -117,7 +122,7 @@ def sharded_execution(execution: Execution) -> Execution:
             f"{SHARDED_NAMES} yet; use fp32"
         )
     run = dataclasses.replace(execution.run, packed=False, compile="none")
-    return dataclasses.replace(execution, sync_free=False, run=run)
+    return dataclasses.replace(execution, sync_free=False, run=run, compute_copies=False)
 
 
 READS_SHARDED_WEIGHTS = {

@@ -34,6 +34,7 @@ from csekit.evaluation.result import EvalResult
 from csekit.training.best_model import START_STEP, TrainResult, keep_if_best
 from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import read_checkpoint, write_checkpoint
+from csekit.training.compute_copies import ComputeCopies
 from csekit.training.dev_scoring import check_dev_representation, dev_precision, score_dev
 from csekit.training.execution import build_run_model, decide_execution, planned_steps
 from csekit.training.interrupt import TrainingInterrupted, ctrl_c_stops_after_the_step
@@ -142,6 +143,9 @@ class Trainer:
         if resume:
             self._resume_from_checkpoint()
         self.sync_free = self._sync_free_steps()
+        # From the masters as read (on resume, the checkpoint's): run.compute_copies, csekit.training.compute_copies
+        copies = ComputeCopies(self.unwrapped, self.optimizer, self.precision) if execution.compute_copies else None
+        self.copies = copies
         self._announce_start()
 
     # -- setting up ------------------------------------------------------------------------------
@@ -342,6 +346,7 @@ class Trainer:
             self.state.step,
             self.steps_per_epoch,
             self.execution.chunk_size,
+            self.copies,
         )
         # One all-reduce gives the mean loss and parts over processes (for the log) and, since a NaN
         # anywhere makes the mean NaN, whether every process's loss is finite.
