@@ -1,4 +1,4 @@
-"""The `csekit` command line: train, evaluate, bench, encode, probe, diagnose, augment, freq, download-data.
+"""The `csekit` command line: train, evaluate, bench, encode, probe, diagnose, augment, freq, download-data, recipes.
 
 Every input mistake is a `CsekitError`: printed as one line on stderr, exit status 2, no traceback.
 Nothing heavy is imported at the top: `--help`, `--version` and the mistakes found before a model loads answer
@@ -49,18 +49,20 @@ from csekit.commands.options import (
     saving_output,
     warn,
 )
+from csekit.commands.recipes import recipes_command
 from csekit.commands.startup import VersionOption, quiet_transformers
 from csekit.core.errors import CsekitError, message_line
 from csekit.core.json_text import json_text
 from csekit.core.run_lock import locks_output
+from csekit.methods import method_names
 
 app = typer.Typer(
     cls=Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    help="Unsupervised contrastive sentence embeddings: SimCSE, DCLR, WhitenedCSE, SLT-FAI, OssCSE, ESimCSE, "
-    "SNCSE, PromptBERT, MixCSE, RankCSE.",
+    help=f"Unsupervised contrastive sentence embeddings: {', '.join(method_names())}. "
+    "`csekit recipes` lists the shipped recipes.",
 )
 
 
@@ -558,6 +560,9 @@ def download_data(
     with guarded_save("the data", dest, "the files already in it are kept; run csekit download-data again"):
         path = download_senteval_data(dest)
     typer.echo(f"data in {path}; export CSEKIT_DATA={path}")
+
+
+app.command("recipes", cls=Command)(recipes_command)
 
 
 def main() -> None:
