@@ -21,6 +21,8 @@ class Method:
     recipe: str | None
     usage: str = ""
     """How to use a method that ships no recipe of its own (its parts beside another method's)."""
+    measured_in: str = ""
+    """Where a method without a recipe of its own was measured (a recipe's status says it for the others)."""
 
 
 METHODS: tuple[Method, ...] = (
@@ -44,6 +46,7 @@ METHODS: tuple[Method, ...] = (
         "Gao et al., 2021",
         None,
         "objective `{name: mlm, weight: 0.1}` beside `infonce` in any recipe",
+        "docs/results.md, The methods of issue 52 (the controlled suite's simcse-mlm-minilm)",
     ),
     Method("LLM2Vec", "BehnamGhader et al., 2024", "llm2vec-simcse-sheared-llama.yaml"),
 )
@@ -169,6 +172,9 @@ def recipes_of(method: str) -> list[str]:
 
 def status_summary(method: str) -> str:
     """How far `method`'s recipes have been checked: `2 measured, 3 never-run` (strongest first)."""
+    found = next(entry for entry in METHODS if entry.name == method)
+    if found.measured_in:
+        return f"measured: {found.measured_in}"
     counts = Counter(RECIPE_CHECKS[name].status for name in recipes_of(method))
     return ", ".join(f"{counts[status]} {status}" for status in STATUSES if counts[status])
 
