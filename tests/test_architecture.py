@@ -2,7 +2,8 @@
 
 Layers, bottom to top (a module may import from its own layer and those below):
 
-    0  csekit.core (errors, files, locks, precision, processes, the generic registry, the version)
+    0  csekit.core (errors, files, locks, precision, processes, the generic registry, the version), csekit.methods
+       (the method list and each recipe's status: data only)
     1  csekit.encoding (encoder, poolers), csekit.data (corpora, the data folder)
     2  csekit.prep (frequency counts, augmentation, the match error rate)
     3  csekit.parts (views, heads, negatives, weighting, objectives), csekit.evaluation
@@ -35,6 +36,7 @@ BENCHMARKS = SRC.parent / "benchmarks"
 LAYERS = {
     "csekit": 5,
     "csekit.core": 0,
+    "csekit.methods": 0,
     "csekit.encoding": 1,
     "csekit.data": 1,
     "csekit.prep": 2,

@@ -137,8 +137,8 @@ RECIPE_CHECKS: Mapping[str, RecipeCheck] = {
     "diffcse-minilm": _check(
         "DiffCSE",
         "never-run",
-        "never run as shipped (its DistilBERT generator needs the hub); docs/results.md, The methods of issue 52, "
-        "measured it with a stand-in generator made here",
+        "never run as shipped (its DistilBERT generator needs the hub); docs/results.md, The methods of issue 52: "
+        "measured with a stand-in generator made here, not the recipe's",
     ),
     "tsdae-bert-base": _check("TSDAE", "never-run", _PAPER),
     "tsdae-minilm": _check("TSDAE", "measured", _CONTROLLED_52),

@@ -93,7 +93,7 @@ def recipes_command(
         Path | None, typer.Option("--dir", help="Recipes folder (default: ./recipes, else the checkout's).")
     ] = None,
     sources: Annotated[
-        bool, typer.Option("--sources", help="Say under each recipe where its status comes from.")
+        bool, typer.Option("--sources", help="Under each recipe, where its status comes from (default: off).")
     ] = False,
 ) -> None:
     """List the shipped recipes: method, backbone, what each was checked against, the published STS average."""
