@@ -404,7 +404,7 @@ def test_encode_warns_when_a_trained_model_is_read_with_another_pooler(
     assert code == 0 and "warning" not in err, err
 
 
-# ------------------------------------------------------------------ the README's recipe table
+# ------------------------------------------------------------------ docs/recipes.md's recipe table
 
 
 def expand_braces(name: str) -> list[str]:
@@ -416,12 +416,12 @@ def expand_braces(name: str) -> list[str]:
     return [full for option in braces.group(1).split(",") for full in expand_braces(head + option + tail)]
 
 
-def test_every_shipped_recipe_is_in_the_readme_recipe_table() -> None:
+def test_every_shipped_recipe_is_in_the_recipe_table_of_docs_recipes() -> None:
     """A row names recipes as `a.yaml`, `a-{x,y}.yaml` or `*-minilm.yaml`; every file of recipes/ matches one."""
     import fnmatch
 
     repo = Path(__file__).resolve().parents[1]
-    section = (repo / "README.md").read_text(encoding="utf-8").split("## Recipes", 1)[1].split("\n\n", 2)[1]
+    section = (repo / "docs" / "recipes.md").read_text(encoding="utf-8").split("## Recipes", 1)[1].split("\n\n", 2)[1]
     names = [name for row in section.splitlines()[2:] for name in re.findall(r"`([^`]+\.yaml)`", row.split("|")[1])]
     patterns = [pattern for name in names for pattern in expand_braces(name)]
     recipes = sorted(path.name for path in (repo / "recipes").glob("*.yaml"))

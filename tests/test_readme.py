@@ -1,8 +1,9 @@
-"""The README cannot drift: every csekit command its code blocks show parses, and the cheap ones run.
+"""The README and the user guide cannot drift: every csekit command their code blocks show parses, and they run.
 
-Each command line of a ```bash block is parsed by the real command-line parser (a wrong option or a
-missing argument fails here) and its `--help` works; the "Using csekit" block runs line by line as a new
-shell after `make quickstart` would, on a tiny model and tiny data, and so does the Python usage snippet.
+Each command line of a ```bash block of the README and of the guide's pages (GUIDE) is parsed by the real
+command-line parser (a wrong option or a missing argument fails here) and its `--help` works. Every command block
+of the README after its install block runs as written, in order, as a new shell after `make quickstart` would, on
+a tiny model and tiny data, and so do the Python usage snippet and docs/usage.md's "Using csekit" block.
 """
 
 from __future__ import annotations
@@ -13,18 +14,27 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import typer
 from conftest import add_sick_trial, make_corpus, make_data_dir
+from typer.core import TyperGroup
 from typer.testing import CliRunner
 
 from csekit.cli import app
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+USAGE = REPO / "docs" / "usage.md"
+GUIDE = [
+    README,
+    *(REPO / "docs" / page for page in ("quickstart.md", "usage.md", "evaluation.md", "recipes.md", "papers.md")),
+]
+"""The pages that show commands to type: the README and the pages its sections moved to."""
+README_MAX_LINES = 300
 
 
 def code_blocks(text: str, language: str) -> list[str]:
@@ -32,9 +42,9 @@ def code_blocks(text: str, language: str) -> list[str]:
 
 
 def readme_commands() -> list[list[str]]:
-    """The argument lists of every `csekit ...` (or `-m csekit.cli ...`) line in the README's bash blocks."""
+    """The argument lists of every `csekit ...` (or `-m csekit.cli ...`) line in the guide's bash blocks."""
     commands = []
-    for block in code_blocks(README.read_text(encoding="utf-8"), "bash"):
+    for block in (block for page in GUIDE for block in code_blocks(page.read_text(encoding="utf-8"), "bash")):
         for line in block.replace("\\\n", " ").splitlines():
             segment: list[str] = []
             for word in [*shlex.split(line, comments=True), "&&"]:
@@ -50,11 +60,18 @@ def readme_commands() -> list[list[str]]:
 
 
 COMMANDS = readme_commands()
+COMMAND_GROUP = typer.main.get_command(app)
+assert isinstance(COMMAND_GROUP, TyperGroup)
 
 
-def test_the_readme_shows_every_command() -> None:
+def test_the_readme_and_the_guide_show_every_command() -> None:
     shown = {command[0] for command in COMMANDS}
-    assert shown == {"train", "evaluate", "bench", "encode", "probe", "diagnose", "augment", "freq", "download-data"}
+    assert shown == set(COMMAND_GROUP.commands)
+    assert {"train", "evaluate", "recipes", "download-data"} <= shown
+
+
+def test_the_readme_is_short() -> None:
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= README_MAX_LINES
 
 
 @pytest.mark.parametrize("args", COMMANDS, ids=[" ".join(c)[:60] for c in COMMANDS])
@@ -86,18 +103,22 @@ def _localise(args: list[str], names: dict[str, str]) -> list[str]:
     out = []
     for arg in args:
         arg = os.path.expandvars(arg)
-        if arg.startswith(("../recipes/", "../benchmarks/")):  # the block's own folder is in the checkout
+        if arg.startswith(("../recipes/", "../benchmarks/", "../examples/")):  # the block's folder is in the checkout
             arg = arg.removeprefix("../")
-        if arg.startswith(("recipes/", "benchmarks/")):
+        if arg.startswith(("recipes/", "benchmarks/", "examples/")):
             arg = str(REPO / arg)
         out.append(names.get(arg, arg))
     return out
 
 
 def using_csekit_block() -> list[str]:
-    """The command lines of the README's "Using csekit" block (its first bash block), continuations joined."""
-    section = README.read_text(encoding="utf-8").split("## Using csekit", 1)[1]
-    block = code_blocks(section, "bash")[0]
+    """The command lines of docs/usage.md's "Using csekit" block (its first bash block), continuations joined."""
+    section = USAGE.read_text(encoding="utf-8").split("## Using csekit", 1)[1]
+    return command_lines(code_blocks(section, "bash")[0])
+
+
+def command_lines(block: str) -> list[str]:
+    """A bash block's command lines, continuations joined."""
     return [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
 
@@ -132,14 +153,18 @@ def after_quickstart(tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.M
     return {"minilm-l6": str(tiny_model_dir), "data": str(data)}
 
 
-def _run_shell_line(line: str) -> None:
+def _run_shell_line(line: str, names: dict[str, str]) -> None:
     """A line that is not a csekit command: `source` and the data folder's `export` are this test's own
-    set-up (checked, not run); anything else runs in bash with the block's environment."""
+    set-up (checked, not run); `python` is this interpreter, on the checkout's scripts; anything else runs in
+    bash with the block's environment."""
     if line.startswith("source .venv/bin/activate"):
         return
     if line.startswith("export CSEKIT_DATA="):
         assert line.split()[1] == "CSEKIT_DATA=$PWD/../shared/data", line
         return
+    words = shlex.split(line, comments=True)
+    if words[0] == "python":
+        line = shlex.join([sys.executable, *_localise(words[1:], names)])
     completed = subprocess.run(["bash", "-c", line], capture_output=True, text=True, check=False)
     assert completed.returncode == 0, (line, completed.stderr)
 
@@ -147,7 +172,7 @@ def _run_shell_line(line: str) -> None:
 def test_the_using_csekit_block_runs_as_written_after_the_quickstart(
     after_quickstart: dict[str, str], tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every line of the block, in order, as a new shell after `make quickstart` runs it: only minilm-l6 is
+    """Every line of docs/usage.md's block, in order, as a new shell after `make quickstart` runs it: minilm-l6 is
     the tiny model here, and a new training run is kept tiny (short sentences, batches of 8, no dev task).
     Every file it writes lands in the one folder it names."""
     if shutil.which("apertium") is None:
@@ -163,7 +188,7 @@ def test_the_using_csekit_block_runs_as_written_after_the_quickstart(
             monkeypatch.chdir(words[2])
             continue
         if words[0] != "csekit":
-            _run_shell_line(line)
+            _run_shell_line(line, after_quickstart)
             continue
         argv = _localise(words[1:], after_quickstart)
         if argv[0] == "train" and "--resume" not in argv:
@@ -204,3 +229,35 @@ def test_readme_python_usage_snippet_runs(workspace: dict[str, str]) -> None:
     namespace: dict = {}
     exec(compile(snippet, "README.md", "exec"), namespace)  # the README's own example
     assert namespace["vectors"].shape == (2, 32)
+
+
+def readme_lines() -> list[str]:
+    """The command lines of the README's bash blocks after its install block (`make quickstart`, `make test`)."""
+    install, *blocks = code_blocks(README.read_text(encoding="utf-8"), "bash")
+    assert "make quickstart" in install and "make test" in install
+    return [line for block in blocks for line in command_lines(block)]
+
+
+def test_the_readme_runs_as_written_after_the_quickstart(
+    after_quickstart: dict[str, str], tiny_model_dir: Path
+) -> None:
+    """Every command line of the README after its install block, in order, as a new shell after `make quickstart`
+    runs it: minilm-l6 is the tiny model here, a training run is kept tiny (2 steps of short sentences, batches
+    of 8, no dev task), and MTEB runs its offline mock task."""
+    pytest.importorskip("mteb")
+    ran = []
+    for line in readme_lines():
+        words = shlex.split(line, comments=True)
+        if words[0] != "csekit":
+            _run_shell_line(line, after_quickstart)
+            continue
+        argv = _localise(words[1:], after_quickstart)
+        if argv[0] == "train":
+            tiny = (f"model.backbone={tiny_model_dir}", *TINY_TRAINING, "train.max_steps=2")
+            argv += [item for override in tiny for item in ("--set", override)]
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 0, (line, result.output)
+        ran.append(argv[0])
+    assert {"recipes", "train", "evaluate"} <= set(ran)
+    scores = json.loads(Path("sts.json").read_text(encoding="utf-8"))
+    assert "STSBenchmark" in scores["tasks"]
