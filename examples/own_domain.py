@@ -1,4 +1,4 @@
-"""Build the README's "Your own domain" files from the data folder: a pairs file and a small retrieval set.
+"""Build docs/evaluation.md's "Your own domain" files from the data folder: a pairs file and a small retrieval set.
 
     python examples/own_domain.py OUT       # CSEKIT_DATA (or --data-dir) names the data folder
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job: evaluate all-MiniLM-L6-v2 ([CLS] pooling) on the STS suite, train it with SimCSE on the
-# 89,192 unlabeled STS/SICK sentences (recipes/quickstart.yaml, precision auto; 9 min on a 2-core Zen 3, README),
+# 89,192 unlabeled STS/SICK sentences (recipes/quickstart.yaml, precision auto; 9 min on a 2-core Zen 3,
+# docs/quickstart.md),
 # then evaluate the trained model the same way. Results land in runs/quickstart/.
 # Run again after an interruption (Ctrl-C, a closed terminal), it goes on where it stopped: the evaluation
 # before training is kept once written, the training continues with --resume, then the evaluation after it.

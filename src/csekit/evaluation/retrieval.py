@@ -4,7 +4,7 @@ The corpus is encoded once, a chunk of texts at a time, into one float32 array o
 the corpus's size held besides its ids). Queries are scored against it a block of documents at a time, and
 only the best `TOP_K` documents of each query are kept between blocks, so the memory is
 `peak_bytes(documents, dim)`: the embeddings, one block of scores and the ids (1,000,000 documents of 768
-dimensions: about 3.3 GiB; the README's "Your own domain").
+dimensions: about 3.3 GiB; docs/evaluation.md, "Your own domain").
 
 The metrics are BEIR's (`EvaluateRetrieval.evaluate`, pytrec_eval's `ndcg_cut`, `recall`; BEIR's own `mrr`),
 averaged over the queries the qrels name:
