@@ -48,6 +48,7 @@ def mistakes(tmp_path: Path) -> dict[str, list[str]]:
         "help": ["--help"],
         "version": ["--version"],
         "evaluate-help": ["evaluate", "--help"],
+        "recipes": ["recipes"],  # the list of recipes reads YAML only
         "recipe-typo": ["train", str(typo), "--output", str(tmp_path / "run")],
         "missing-recipe": ["train", f"{missing}.yaml", "--output", str(tmp_path / "run")],
         "missing-pairs-file": ["evaluate", "some-model", "--pairs", f"{missing}.tsv"],
@@ -59,6 +60,7 @@ EXPECTED = {
     "help": (0, "Usage"),
     "version": (0, f"csekit {__version__}"),
     "evaluate-help": (0, "--mteb"),
+    "recipes": (0, "simcse-bert-base"),
     "recipe-typo": (2, 'typo.yaml:3: unknown recipe key "trian" (did you mean "train"?)'),
     "missing-recipe": (2, "missing.yaml does not exist"),
     "missing-pairs-file": (2, "missing.tsv does not exist"),
