@@ -60,3 +60,12 @@ def test_every_page_is_in_the_navigation_and_every_warning_fails() -> None:
     pages = nav_pages(config["nav"])
     assert sorted(pages) == sorted(path.name for path in (REPO / "docs").glob("*.md")), pages
     assert nav_pages([{"A": "a.md"}, {"B": [{"C": "c.md"}, "d.md"]}]) == ["a.md", "c.md", "d.md"]
+
+
+def test_the_readme_and_the_home_page_point_at_every_page() -> None:
+    """The README's "Where the rest lives" and the site's home page each name every page of docs/."""
+    readme = (REPO / "README.md").read_text(encoding="utf-8").split("\n## Where the rest lives\n", 1)[1]
+    home = (REPO / "docs" / "index.md").read_text(encoding="utf-8")
+    pages = sorted(path.name for path in (REPO / "docs").glob("*.md") if path.name != "index.md")
+    assert not [page for page in pages if f"docs/{page}" not in readme], "README.md, Where the rest lives"
+    assert not [page for page in pages if f"]({page})" not in home], "docs/index.md"
