@@ -60,7 +60,8 @@ SentenceEndOption = Annotated[
     typer.Option(
         "--sentence-end",
         help="Write each sentence's end as an author's evaluation did before encoding: none, promptbert ('.' unless "
-        "it ends in . ? \" ') or sncse (' .' unless it ends in punctuation) (default: the model's own, else none).",
+        "it ends in . ? \" '), sncse (' .' unless it ends in punctuation) or prompteol (promptbert's, then \" made ' "
+        "and a final ? a period) (default: the model's own, else none).",
         show_default=False,
     ),
 ]
