@@ -22,6 +22,7 @@ from csekit.commands.augment import check_augment_options, paraphrase_engine
 from csekit.commands.diagnose import diagnose_models
 from csekit.commands.evaluate import (
     ClassifierOption,
+    InstructionsOption,
     MtebOption,
     NJobsOption,
     PairsColumnsOption,
@@ -160,6 +161,7 @@ def evaluate(
     retrieval: RetrievalOption = None,
     split: SplitOption = "test",
     mteb: MtebOption = None,
+    instructions: InstructionsOption = None,
     sentence_end: SentenceEndOption = None,
     test_template: TestTemplateOption = None,
     classifier: ClassifierOption = "sklearn",
@@ -175,10 +177,12 @@ def evaluate(
     own_files = read_file_tasks(pairs or (), pairs_columns, retrieval or (), split)  # bad files: one line, now
     from csekit.data.data_dir import resolve_data_dir  # the rest imports torch (and mteb), after the cheap checks
     from csekit.evaluation.command_encoder import command_encoder
+    from csekit.evaluation.instructions import read_instruction_set
     from csekit.evaluation.mteb_run import resolve_tasks, run_mteb
     from csekit.evaluation.suite import protocol_facts, run_evaluation
 
     mteb_tasks = resolve_tasks(mteb, whitened)  # an unknown name: one line, before the model is loaded
+    instruction_set = read_instruction_set(instructions, mteb)
     own = bool(pairs or retrieval or mteb)
     groups = evaluation_groups(tasks, own, whitened, bool(retrieval), classifier, sentence_end, test_template)
     root = resolve_data_dir(data_dir) if any(groups.values()) else None
@@ -186,7 +190,7 @@ def evaluate(
     encode = command_encoder(model, pooler, precision, batch_size, warn=warn, **reading)
     started = time.perf_counter()
     result = run_evaluation(encode, root, groups, whitened, whiten_dim, n_jobs, own_files, classifier)
-    mteb_run = run_mteb(encode, model, mteb_tasks, output) if mteb_tasks else None
+    mteb_run = run_mteb(encode, model, mteb_tasks, output, instruction_set) if mteb_tasks else None
     result.tasks.update(mteb_run.tasks if mteb_run else {})
     elapsed = time.perf_counter() - started
     print_evaluation(result, groups)

@@ -55,6 +55,16 @@ MtebOption = Annotated[
         show_default=False,
     ),
 ]
+InstructionsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--instructions",
+        help="With --mteb: each task's texts follow its instruction, whose tokens are attended to and not pooled, as "
+        "LLM2Vec scored MTEB: llm2vec (its instruction set, shipped) or a JSON file of task -> instruction; a "
+        "retrieval task's documents get none (default: none).",
+        show_default=False,
+    ),
+]
 SentenceEndOption = Annotated[
     str | None,
     typer.Option(
