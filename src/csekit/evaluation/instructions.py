@@ -14,7 +14,6 @@ A user's own set is a JSON file: an object of MTEB task name -> instruction, or 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -61,8 +60,10 @@ def read_instruction_set(spec: str | None, mteb: str | None) -> InstructionSet |
     if mteb is None:
         raise CsekitError("--instructions gives MTEB's tasks their instructions: it needs --mteb")
     if spec in SHIPPED:
-        text = resources.files("csekit").joinpath(SHIPPED[spec]).read_text(encoding="utf-8")
-        return InstructionSet(spec, _instructions(json.loads(text), f"csekit/{SHIPPED[spec]}"))
+        shipped = Path(str(resources.files("csekit").joinpath(SHIPPED[spec])))  # a package's files are files
+        return InstructionSet(
+            spec, _instructions(read_json_file(shipped, "instruction set"), f"csekit/{SHIPPED[spec]}")
+        )
     path = Path(spec)
     if not path.is_file():
         raise CsekitError(
