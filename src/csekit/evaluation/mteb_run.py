@@ -7,6 +7,8 @@ written by mteb's own `ResultCache` into a folder csekit made beside the JSON (`
 held open, swapped in whole, the previous one kept on a failure), and every entry mteb wrote there is checked to
 be a file or folder inside it before it is kept. MTEB's real tasks download their data from the Hugging Face hub;
 when it cannot be fetched, that is one line. mteb's offline mock tasks (`MockSTSTask`, ...) can be named too.
+With `--instructions` each task's texts follow its instruction (`csekit.evaluation.instructions`); the run says how
+many tasks had one, and the JSON holds each task's.
 """
 
 from __future__ import annotations
