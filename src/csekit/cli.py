@@ -176,6 +176,7 @@ def evaluate(
     check_output_file(output)
     own_files = read_file_tasks(pairs or (), pairs_columns, retrieval or (), split)  # bad files: one line, now
     from csekit.data.data_dir import resolve_data_dir  # the rest imports torch (and mteb), after the cheap checks
+    from csekit.encoding.instruction import check_instruction_pooler
     from csekit.evaluation.command_encoder import command_encoder
     from csekit.evaluation.instructions import read_instruction_set
     from csekit.evaluation.mteb_run import resolve_tasks, run_mteb
@@ -188,6 +189,8 @@ def evaluate(
     root = resolve_data_dir(data_dir) if any(groups.values()) else None
     reading = {"sentence_end": sentence_end, "test_template": test_template}  # None: the model's own
     encode = command_encoder(model, pooler, precision, batch_size, warn=warn, **reading)
+    if instruction_set is not None:  # a pooler that cannot leave the instruction out: one line before any task runs
+        check_instruction_pooler(encode.encoder.pooler)
     started = time.perf_counter()
     result = run_evaluation(encode, root, groups, whitened, whiten_dim, n_jobs, own_files, classifier)
     mteb_run = run_mteb(encode, model, mteb_tasks, output, instruction_set) if mteb_tasks else None
