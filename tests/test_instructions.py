@@ -56,7 +56,7 @@ def llm2vec_vectors(encoder: SentenceEncoder, instruction: str, texts: list[str]
 
 @pytest.mark.parametrize("mode", ["mean", "weighted_mean"])
 def test_instructed_vectors_equal_llm2vecs_embed_mask_pooling(mode: str) -> None:
-    encoder = make_tiny_decoder("llama", pooler=mode, attention="bidirectional")
+    encoder = make_tiny_decoder("llama", pooler=mode, attention="bidirectional").eval()  # as a loaded model
     ours = torch.from_numpy(encoder.encode(TEXTS, instruction=INSTRUCTION))
     theirs = llm2vec_vectors(encoder, INSTRUCTION, TEXTS, mode)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)

@@ -40,10 +40,14 @@ def prompt_tokenizer() -> PreTrainedTokenizerFast:
     return tokenizer
 
 
-def prompteol_decoder() -> SentenceEncoder:
+def prompteol_decoder(model_type: str = "llama") -> SentenceEncoder:
+    """A tiny random decoder of `model_type` with the prompteol pooler, in eval mode (as a loaded model is)."""
     torch.manual_seed(0)
     tokenizer = prompt_tokenizer()
-    return SentenceEncoder.from_config(decoder_config("llama", len(tokenizer)), tokenizer, pooler="prompteol")
+    config = decoder_config(model_type, len(tokenizer))
+    if model_type == "opt":  # OPT's widths have their own names (the paper's main family)
+        config.word_embed_proj_dim, config.ffn_dim = config.hidden_size, config.intermediate_size
+    return SentenceEncoder.from_config(config, tokenizer, pooler="prompteol").eval()
 
 
 def authors_vectors(encoder: SentenceEncoder, sentences: list[str]) -> torch.Tensor:
@@ -61,8 +65,9 @@ def authors_vectors(encoder: SentenceEncoder, sentences: list[str]) -> torch.Ten
     return hidden_states[-1][:, -1, :]
 
 
-def test_prompteol_equals_the_authors_batcher_on_a_tiny_decoder() -> None:
-    encoder = prompteol_decoder()
+@pytest.mark.parametrize("model_type", ["llama", "opt"])
+def test_prompteol_equals_the_authors_batcher_on_a_tiny_decoder(model_type: str) -> None:
+    encoder = prompteol_decoder(model_type)
     assert PROMPTEOL_TEMPLATE.replace("[X]", "*sent 0*") == AUTHORS_TEMPLATE.replace("_", " ")
     ours = torch.from_numpy(encoder.encode(SENTENCES))
     theirs = authors_vectors(encoder, SENTENCES)

@@ -170,20 +170,20 @@ def evaluate(
     on your own files: sentence pairs (--pairs), retrieval sets (--retrieval); and on MTEB (--mteb)."""
     from csekit.core.atomic import atomic_write_text
     from csekit.evaluation.file_tasks import read_file_tasks, skipped_report
+    from csekit.evaluation.instructions import read_instruction_set
 
     whitened = whiten or whiten_dim is not None
     check_evaluate_numbers(batch_size, n_jobs, whiten_dim)
     check_output_file(output)
     own_files = read_file_tasks(pairs or (), pairs_columns, retrieval or (), split)  # bad files: one line, now
+    instruction_set = read_instruction_set(instructions, mteb)
     from csekit.data.data_dir import resolve_data_dir  # the rest imports torch (and mteb), after the cheap checks
     from csekit.encoding.instruction import check_instruction_pooler
     from csekit.evaluation.command_encoder import command_encoder
-    from csekit.evaluation.instructions import read_instruction_set
     from csekit.evaluation.mteb_run import resolve_tasks, run_mteb
     from csekit.evaluation.suite import protocol_facts, run_evaluation
 
     mteb_tasks = resolve_tasks(mteb, whitened)  # an unknown name: one line, before the model is loaded
-    instruction_set = read_instruction_set(instructions, mteb)
     own = bool(pairs or retrieval or mteb)
     groups = evaluation_groups(tasks, own, whitened, bool(retrieval), classifier, sentence_end, test_template)
     root = resolve_data_dir(data_dir) if any(groups.values()) else None
