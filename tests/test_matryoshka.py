@@ -57,6 +57,59 @@ def test_matryoshka_infonce_equals_matryoshka_multiple_negatives_ranking_loss(tm
     assert ours.item() != pytest.approx(1.75 * full.item(), rel=1e-3)
 
 
+def test_matryoshka_around_a_dot_product_infonce_normalises_the_cut_vectors_as_shrink(tmp_path: Path) -> None:
+    """With a dot-product inner objective (infonce `similarity: dot`, MNRL's `similarity_fct=dot_score`) the cut
+    vectors are normalised first, as sentence-transformers' `shrink` does: loss and gradients equal its
+    MatryoshkaLoss; `normalize: false` (the raw cut) gives another loss, so the test sees the normalisation."""
+    from sentence_transformers.util import dot_score
+
+    losses = st_losses()
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mean", initializer_range=0.2)
+    head = IdentityHead(encoder.dim)
+    inner = InfoNCE(temperature=0.05, similarity="dot")
+    objective = Matryoshka(inner, dims=DIMS, weights=WEIGHTS, dim=encoder.dim, head=head)
+    model = ContrastiveModel(encoder, head, 2, [(objective, 1.0)]).eval()
+    reference_model = sentence_transformer_of(encoder, tmp_path / "st").eval()
+    mnrl = losses.MultipleNegativesRankingLoss(reference_model, scale=20.0, similarity_fct=dot_score)
+    reference = losses.MatryoshkaLoss(reference_model, mnrl, matryoshka_dims=DIMS, matryoshka_weights=WEIGHTS)
+
+    views = VIEWS.get("dropout", "test")(encoder.tokenizer, encoder.pooler, 32)
+    ours, _ = model(views(SENTENCES), SENTENCES)
+    ours.backward()
+    theirs = reference([reference_model.tokenize(SENTENCES), reference_model.tokenize(SENTENCES)], None)
+    theirs.backward()
+
+    assert objective.normalize and ours.item() > 0.1
+    assert ours.item() == pytest.approx(theirs.item(), rel=1e-6, abs=1e-6)
+    named = dict(reference_model[0].auto_model.named_parameters())
+    compared = 0
+    for name, param in encoder.backbone.named_parameters():
+        if param.grad is not None:
+            torch.testing.assert_close(param.grad, named[name].grad, rtol=1e-4, atol=1e-6, msg=name)
+            compared += 1
+    assert compared > 10
+    raw = Matryoshka(inner, dims=DIMS, weights=WEIGHTS, normalize=False, dim=encoder.dim, head=head)
+    with torch.no_grad():
+        unnormalised = ContrastiveModel(encoder, head, 2, [(raw, 1.0)]).eval()(views(SENTENCES), SENTENCES)[0]
+    assert unnormalised.item() != pytest.approx(theirs.item(), rel=1e-2)
+
+
+def test_normalising_the_cut_leaves_a_cosine_objective_unchanged(tmp_path: Path) -> None:
+    """infonce's cosine reads the cut vectors' directions only: normalize true and false give the same loss."""
+    encoder = make_tiny_encoder(tmp_path / "tok", pooler="mean", initializer_range=0.2)
+    head = IdentityHead(encoder.dim)
+    views = VIEWS.get("dropout", "test")(encoder.tokenizer, encoder.pooler, 32)
+    inputs = views(SENTENCES)
+    with torch.no_grad():
+        found = [
+            ContrastiveModel(encoder, head, 2, [(Matryoshka(InfoNCE(), dims=DIMS, normalize=flag), 1.0)]).eval()(
+                inputs, SENTENCES
+            )[0]
+            for flag in (True, False)
+        ]
+    assert found[0].item() == pytest.approx(found[1].item(), rel=1e-6)
+
+
 def test_refuses_bad_dims_weights_and_a_head_not_kept(tmp_path: Path) -> None:
     inner = InfoNCE()
     with pytest.raises(ValueError, match="widths from 1 to the representation's 32"):
@@ -65,6 +118,8 @@ def test_refuses_bad_dims_weights_and_a_head_not_kept(tmp_path: Path) -> None:
         Matryoshka(inner, dims=[32, 16], weights=[1.0], dim=32)
     with pytest.raises(ValueError, match="at least one width"):
         Matryoshka(inner, dims=[], dim=32)
+    with pytest.raises(ValueError, match="option similarity must be one of cosine, dot"):
+        InfoNCE(similarity="euclid")
     with pytest.raises(ValueError, match="head_at_test"):
         Matryoshka(inner, dims=[32, 16], dim=32, head=MLPHead(32), head_at_test=False)
     Matryoshka(inner, dims=[32, 16], dim=32, head=MLPHead(32), head_at_test=True)

@@ -138,6 +138,30 @@ def test_deletion_keeps_each_word_with_probability_0_4_and_at_least_one() -> Non
     assert 0 not in counts
 
 
+# Where csekit's word units differ from sentence-transformers' (NLTK's `word_tokenize`, whose tokens NLTK 3.10.4's
+# NLTKWordTokenizer gave on these lines; NLTK is no dependency, so only csekit's side runs): the rows of
+# docs/fidelity.md's TSDAE table. A different unit changes what one deletion removes.
+NLTK_DIFFERENCES = [
+    ("I don't know.", ["I", "do", "n't", "know", "."], ["I", "don't", "know", "."]),
+    ("The U.S. costs $3.50 today.", ["The", "U.S.", "costs", "$", "3.50", "today", "."],
+     ["The", "U", ".", "S", ".", "costs", "$", "3", ".", "50", "today", "."]),
+    ("An e-mail cost 1,000 dollars...", ["An", "e-mail", "cost", "1,000", "dollars", "..."],
+     ["An", "e", "-", "mail", "cost", "1", ",", "000", "dollars", ".", ".", "."]),
+    ('She said "yes" to it.', ["She", "said", "``", "yes", "''", "to", "it", "."],
+     ["She", "said", '"', "yes", '"', "to", "it", "."]),
+    ("Cannot stop gonna go!", ["Can", "not", "stop", "gon", "na", "go", "!"], ["Cannot", "stop", "gonna", "go", "!"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "nltk_words", "csekit_words"), NLTK_DIFFERENCES)
+def test_word_units_where_they_differ_from_nltk(text: str, nltk_words: list[str], csekit_words: list[str]) -> None:
+    """csekit's units on the documented lines; every kept word joined by one space (the Treebank detokenizer
+    re-attaches punctuation instead: "know ." there is "know.")."""
+    assert WORD.findall(text) == csekit_words != nltk_words
+    generator = torch.Generator().manual_seed(0)
+    assert delete_words(text, 0.0, generator) == " ".join(csekit_words)
+
+
 def test_deletion_views_are_one_noisy_view_seeded_by_the_batch(tmp_path: Path) -> None:
     assert VIEWS.get("deletion") is DeletionViews and OBJECTIVES.get("tsdae") is DenoisingReconstruction
     encoder = make_tiny_encoder(tmp_path / "tok")

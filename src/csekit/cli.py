@@ -22,6 +22,7 @@ from csekit.commands.augment import check_augment_options, paraphrase_engine
 from csekit.commands.diagnose import diagnose_models
 from csekit.commands.evaluate import (
     ClassifierOption,
+    InstructionsOption,
     MtebOption,
     NJobsOption,
     PairsColumnsOption,
@@ -162,6 +163,7 @@ def evaluate(
     retrieval: RetrievalOption = None,
     split: SplitOption = "test",
     mteb: MtebOption = None,
+    instructions: InstructionsOption = None,
     sentence_end: SentenceEndOption = None,
     test_template: TestTemplateOption = None,
     classifier: ClassifierOption = "sklearn",
@@ -170,12 +172,15 @@ def evaluate(
     on your own files: sentence pairs (--pairs), retrieval sets (--retrieval); and on MTEB (--mteb)."""
     from csekit.core.atomic import atomic_write_text
     from csekit.evaluation.file_tasks import read_file_tasks, skipped_report
+    from csekit.evaluation.instructions import read_instruction_set
 
     whitened = whiten or whiten_dim is not None
     check_evaluate_numbers(batch_size, n_jobs, whiten_dim)
     check_output_file(output)
     own_files = read_file_tasks(pairs or (), pairs_columns, retrieval or (), split)  # bad files: one line, now
+    instruction_set = read_instruction_set(instructions, mteb)
     from csekit.data.data_dir import resolve_data_dir  # the rest imports torch (and mteb), after the cheap checks
+    from csekit.encoding.instruction import check_instruction_pooler
     from csekit.evaluation.command_encoder import command_encoder
     from csekit.evaluation.mteb_run import resolve_tasks, run_mteb
     from csekit.evaluation.suite import protocol_facts, run_evaluation
@@ -186,9 +191,11 @@ def evaluate(
     root = resolve_data_dir(data_dir) if any(groups.values()) else None
     reading = {"sentence_end": sentence_end, "test_template": test_template}  # None: the model's own
     encode = command_encoder(model, pooler, precision, batch_size, warn=warn, **reading)
+    if instruction_set is not None:  # a pooler that cannot leave the instruction out: one line before any task runs
+        check_instruction_pooler(encode.encoder.pooler)
     started = time.perf_counter()
     result = run_evaluation(encode, root, groups, whitened, whiten_dim, n_jobs, own_files, classifier)
-    mteb_run = run_mteb(encode, model, mteb_tasks, output) if mteb_tasks else None
+    mteb_run = run_mteb(encode, model, mteb_tasks, output, instruction_set) if mteb_tasks else None
     result.tasks.update(mteb_run.tasks if mteb_run else {})
     elapsed = time.perf_counter() - started
     print_evaluation(result, groups)

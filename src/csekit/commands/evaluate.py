@@ -55,12 +55,23 @@ MtebOption = Annotated[
         show_default=False,
     ),
 ]
+InstructionsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--instructions",
+        help="With --mteb: each task's texts follow its instruction, whose tokens are attended to and not pooled, as "
+        "LLM2Vec scored MTEB: llm2vec (its instruction set, shipped) or a JSON file of task -> instruction; a "
+        "retrieval task's documents get none (default: none).",
+        show_default=False,
+    ),
+]
 SentenceEndOption = Annotated[
     str | None,
     typer.Option(
         "--sentence-end",
         help="Write each sentence's end as an author's evaluation did before encoding: none, promptbert ('.' unless "
-        "it ends in . ? \" ') or sncse (' .' unless it ends in punctuation) (default: the model's own, else none).",
+        "it ends in . ? \" '), sncse (' .' unless it ends in punctuation) or prompteol (promptbert's, then \" made ' "
+        "and a final ? a period) (default: the model's own, else none).",
         show_default=False,
     ),
 ]

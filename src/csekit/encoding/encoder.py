@@ -27,12 +27,13 @@ from csekit.encoding.decoder import is_decoder_only, prepare_tokenizer, real_tok
 from csekit.encoding.export import save_model
 from csekit.encoding.folder_pooling import check_auto_location, check_folder_pooling, choose_pooling
 from csekit.encoding.hub import resolve_model_path
+from csekit.encoding.instruction import instruction_ids
 from csekit.encoding.lora import add_lora
 from csekit.encoding.model_folder import freeze_unused_pooler, load_model, non_finite_parameters
 from csekit.encoding.packed import PackingLayout, packed_pass, split_layout
 from csekit.encoding.packed_decoder import packed_decoder_pass, rows_fit_window
 from csekit.encoding.packed_fixed import fixed_packed_pass
-from csekit.encoding.passes import EMBEDDING_MASK, ONE_PADDED_PASS, PassPlan
+from csekit.encoding.passes import EMBEDDING_MASK, ONE_PADDED_PASS, POOLING_MASK, PassPlan
 from csekit.encoding.pooling import (
     POOLERS,
     DenoisedMaskPooler,
@@ -428,13 +429,14 @@ class SentenceEncoder(nn.Module):
         if INPUT_EMBEDDINGS in backbone_inputs:  # the backbone takes ids or embeddings, not both
             del backbone_inputs["input_ids"]
         mask, ids = inputs["attention_mask"], inputs["input_ids"]
+        pooled_mask = backbone_inputs.pop(POOLING_MASK, mask)  # the tokens pooled, where fewer than those attended
         if self.training:  # the host is not asked whether the batch has padding (see `ready_attention_mask`)
             backbone_inputs["attention_mask"] = ready_attention_mask(self.backbone, mask)
         if self.decoder_only:  # no key/value cache: nothing is generated
             backbone_inputs.setdefault("position_ids", real_token_positions(mask))
             backbone_inputs["use_cache"] = False
         tail = None if token_states else _position_wise_tail(self.backbone)
-        positions = self.pooler.read_positions(mask, ids) if tail is not None else None
+        positions = self.pooler.read_positions(pooled_mask, ids) if tail is not None else None
         if tail is not None and positions is not None:
             rows = torch.arange(positions.shape[0], device=positions.device)
 
@@ -451,12 +453,12 @@ class SentenceEncoder(nn.Module):
             pooled = (
                 self.pooler.pool_read_states(states[:, 0])
                 if states.shape[1] == 1
-                else self.pooler((states,), mask, ids)
+                else self.pooler((states,), pooled_mask, ids)
             )
             return EncoderOutput(pooled, None, mask, ids)
         outputs = self.backbone(**backbone_inputs, output_hidden_states=self.pooler.needs_all_layers, return_dict=True)
         states = outputs.hidden_states if self.pooler.needs_all_layers else (outputs.last_hidden_state,)
-        pooled = self.pooler(states, mask, ids)
+        pooled = self.pooler(states, pooled_mask, ids)
         return EncoderOutput(pooled, outputs.last_hidden_state, mask, ids)
 
     # ----------------------------------------------------------------- inference
@@ -467,6 +469,7 @@ class SentenceEncoder(nn.Module):
         precision: str = "fp32",
         show_progress_bar: bool | None = None,
         progress_label: str = "encoding",
+        instruction: str | None = None,
     ) -> np.ndarray:
         """Embed sentences as float32 numpy rows, in input order (the progress bar, if shown, says `progress_label`).
 
@@ -475,6 +478,8 @@ class SentenceEncoder(nn.Module):
         sentence is first written as the encoder's `sentence_end` rule says, and tokenised whole in its `test_template`
         if it has one.
         `precision` is fp32 (SentEval-exact), bf16, fp16 or auto (bf16 where the device runs it natively).
+        `instruction` (None: none): each text follows it, and only the text's tokens are pooled, as LLM2Vec's `encode`
+        (`csekit.encoding.instruction`; "" pools the text's tokens without an instruction).
         """
         precision = resolve_precision(precision, self.device)[0]
         if batch_size < 1:
@@ -483,7 +488,11 @@ class SentenceEncoder(nn.Module):
             return np.zeros((0, self.dim), dtype=np.float32)
         unique = list(dict.fromkeys(sentences))
         texts = end_sentences(unique, self.sentence_end)
-        ids = evaluation_ids(self.pooler, self.tokenizer, texts, self.test_template, self.max_seq_length)
+        ids = (
+            evaluation_ids(self.pooler, self.tokenizer, texts, self.test_template, self.max_seq_length)
+            if instruction is None
+            else instruction_ids(self.pooler, self.tokenizer, texts, instruction, self.max_seq_length)
+        )
         # Sorting by token count (not characters) leaves almost no padding in a batch.
         order = sorted(range(len(unique)), key=lambda i: -len(ids["input_ids"][i]))
         if show_progress_bar is None:

@@ -174,7 +174,7 @@ def _write_pooling(modules: _ModuleList, encoder: Exportable) -> None:
             folder / "config.json", {"word_embedding_dimension": dim, "layer_start": 1, "num_hidden_layers": layers}
         )
         write_by_name(folder / "model.safetensors", lambda name: save_file({"layer_weights": weights}, name))
-    elif name == "mask":
+    elif name in ("mask", "prompteol"):
         # sentence-transformers cannot wrap a sentence in a template before tokenising, so a prompt
         # model is not a sentence-transformers model. A module that refuses to load keeps
         # SentenceTransformer(path) from silently mean-pooling it; csekit reloads it from csekit.json.

@@ -22,6 +22,10 @@ from csekit.encoding.packed_fixed import LayerStack
 EMBEDDING_MASK = "embedding_mask"
 """Input key for a mask multiplied into the embedding layer's output ([B, L, 1], [B, 1, d] or [B, L, d])."""
 
+POOLING_MASK = "pooling_mask"
+"""Input key for the tokens the pooler reads [B, L] when they are fewer than those attended to (an instruction's
+tokens are attended to, not pooled: `csekit.encoding.instruction`); absent: the attention mask."""
+
 
 @dataclass(frozen=True)
 class PassPlan:

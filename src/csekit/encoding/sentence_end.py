@@ -7,6 +7,8 @@ read the model as its authors did. Training never applies it.
 
 * `promptbert`: Prompt-BERT `evaluation.py`, its `batcher`: `if len(s) > 0 and s[-1] not in '.?"\\'': s += '.'`
   (test only: its trainer's dev batcher adds nothing).
+* `prompteol`: PromptEOL's `evaluation.py` batcher (kongds/scaling_sentemb 8567aa0, L198-200): PromptBERT's period, then
+  every double quote made single (`s.replace('"', "'")`) and a final question mark made a period.
 * `sncse`: SNCSE `bert_prediction.py`, `roberta_prediction.py` (test) and `bert_evaluation.py` (dev, the
   checkpoint selection): `s + " ." if s.strip()[-1] not in string.punctuation else s`.
 """
@@ -25,6 +27,12 @@ def _promptbert(sentence: str) -> str:
     return sentence + "." if sentence and sentence[-1] not in ".?\"'" else sentence
 
 
+def _prompteol(sentence: str) -> str:
+    """PromptEOL's batcher: PromptBERT's period, double quotes made single, a final ? made a period."""
+    written = _promptbert(sentence).replace('"', "'")
+    return written[:-1] + "." if written.endswith("?") else written
+
+
 def _sncse(sentence: str) -> str:
     """SNCSE's scripts: " ." after a sentence whose last non-space character is not ASCII punctuation."""
     stripped = sentence.strip()
@@ -34,9 +42,9 @@ def _sncse(sentence: str) -> str:
 NO_SENTENCE_END = "none"
 
 SENTENCE_ENDS: Mapping[str, Callable[[str], str]] = MappingProxyType(
-    {NO_SENTENCE_END: lambda sentence: sentence, "promptbert": _promptbert, "sncse": _sncse}
+    {NO_SENTENCE_END: lambda sentence: sentence, "promptbert": _promptbert, "sncse": _sncse, "prompteol": _prompteol}
 )
-"""Each rule by name: `none` (the sentence as given), `promptbert`, `sncse`."""
+"""Each rule by name: `none` (the sentence as given), `promptbert`, `sncse`, `prompteol`."""
 
 
 def check_sentence_end(rule: object, where: str) -> str:

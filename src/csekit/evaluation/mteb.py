@@ -24,6 +24,7 @@ import torch
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
+from csekit.evaluation.instructions import InstructionSet
 
 
 class CsekitMtebEncoder:
@@ -33,7 +34,9 @@ class CsekitMtebEncoder:
 
     All sentences of one `encode` call go to csekit's `SentenceEncoder.encode` at once, so the
     embeddings are exactly csekit's (length-sorted batches, duplicates encoded once, float32).
-    Prompts (`prompt_type`) are ignored: the methods in csekit are symmetric sentence encoders.
+    Without `instructions` prompts (`prompt_type`) are ignored: the methods in csekit are symmetric sentence encoders.
+    With them (`csekit.evaluation.instructions.InstructionSet`) each call's texts follow their task's instruction,
+    its tokens attended to and not pooled, as LLM2Vec's MTEB evaluation (`csekit.encoding.instruction`).
     """
 
     def __init__(
@@ -46,6 +49,7 @@ class CsekitMtebEncoder:
         batch_size: int = 128,
         precision: str = "fp32",
         source: str | Path | None = None,
+        instructions: InstructionSet | None = None,
         **kwargs: Any,
     ) -> None:
         if isinstance(model, SentenceEncoder):
@@ -59,6 +63,7 @@ class CsekitMtebEncoder:
         self._meta: Any = None
         self.batch_size = batch_size
         self.precision = precision
+        self.instructions = instructions
 
     @staticmethod
     def _texts(inputs: Any) -> list[str]:
@@ -88,7 +93,10 @@ class CsekitMtebEncoder:
     ) -> np.ndarray:
         """[number of sentences, dim] float32 embeddings, csekit's test-time representation."""
         texts = self._texts(inputs)
-        return self.encoder.encode(texts, batch_size=self.batch_size, precision=self.precision)
+        instruction = None
+        if self.instructions is not None:
+            instruction = self.instructions.for_texts(getattr(task_metadata, "name", ""), prompt_type)
+        return self.encoder.encode(texts, batch_size=self.batch_size, precision=self.precision, instruction=instruction)
 
     @staticmethod
     def _tensor(x: Any) -> torch.Tensor:

@@ -7,6 +7,8 @@ written by mteb's own `ResultCache` into a folder csekit made beside the JSON (`
 held open, swapped in whole, the previous one kept on a failure), and every entry mteb wrote there is checked to
 be a file or folder inside it before it is kept. MTEB's real tasks download their data from the Hugging Face hub;
 when it cannot be fetched, that is one line. mteb's offline mock tasks (`MockSTSTask`, ...) can be named too.
+With `--instructions` each task's texts follow its instruction (`csekit.evaluation.instructions`); the run says how
+many tasks had one, and the JSON holds each task's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import Any
 from csekit.core.atomic import STAGING_MARKER, atomic_directory
 from csekit.core.errors import CsekitError
 from csekit.core.save_guard import guarded_save
+from csekit.encoding.instruction import check_instruction_pooler
 from csekit.evaluation.command_encoder import CommandEncoder
+from csekit.evaluation.instructions import InstructionSet
 from csekit.evaluation.mteb import CsekitMtebEncoder
 from csekit.evaluation.mteb_meta import overlap, read_training_facts, training_data
 
@@ -220,9 +224,41 @@ def zero_shot_line(meta: Any, names: Sequence[str], unnamed: Sequence[str]) -> s
     return f"mteb: zero-shot on these tasks{note}"
 
 
-def run_mteb(encode: CommandEncoder, model: str, tasks: Sequence[Any], output: Path | None) -> MtebRun:
-    """Evaluate `tasks` with the command's encoder; with `output`, keep mteb's result files beside it."""
-    adapter = CsekitMtebEncoder(encode.encoder, batch_size=encode.batch_size, precision=encode.precision, source=model)
+def encoded_task_names(tasks: Sequence[Any]) -> list[str]:
+    """The names mteb encodes the tasks' texts under: an aggregate task's (CQADupstackRetrieval) are its subtasks'."""
+    names: list[str] = []
+    for task in tasks:
+        subtasks = getattr(task, "tasks", None)
+        names += [sub.metadata.name for sub in subtasks] if isinstance(subtasks, list) else [task.metadata.name]
+    return names
+
+
+def instruction_facts(instructions: InstructionSet, names: Sequence[str]) -> tuple[str, dict[str, Any]]:
+    """The line and the JSON facts of `--instructions`: the set, and each task's instruction ("" where it has none)."""
+    missing = [name for name in names if name not in instructions.instructions]
+    none = f"; none for {', '.join(missing)} (their texts' tokens pooled alone)" if missing else ""
+    line = f"mteb: instructions {instructions.name} ({len(names) - len(missing)} of {len(names)} tasks{none})"
+    return line, {"set": instructions.name, "tasks": {name: instructions.instructions.get(name, "") for name in names}}
+
+
+def run_mteb(
+    encode: CommandEncoder,
+    model: str,
+    tasks: Sequence[Any],
+    output: Path | None,
+    instructions: InstructionSet | None = None,
+) -> MtebRun:
+    """Evaluate `tasks` with the command's encoder (each task's texts after its instruction, with `instructions`);
+    with `output`, keep mteb's result files beside it."""
+    if instructions is not None:
+        check_instruction_pooler(encode.encoder.pooler)
+    adapter = CsekitMtebEncoder(
+        encode.encoder,
+        batch_size=encode.batch_size,
+        precision=encode.precision,
+        source=model,
+        instructions=instructions,
+    )
     meta = adapter.mteb_model_meta
     results = evaluate_tasks(adapter, tasks)
     run = MtebRun()
@@ -237,6 +273,9 @@ def run_mteb(encode: CommandEncoder, model: str, tasks: Sequence[Any], output: P
     unnamed = training_data(facts).unnamed if facts is not None else ()
     run.lines.append(zero_shot_line(meta, [result.task_name for result in results], unnamed))
     run.facts = {"model_meta": meta_facts(meta), "training_data_without_mteb_name": list(unnamed)}
+    if instructions is not None:
+        line, run.facts["instructions"] = instruction_facts(instructions, encoded_task_names(tasks))
+        run.lines.append(line)
     if output is not None:
         folder = result_folder(output)
         run.facts |= {"results": str(folder), "files": save_results(folder, results, meta)}

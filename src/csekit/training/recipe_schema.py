@@ -36,7 +36,8 @@ class ModelConfig:
     # The backbone's stored weights (csekit.training.backbone_options): fp32, bf16 (a LoRA run's frozen base), or auto.
     weights_dtype: str = "fp32"
     # How the saved model writes each sentence's end before evaluating (csekit.encoding.sentence_end): none,
-    # promptbert ('.' unless it ends in . ? " ') or sncse (' .' unless it ends in punctuation), as their scripts did.
+    # promptbert ('.' unless it ends in . ? " '), sncse (' .' unless it ends in punctuation) or prompteol (promptbert's,
+    # then " made ' and a final ? a period), as their scripts did.
     sentence_end: str = "none"
     # The template (view 0's notation) whose whole text, the sentence in it, the saved model tokenises at test time
     # (csekit.encoding.whole_template: PromptBERT's, SNCSE's RoBERTa evaluation); none: the training ids.

@@ -31,11 +31,8 @@ from torch import Tensor, nn
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
-from csekit.parts.objectives.infonce import cosine_matrix
+from csekit.parts.objectives.infonce import check_similarity, similarity_matrix
 from csekit.parts.step_state import StepState
-
-SIMILARITIES = ("cosine", "dot")
-"""`similarity`: sentence-transformers' `cos_sim` or `dot_score`."""
 
 
 class ContrastiveTension(nn.Module):
@@ -63,13 +60,11 @@ class ContrastiveTension(nn.Module):
         super().__init__()
         if not scale > 0:
             raise ValueError(f"option scale must be positive (got {scale})")
-        if similarity not in SIMILARITIES:
-            raise ValueError(f"option similarity must be one of {', '.join(SIMILARITIES)} (got {similarity!r})")
         if view < 0:
             raise ValueError(f"option view must be a view's index, 0 or more (got {view})")
         if head is not None and any(True for _ in head.parameters()):
             raise ValueError("contrastive_tension contrasts the two encoders' pooled vectors: set model.head to none")
-        self.similarity = similarity
+        self.similarity = check_similarity(similarity)
         self.view = view
         #: sentence-transformers' model1: a copy of the encoder as it starts, trained too (not saved).
         self.copy_encoder = copy.deepcopy(encoder).requires_grad_(True)
@@ -77,11 +72,7 @@ class ContrastiveTension(nn.Module):
 
     def scores(self, copy_vectors: Tensor, vectors: Tensor) -> Tensor:
         """S [n, n]: the copy's vector of sentence i against the encoder's of sentence j, scaled."""
-        if self.similarity == "cosine":
-            similarities = cosine_matrix(copy_vectors, vectors)
-        else:
-            similarities = copy_vectors.float() @ vectors.float().T
-        return similarities * self.logit_scale.exp()
+        return similarity_matrix(copy_vectors, vectors, self.similarity) * self.logit_scale.exp()
 
     def forward(self, state: StepState) -> dict[str, Tensor]:
         if self.view >= state.num_views:

@@ -14,6 +14,24 @@ def cosine_matrix(a: Tensor, b: Tensor) -> Tensor:
     return F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T
 
 
+SIMILARITIES = ("cosine", "dot")
+"""An objective's `similarity` option: sentence-transformers' `cos_sim` or `dot_score`."""
+
+
+def similarity_matrix(a: Tensor, b: Tensor, similarity: str = "cosine") -> Tensor:
+    """`similarity` (cosine or dot) of every row of `a` with every row of `b`, in float32."""
+    if similarity == "cosine":
+        return cosine_matrix(a, b)
+    return a.float() @ b.float().T
+
+
+def check_similarity(similarity: str) -> str:
+    """`similarity` if it is one of SIMILARITIES, else a ValueError naming the option."""
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"option similarity must be one of {', '.join(SIMILARITIES)} (got {similarity!r})")
+    return similarity
+
+
 class InfoNCE(nn.Module):
     """-log softmax of each anchor's positive among all candidates, similarities scaled by 1/tau.
 
@@ -28,6 +46,9 @@ class InfoNCE(nn.Module):
     positive is one of the candidates of the softmax. False is DCLR's Eq. 6 as printed, whose
     denominator holds only the negatives (noise and in-batch): -s+/tau + log sum_neg alpha e^{s/tau}.
     An anchor left with no negative at all (every one weighted out, no noise) then adds 0 to the mean.
+
+    `similarity` (default cosine, SimCSE's) or dot: the plain dot product, as sentence-transformers'
+    `MultipleNegativesRankingLoss(similarity_fct=dot_score)` scores (its `scale` is 1 / temperature).
     """
 
     def __init__(
@@ -36,6 +57,7 @@ class InfoNCE(nn.Module):
         anchor_view: int = 0,
         positive_view: int = 1,
         positive_in_denominator: bool = True,
+        similarity: str = "cosine",
     ) -> None:
         super().__init__()
         if temperature <= 0:
@@ -44,18 +66,23 @@ class InfoNCE(nn.Module):
         self.anchor_view = anchor_view
         self.positive_view = positive_view
         self.positive_in_denominator = bool(positive_in_denominator)
+        self.similarity = check_similarity(similarity)
+
+    def scores(self, a: Tensor, b: Tensor) -> Tensor:
+        """The similarities of `a`'s rows to `b`'s, scaled by 1/tau."""
+        return similarity_matrix(a, b, self.similarity) / self.temperature
 
     def logits(self, state: StepState) -> Tensor:
         """Scaled similarities [n, N_global + k] of anchors to candidates, weights applied."""
         anchors = state.embeddings[self.anchor_view]
-        logits = cosine_matrix(anchors, state.global_view(self.positive_view)) / self.temperature
+        logits = self.scores(anchors, state.global_view(self.positive_view))
         if state.negative_weights is not None:
             logits = self.apply_weights(logits, state.negative_weights.to(logits.dtype))
-        extra = [cosine_matrix(anchors, negatives) / self.temperature for negatives in state.extra_negatives]
+        extra = [self.scores(anchors, negatives) for negatives in state.extra_negatives]
         for index, weights in state.extra_negative_weights.items():
             extra[index] = self.apply_weights(extra[index], weights.to(extra[index].dtype))
         for queries, candidates, weights in state.extra_row_contrasts:
-            block = cosine_matrix(queries, candidates) / self.temperature
+            block = self.scores(queries, candidates)
             extra.append(block if weights is None else self.apply_weights(block, weights.to(block.dtype)))
         return torch.cat([logits, *extra], dim=1) if extra else logits
 

@@ -5,7 +5,11 @@ at least one word kept; the `tsdae` objective reconstructs the clean sentence fr
 sentence-transformers' `DenoisingAutoEncoderDataset.delete` the noise is made on words, not subwords, and
 the kept words are joined again before tokenisation. Its words are NLTK's `word_tokenize` (Treebank)
 and its join the Treebank detokenizer; csekit needs no NLTK, so its words are runs of letters and digits
-(with an apostrophe suffix: "don't") and single punctuation marks, joined by spaces (docs/fidelity.md).
+(with an apostrophe suffix: "don't") and single punctuation marks, joined by spaces. They differ from NLTK's on
+contractions ("don't": NLTK's "do" + "n't"), abbreviations and numbers ("U.S.", "3.50", "1,000": one NLTK token,
+three csekit words), hyphenated words, "..." and "--", and quotes (NLTK's `` and ''); the space join leaves
+" ." where the detokenizer writes "." (a BERT tokenizer splits it the same; a byte-level BPE does not). Examples:
+docs/fidelity.md's TSDAE table and `tests/test_tsdae.py`.
 The draws are seeded by the run's seed and the batch's sentences (`repetition.batch_generator`).
 """
 
