@@ -40,7 +40,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from conftest import assert_one_line_error, make_corpus, read_metrics, run_cli, tiny_recipe
+from conftest import assert_one_line_error, make_corpus, read_metrics, run_cli, run_cli_in_this_process, tiny_recipe
 from recipe_trace import RECIPES, TinyInputs, make_tiny_inputs, one_thread, tiny_overrides
 from safetensors.torch import load_file
 from torch import Tensor, nn
@@ -370,36 +370,50 @@ def test_weights_agree_after_optimizer_steps(tiny: TinyInputs, family: str) -> N
 DISTRIBUTED = ["simcse", "dclr", "whitenedcse", "osscse"]  # their parts draw the same on 2 processes as on 1
 
 
-def distributed_worker(rank: int, world: int, port: int, tiny: TinyInputs, family: str, out: Path) -> None:
+def distributed_worker(rank: int, world: int, port: int, tiny: TinyInputs, out: Path) -> None:
+    """Every family of DISTRIBUTED on this rank's share, chunked, gradients averaged; rank 0 saves each family's
+    mean loss and gradients (one pair of processes for all families: a process start costs seconds of imports)."""
     from csekit.training.chunked import average_gradients
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
-    model, views = build(family_recipe(tiny, family, "model.dropout=0.0"))
-    share = BATCH // world
-    batch = make_batch(tiny, views, slice(rank * share, (rank + 1) * share))
-    torch.manual_seed(2)
-    loss, _ = cached_step(model, model.training_encoder(), batch, share // 2)
-    average_gradients(list(model.parameters()), world)
-    losses = [torch.zeros(1) for _ in range(world)]
-    dist.all_gather(losses, loss.detach().reshape(1))
+    results = {}
+    for family in DISTRIBUTED:
+        model, views = build(family_recipe(tiny, family, "model.dropout=0.0"))
+        share = BATCH // world
+        batch = make_batch(tiny, views, slice(rank * share, (rank + 1) * share))
+        torch.manual_seed(2)
+        loss, _ = cached_step(model, model.training_encoder(), batch, share // 2)
+        average_gradients(list(model.parameters()), world)
+        losses = [torch.zeros(1) for _ in range(world)]
+        dist.all_gather(losses, loss.detach().reshape(1))
+        results[family] = {"loss": torch.cat(losses).mean().item(), "grads": gradients(model)}
     if rank == 0:
-        torch.save({"loss": torch.cat(losses).mean().item(), "grads": gradients(model)}, out)
+        torch.save(results, out)
     dist.destroy_process_group()
 
 
+@pytest.fixture(scope="module")
+def two_chunked_processes(tmp_path_factory: pytest.TempPathFactory, tiny: TinyInputs) -> dict[str, Any]:
+    """DISTRIBUTED's families on 2 chunked processes (distributed_worker), once for the module."""
+    out = tmp_path_factory.mktemp("two-processes") / "two.pt"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    mp.spawn(distributed_worker, args=(2, port, tiny, out), nprocs=2, join=True)
+    return torch.load(out)
+
+
 @pytest.mark.parametrize("family", DISTRIBUTED)
-def test_two_chunked_processes_equal_one_unchunked_process(tmp_path: Path, tiny: TinyInputs, family: str) -> None:
+def test_two_chunked_processes_equal_one_unchunked_process(
+    tiny: TinyInputs, two_chunked_processes: dict[str, Any], family: str
+) -> None:
     model, views = build(family_recipe(tiny, family, "model.dropout=0.0"))
     batch = make_batch(tiny, views)
     torch.manual_seed(2)
     loss, _ = plain_step(model, batch)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(distributed_worker, args=(2, port, tiny, family, tmp_path / "two.pt"), nprocs=2, join=True)
-    two = torch.load(tmp_path / "two.pt")
+    two = two_chunked_processes[family]
     assert two["loss"] == pytest.approx(loss.item(), rel=LOSS_RTOL)
     assert_same_gradients(gradients(model), two["grads"])
 
@@ -466,7 +480,7 @@ def test_a_chunk_that_does_not_divide_the_batch_is_refused(tmp_path: Path, tiny_
     recipe = tiny_recipe(tiny_model_dir, make_corpus(tmp_path / "corpus.txt", lines=64), "run.chunk_size=6")
     path = tmp_path / "recipe.yaml"
     path.write_text(recipe.to_yaml(), encoding="utf-8")
-    result = run_cli("train", str(path), "--output", str(tmp_path / "out"), cwd=tmp_path)  # its own interpreter
+    result = run_cli_in_this_process("train", str(path), "--output", str(tmp_path / "out"), cwd=tmp_path)
     assert_one_line_error(
         result.returncode, result.stderr, "run.chunk_size: 6 does not divide the per-process batch of 16", "e.g. 4"
     )

