@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import spearmanr
 
 from csekit.data.data_dir import resolve_data_dir
 from csekit.evaluation.alignment import align_uniform_from_embeddings
@@ -53,6 +52,8 @@ def _cosine(index: dict[str, int], emb: np.ndarray, sub: StsSubset) -> np.ndarra
 
 
 def _spearman(sys_scores: np.ndarray, gold: Sequence[float]) -> float:
+    from scipy.stats import spearmanr  # here: a training run without dev tasks never pays scipy.stats' import
+
     return float(spearmanr(sys_scores, np.asarray(gold, dtype=np.float64))[0])
 
 
