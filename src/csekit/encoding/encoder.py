@@ -28,7 +28,7 @@ from csekit.encoding.export import save_model
 from csekit.encoding.folder_pooling import check_auto_location, check_folder_pooling, choose_pooling
 from csekit.encoding.hub import resolve_model_path
 from csekit.encoding.lora import add_lora
-from csekit.encoding.model_folder import freeze_unused_pooler, load_model, non_finite_parameters
+from csekit.encoding.model_folder import freeze_unused_pooler, load_model
 from csekit.encoding.packed import PackingLayout, packed_pass, split_layout
 from csekit.encoding.packed_decoder import packed_decoder_pass, rows_fit_window
 from csekit.encoding.packed_fixed import fixed_packed_pass
@@ -250,17 +250,6 @@ class SentenceEncoder(nn.Module):
         if saved.csekit_trained:
             encoder.trained_pooler = saved.pooler
         encoder.head = loaded.head
-        bad = non_finite_parameters(encoder)
-        if bad and not set(bad) & set(encoder.state_dict()):  # only buffers built from the config (rotary ones)
-            raise CsekitError(
-                f'model "{location}": {len(bad)} tensors computed from its config.json hold NaN or infinity (e.g. '
-                f"{bad[0]}); a value there is out of range"
-            )
-        if bad:
-            raise CsekitError(
-                f'model "{location}": {len(bad)} weight tensors hold NaN or infinity (e.g. {bad[0]}); its embeddings '
-                "would be NaN: the run that wrote it diverged"
-            )
         return encoder
 
     @classmethod
