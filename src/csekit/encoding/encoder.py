@@ -25,7 +25,12 @@ from csekit.core.precision import DTYPES, resolve_precision
 from csekit.core.progress import progress
 from csekit.encoding.decoder import is_decoder_only, prepare_tokenizer, real_token_positions, set_attention
 from csekit.encoding.export import save_model
-from csekit.encoding.folder_pooling import check_auto_location, check_folder_pooling, choose_pooling
+from csekit.encoding.folder_pooling import (
+    apply_folder_length,
+    check_auto_location,
+    check_folder_pooling,
+    choose_pooling,
+)
 from csekit.encoding.hub import resolve_model_path
 from csekit.encoding.lora import add_lora
 from csekit.encoding.model_folder import freeze_unused_pooler, load_model
@@ -228,6 +233,7 @@ class SentenceEncoder(nn.Module):
         location, missing, saved = loaded.location, loaded.missing_weights, loaded.layout
         own = choose_pooling(pooler, location, saved)
         check_folder_pooling(own, int(loaded.model.config.hidden_size), loaded.tokenizer)
+        apply_folder_length(own, loaded.tokenizer)
         chosen = own.pooler
         if chosen == PoolerOutputPooler.name and any(key.startswith("pooler.") for key in missing):
             raise CsekitError(
