@@ -384,6 +384,13 @@ READERS: dict[str, Reader] = {
         _st_folder,
         {k: v for k, v in ST_FILES.items() if k != "config_sentence_transformers.json"},
     ),
+    "sentence-transformers Transformer config": Reader(
+        "json",
+        "sentence_bert_config.json",
+        {"max_seq_length": 64, "do_lower_case": False},
+        _st_folder,
+        {k: v for k, v in ST_FILES.items() if k != "sentence_bert_config.json"},
+    ),
     "peft adapter_config.json": Reader(
         "json",
         "adapter_config.json",
@@ -521,7 +528,7 @@ COVERED = {
     ("csekit.encoding.model_files", "_check_shards"): "weights index",
     ("csekit.encoding.model_files", "check_library_file"): "every file above (each is opened bounded first)",
     ("csekit.encoding.folder_pooling", "read_modules"): "sentence-transformers modules.json",
-    ("csekit.encoding.folder_pooling", "_read_object"): "sentence-transformers Pooling config and config",
+    ("csekit.encoding.folder_pooling", "_read_object"): "sentence-transformers Pooling, Transformer, ST configs",
     ("csekit.evaluation.mteb_meta", "read_training_facts"): "csekit.json training facts",
     ("csekit.prep.frequency", "_read_counts_cached"): "freq counts",
     ("csekit.data.corpus", "_scan"): "test_fuzz_readers.py (corpus bytes, JSON lines), test_hostile_iv.py (.gz)",
