@@ -602,3 +602,16 @@ def test_every_reader_of_src_is_in_the_table() -> None:
 def test_the_reader_check_finds_a_new_reader() -> None:
     source = "def load(path):\n    return read_json_file(path, 'x')\nclass A:\n    def f(self):\n        json_row(b)\n"
     assert list(_reader_calls(source, "m")) == [("m", "load"), ("m", "f")]
+
+
+@hostile_examples(30)
+@given(CONTROL_TEXT)
+def test_an_error_message_is_one_line_by_construction(value: str) -> None:
+    """A value quoted into a message (a `--set` text with a line break gave a two-line error) is escaped there."""
+    from csekit.core.errors import message_line
+
+    error = CsekitError(f"--set model.pooler: unknown pooler {value!s}")
+    assert len(str(error).splitlines()) == 1 and str(error) == message_line(error)
+    qualified = f"{CsekitError.__module__}.{CsekitError.__qualname__}"
+    worker = CsekitError(f"Caught CsekitError in DataLoader worker process 0.\nTraceback:\n  x\n{qualified}: a b")
+    assert str(worker) == "a b"  # PyTorch's re-raise of a worker's error: its own message, as before
