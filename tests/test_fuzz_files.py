@@ -615,3 +615,10 @@ def test_an_error_message_is_one_line_by_construction(value: str) -> None:
     qualified = f"{CsekitError.__module__}.{CsekitError.__qualname__}"
     worker = CsekitError(f"Caught CsekitError in DataLoader worker process 0.\nTraceback:\n  x\n{qualified}: a b")
     assert str(worker) == "a b"  # PyTorch's re-raise of a worker's error: its own message, as before
+
+
+def test_a_name_too_long_for_the_file_system_is_one_line() -> None:
+    """Found by `make test-hostile`: a suite's recipe path of 300 characters made Path.exists raise ENAMETOOLONG
+    (an OSError traceback); it does not exist, and the line says so."""
+    suite = READERS["suite"]
+    assert_read_or_one_line(suite, _render("yaml", {**suite.valid, "recipes": [{"recipe": "x" * 300}]}))
