@@ -518,3 +518,20 @@ def test_a_name_too_long_for_the_file_system_is_one_line() -> None:
     (an OSError traceback); it does not exist, and the line says so."""
     suite = READERS["suite"]
     assert_read_or_one_line(suite, _render("yaml", {**suite.valid, "recipes": [{"recipe": "x" * 300}]}))
+
+
+@pytest.mark.parametrize("item", ["objectives.0=true", "objectives=[1, 2]", "negatives=[true]", "run=true"])
+def test_a_set_value_omegaconf_cannot_place_names_the_set_key(item: str) -> None:
+    """Found by `make test-hostile`: OmegaConf gave no key, and the line said `recipe: recipe key : ...`."""
+    from csekit.training.recipe import load_recipe
+
+    with pytest.raises(CsekitError, match=rf"^--set {item.split('=')[0]}: ") as error:
+        load_recipe(None, [item])
+    assert "\n" not in str(error.value)
+
+
+def test_a_module_path_too_long_for_the_file_system_is_one_line() -> None:
+    """Found by `make test-hostile`: a modules.json path of 300 characters made Path.exists raise ENAMETOOLONG;
+    core/safe_names.check_name refuses a name no file system holds, for every name read from a file."""
+    reader = READERS["sentence-transformers modules.json"]
+    assert_read_or_one_line(reader, hostile_bytes("json", reader.valid, Attack("value", [0, 2], "x" * 300)))

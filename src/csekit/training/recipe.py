@@ -242,6 +242,10 @@ def load_recipe(
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", "") or ""
         message = yaml_text_number_hint(getattr(error, "value", None)) or str(error).splitlines()[0]
+        if not key:  # OmegaConf did not say where: the file and every --set key
+            given = " and ".join([*([label] if path is not None else []), *(f"--set {o}" for o in sorted(overridden))])
+            given = given or label
+            raise CsekitError(f"{given}: {message}") from None
         raise CsekitError(f"{where_in_file(key)}: recipe key {key}: {message}") from None
     except TypeError as error:  # OmegaConf merging a mapping into a list (`--set objectives={a: 1}`)
         given = f"{label} and --set" if overrides else label
