@@ -535,3 +535,18 @@ def test_a_module_path_too_long_for_the_file_system_is_one_line() -> None:
     core/safe_names.check_name refuses a name no file system holds, for every name read from a file."""
     reader = READERS["sentence-transformers modules.json"]
     assert_read_or_one_line(reader, hostile_bytes("json", reader.valid, Attack("value", [0, 2], "x" * 300)))
+
+
+@pytest.mark.parametrize(
+    "command", [["evaluate", "LONG"], ["diagnose", "LONG"], ["evaluate", "m", "--output", "LONG.json"]]
+)
+def test_a_path_too_long_for_the_os_is_one_line_exit_2(
+    command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`csekit evaluate NAME` with a name of 300 characters: Path.exists raised ENAMETOOLONG, a traceback; the CLI's
+    one exit point turns that OSError into one line (exit 2), whichever command looked at the path first."""
+    from conftest import assert_one_line_error, run_main
+
+    monkeypatch.chdir(tmp_path)
+    code, err = run_main(monkeypatch, capsys, *[arg.replace("LONG", "x" * 300) for arg in command])
+    assert_one_line_error(code, err, "x" * 80)
