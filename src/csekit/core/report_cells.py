@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-_MARKDOWN_SPECIAL = {"\\": "\\\\", "|": "\\|", "<": "\\<", ">": "\\>"}
+_MARKDOWN_SPECIAL = {"\\": "\\\\", "|": "\\|"}
 _FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r", "\n")
 
 
@@ -22,9 +22,9 @@ def _visible(char: str) -> str:
 
 
 def markdown_cell(value: object) -> str:
-    """`value` as the text of one Markdown table cell: `\\`, `|`, `<` and `>` backslash-escaped (CommonMark and
-    GitHub's tables read them as the characters themselves), and line breaks and other unprintable characters
-    written as their escapes (`\\n`), so the cell stays one cell of one row."""
+    """`value` as the text of one Markdown table cell: `\\` and `|` backslash-escaped (GitHub's tables read them as
+    the characters themselves), and line breaks and other unprintable characters written as their escapes (`\\n`),
+    so the cell stays one cell of one row (`<` stays as it is: `p < 0.001` reads as written)."""
     return "".join(_MARKDOWN_SPECIAL.get(char) or _visible(char) for char in str(value))
 
 
