@@ -548,3 +548,13 @@ def test_a_path_too_long_for_the_os_is_one_line_exit_2(
     monkeypatch.chdir(tmp_path)
     code, err = run_main(monkeypatch, capsys, *[arg.replace("LONG", "x" * 300) for arg in command])
     assert_one_line_error(code, err, "x" * 80)
+
+
+def test_a_name_of_lone_surrogates_is_measured_not_a_traceback() -> None:
+    """YAML reads "\\ud800\\udc00" as two lone surrogates, which os.fsencode cannot encode: the length check measures
+    them as their 3 bytes each."""
+    from csekit.core.safe_names import check_name
+
+    check_name("\ud800\udc00", "a name")
+    with pytest.raises(CsekitError, match="a name of 300 bytes"):
+        check_name("\ud800" * 100, "a name")

@@ -44,7 +44,7 @@ def check_name(name: Any, what: str, nested: bool = False, folder: str | Path = 
     """
     if not isinstance(name, str):
         raise CsekitError(f"{what}: a name must be a string, found {type(name).__name__}")
-    longest = max((len(os.fsencode(part)) for part in name.split("/")), default=0)
+    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in name.split("/")), default=0)
     if longest > NAME_MAX:  # the OS refuses it (ENAMETOOLONG), in an OSError wherever the path is first looked at
         raise CsekitError(f"{what}: {name[:40]!r}... has a name of {longest} bytes; a file name holds {NAME_MAX}")
     problem = _name_problem(name, nested)
