@@ -1,5 +1,5 @@
 # The two commands of the README. Each sets up .venv on a fresh machine first (scripts/setup.sh).
-.PHONY: setup quickstart test test-quick lint
+.PHONY: setup quickstart test test-quick test-hostile lint
 
 # The data folder of the quickstart and the tests, unless CSEKIT_DATA names one: ../shared/data beside the checkout.
 export CSEKIT_DATA ?= $(abspath $(CURDIR)/../shared/data)
@@ -24,6 +24,14 @@ test: setup lint
 
 test-quick: setup lint
 	.venv/bin/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal -m quick --durations=15
+
+# The property tests of hostile input (generated files, --set values, report names, write targets), with fresh
+# random examples and 40 times as many as make test draws (conftest.py: CSEKIT_HYPOTHESIS=long, hostile_examples);
+# make test runs them bounded, on a fixed seed. Minutes, not part of make test.
+HOSTILE_TESTS = tests/test_fuzz_files.py tests/test_fuzz_readers.py tests/test_report_cells.py
+
+test-hostile: setup
+	CSEKIT_HYPOTHESIS=long .venv/bin/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(HOSTILE_TESTS)
 
 lint: setup
 	.venv/bin/ruff check src tests benchmarks examples

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, settings
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForMaskedLM, BertTokenizerFast, PreTrainedTokenizerFast
 
@@ -170,6 +171,24 @@ QUICK_FILES = frozenset(
 )
 """The test files of `make test-quick` (marked `quick`): a subset that runs in under 2 minutes on a quiet 2-core
 CPU and imports every module of src/csekit (tests/test_quick_subset.py checks both that and the names here)."""
+
+
+HYPOTHESIS_PROFILE_VARIABLE = "CSEKIT_HYPOTHESIS"
+LONG_RUN_FACTOR = 40
+"""`make test` runs every property test with a fixed seed (profile `bounded`: the same examples on every run, so a
+failure reproduces and CI time is known); `make test-hostile` sets CSEKIT_HYPOTHESIS=long: fresh random examples,
+and LONG_RUN_FACTOR times as many for the tests of hostile input (`hostile_examples`)."""
+_QUIET_FIXTURES = [HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+settings.register_profile("bounded", derandomize=True, deadline=None, suppress_health_check=_QUIET_FIXTURES)
+settings.register_profile("long", derandomize=False, deadline=None, suppress_health_check=_QUIET_FIXTURES)
+settings.load_profile(os.environ.get(HYPOTHESIS_PROFILE_VARIABLE, "bounded"))
+
+
+def hostile_examples(bounded: int) -> settings:
+    """The settings of a property test of hostile input: `bounded` examples in `make test`, LONG_RUN_FACTOR times
+    as many in `make test-hostile`."""
+    long_run = os.environ.get(HYPOTHESIS_PROFILE_VARIABLE) == "long"
+    return settings(max_examples=bounded * LONG_RUN_FACTOR if long_run else bounded)
 
 
 def pytest_configure(config: pytest.Config) -> None:

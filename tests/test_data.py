@@ -163,6 +163,7 @@ def test_a_change_seen_by_a_dataloader_worker_is_still_one_line(tmp_path: Path) 
     path.write_bytes(b"short\n")
     with pytest.raises(CsekitError) as error:
         next(iter(loader))
-    assert "Traceback" in str(error.value)  # what PyTorch makes of it
+    assert "Traceback" not in str(error.value)  # PyTorch re-raises with the worker's traceback; CsekitError keeps
+    assert str(error.value) == message_line(error.value)  # the original line (core/errors._raised_message)
     assert message_line(error.value).startswith(f"corpus {path} changed after it was read")
     assert "\n" not in message_line(error.value)

@@ -7,14 +7,15 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from conftest import hostile_examples
+from hypothesis import given
 from hypothesis import strategies as st
 
 from csekit.core.errors import CsekitError
 from csekit.data.corpus import Corpus
 from csekit.evaluation.sts import load_sts_task
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FUZZ = hostile_examples(150)  # conftest.py: no deadline, a fixed seed; 40 times as many in make test-hostile
 FIELD_NAMES = ["text", "paraphrase", "negation", "step", "insertion", "deletion", "substitution", "random"]
 LINE = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), max_size=40)
 

@@ -8,6 +8,7 @@ without torch, transformers or scipy (a command imports what it runs; benchmarks
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import shlex
 import signal
@@ -582,6 +583,14 @@ def main() -> None:
         app()
     except CsekitError as error:
         print(f"csekit: error: {message_line(error)}", file=sys.stderr)
+        sys.exit(2)
+    except OSError as error:  # a path given longer than the OS takes: Path.exists raises it (Python < 3.12)
+        if error.errno != errno.ENAMETOOLONG:
+            raise
+        print(
+            f"csekit: error: {message_line(CsekitError(f'{error.filename!s:.80}...: {error.strerror}'))}",
+            file=sys.stderr,
+        )
         sys.exit(2)
     except KeyboardInterrupt:
         print("csekit: interrupted", file=sys.stderr)

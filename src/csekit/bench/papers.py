@@ -8,6 +8,7 @@ from typing import Any
 
 from csekit.bench.results import STS_COLUMNS, TRANSFER_COLUMNS, score_at
 from csekit.bench.suite import Suite
+from csekit.core.report_cells import markdown_cell, markdown_row
 from csekit.evaluation.published import PUBLISHED_COLUMNS, PaperComparison, PublishedRow, compare_with_paper
 
 PAPER_CSV_STATS = ("paper", "paper diff", "paper range low", "paper range high", "paper within")
@@ -72,18 +73,18 @@ def format_paper_markdown(
     shown = suite.published
     if shown is not None and shown.is_relative_to(Path.cwd()):
         shown = shown.relative_to(Path.cwd())
-    markdown = f"\n## Against the published numbers\n\nPublished numbers: {shown}. {PAPER_RULE}\n"
+    markdown = f"\n## Against the published numbers\n\nPublished numbers: {markdown_cell(shown)}. {PAPER_RULE}\n"
     if judged:
         markdown += f"\nWithin the seed spread: {sum(judged)} of {len(judged)} published numbers.\n"
     for recipe in suite.recipes:
-        markdown += f"\n### {recipe.name}\n\n"
+        markdown += f"\n### {markdown_cell(recipe.name)}\n\n"
         row = published.get(recipe.published_as)
         if row is None:
-            markdown += f"No entry {recipe.published_as!r} in the published file.\n"
+            markdown += f"No entry {markdown_cell(repr(recipe.published_as))} in the published file.\n"
         elif row.reason is not None:
-            markdown += f"No published numbers: {row.reason}\n"
+            markdown += f"No published numbers: {markdown_cell(row.reason)}\n"
         elif recipe.name not in runs:
-            markdown += f"Paper: {row.source}. No finished run yet.\n"
+            markdown += f"Paper: {markdown_cell(row.source)}. No finished run yet.\n"
         else:
             markdown += _paper_table(row, papers.get(recipe.name, {}), runs[recipe.name])
     return markdown
@@ -91,7 +92,8 @@ def format_paper_markdown(
 
 def _paper_table(row: PublishedRow, columns: dict[str, PaperComparison], runs: list[dict[str, Any]]) -> str:
     """The table of one recipe: a line per published column, with the protocol csekit's number was computed by."""
-    lines = [f"Paper: {row.source}." + (f" Note: {row.note}" if row.note else ""), ""]
+    note = f" Note: {markdown_cell(row.note)}" if row.note else ""
+    lines = [f"Paper: {markdown_cell(row.source)}.{note}", ""]
     lines += [
         "| Task | Paper | csekit | Difference | 95% range | Paper within | Protocol |",
         "|---|---|---|---|---|---|---|",
@@ -99,14 +101,14 @@ def _paper_table(row: PublishedRow, columns: dict[str, PaperComparison], runs: l
     for label, paper in row.scores.items():
         comparison = columns.get(label)
         if comparison is None:
-            lines.append(f"| {label} | {paper:.2f} | not evaluated | - | - | - | - |")
+            lines.append(markdown_row([label, f"{paper:.2f}", "not evaluated", "-", "-", "-", "-"]))
             continue
         spread = "-" if comparison.low is None else f"{comparison.low:.2f} to {comparison.high:.2f}"
         within = {None: "-", True: "yes", False: "no"}[comparison.within]
         measured = f"{comparison.mean:.2f} ± {comparison.std:.2f} ({comparison.seeds} seeds)"
         published = f"{paper:.2f}" + _mean_mark(row, label)
-        cells = f"{published} | {measured} | {signed(comparison.difference)} | {spread} | {within}"
-        lines.append(f"| {label} | {cells} | {protocol(label, runs)} |")
+        cells = [label, published, measured, signed(comparison.difference), spread, within, protocol(label, runs)]
+        lines.append(markdown_row(cells))
     return "\n".join(lines) + "\n"
 
 

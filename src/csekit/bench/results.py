@@ -3,7 +3,6 @@ of metrics.jsonl, read back bounded and checked; the table columns are paths int
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +13,7 @@ import numpy as np
 from csekit.bench.suite import Suite, run_dir
 from csekit.core.bounded_read import bounded_lines, open_regular, read_json_file, read_with
 from csekit.core.errors import CsekitError
+from csekit.core.numbers import is_finite_number
 from csekit.evaluation.file_tasks import FILE_TASK_SCORES
 from csekit.evaluation.result import AVERAGES, STS_AVERAGE, TRANSFER_AVERAGE, EvalResult
 from csekit.evaluation.tasks import table_columns
@@ -111,7 +111,7 @@ def from_old_layout(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return is_finite_number(value)
 
 
 def dev_curves(output: Path, suite: Suite) -> dict[str, dict[str, list[tuple[int, float]]]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,7 +199,7 @@ def _suite_recipe(path: Path, text: str, entry: Any, taken: list[str], lines: tu
             f"{at(path, _line_of(text, key))}: unknown recipe key {key!r}; expected {sorted(RECIPE_KEYS)}"
         )
     recipe_path = (path.parent / str(entry["recipe"])).resolve()
-    if not recipe_path.exists():
+    if not os.path.exists(recipe_path):  # Path.exists raised for a name too long (ENAMETOOLONG): a traceback
         raise CsekitError(f"{at(path, _line_of(text, 'recipe'))}: recipe {recipe_path} does not exist")
     overrides = entry.get("set") or []
     if not isinstance(overrides, list):

@@ -19,6 +19,7 @@ from csekit.bench.tables import (
     table_rows,
 )
 from csekit.core.atomic import atomic_write_text
+from csekit.core.report_cells import markdown_cell
 from csekit.core.save_guard import guarded_save
 from csekit.evaluation.published import STS_AVERAGE, load_published
 
@@ -33,13 +34,13 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
         if one_seed
         else "Mean ± standard deviation over seeds"
     )
-    markdown = f"# {suite.name}\n\n{spread}; x 100 except alignment and uniformity.\n\n"
+    markdown = f"# {markdown_cell(suite.name)}\n\n{spread}; x 100 except alignment and uniformity.\n\n"
     markdown += format_markdown(labels, rows)
     differences = None
     if suite.baseline is not None and not one_seed:
         differences = paired_differences(runs, suite.baseline)
         markdown += (
-            f"\n## Paired difference against {suite.baseline}\n\n"
+            f"\n## Paired difference against {markdown_cell(suite.baseline)}\n\n"
             "Method minus baseline on the same seeds (x 100), mean over the seeds both finished; p from a paired "
             "t-test over seeds (scipy.stats.ttest_rel); * marks p < 0.05, a difference beyond seed noise. With 3 "
             "seeds the test has 2 degrees of freedom, and a sign test (the last column) cannot reach p < 0.05 "

@@ -13,6 +13,7 @@ import numpy as np
 from csekit.bench.papers import PAPER_CSV_STATS, paper_csv_cells, paper_labels, signed
 from csekit.bench.results import OTHER_COLUMNS, STS_COLUMNS, TRANSFER_COLUMNS, UNSCALED, file_task_columns, score_at
 from csekit.bench.suite import Suite
+from csekit.core.report_cells import csv_text, markdown_cell, markdown_row, markdown_rule
 from csekit.evaluation.published import PaperComparison
 
 
@@ -38,7 +39,7 @@ def format_markdown(labels: list[str], rows: list[dict[str, Any]]) -> str:
     """The papers' layout: one row per method, `mean ± std` over seeds (x 100 except align/uniform); a method
     with one seed shows its value alone (a spread of 0.00 would read as a measured one)."""
     heads = ["Method", "Seeds", *labels]
-    lines = ["| " + " | ".join(heads) + " |", "|" + "|".join("---" for _ in heads) + "|"]
+    lines = [markdown_row(heads), markdown_rule(len(heads))]
     for row in rows:
         cells = [row["method"], str(row["seeds"])]
         for label in labels:
@@ -46,7 +47,7 @@ def format_markdown(labels: list[str], rows: list[dict[str, Any]]) -> str:
             digits = 3 if label in UNSCALED else 2
             spread = f" ± {value[1]:.{digits}f}" if value is not None and row["seeds"] > 1 else ""
             cells.append("-" if value is None else f"{value[0]:.{digits}f}{spread}")
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(markdown_row(cells))
     return "\n".join(lines) + "\n"
 
 
@@ -63,17 +64,16 @@ def format_csv(
     compared = paper_labels(papers or {})
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(
-        [
-            "method",
-            "seeds",
-            *[f"{label} {stat}" for label in labels for stat in ("mean", "std")],
-            *[f"{label} {stat}" for label in paired_labels for stat in ("diff", "p", "seeds above", "paired seeds")],
-            *[f"{label} {stat}" for label in compared for stat in PAPER_CSV_STATS],
-        ]
-    )
+    heads = [
+        "method",
+        "seeds",
+        *[f"{label} {stat}" for label in labels for stat in ("mean", "std")],
+        *[f"{label} {stat}" for label in paired_labels for stat in ("diff", "p", "seeds above", "paired seeds")],
+        *[f"{label} {stat}" for label in compared for stat in PAPER_CSV_STATS],
+    ]
+    writer.writerow([csv_text(head) for head in heads])
     for row in rows:
-        cells: list[Any] = [row["method"], row["seeds"]]
+        cells: list[Any] = [csv_text(row["method"]), row["seeds"]]
         for label in labels:
             cells += ["", ""] if row[label] is None else [f"{row[label][0]:.4f}", f"{row[label][1]:.4f}"]
         for label in paired_labels:
@@ -144,7 +144,7 @@ def format_paired_markdown(baseline: str, differences: dict[str, dict[str, Paire
     """Each method minus the baseline (x 100) with its p-value; `*` marks p < 0.05."""
     labels = [label for label, _ in STS_COLUMNS]
     heads = ["Method", "Paired seeds", *labels, f"Seeds above {baseline} (STS Avg.)"]
-    lines = ["| " + " | ".join(heads) + " |", "|" + "|".join("---" for _ in heads) + "|"]
+    lines = [markdown_row(heads), markdown_rule(len(heads))]
     for method, columns in differences.items():
         first = next(iter(columns.values()))
         cells = [method, ", ".join(str(seed) for seed in first.seeds)]
@@ -157,7 +157,7 @@ def format_paired_markdown(baseline: str, differences: dict[str, dict[str, Paire
             cells.append(f"{signed(diff.mean)} ({p_text}){' *' if diff.significant else ''}")
         average = columns.get("STS Avg.")
         cells.append("-" if average is None else f"{average.higher}/{len(average.seeds)}")
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(markdown_row(cells))
     return "\n".join(lines) + "\n"
 
 
@@ -181,7 +181,7 @@ def format_wall_markdown(runs: dict[str, list[dict[str, Any]]]) -> str:
             values = [float(w[key]) for w in walls]
             cells.append(f"{np.mean(values):.0f} ({min(values):.0f}-{max(values):.0f})")
         cells.append(str(sum(bool(w.get("resumed")) for w in walls)))
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(markdown_row(cells))
     return "\n".join(lines) + "\n" if len(lines) > 2 else ""
 
 
@@ -191,7 +191,8 @@ def controls_markdown(suite: Suite, runs: dict[str, list[dict[str, Any]]]) -> st
     for recipe in suite.recipes:
         if recipe.control is None:
             continue
-        markdown += f"\n## Paired difference of {recipe.name} against its control {recipe.control}\n\n"
+        markdown += f"\n## Paired difference of {markdown_cell(recipe.name)} against its control "
+        markdown += f"{markdown_cell(recipe.control)}\n\n"
         pair = {name: runs[name] for name in (recipe.control, recipe.name) if name in runs}
         differences = paired_differences(pair, recipe.control)
         if differences:

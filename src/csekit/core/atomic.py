@@ -8,9 +8,9 @@ writers below, which write only into a folder held here. The folder may be share
 have been placed by someone else, so:
 
 * a file is opened relative to its parent folder with no-follow semantics (`O_NOFOLLOW`, `O_NONBLOCK`,
-  then `fstat`): a link at the name, or a FIFO, device or folder, is refused in one line (a `CsekitError`
-  saying to remove it), never written through; that is how files are appended to (`open_for_append`,
-  `append_text`, `open_bytes_for_append`) and cut (`truncate_file`);
+  then `fstat`): a link at the name (symbolic, or a hard link: a file with another name), or a FIFO, device or
+  folder, is refused in one line (a `CsekitError` saying to remove it), never written through; that is how
+  files are appended to (`open_for_append`, `append_text`, `open_bytes_for_append`) and cut (`truncate_file`);
 * whole files are written to a temporary sibling created exclusively (`O_CREAT | O_EXCL`: a link at that
   name is never opened), flushed to disk and renamed over the target (`write_file`, `write_by_name`,
   `atomic_write_text`; `move_file` and `commit_staged_file` rename a file csekit wrote itself), so a reader
@@ -74,6 +74,13 @@ def _link_error(path: Path) -> CsekitError:
     )
 
 
+def _hard_link_error(path: Path, links: int) -> CsekitError:
+    return CsekitError(
+        f"{path} has {links - 1} other name(s) (a hard link), so writing it would change a file elsewhere; "
+        "csekit does not write through it: remove it"
+    )
+
+
 def _special_error(path: Path, mode: int) -> CsekitError:
     kind = "a folder" if stat.S_ISDIR(mode) else "not a regular file (a FIFO, device or socket)"
     return CsekitError(f"{path} is {kind}, where csekit writes a file: remove it")
@@ -126,6 +133,9 @@ def _open_in_folder(path: Path, flags: int, mode: int = 0o666) -> int:
     if not stat.S_ISREG(info.st_mode):
         os.close(fd)
         raise _special_error(path, info.st_mode)
+    if info.st_nlink > 1:  # a hard link: appending, cutting or changing its mode would change a file elsewhere
+        os.close(fd)
+        raise _hard_link_error(path, info.st_nlink)
     return fd
 
 
@@ -351,7 +361,7 @@ class HeldFolder:
 
 
 def hold_folder(path: str | Path, entries: int = 10_000) -> HeldFolder:
-    """The folder at `path` (created if missing), held open, with no link anywhere inside it.
+    """The folder at `path` (created if missing), held open, with no link (symbolic or hard) anywhere inside it.
 
     For a folder a library writes into by itself over a run (a tracker's logs): a link there, or at any level
     below (in a run folder from someone else), is refused in one line, never written through; at most
@@ -368,8 +378,11 @@ def hold_folder(path: str | Path, entries: int = 10_000) -> HeldFolder:
                 seen += 1
                 if seen > entries:
                     raise CsekitError(f"{path} holds more than {entries} files and folders; move them away")
-                if stat.S_ISLNK(os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode):
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISLNK(info.st_mode):
                     raise _link_error(path / root / name)
+                if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:  # a library may append to a file it finds
+                    raise _hard_link_error(path / root / name, info.st_nlink)
     except BaseException:
         held.close()
         raise

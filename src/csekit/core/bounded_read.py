@@ -165,6 +165,8 @@ def read_json_file(path: str | Path, what: str, limit: int = METADATA_LIMIT) -> 
         raise CsekitError(f"{path}:{error.lineno}: {what} is not valid JSON ({error.msg})") from None
     except RecursionError:
         raise CsekitError(f"{path}: {what} is nested too deeply") from None
+    except ValueError as error:  # an integer past Python's 4,300 digits (json.loads converts it whole)
+        raise CsekitError(f"{path}: {what} holds a number too long to read ({str(error)[:60]})") from None
 
 
 def read_yaml_file(path: str | Path, what: str, limit: int = 2**20) -> tuple[Any, yaml.Node | None]:
@@ -200,6 +202,7 @@ def _parse_bounded_yaml(text: str, label: str, what: str) -> tuple[Any, yaml.Nod
 
     PyYAML's own errors pass through (the callers word them); the bounds are CsekitErrors.
     """
+    _check_depth(text, label, what)
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
@@ -210,8 +213,27 @@ def _parse_bounded_yaml(text: str, label: str, what: str) -> tuple[Any, yaml.Nod
         return loader.construct_document(node), node
     except RecursionError:
         raise CsekitError(f"{label}: the {what} nests too deeply; csekit does not read it") from None
+    except ValueError as error:  # an integer past Python's 4,300 digits, a date such as 2026-13-45
+        raise CsekitError(f"{label}: the {what} holds a value that cannot be read ({str(error)[:80]})") from None
     finally:
         loader.dispose()
+
+
+def _check_depth(text: str, label: str, what: str) -> None:
+    """Refuse containers nested deeper than YAML_DEPTH_LIMIT from the parser's events, before anything is composed:
+    PyYAML composes recursively, and 2,000 brackets took 4.5 s to end in a RecursionError (the events stop at the
+    limit)."""
+    depth = 0
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > YAML_DEPTH_LIMIT:
+                where = f"{label}:{event.start_mark.line + 1}"
+                raise CsekitError(
+                    f"{where}: the {what} nests more than {YAML_DEPTH_LIMIT} levels deep; csekit does not read it"
+                )
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
 
 
 def _check_size(root: yaml.Node, label: str, what: str) -> None:

@@ -14,7 +14,33 @@ from pathlib import Path
 
 
 class CsekitError(Exception):
-    """An error caused by user input, reported as one line without a traceback."""
+    """An error caused by user input, reported as one line without a traceback.
+
+    The message is one line by construction: a value quoted in it (a `--set` text, a name or a line from a file
+    csekit did not write) may hold a line break or a control character, which is written as its escape (`\\n`).
+    """
+
+    def __init__(self, message: object = "") -> None:
+        super().__init__(one_line(_raised_message(str(message))))
+
+
+_LINE_BREAKS = {chr(code) for code in (*range(0x20), 0x7F, 0x85, 0x2028, 0x2029)} - {"\t"}
+"""Characters that end a line (`str.splitlines`) or drive a terminal: the C0 controls but the tab, DEL, NEL and
+the Unicode line and paragraph separators."""
+
+
+def one_line(text: str) -> str:
+    """`text` with each character of `_LINE_BREAKS` written as its escape: one line on any terminal."""
+    return "".join(ascii(char)[1:-1] if char in _LINE_BREAKS else char for char in text)
+
+
+def _raised_message(text: str) -> str:
+    """The original message of a CsekitError a DataLoader worker raised (see `message_line`), else `text`."""
+    lines = [line for line in text.split("\n") if line.strip()]
+    prefix = f"{CsekitError.__module__}.{CsekitError.__qualname__}: "
+    if len(lines) > 1 and lines[0].startswith("Caught ") and lines[-1].startswith(prefix):
+        return lines[-1].removeprefix(prefix)
+    return text
 
 
 MESSAGE_LIMIT = 2000
@@ -28,11 +54,7 @@ def message_line(error: CsekitError) -> str:
     process N." and the worker's whole traceback as its message; the original message is the
     traceback's last line.
     """
-    text = str(error)
-    lines = [line for line in text.split("\n") if line.strip()]
-    prefix = f"{CsekitError.__module__}.{CsekitError.__qualname__}: "
-    if len(lines) > 1 and lines[0].startswith("Caught ") and lines[-1].startswith(prefix):
-        text = lines[-1].removeprefix(prefix)
+    text = one_line(_raised_message(str(error)))  # a subclass may set its message otherwise
     if len(text) > MESSAGE_LIMIT:  # a library's message may quote a whole value from a file or a flag
         text = f"{text[:MESSAGE_LIMIT]}... ({len(text) - MESSAGE_LIMIT:,} more characters not shown)"
     return text

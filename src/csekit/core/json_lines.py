@@ -60,6 +60,8 @@ def json_row(line: str | bytes, required: FieldTypes = NO_FIELDS, optional: Fiel
         raise RowProblem("not valid UTF-8") from None
     except RecursionError:
         raise RowProblem("JSON nested too deeply") from None
+    except ValueError as error:  # an integer past Python's 4,300 digits (json.loads converts it whole)
+        raise RowProblem(f"a number too long to read ({str(error)[:60]})") from None
     if not isinstance(row, dict):
         raise RowProblem(f"not a JSON object ({{...}}) but {_kind(row)}")
     for name, types in required.items():

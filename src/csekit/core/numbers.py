@@ -9,6 +9,7 @@ how small a small one is (1.234e-05).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 LOSS_DIGITS = 4
 """Significant digits of a shown loss."""
@@ -26,3 +27,15 @@ def format_loss(value: float) -> str:
     if value != 0 and abs(value) < SCIENTIFIC_BELOW:
         return f"{value:.{LOSS_DIGITS - 1}e}"
     return f"{value:#.{LOSS_DIGITS}g}".removesuffix(".")  # '#' keeps trailing zeros; 1234. loses its point
+
+
+def is_finite_number(value: Any) -> bool:
+    """Whether `value` (read from a file or a flag) is a number csekit can compute with: an int or a float, not a
+    bool, finite as a float. JSON and YAML read an integer of any length: one of 400 digits overflows a float
+    (`math.isfinite` raised OverflowError, a traceback), so it is not one."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False

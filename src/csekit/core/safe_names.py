@@ -14,6 +14,8 @@ from typing import Any
 
 from csekit.core.errors import CsekitError
 
+NAME_MAX = 255
+"""The longest file or folder name, in bytes, that common file systems hold (ext4, XFS, APFS, NTFS)."""
 _SEPARATORS = {"/", "\\", os.sep, *([os.altsep] if os.altsep else [])}
 
 
@@ -42,6 +44,9 @@ def check_name(name: Any, what: str, nested: bool = False, folder: str | Path = 
     """
     if not isinstance(name, str):
         raise CsekitError(f"{what}: a name must be a string, found {type(name).__name__}")
+    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in name.split("/")), default=0)
+    if longest > NAME_MAX:  # the OS refuses it (ENAMETOOLONG), in an OSError wherever the path is first looked at
+        raise CsekitError(f"{what}: {name[:40]!r}... has a name of {longest} bytes; a file name holds {NAME_MAX}")
     problem = _name_problem(name, nested)
     if problem is not None:
         raise CsekitError(f"{what}: {name!r} leads outside {folder} (it {problem}); it must name something inside")

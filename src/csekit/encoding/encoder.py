@@ -25,11 +25,16 @@ from csekit.core.precision import DTYPES, resolve_precision
 from csekit.core.progress import progress
 from csekit.encoding.decoder import is_decoder_only, prepare_tokenizer, real_token_positions, set_attention
 from csekit.encoding.export import save_model
-from csekit.encoding.folder_pooling import check_auto_location, check_folder_pooling, choose_pooling
+from csekit.encoding.folder_pooling import (
+    apply_folder_length,
+    check_auto_location,
+    check_folder_pooling,
+    choose_pooling,
+)
 from csekit.encoding.hub import resolve_model_path
 from csekit.encoding.instruction import instruction_ids
 from csekit.encoding.lora import add_lora
-from csekit.encoding.model_folder import freeze_unused_pooler, load_model, non_finite_parameters
+from csekit.encoding.model_folder import freeze_unused_pooler, load_model
 from csekit.encoding.packed import PackingLayout, packed_pass, split_layout
 from csekit.encoding.packed_decoder import packed_decoder_pass, rows_fit_window
 from csekit.encoding.packed_fixed import fixed_packed_pass
@@ -229,6 +234,7 @@ class SentenceEncoder(nn.Module):
         location, missing, saved = loaded.location, loaded.missing_weights, loaded.layout
         own = choose_pooling(pooler, location, saved)
         check_folder_pooling(own, int(loaded.model.config.hidden_size), loaded.tokenizer)
+        apply_folder_length(own, loaded.tokenizer)
         chosen = own.pooler
         if chosen == PoolerOutputPooler.name and any(key.startswith("pooler.") for key in missing):
             raise CsekitError(
@@ -251,17 +257,6 @@ class SentenceEncoder(nn.Module):
         if saved.csekit_trained:
             encoder.trained_pooler = saved.pooler
         encoder.head = loaded.head
-        bad = non_finite_parameters(encoder)
-        if bad and not set(bad) & set(encoder.state_dict()):  # only buffers built from the config (rotary ones)
-            raise CsekitError(
-                f'model "{location}": {len(bad)} tensors computed from its config.json hold NaN or infinity (e.g. '
-                f"{bad[0]}); a value there is out of range"
-            )
-        if bad:
-            raise CsekitError(
-                f'model "{location}": {len(bad)} weight tensors hold NaN or infinity (e.g. {bad[0]}); its embeddings '
-                "would be NaN: the run that wrote it diverged"
-            )
         return encoder
 
     @classmethod

@@ -6,8 +6,10 @@ A load that names no pooler, and `model.pooler: auto` / `--pooler auto`, read th
 encodes, trains and saves what `SentenceTransformer(folder).encode` gives; a csekit folder's own is in csekit.json.
 
 Every setting read is honoured or refused, never ignored: a Pooling mode is mapped to the csekit pooler that
-computes the same vector (`POOLER_OF_MODE`), and anything csekit cannot reproduce (two modes concatenated, a key it
-does not know, a Dense or other module, a default prompt) is one line naming the file. An explicit pooler reads the
+computes the same vector (`POOLER_OF_MODE`), the Transformer module's `max_seq_length` is where the tokenizer
+truncates, and anything csekit cannot reproduce (two modes concatenated, a key it does not know, a Dense or other
+module, a default prompt, lowercased text or arguments for the model in `sentence_bert_config.json`) is one line
+naming the file. An explicit pooler reads the
 transformer alone and none of this. `auto` on a folder that has no such representation (a plain transformers model,
 a hub name) is refused, asking for a pooler.
 """
@@ -64,6 +66,22 @@ MODULES_LIMIT = 2**20
 MODULE_CONFIG_LIMIT = 2**16
 """The largest Pooling or Normalize config.json, or config_sentence_transformers.json, read (a few hundred bytes)."""
 ST_CONFIG = "config_sentence_transformers.json"
+TRANSFORMER_CONFIG = "sentence_bert_config.json"
+TRANSFORMER_DEFAULTS: dict[str, Any] = {
+    "do_lower_case": False,
+    "transformer_task": "feature-extraction",
+    "module_output_name": "token_embeddings",
+    "processing_kwargs": {},
+    "query_length": None,
+    "document_length": None,
+    "query_expansion": None,
+    **{name: {} for name in ("model_args", "tokenizer_args", "config_args")},
+    **{name: {} for name in ("model_kwargs", "processor_kwargs", "config_kwargs")},
+}
+"""The Transformer module's settings (sentence-transformers 2 to 6) csekit reproduces only at these values: another
+(lowercasing the text, another task's output, multi-vector lengths, arguments for the model or tokenizer) is
+refused. `max_seq_length` is honoured, `unpad_inputs` changes speed only, `modality_config` is checked to read
+the text's last hidden states."""
 
 
 @dataclass(frozen=True)
@@ -75,6 +93,7 @@ class FolderPooling:
     width: int | None = None  # the width a Pooling config declares (checked against the model's)
     source: str = ""  # the file that says so ("" when the caller named the pooler)
     mode: str | None = None  # the sentence-transformers Pooling mode read (None: not read from a Pooling config)
+    max_length: int | None = None  # the Transformer module's max_seq_length (sentence_bert_config.json), honoured
 
 
 class SavedPooling(Protocol):
@@ -189,7 +208,43 @@ def read_folder_pooling(folder: Path) -> FolderPooling:
     normalize = len(modules) == 3
     if normalize:
         _check_normalize(module_folder(folder, modules[2]["path"]) / "config.json")
-    return FolderPooling(POOLER_OF_MODE[mode], normalize, width, str(config_path), mode)
+    max_length = _transformer_max_length(module_folder(folder, modules[0]["path"]) / TRANSFORMER_CONFIG)
+    return FolderPooling(POOLER_OF_MODE[mode], normalize, width, str(config_path), mode, max_length)
+
+
+def _transformer_max_length(path: Path) -> int | None:
+    """The Transformer module's `max_seq_length` (None when it gives none); any other setting it gives must be one
+    csekit reproduces (`TRANSFORMER_DEFAULTS`), else one line naming it: never ignored."""
+    if not path.exists():
+        return None
+    config = _read_object(path, "sentence-transformers Transformer config")
+    for key, value in config.items():
+        if key in ("max_seq_length", "unpad_inputs"):
+            continue
+        if key == "modality_config":
+            reads_text = isinstance(value, dict) and all(
+                entry == {"method": "forward", "method_output_name": "last_hidden_state"} for entry in value.values()
+            )
+            if reads_text:
+                continue
+        elif key in TRANSFORMER_DEFAULTS and value in (TRANSFORMER_DEFAULTS[key], None):
+            continue
+        raise CsekitError(
+            f"{path}: {str(key)!r:.60} is {_shown(value)}, which csekit does not reproduce; choose a pooler to "
+            "read the transformer alone"
+        )
+    length = config.get("max_seq_length")
+    if length is not None and (not isinstance(length, int) or isinstance(length, bool) or length < 1):
+        raise CsekitError(f'{path}: "max_seq_length" must be a whole number >= 1, found {_kind(length)}')
+    return length
+
+
+def apply_folder_length(pooling: FolderPooling, tokenizer: Any) -> None:
+    """Truncate where the folder's Transformer module does (its `max_seq_length`), as sentence-transformers does:
+    the tokenizer's limit is what `SentenceEncoder.max_seq_length` reads."""
+    current = getattr(tokenizer, "model_max_length", None)
+    if pooling.max_length is not None and (not isinstance(current, int) or pooling.max_length < current):
+        tokenizer.model_max_length = pooling.max_length
 
 
 def _check_module_entry(module: dict[str, Any], index: int, modules_file: Path) -> None:
@@ -286,6 +341,11 @@ def _class_name(module: dict[str, Any]) -> str:
     """The class a module entry names (`sentence_transformers.models.Pooling` -> Pooling)."""
     kind = module.get("type")
     return kind.rsplit(".", 1)[-1] if isinstance(kind, str) else ""
+
+
+def _shown(value: Any) -> str:
+    """A value read from a JSON file, short, for a message."""
+    return f"{value!r:.60}" if isinstance(value, str | int | float | bool) or value is None else _kind(value)
 
 
 def _kind(value: Any) -> str:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from csekit.core.report_cells import markdown_row
+
 CARD_FILE = "README.md"
 
 BIBTEX: Mapping[str, str] = {
@@ -260,7 +262,7 @@ def _recipe_section(recipe: Mapping[str, Any], facts: Mapping[str, Any]) -> list
         ("seed", train.get("seed")),
     ]
     lines = ["## Training", "", "| setting | value |", "| --- | --- |"]
-    lines += [f"| {key} | {str(value).replace('|', '/')} |" for key, value in rows]
+    lines += [markdown_row([key, value]) for key, value in rows]
     return lines
 
 
@@ -293,11 +295,11 @@ def before_after_lines(start: Mapping[str, Any], best: Mapping[str, Any], best_s
     in the result layout (`score_rows`). A score missing on one side is shown as n/a."""
     start_rows, best_rows = score_rows(start), score_rows(best)
     title = "best/ (the start)" if best_step == 0 else f"best/ (step {best_step})"
-    lines = [f"| dev score | start (step 0) | {title} |", "| --- | --- | --- |"]
+    lines = [markdown_row(["dev score", "start (step 0)", title]), "| --- | --- | --- |"]
     for task in dict.fromkeys([*start_rows, *best_rows]):
         cells = [row.get(task) for row in (start_rows, best_rows)]
         shown = ["n/a" if value is None else _score(task, value) for value in cells]
-        lines.append(f"| {task} | {shown[0]} | {shown[1]} |")
+        lines.append(markdown_row([task, *shown]))
     return lines
 
 
@@ -315,7 +317,7 @@ def _training_sections(facts: Mapping[str, Any]) -> list[str]:
         ]
     if scores:
         lines += ["", "## Evaluation", "", f"Dev scores at step {facts.get('step')}.", "", "| task | score |"]
-        lines += ["| --- | --- |", *(f"| {task} | {_score(task, value)} |" for task, value in scores.items())]
+        lines += ["| --- | --- |", *(markdown_row([task, _score(task, value)]) for task, value in scores.items())]
     start = facts.get("start_scores")
     if start and scores:
         step = facts.get("step")

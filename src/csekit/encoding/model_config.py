@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import types
 import typing
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 
 from csekit.core.bounded_read import read_json_file
 from csekit.core.errors import CsekitError
+from csekit.core.numbers import is_finite_number
 
 CONFIG_LIMITS = {
     # layers
@@ -235,7 +235,7 @@ def _check_range(key: str, value: Any, config: dict[str, Any], path: Path) -> No
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return is_finite_number(value)
 
 
 def _whole(value: Any) -> bool:

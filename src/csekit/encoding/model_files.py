@@ -167,7 +167,7 @@ def _check_shards(folder: Path, index: str) -> None:
         raise CsekitError(f'{path}: expected a JSON object with a "weight_map" object (weight name: shard file)')
     checked: set[str] = set()
     for shard in weight_map.values():
-        if shard not in checked:  # thousands of weights name a few shards
+        if not isinstance(shard, str) or shard not in checked:  # thousands of weights name a few shards
             _check_named_file(folder, shard, f'{path}: "weight_map"', must_exist=True)
             checked.add(shard)
 

@@ -401,6 +401,23 @@ def non_finite_parameters(module: Any) -> list[str]:
     return [name for name, tensor in tensors if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())]
 
 
+def refuse_non_finite(location: str, module: Any) -> None:
+    """Every tensor of a loaded model finite, checked here for every model csekit loads (`load_model`: a backbone,
+    a teacher, a generator, a decoder or LM head, a kept head): a NaN weight would make every embedding, score or
+    loss NaN, silently."""
+    bad = non_finite_parameters(module)
+    if bad and not set(bad) & set(module.state_dict()):  # only buffers built from the config (rotary ones)
+        raise CsekitError(
+            f'model "{location}": {len(bad)} tensors computed from its config.json hold NaN or infinity (e.g. '
+            f"{bad[0]}); a value there is out of range"
+        )
+    if bad:
+        raise CsekitError(
+            f'model "{location}": {len(bad)} weight tensors hold NaN or infinity (e.g. {bad[0]}); its embeddings '
+            "would be NaN: the run that wrote it diverged"
+        )
+
+
 def freeze_unused_pooler(backbone: Any) -> None:
     """Freeze the backbone's own pooler layer: only the `pooler_output` pooler reads it (and unfreezes it), and
     frozen parameters keep DDP from flagging them as unused."""
@@ -478,6 +495,9 @@ def load_model(
     loaded = LoadedModel(location, local, tokenizer, model, missing, layout)
     if model is not None and layout.head_config is not None:
         loaded.head = load_kept_head(path, layout.head_config, int(model.config.hidden_size))
+    for module in (model, loaded.head):
+        if module is not None:
+            refuse_non_finite(location, module)
     return loaded
 
 

@@ -234,7 +234,7 @@ def _is_number(value: Any) -> bool:
     """Whether a score field reads as a finite number."""
     try:
         return math.isfinite(float(value.strip() if isinstance(value, str) else value))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # an integer of 400 digits overflows a float
         return False
 
 
@@ -244,6 +244,8 @@ def _score(value: Any, where: str, column: str) -> float:
         number = float(value.strip() if isinstance(value, str) else value)
     except ValueError:
         raise CsekitError(f'{where}: the score ({column}) "{str(value)[:80]}" is not a number') from None
+    except OverflowError:  # an integer of 400 digits
+        raise CsekitError(f'{where}: the score ({column}) "{str(value)[:80]}" is not a finite number') from None
     if not math.isfinite(number):
         raise CsekitError(f'{where}: the score ({column}) "{value}" is not a finite number')
     return number

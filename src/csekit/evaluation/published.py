@@ -30,6 +30,7 @@ import yaml
 
 from csekit.core.bounded_read import read_yaml_file
 from csekit.core.errors import CsekitError, at, did_you_mean
+from csekit.core.numbers import is_finite_number
 from csekit.evaluation.tasks import table_columns
 
 STS_AVERAGE = "STS Avg."
@@ -79,10 +80,10 @@ def _line(node: yaml.Node | None, key: str) -> int | None:
 
 def _score(value: Any) -> float | None:
     """A published score: a finite number in [-100, 100] (x 100), else None."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if not is_finite_number(value):
         return None
     number = float(value)
-    return number if math.isfinite(number) and -100.0 <= number <= 100.0 else None
+    return number if -100.0 <= number <= 100.0 else None
 
 
 def _text(value: Any) -> str | None:

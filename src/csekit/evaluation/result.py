@@ -12,12 +12,12 @@ correlation of constant embeddings) is null. An average is present only when all
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from csekit.core.errors import CsekitError
+from csekit.core.numbers import is_finite_number
 from csekit.evaluation.tasks import AVG_STS
 
 STS_AVERAGE = "avg"
@@ -108,7 +108,7 @@ def _number(value: Any) -> float | None:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return is_finite_number(value)
 
 
 def _is_score(value: Any) -> bool:

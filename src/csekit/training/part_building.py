@@ -15,7 +15,6 @@ wrapper gets the built part (`nested_options`, `nested_spec`).
 from __future__ import annotations
 
 import inspect
-import math
 import types
 import typing
 import warnings
@@ -23,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from csekit.core.errors import CsekitError, did_you_mean
+from csekit.core.numbers import is_finite_number
 from csekit.core.registry import Registry
 
 BUILD_CONTEXT: Mapping[str, str] = types.MappingProxyType(
@@ -173,7 +173,7 @@ def _fits(value: Any, hint: Any) -> bool | None:
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        return is_finite_number(value)
     if hint is str:
         return isinstance(value, str)
     return None

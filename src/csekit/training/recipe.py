@@ -231,6 +231,8 @@ def load_recipe(
 
     _check_keys(raw, Recipe, "", where_in_file)
     _check_keys(update, Recipe, "", lambda key: f"--set {key}")
+    _check_integer_sizes(raw, where_in_file)
+    _check_integer_sizes(update, lambda key: f"--set {key}")
     try:
         resolved = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(Recipe), raw))
         assert isinstance(resolved, dict)
@@ -240,12 +242,32 @@ def load_recipe(
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", "") or ""
         message = yaml_text_number_hint(getattr(error, "value", None)) or str(error).splitlines()[0]
+        if not key:  # OmegaConf did not say where: the file and every --set key
+            given = " and ".join([*([label] if path is not None else []), *(f"--set {o}" for o in sorted(overridden))])
+            given = given or label
+            raise CsekitError(f"{given}: {message}") from None
         raise CsekitError(f"{where_in_file(key)}: recipe key {key}: {message}") from None
+    except TypeError as error:  # OmegaConf merging a mapping into a list (`--set objectives={a: 1}`)
+        given = f"{label} and --set" if overrides else label
+        raise CsekitError(f"{given}: a section is given as another kind of value ({error})") from None
     from csekit.training.recipe_checks import validate_recipe  # the parts' checks import torch: after the schema's
 
     recipe = paths(recipe) if paths is not None else recipe
     validate_recipe(recipe, where_in_file)
     return recipe
+
+
+INTEGER_LIMIT = 2**63
+"""The largest integer a recipe value may be (every bound is far below; a float key holds one exactly enough)."""
+
+
+def _check_integer_sizes(tree: dict[str, Any], where: Callable[[str], str]) -> None:
+    """YAML reads an integer of any length: one of 400 digits overflowed OmegaConf's float conversion (an
+    OverflowError traceback). Any integer beyond INTEGER_LIMIT is refused at its key, before the schema sees it."""
+    for key, value in _flatten(tree).items():
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INTEGER_LIMIT:
+            bits = value.bit_length()  # str() of an integer past 4,300 digits is itself a ValueError
+            raise CsekitError(f"{where(key)}: recipe key {key}: an integer of {bits} bits is beyond any bound")
 
 
 def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:

@@ -11,13 +11,13 @@ here too. Relations between keys (a chunk no larger than the batch) stay with th
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from csekit.core.errors import CsekitError
+from csekit.core.numbers import is_finite_number
 from csekit.data.corpus import MAX_SENTENCE_CHARS
 from csekit.parts.negatives.momentum import MAX_QUEUE_SIZE
 from csekit.training.recipe_schema import MAX_SEED
@@ -52,7 +52,7 @@ class Bound:
     def holds(self, value: float) -> bool:
         above = value > self.low if self.open_low else value >= self.low
         below = value < self.high if self.open_high else value <= self.high
-        return math.isfinite(value) and above and below
+        return is_finite_number(value) and above and below
 
     def text(self) -> str:
         if self.high == FLOAT_MAX and not self.open_high:

@@ -6,11 +6,11 @@ choices live with the code that uses them (precisions, compile modes, the parts'
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from csekit.core.errors import CsekitError, did_you_mean
+from csekit.core.numbers import is_finite_number
 from csekit.core.precision import PRECISIONS
 from csekit.encoding.folder_pooling import AUTO_POOLER, check_pooler_name
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
@@ -99,8 +99,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     check_backbone_options(recipe.model, where)
     for index, spec in enumerate(recipe.objectives):
         weight = spec.get("weight", 1.0) if isinstance(spec, Mapping) else 1.0
-        number = isinstance(weight, int | float) and not isinstance(weight, bool)
-        if not (number and math.isfinite(weight) and weight >= 0):
+        if not (is_finite_number(weight) and weight >= 0):
             key = f"objectives[{index}].weight"
             raise CsekitError(f"{where(key)}: recipe key {key} must be a number >= 0, got {weight!r}")
     # A mistyped part name, an option of the wrong type, a view or corpus field that cannot exist: reported here,

@@ -11,11 +11,12 @@ the template until the first step) is checked against the parameters themselves.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+
+from csekit.core.numbers import is_finite_number
 
 LARGEST_COUNT = 2**62
 """A count beyond this (a step, an epoch) was not written by a run; torch would overflow an int64 with it."""
@@ -56,7 +57,7 @@ def _check_plain(value: Any, template: Any, where: str) -> None:
         if not isinstance(value, int) or isinstance(value, bool) or abs(value) > LARGEST_COUNT:
             raise StateMismatch(f"{where} is {_kind(value)}, expected an integer")
     elif isinstance(template, float):
-        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        if not is_finite_number(value):
             raise StateMismatch(f"{where} is {_kind(value)}, expected a finite number")
     else:
         raise StateMismatch(f"{where}: csekit does not know how to check a {type(template).__name__}")
