@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import shlex
 import signal
 import sys
 import time
@@ -248,6 +247,7 @@ def bench(
     Finished runs are skipped and interrupted ones resume, so a suite can be stopped and started again.
     """
     from csekit.bench import load_suite, run_suite, summarise
+    from csekit.bench.run import continue_command
     from csekit.training.trainer import TrainingInterrupted
 
     if summary_only:
@@ -269,21 +269,11 @@ def bench(
     except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: a training is checkpointed; the same command continues
         trained = isinstance(stop, TrainingInterrupted)
         where = f" at step {stop.step} of {stop.output_dir}" if trained else ""
-        command = _bench_command(suite, output, overrides or [], data_dir)
+        command = continue_command(suite, output, overrides or [], data_dir)
         typer.echo(f"csekit: interrupted{where}; continue the suite with: {command}", err=True)
         raise typer.Exit(128 + stop.signal_number if trained else 130) from None
     typer.echo(summary["table"])
     typer.echo(f"ran {len(summary['ran'])}, skipped {len(summary['skipped'])} finished; results in {output}")
-
-
-def _bench_command(suite: Path, output: Path, overrides: list[str], data_dir: Path | None) -> str:
-    """The `csekit bench` command line that continues a suite (finished runs are skipped, a training resumes)."""
-    words = ["csekit", "bench", str(suite), "--output", str(output)]
-    for override in overrides:
-        words += ["--set", override]
-    if data_dir is not None:
-        words += ["--data-dir", str(data_dir)]
-    return shlex.join(words)
 
 
 @app.command(cls=Command)

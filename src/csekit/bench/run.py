@@ -4,6 +4,7 @@ inputs are checked; then the summary."""
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -194,3 +195,13 @@ def run_suite(
             log(f"{folder.name}: done; {left} run(s) left, about {_duration(elapsed / index * left)} more")
     summary = summarise(out, suite)
     return {"ran": ran, "skipped": skipped, **summary}
+
+
+def continue_command(suite: Path, output: Path, overrides: list[str], data_dir: Path | None) -> str:
+    """The `csekit bench` command line that continues a suite (finished runs are skipped, a training resumes)."""
+    words = ["csekit", "bench", str(suite), "--output", str(output)]
+    for override in overrides:
+        words += ["--set", override]
+    if data_dir is not None:
+        words += ["--data-dir", str(data_dir)]
+    return shlex.join(words)
