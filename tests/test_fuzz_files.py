@@ -194,6 +194,18 @@ def _st_folder(folder: Path) -> object:
     return local_model_layout(folder), read_folder_pooling(folder)
 
 
+def _instructions(folder: Path) -> object:
+    from csekit.evaluation.instructions import read_instruction_set
+
+    return read_instruction_set(str(folder / "instructions.json"), "STSBenchmark")
+
+
+def _recipe_rows(folder: Path) -> object:
+    from csekit.commands.recipes import recipe_rows
+
+    return recipe_rows(folder, folder / "published.yaml")
+
+
 def _counts(folder: Path) -> object:
     from csekit.prep.frequency import _read_counts_cached
 
@@ -397,6 +409,16 @@ READERS: dict[str, Reader] = {
         MODEL_FILES,
     ),
     "freq counts": Reader("json", "counts.json", {"the": 3, "a": 1}, _counts),
+    "mteb instruction set": Reader(
+        "json", "instructions.json", {"STSBenchmark": "Retrieve semantically similar text."}, _instructions
+    ),
+    "csekit recipes' list": Reader(
+        "yaml",
+        "simcse-bert-base.yaml",
+        {"model": {"backbone": "bert-base-uncased"}},
+        _recipe_rows,
+        {"published.yaml": "simcse: {source: a paper, scores: {STS Avg.: 76.25}}\n"},
+    ),
 }
 
 

@@ -58,6 +58,8 @@ COVERED = {
     ("csekit.encoding.model_folder", "load_kept_head"): "test_model_loading.py (a kept head's weights)",
     ("csekit.training.checkpoint", "_load_tensors"): "test_hostile.py (crafted checkpoint values)",
     ("csekit.training.checkpoint", "_load_model_and_optimizer"): "test_hostile.py (crafted checkpoint values)",
+    ("csekit.evaluation.instructions", "read_instruction_set"): "mteb instruction set",
+    ("csekit.commands.recipes", "_backbone"): "csekit recipes' list",
 }
 """(module, function) reading a file from elsewhere -> the READERS entry (or the test) that attacks it."""
 OWN_FILES = {

@@ -2,7 +2,8 @@
 
 `csekit --help`, `csekit recipes`, the README's methods table, pyproject.toml's description and
 docs/architecture.md are tested against this module (tests/test_methods.py), so no two of them can name
-different methods. Pure data: it imports nothing of csekit, so the command line reads it without a model.
+different methods. Pure data (its table rows escaped by csekit.core.report_cells): the command line reads it without
+a model.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from csekit.core.report_cells import markdown_row, markdown_rule
 
 
 @dataclass(frozen=True)
@@ -181,8 +184,8 @@ def status_summary(method: str) -> str:
 
 def methods_table() -> str:
     """The README's methods table (Markdown): method, paper, the recipe to start from, the recipes' status."""
-    lines = ["| method | paper | recipe | status of its recipes |", "|---|---|---|---|"]
+    lines = [markdown_row(["method", "paper", "recipe", "status of its recipes"]), markdown_rule(4)]
     for method in METHODS:
         recipe = f"`{method.recipe}`" if method.recipe else method.usage
-        lines.append(f"| {method.name} | {method.paper} | {recipe} | {status_summary(method.name)} |")
+        lines.append(markdown_row([method.name, method.paper, recipe, status_summary(method.name)]))
     return "\n".join(lines)
