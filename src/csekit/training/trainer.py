@@ -23,7 +23,6 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
-from transformers import get_linear_schedule_with_warmup
 
 from csekit.core.atomic import atomic_write_text, remove_staging_leftovers
 from csekit.core.errors import CsekitError
@@ -40,7 +39,7 @@ from csekit.training.execution import build_run_model, decide_execution, planned
 from csekit.training.interrupt import TrainingInterrupted, ctrl_c_stops_after_the_step
 from csekit.training.long_sentences import announce_long_sentences
 from csekit.training.model import ContrastiveModel, load_encoder
-from csekit.training.optimization import forward_backward, make_optimizer
+from csekit.training.optimization import forward_backward, linear_schedule, make_optimizer
 from csekit.training.processes import (
     MIXED_PRECISION,
     hint_if_accelerate_started_one_process,
@@ -212,7 +211,7 @@ class Trainer:
         # As in the transformers Trainer, max_steps (when set) replaces epochs as the length of the run.
         self.total_steps = self.config.max_steps or self.steps_per_epoch * self.config.epochs
         self.warmup_steps = math.ceil(self.config.warmup_ratio * self.total_steps)
-        self.scheduler = get_linear_schedule_with_warmup(self.optimizer, self.warmup_steps, self.total_steps)
+        self.scheduler = linear_schedule(self.optimizer, self.warmup_steps, self.total_steps)
 
     def _resume_from_checkpoint(self) -> None:
         """Weights, optimizer, schedule, RNG states and position from checkpoint/; the log cut back to it."""
