@@ -275,6 +275,26 @@ REFUSALS: dict[str, tuple[Any, str, str]] = {
         "config_sentence_transformers.json",
         "default_prompt_name",
     ),
+    "a dot-product similarity": (
+        lambda f: (f / "config_sentence_transformers.json").write_text('{"similarity_fn_name": "dot"}', "utf-8"),
+        "config_sentence_transformers.json",
+        "similarity_fn_name",
+    ),
+    "a sparse model": (
+        lambda f: (f / "config_sentence_transformers.json").write_text('{"model_type": "SparseEncoder"}', "utf-8"),
+        "config_sentence_transformers.json",
+        "model_type",
+    ),
+    "a truncated embedding": (
+        lambda f: (f / "config_sentence_transformers.json").write_text('{"truncate_dim": 64}', "utf-8"),
+        "config_sentence_transformers.json",
+        "truncate_dim",
+    ),
+    "an unknown setting": (
+        lambda f: (f / "config_sentence_transformers.json").write_text('{"pooling_after": 1}', "utf-8"),
+        "config_sentence_transformers.json",
+        "a setting csekit does not know",
+    ),
     "lasttoken without EOS": (lambda f: _set_pooling(f, {"pooling_mode": "lasttoken"}), "config.json", "no EOS"),
 }
 

@@ -318,16 +318,44 @@ def _check_normalize(config_path: Path) -> None:
         )
 
 
+ST_CONFIG_KEYS = {
+    "__version__", "prompts", "default_prompt_name", "similarity_fn_name", "model_type", "truncate_dim", "requirements"
+}  # fmt: skip
+"""config_sentence_transformers.json's keys (sentence-transformers 2 to 6.2): each honoured or refused below."""
+
+
 def _refuse_default_prompt(path: Path) -> None:
-    """sentence-transformers puts a folder's default prompt before every sentence it encodes; csekit adds none."""
+    """config_sentence_transformers.json honoured or refused: versions and unused prompts change nothing; a default
+    prompt (sentence-transformers puts it before every sentence; csekit adds none), a similarity other than cosine
+    (csekit scores by cosine, SentEval's protocol), another kind of model or an unknown key is one line."""
     if not path.exists():
         return
-    prompt = _read_object(path, "sentence-transformers config").get("default_prompt_name")
+    config = _read_object(path, "sentence-transformers config")
+    unknown = sorted(str(key) for key in set(config) - ST_CONFIG_KEYS)
+    if unknown:
+        raise CsekitError(f"{path}: {unknown[0]!r:.60} is a setting csekit does not know; it refuses the folder")
+    prompt = config.get("default_prompt_name")
     if prompt is not None:
         raise CsekitError(
             f'{path}: "default_prompt_name" {prompt!r:.60} puts a prompt before every sentence, which csekit does '
             "not; choose a pooler to read the transformer without it"
         )
+    similarity = config.get("similarity_fn_name")
+    if similarity not in (None, "cosine"):
+        raise CsekitError(
+            f'{path}: "similarity_fn_name" {similarity!r:.40} asks for a similarity csekit does not score with (it '
+            "scores by cosine, SentEval's protocol); choose a pooler to read the transformer anyway"
+        )
+    if config.get("truncate_dim") is not None:
+        raise CsekitError(
+            f'{path}: "truncate_dim" {config["truncate_dim"]!r:.20} cuts every embedding short, which csekit does not; '
+            "choose a pooler to read the transformer anyway"
+        )
+    if config.get("requirements"):
+        raise CsekitError(f'{path}: "requirements" names package versions csekit does not check; it refuses the folder')
+    kind = config.get("model_type")
+    if kind not in (None, "SentenceTransformer"):
+        raise CsekitError(f'{path}: "model_type" {kind!r:.40} is not a sentence-transformers dense model')
 
 
 def _read_object(path: Path, what: str) -> dict[str, Any]:
