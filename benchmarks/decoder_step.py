@@ -10,7 +10,8 @@ LLM2Vec (BehnamGhader et al., 2024) reports 10.8 s a SimCSE step for a 7B model 
   heads, MLP 14,336, 32,000 tokens, rope theta 1e6 as v0.2's, sliding window 4,096 as v0.1's config; 7.11B
   parameters without the LM head), built where it trains directly in bf16 (`model.weights_dtype: bf16`): no
   weights are downloaded, read or written. At 128 tokens the window never binds (the packed pass runs);
-* set up as recipes/llm2vec-simcse-sheared-llama.yaml sets a decoder up: bidirectional attention, mean pooling,
+* set up as recipes/llm2vec-simcse-sheared-llama.yaml sets a decoder up: bidirectional attention, mean pooling
+  (the recipe's mean_padded less its one-token padding pass a step, csekit.encoding.padding_state),
   attention dropout 0.3, LoRA r 16 (alpha 32, dropout 0.05) on q, k, v, o, gate, up and down, gradient
   checkpointing, bf16 autocast, SimCSE's two dropout views, InfoNCE at temperature 0.05, fused AdamW over the
   adapters, gradients clipped at 1.0: csekit's own model, views, collator and optimizer (`build_run_model`,
@@ -180,7 +181,9 @@ def build_encoder(values: dict[str, Any], tokenizer: Any, device: str, recipe: A
     if where != {torch.device(device).type}:
         raise SystemExit(f"the model was built on {where}, not {device}")
     backbone = add_lora(backbone, recipe.model.lora)
-    return SentenceEncoder(backbone, tokenizer, make_pooler(recipe.model.pooler))
+    # The recipe's mean_padded adds one one-token pass a step (the padding state, csekit.encoding.padding_state) and
+    # needs an EOS token, which the WordPiece tokenizer used here has not: the step is timed with the plain mean.
+    return SentenceEncoder(backbone, tokenizer, make_pooler("mean"))
 
 
 def overrides(shape: Shape, packed: bool) -> list[str]:

@@ -115,6 +115,7 @@ class TinyInputs:
     osscse_corpus: Path  # .jsonl with text, paraphrase and negation, as `csekit augment` writes it
     counts: Path  # {token: count} over the tiny vocabulary
     generators: dict[str, Path]  # model type -> DiffCSE's MLM generator (a tiny masked LM of the tiny vocabulary)
+    causal_lms: dict[str, Path]  # decoder type -> the tiny decoder with its LM head (MNTP predicts through it)
 
 
 def make_tiny_inputs(folder: Path) -> TinyInputs:
@@ -161,7 +162,25 @@ def make_tiny_inputs(folder: Path) -> TinyInputs:
         model_type: make_tiny_mlm(folder / f"tiny-{model_type}-generator", 2, model_type, BACKBONE_SPREAD)
         for model_type in sorted(set(backbones) - set(DECODER_TYPES))  # DiffCSE's recipes are on BERT and RoBERTa
     }
-    return TinyInputs(backbones, complementary, text_corpus, osscse_corpus, counts_path, generators)
+    causal_lms = {
+        model_type: _tiny_causal_lm(folder / f"tiny-{model_type}-lm", model_type) for model_type in DECODER_TYPES
+    }
+    return TinyInputs(backbones, complementary, text_corpus, osscse_corpus, counts_path, generators, causal_lms)
+
+
+def _tiny_causal_lm(path: Path, model_type: str) -> Path:
+    """The tiny decoder of `model_type` as a causal LM (its LM head untied, from the checkpoint) saved with its
+    tokenizer: the MNTP recipes' stand-in (a saved csekit encoder has no LM head)."""
+    from tiny_decoders import decoder_config, make_decoder_tokenizer
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = make_decoder_tokenizer()
+    config = decoder_config(model_type, len(tokenizer))
+    config.tie_word_embeddings = False
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
 
 
 def tiny_overrides(recipe: Recipe, tiny: TinyInputs) -> list[str]:
@@ -176,7 +195,10 @@ def tiny_overrides(recipe: Recipe, tiny: TinyInputs) -> list[str]:
             "add its model type to MODEL_TYPE_OF_BACKBONE in tests/recipe_trace.py"
         )
     corpus = tiny.osscse_corpus if recipe.data.corpus.endswith(".jsonl") else tiny.text_corpus
-    overrides = [*COMMON_OVERRIDES, f"model.backbone={tiny.backbones[model_type]}", f"data.corpus={corpus}"]
+    # MNTP predicts through the backbone's LM head, which only a causal-LM checkpoint has.
+    mntp = any(objective.get("name") == "mntp" for objective in recipe.objectives)
+    backbone = tiny.causal_lms[model_type] if mntp else tiny.backbones[model_type]
+    overrides = [*COMMON_OVERRIDES, f"model.backbone={backbone}", f"data.corpus={corpus}"]
     head = recipe.model.head
     if head.get("name") == "whitening" and head.get("num_groups") is not None:
         overrides.append(f"model.head.num_groups={TINY_GROUPS}")  # the recipes' 384 or 128 do not divide 32

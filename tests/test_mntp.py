@@ -82,7 +82,8 @@ def test_an_untied_lm_head_comes_from_the_checkpoint(tmp_path: Path) -> None:
     encoder = SentenceEncoder.load(tmp_path / "lm", "mean", attention="bidirectional")
     objective = MaskedNextTokenPrediction(encoder, encoder.tokenizer)
     assert torch.equal(objective.output_weight(), lm.lm_head.weight)
-    assert not objective.lm_head.weight.requires_grad  # frozen unless train_lm_head
+    assert objective.lm_head.weight.requires_grad  # it trains, as LLM2Vec's (train_lm_head: false freezes it)
+    assert not MaskedNextTokenPrediction(encoder, encoder.tokenizer, train_lm_head=False).lm_head.weight.requires_grad
     # A folder csekit saved (the encoder alone) has no LM head to predict with: one line, not a random head.
     saved = tiny_decoder_dir(tmp_path / "encoder-only", "llama")
     with pytest.raises(CsekitError, match=r"lm_head\.weight"):

@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_corpus, make_tiny_encoder, tiny_recipe
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from csekit.core.errors import CsekitError
 from csekit.training.execution import build_run_model
@@ -84,27 +82,3 @@ def test_a_recipe_names_the_optimizer(tmp_path: Path) -> None:
 def test_the_consert_based_recipes_use_sentence_transformers_03s_optimizer(name: str) -> None:
     recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / name)
     assert recipe.train.optimizer == "adamw_uncorrected"
-
-
-@settings(max_examples=40, deadline=None, derandomize=True)
-@given(warmup=st.integers(0, 50), total=st.integers(1, 400), extra=st.integers(0, 20))
-def test_the_linear_schedule_is_transformers_own(warmup: int, total: int, extra: int) -> None:
-    """csekit's linear schedule gives transformers' `get_linear_schedule_with_warmup` learning rates at every step,
-    past its end included, and either's state loads in the other (checkpoints of older runs resume)."""
-    from transformers import get_linear_schedule_with_warmup
-
-    from csekit.training.optimization import linear_schedule
-
-    ours_optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=3e-5)
-    theirs_optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=3e-5)
-    ours = linear_schedule(ours_optimizer, warmup, total)
-    theirs = get_linear_schedule_with_warmup(theirs_optimizer, warmup, total)
-    for _ in range(total + extra):
-        assert ours.get_last_lr() == theirs.get_last_lr()
-        ours_optimizer.step()
-        theirs_optimizer.step()
-        ours.step()
-        theirs.step()
-    resumed = linear_schedule(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=3e-5), warmup, total)
-    resumed.load_state_dict(theirs.state_dict())
-    assert resumed.get_last_lr() == theirs.get_last_lr() and resumed.last_epoch == theirs.last_epoch

@@ -129,7 +129,7 @@ def test_packed_decoders_equal_the_padded_pass(model_type: str, attention: str, 
 
 
 @pytest.mark.parametrize("attention", ATTENTIONS)
-@pytest.mark.parametrize("pooler", ["mean", "last_token", "weighted_mean", "first_last_avg"])
+@pytest.mark.parametrize("pooler", ["mean", "last_token", "weighted_mean", "first_last_avg", "mean_padded"])
 def test_every_decoder_pooler_reads_the_packed_output(pooler: str, attention: str) -> None:
     """Right- and left-padded, in one attention group and in groups of 2 rows (the CPU path's length groups)."""
     encoder = tiny("qwen2", attention, pooler=pooler)

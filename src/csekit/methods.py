@@ -150,6 +150,8 @@ RECIPE_CHECKS: Mapping[str, RecipeCheck] = {
     "matryoshka-simcse-minilm": _check("Matryoshka + SimCSE", "measured", _CONTROLLED_52),
     "cropping-bert-base": _check("Cropping views", "never-run", _PAPER),
     "cropping-minilm": _check("Cropping views", "measured", _CONTROLLED_52),
+    "llm2vec-mntp-mistral-7b": _check("LLM2Vec", "never-run", _LLM),
+    "llm2vec-mntp-sheared-llama": _check("LLM2Vec", "never-run", _LLM),
     "llm2vec-simcse-sheared-llama": _check("LLM2Vec + SimCSE", "never-run", _LLM),
     "llm2vec-simcse-mistral-7b": _check("LLM2Vec + SimCSE", "never-run", _LLM),
     "llm2vec-dclr-sheared-llama": _check("LLM2Vec + DCLR", "never-run", _LLM),

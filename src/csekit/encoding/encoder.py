@@ -43,6 +43,7 @@ from csekit.encoding.pooling import (
     POOLERS,
     DenoisedMaskPooler,
     MaskPooler,
+    MeanPaddedPooler,
     Pooler,
     PoolerOutputPooler,
     make_pooler,
@@ -103,10 +104,15 @@ def _position_wise_tail(backbone: nn.Module) -> nn.Module | None:
 
 
 def _make_pooler(
-    name: str, templates: Sequence[str] | None, saved_templates: list[str] | None, template_positions: str | None
+    name: str,
+    templates: Sequence[str] | None,
+    saved_templates: list[str] | None,
+    template_positions: str | None,
+    test_bos: bool | None = None,
 ) -> Pooler:
     """The pooler `name`; a prompt pooler gets `templates`, else the `mask` pooler those saved with the model;
-    `mask_denoised` gets `template_positions` (where its template-alone pass numbers positions)."""
+    `mask_denoised` gets `template_positions` (where its template-alone pass numbers positions), `mean_padded`
+    `test_bos` (whether its test-time mean counts BOS)."""
     kind = POOLERS.get(name)
     if templates is not None and not issubclass(kind, MaskPooler):
         raise CsekitError(f"prompt templates are for the prompt poolers (mask, mask_denoised), not the {name} pooler")
@@ -115,7 +121,17 @@ def _make_pooler(
     options: dict[str, Any] = {} if templates is None else {"templates": list(templates)}
     if template_positions is not None and issubclass(kind, DenoisedMaskPooler):
         options["template_positions"] = template_positions
+    if test_bos is not None and issubclass(kind, MeanPaddedPooler):
+        options["test_bos"] = test_bos
     return make_pooler(name, **options)
+
+
+def _dropout_overrides(dropout: float | None) -> dict[str, Any]:
+    """The config keys that set a backbone's dropout to `dropout` (none: its own): BERT's, and decoder LLMs'
+    (Llama's, Qwen2's...: attention dropout only, as LLM2Vec's SimCSE sets it); a config ignores the keys it lacks."""
+    if dropout is None:
+        return {}
+    return {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout, "attention_dropout": dropout}
 
 
 def _test_template(given: str | None, saved: str, as_saved: bool) -> str:
@@ -201,6 +217,7 @@ class SentenceEncoder(nn.Module):
         sentence_end: str | None = None,
         test_template: str | None = None,
         weights_dtype: torch.dtype = torch.float32,
+        test_bos: bool | None = None,
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
 
@@ -209,7 +226,8 @@ class SentenceEncoder(nn.Module):
         and a plain checkpoint reads `cls` (None) or is refused (`auto`).
         `dropout` overrides the backbone's hidden and attention dropout (SimCSE's views come from it).
         `templates` are a prompt pooler's templates (instead of those saved with the model, or its own);
-        `template_positions` where `mask_denoised`'s template-alone pass numbers positions (row or from_zero).
+        `template_positions` where `mask_denoised`'s template-alone pass numbers positions (row or from_zero);
+        `test_bos` whether `mean_padded`'s test-time mean counts BOS (false: `mean_text`).
         `attention`: a decoder LLM's causal or bidirectional attention (None: as saved; `csekit.encoding.decoder`).
         `lora`: LoRA adapters on the backbone, which then trains only them (`csekit.encoding.lora`).
         `sentence_end`: the rule `encode` applies (None: the one saved with the model, else none).
@@ -219,15 +237,7 @@ class SentenceEncoder(nn.Module):
         A training `max_length` that older csekit versions saved is ignored: inference never truncates below
         the backbone's limit (`max_seq_length`). The folder's checks and reading: `model_folder.load_model`.
         """
-        overrides: dict[str, Any] = {}
-        if dropout is not None:
-            # BERT's keys, and decoder LLMs' (Llama's, Qwen2's...: attention dropout only, as LLM2Vec's SimCSE sets
-            # it); a config ignores the keys it does not have.
-            overrides = {
-                "hidden_dropout_prob": dropout,
-                "attention_probs_dropout_prob": dropout,
-                "attention_dropout": dropout,
-            }
+        overrides = _dropout_overrides(dropout)
         check_auto_location(pooler, resolve_model_path(name_or_path))  # before a hub name is downloaded
         loaded = load_model(name_or_path, AutoModel, config_overrides=overrides, weights_dtype=weights_dtype)
         set_attention(loaded.model, attention)
@@ -243,7 +253,7 @@ class SentenceEncoder(nn.Module):
                 "random), so the pooler_output pooler would read noise; choose another pooler"
             )
         backbone = add_lora(loaded.model, lora) if lora is not None else loaded.model
-        pooling = _make_pooler(chosen, templates, saved.templates, template_positions)
+        pooling = _make_pooler(chosen, templates, saved.templates, template_positions, test_bos)
         pooling.normalized = own.normalize
         encoder = cls(
             backbone,
@@ -324,7 +334,7 @@ class SentenceEncoder(nn.Module):
         if plan.packs(inputs):
             return self._forward_masked(inputs, token_states, packed=plan, layout=layout)
         rows = inputs["attention_mask"].shape[0]
-        if not plan.groups(rows):
+        if not plan.groups(rows) or self.pooler.reads_row_width:  # mean_padded: the batch's width (pooler_base)
             return self._forward_masked(inputs, token_states)
         lengths = inputs["attention_mask"].sum(dim=1)
         order = torch.argsort(lengths, stable=True)

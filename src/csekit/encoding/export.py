@@ -5,8 +5,8 @@ module per step of the pooler (Pooling, WeightedLayerPooling for first_last_avg,
 pooler_output layer and for a kept head), and `csekit.json` with what csekit alone reads back (the
 pooler's name, prompt templates, the kept head's folder, the sentence-end rule, the test template); a Normalize
 module after the pooler's when its vectors have unit length (`Pooler.normalized`). The folder is written atomically.
-A model sentence-transformers cannot reproduce (a prompt pooler, a sentence-end rule) names a module that refuses
-to load, so `SentenceTransformer(path)` fails in one line instead of embedding it another way.
+A model sentence-transformers cannot reproduce (a prompt pooler, a sentence-end rule, the mean without BOS) names a
+module that refuses to load, so `SentenceTransformer(path)` fails in one line instead of embedding it another way.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from csekit.encoding.kept_head import DenseTanh, ExportsAsDenseTanh
 from csekit.encoding.lora import plain_model, plain_weights
 from csekit.encoding.model_card import CARD_FILE, render_model_card
 from csekit.encoding.model_folder import CSEKIT_CONFIG, non_finite_parameters, quiet_transformers
-from csekit.encoding.pooling import MaskPooler, Pooler, PoolerOutputPooler
+from csekit.encoding.pooling import MaskPooler, MeanTextPooler, Pooler, PoolerOutputPooler, TextMeanNotExported
 from csekit.encoding.sentence_end import NO_SENTENCE_END, SentenceEndNotExported
 from csekit.encoding.token_input import tokenize_texts
 from csekit.encoding.whole_template import NO_TEST_TEMPLATE
@@ -179,6 +179,10 @@ def _write_pooling(modules: _ModuleList, encoder: Exportable) -> None:
         # model is not a sentence-transformers model. A module that refuses to load keeps
         # SentenceTransformer(path) from silently mean-pooling it; csekit reloads it from csekit.json.
         modules.add_refusal("csekit.encoding.pooling.PromptNotExported")
+        return
+    elif name == MeanTextPooler.name:
+        # sentence-transformers' Pooling cannot leave BOS out: refuse rather than average it in (decoder_pooling).
+        modules.add_refusal(f"{TextMeanNotExported.__module__}.{TextMeanNotExported.__name__}")
         return
     elif name == "last_token":
         _append_eos_when_tokenizing(out, encoder.tokenizer)

@@ -327,6 +327,10 @@ def _training_sections(facts: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+NOT_IN_SENTENCE_TRANSFORMERS = {"mask": "The prompt (mask) pooler", "mean_text": "The mean without BOS (mean_text)"}
+"""The poolers a saved model cannot be used with in sentence-transformers (its modules.json names a refusal)."""
+
+
 def _usage(pooler: str) -> list[str]:
     st_usage = (
         [
@@ -338,8 +342,11 @@ def _usage(pooler: str) -> list[str]:
             "```",
             "",
         ]
-        if pooler != "mask"
-        else ["The prompt (mask) pooler has no sentence-transformers module: load this model with csekit.", ""]
+        if pooler not in NOT_IN_SENTENCE_TRANSFORMERS
+        else [
+            f"{NOT_IN_SENTENCE_TRANSFORMERS[pooler]} has no sentence-transformers module: load this model with csekit.",
+            "",
+        ]
     )
     return [
         "## Usage",

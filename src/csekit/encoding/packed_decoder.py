@@ -19,7 +19,7 @@ on one row of the batch's real tokens ([1, T]), and only attention changes:
 LoRA (peft) wraps the projections only, so a LoRA backbone runs the same way. Gradient checkpointing (torch's
 non-reentrant checkpoint, as `run.gradient_checkpointing` enables it) re-runs each layer in the backward, after
 the pass has put the attention name back: for the pass, each checkpointed layer's checkpoint function gets a
-`context_fn` whose recomputation context names `PACKED_ATTENTION` again (`_recomputed_packed`), so the
+`context_fn` whose recomputation context names `PACKED_ATTENTION` again (`recomputed_under`), so the
 recomputation attends as the forward did (the packing keyword travels with the layer's saved call). Naming
 csekit's function for the whole run instead would need a mask function of the backbone's own attention for its
 padded passes (evaluation, a batch wider than the window), which transformers looks up by the same name. Reentrant
@@ -155,7 +155,7 @@ def _group_masks(model: nn.Module, groups: AttentionGroups, causal: bool) -> lis
     ]
 
 
-class _AttentionNamed:
+class AttentionNamed:
     """`config` names `implementation` as its attention inside the block, its own name again after it. A class, not
     a generator, so that one instance may be entered again (a checkpoint's recomputation, once a backward)."""
 
@@ -171,15 +171,15 @@ class _AttentionNamed:
 
 
 @contextmanager
-def _recomputed_packed(model: nn.Module) -> Iterator[None]:
+def recomputed_under(model: nn.Module, implementation: str) -> Iterator[None]:
     """Inside the block, each checkpointed layer's checkpoint call gets a `context_fn` (torch.utils.checkpoint):
-    nothing around the forward, `PACKED_ATTENTION` named around the recomputation in the backward, whenever that
+    nothing around the forward, `implementation` named around the recomputation in the backward, whenever that
     runs; the layers' own checkpoint functions are put back after the block (the padded passes never see it)."""
     layers = [layer for layer in model.layers if getattr(layer, "gradient_checkpointing", False)]
     owns = [layer._gradient_checkpointing_func for layer in layers]
 
     def contexts() -> tuple[Any, Any]:
-        return nullcontext(), _AttentionNamed(model.config, PACKED_ATTENTION)
+        return nullcontext(), AttentionNamed(model.config, implementation)
 
     for layer, own in zip(layers, owns, strict=True):
         layer._gradient_checkpointing_func = partial(own, context_fn=contexts)
@@ -222,7 +222,7 @@ def packed_decoder_pass(
         if key in inputs and not (key == "input_ids" and "inputs_embeds" in inputs):
             packed[key] = rows.pack(inputs[key])[None]
     AttentionInterface.register(PACKED_ATTENTION, packed_attention)
-    with _AttentionNamed(model.config, PACKED_ATTENTION), _recomputed_packed(model):
+    with AttentionNamed(model.config, PACKED_ATTENTION), recomputed_under(model, PACKED_ATTENTION):
         outputs = backbone(
             **packed, use_cache=False, output_hidden_states=all_layers, return_dict=True, **{PACKING_KEY: packing}
         )

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor, nn
 from transformers import PreTrainedTokenizerBase
 
+from csekit.core.errors import CsekitError
 from csekit.encoding.token_input import tokenize_texts
 
 
@@ -24,6 +25,9 @@ class Pooler(nn.Module):
     needs_all_layers: bool = False
     #: Whether the token ids differ between views (prompt poolers use one template per view).
     view_dependent: bool = False
+    #: Whether `forward` in training reads the padded batch's width (`mean_padded`): the encoder then runs the batch
+    #: unsplit (no length groups, which cut each group to its own longest row).
+    reads_row_width: bool = False
     #: Whether the pooled vector is scaled to unit length (a sentence-transformers folder's Normalize module, read by
     #: `model.pooler: auto`; `csekit.encoding.folder_pooling`). Set on the instance; the encoder applies it.
     normalized: bool = False
@@ -119,3 +123,17 @@ def masked_mean(states: Tensor, attention_mask: Tensor) -> Tensor:
     """Mean over the real (unmasked) tokens of each sentence."""
     mask = attention_mask.unsqueeze(-1).to(states.dtype)
     return (states * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
+
+
+def special_tokens_around(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
+    """The special ids a tokenizer puts before and after one sentence ([CLS] / [SEP], <s> / </s>).
+
+    Read off a tokenised probe word, because transformers 5 tokenizers no longer all offer
+    `build_inputs_with_special_tokens`.
+    """
+    plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    full = list(tokenizer("a")["input_ids"])
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return full[:start], full[start + len(plain) :]
+    raise CsekitError(f"cannot tell which special tokens {type(tokenizer).__name__} adds around a sentence")

@@ -18,8 +18,16 @@ from transformers import PreTrainedTokenizerBase
 
 from csekit.core.errors import CsekitError
 from csekit.core.registry import Registry
-from csekit.encoding.decoder_pooling import LastTokenPooler, WeightedMeanPooler, last_real_positions
+from csekit.encoding.decoder_pooling import (
+    LastTokenPooler,
+    MeanPaddedPooler,
+    MeanTextPooler,
+    TextMeanNotExported,
+    WeightedMeanPooler,
+    last_real_positions,
+)
 from csekit.encoding.pooler_base import Pooler, masked_mean, pad_ids
+from csekit.encoding.pooler_base import special_tokens_around as _special_tokens
 from csekit.encoding.token_input import tokenize_texts
 
 
@@ -448,20 +456,6 @@ class PromptEOLPooler(LastTokenPooler):
         return ids
 
 
-def _special_tokens(tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[int]]:
-    """The special ids a tokenizer puts before and after one sentence ([CLS] / [SEP], <s> / </s>).
-
-    Read off a tokenised probe word, because transformers 5 tokenizers no longer all offer
-    `build_inputs_with_special_tokens`.
-    """
-    plain = list(tokenizer("a", add_special_tokens=False)["input_ids"])
-    full = list(tokenizer("a")["input_ids"])
-    for start in range(len(full) - len(plain) + 1):
-        if full[start : start + len(plain)] == plain:
-            return full[:start], full[start + len(plain) :]
-    raise CsekitError(f"cannot tell which special tokens {type(tokenizer).__name__} adds around a sentence")
-
-
 def _mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int:
     if tokenizer.mask_token is None or tokenizer.mask_token_id is None:
         raise CsekitError(
@@ -504,6 +498,8 @@ BUILTIN: Mapping[str, type[Pooler]] = MappingProxyType(
         LastTokenPooler.name: LastTokenPooler,  # decoder LLMs (LLM2Vec): the EOS token's state
         WeightedMeanPooler.name: WeightedMeanPooler,  # decoder LLMs (LLM2Vec): later tokens weigh more
         PromptEOLPooler.name: PromptEOLPooler,  # decoder LLMs (PromptEOL): the last token of a one-word prompt
+        MeanTextPooler.name: MeanTextPooler,  # decoder LLMs (LLM2Vec's encode): the mean without BOS
+        "mean_padded": MeanPaddedPooler,  # decoder LLMs (LLM2Vec's SimCSE training): every position of the row
     }
 )
 """`model.pooler` / `--pooler` names; see `POOLERS`."""
@@ -528,12 +524,15 @@ __all__ = [
     "LastTokenPooler",
     "MaskPooler",
     "MaxPooler",
+    "MeanPaddedPooler",
     "MeanPooler",
     "MeanSqrtLenPooler",
+    "MeanTextPooler",
     "Pooler",
     "PoolerOutputPooler",
     "PromptEOLPooler",
     "PromptNotExported",
+    "TextMeanNotExported",
     "WeightedMeanPooler",
     "backbone_pooler_layer",
     "check_prompt_template",

@@ -1,7 +1,13 @@
 """Which model `best/` holds, and what a run says about it at the end.
 
-The starting model counts: a run with dev tasks scores the backbone as loaded, in the recipe's test-time
-representation, before its first step (step 0) and keeps it in `best/`. A later evaluation replaces it only
+`train.keep` decides, in `keep_if_best` (the one place every evaluation goes through): `best` (the default) keeps
+the best-scoring model on `train.select_metric`; `last` keeps each evaluated step's model in turn, so `best/` ends
+as the last one, as the authors' code of TSDAE (sentence-transformers' `fit` without an evaluator) and LLM2Vec
+(the model at `stop_after_n_steps`) keeps it. Without a dev task every evaluation replaces it too (nothing to
+compare), so both keep the last model there.
+
+With `keep: best` the starting model counts: a run with dev tasks scores the backbone as loaded, in the recipe's
+test-time representation, before its first step (step 0) and keeps it in `best/`. A later evaluation replaces it only
 when it scores higher on `train.select_metric`, so a run cannot end with a `best/` worse on the selection metric
 than the model it started from. A domain engineer's question, "did adapting help, and if not, keep what I had",
 is answered by construction; the end of the run shows every dev score at the start and at `best/`.
@@ -15,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from csekit.encoding.model_card import before_after_lines
+from csekit.training.recipe_schema import KEEPS
 from csekit.training.run_folder import TrainerState
 
 START_STEP = 0
@@ -31,13 +38,20 @@ class TrainResult:
     start_scores: dict[str, float] | None = None  # every dev score of the starting model (step 0)
     best_scores: dict[str, float] | None = None  # every dev score of the model in best/
     select_metric: str = ""
+    keep: str = "best"  # train.keep
 
     def summary(self) -> list[str]:
         """The run's last lines: what best/ holds (saying plainly when it is the starting model), then one table
         of every dev score at the start and at best/."""
         best = self.output_dir / "best"
         metric = self.select_metric
-        if self.best_step == START_STEP and self.best_score is not None:
+        if self.keep == "last":
+            score = "" if self.best_score is None else f"; {metric} {100 * self.best_score:.2f}"
+            lines = [
+                f"trained {self.steps} steps; best/ is the last evaluated model (train.keep: last), step "
+                f"{self.best_step}{score} ({best})"
+            ]
+        elif self.best_step == START_STEP and self.best_score is not None:
             lines = [
                 f"trained {self.steps} steps; no step beat the start on {metric} ({100 * self.best_score:.2f}); "
                 f"best/ is the starting model ({best})"
@@ -50,13 +64,16 @@ class TrainResult:
         return lines
 
 
-def keep_if_best(state: TrainerState, scores: Mapping[str, float], metric: str) -> bool:
-    """Note an evaluation's `scores` in `state` (the start's, at step 0); whether its model is the new best/
-    (otherwise one more evaluation without improvement, counted against `train.patience`)."""
+def keep_if_best(state: TrainerState, scores: Mapping[str, float], metric: str, keep: str = "best") -> bool:
+    """Note an evaluation's `scores` in `state` (the start's, at step 0); whether its model is the new best/: with
+    `keep` best when it scores higher on `metric` (otherwise one more evaluation without improvement, counted against
+    `train.patience`), with `keep` last always."""
+    if keep not in KEEPS:
+        raise ValueError(f"keep must be one of {', '.join(KEEPS)}, not {keep!r}")
     if state.step == START_STEP:
         state.start_scores = dict(scores)
     score = scores.get(metric)
-    if not improves(score, state.best_score):
+    if keep == "best" and not improves(score, state.best_score):
         state.evaluations_without_improvement += 1
         return False
     state.best_score, state.best_step, state.best_scores = score, state.step, dict(scores)
@@ -72,3 +89,13 @@ def improves(score: float | None, best: float | None) -> bool:
     if math.isnan(score):
         return best is None
     return best is None or math.isnan(best) or score > best
+
+
+def early_stop_line(state: TrainerState, metric: str, patience: int | None, best_folder: Path) -> str:
+    """What a run says when `train.patience` stops it: the step, and the best score and where its model is."""
+    best = "n/a" if state.best_score is None else f"{100 * state.best_score:.2f}"
+    best += f" at step {state.best_step}" + (" (the starting model)" if state.best_step == START_STEP else "")
+    return (
+        f"csekit: early stop at step {state.step}: {metric} did not improve in {patience} evaluations; best {best}, "
+        f"kept in {best_folder}"
+    )

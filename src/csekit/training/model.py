@@ -152,6 +152,7 @@ def load_encoder(recipe: Recipe, weights_dtype: torch.dtype = torch.float32) -> 
         sentence_end=model.sentence_end,
         test_template=model.test_template,
         weights_dtype=weights_dtype,
+        test_bos=model.test_bos,
     )
     if model.max_length > encoder.max_seq_length:
         raise CsekitError(

@@ -3,35 +3,18 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
-from torch.optim.lr_scheduler import LambdaLR
 
 from csekit.parts.hooks import own_learning_rate
 from csekit.training.chunked import average_gradients, chunked_forward_backward
 from csekit.training.compute_copies import ComputeCopies
 from csekit.training.model import ContrastiveModel
 from csekit.training.recipe import Recipe
-
-
-def _linear_factor(step: int, *, warmup_steps: int, total_steps: int) -> float:
-    """transformers' `_get_linear_schedule_with_warmup_lr_lambda`, as written there."""
-    if step < warmup_steps:
-        return float(step) / float(max(1, warmup_steps))
-    return max(0.0, float(total_steps - step) / float(max(1, total_steps - warmup_steps)))
-
-
-def linear_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int, total_steps: int) -> LambdaLR:
-    """transformers' `get_linear_schedule_with_warmup`: the same factors and state (a `functools.partial`, so
-    checkpoints of either load in the other; tests/test_optimization.py compares them). Not imported from there:
-    `transformers.optimization` imports peft, about 1.5 s of every `csekit train` start, LoRA or not."""
-    factor = functools.partial(_linear_factor, warmup_steps=warmup_steps, total_steps=total_steps)
-    return LambdaLR(optimizer, factor)
 
 
 def _param_groups(model: ContrastiveModel, recipe: Recipe) -> list[dict[str, Any]]:

@@ -81,6 +81,7 @@ SCHEMA_BOUNDS: Mapping[str, Bound] = {
     "train.log_every": Bound(1, MAX_STEPS),
     "train.seed": Bound(0, MAX_SEED, "numpy's seed range"),
     "train.warmup_ratio": Bound(0, 1, open_high=True),
+    "train.schedule_steps": Bound(1, MAX_STEPS, "the schedule's length; null: the run's", nullable=True),
     "train.weight_decay": Bound(0, FLOAT_MAX),
     "train.max_grad_norm": Bound(
         0, FLOAT_MAX, "the gradient norm is clipped to it; null for no clipping", True, nullable=True

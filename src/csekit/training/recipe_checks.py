@@ -22,6 +22,7 @@ from csekit.training.dev_selection import check_dev_selection
 from csekit.training.part_building import BUILD_CONTEXT, check_part_options
 from csekit.training.recipe_bounds import check_option_bounds, check_schema_bounds, check_step_size
 from csekit.training.recipe_schema import (
+    KEEPS,
     OPTIMIZERS,
     TRACKER_FOLDER_OPTIONS,
     ModelConfig,
@@ -35,6 +36,7 @@ from csekit.training.recipe_values import (
     check_view_indices,
     recipe_parts,
 )
+from csekit.training.schedule import SCHEDULES, check_schedule_length
 from csekit.training.sync_free import SYNC_FREE_CHOICES
 
 
@@ -93,6 +95,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     check_data(recipe.data, where)
     _check_run(recipe, where)  # before the bounds: its relations (a chunk within the batch) say more
     check_schema_bounds(recipe, where)
+    _check_schedule_and_keep(train, where)
     check_dev_selection(train.dev_task, train.select_metric, train.patience, where)
     _check_dev_scoring(recipe, where)
     _check_templates(recipe.model, where)
@@ -114,6 +117,29 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     check_pooler_name(recipe.model.pooler, f"{where('model.pooler')}: recipe key model.pooler")
 
 
+def _check_schedule_and_keep(train: Any, where: Any) -> None:
+    """`train.schedule` and `train.keep` are choices; a schedule ends no earlier than `train.max_steps` (with epochs,
+    when the corpus is read: `csekit.training.schedule.check_schedule_length`); patience needs `keep: best`."""
+    checks = [
+        ("train.schedule", train.schedule in SCHEDULES, f"must be one of {', '.join(SCHEDULES)}"),
+        ("train.keep", train.keep in KEEPS, f"must be one of {', '.join(KEEPS)}"),
+        (
+            "train.patience",
+            train.patience is None or train.keep == "best",
+            "stops a run when select_metric stops improving, which train.keep: last does not select on; set "
+            "patience: null, or keep: best",
+        ),
+    ]
+    for key, ok, message in checks:
+        if not ok:
+            raise CsekitError(f"{where(key)}: recipe key {key} {message}")
+    if train.max_steps is not None:
+        try:
+            check_schedule_length(train, train.max_steps)
+        except CsekitError as error:
+            raise CsekitError(f"{where('train.schedule_steps')}: {error}") from None
+
+
 TEMPLATE_POSITIONS = ("row", "from_zero")
 """`model.template_positions` choices (see `csekit.encoding.pooling.DenoisedMaskPooler`)."""
 DEV_PRECISIONS = ("fp32", "training")
@@ -131,6 +157,12 @@ def _check_dev_scoring(recipe: Recipe, where: Any) -> None:
             model.template_positions == "row" or denoised,
             f"{model.template_positions} is for model.pooler mask_denoised (the template-alone pass), "
             f"not {model.pooler}",
+        ),
+        (
+            "model.test_bos",
+            model.test_bos or model.pooler == "mean_padded",
+            f"false is for model.pooler mean_padded (its test-time mean), not {model.pooler}; the mean_text pooler "
+            "leaves BOS out in training too",
         ),
         ("train.dev_precision", train.dev_precision in DEV_PRECISIONS, "must be fp32 or training"),
         ("model.sentence_end", model.sentence_end in SENTENCE_ENDS, f"must be one of {', '.join(SENTENCE_ENDS)}"),

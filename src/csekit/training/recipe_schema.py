@@ -42,6 +42,10 @@ class ModelConfig:
     # The template (view 0's notation) whose whole text, the sentence in it, the saved model tokenises at test time
     # (csekit.encoding.whole_template: PromptBERT's, SNCSE's RoBERTa evaluation); none: the training ids.
     test_template: str = "none"
+    # mean_padded only (LLM2Vec's SimCSE training pooling, csekit.encoding.decoder_pooling): whether the test-time
+    # mean counts the tokenizer's BOS. true: csekit's mean (sentence-transformers' too); false: the text tokens only,
+    # as LLM2Vec's encode (saved as mean_text, which sentence-transformers cannot load).
+    test_bos: bool = True
 
 
 @dataclass
@@ -70,7 +74,13 @@ class TrainConfig:
     log_every: int = 10
     precision: str = "auto"  # auto (bf16 where the hardware runs it natively, else fp32) | fp32 | bf16 | fp16
     seed: int = 42
-    warmup_ratio: float = 0.0
+    warmup_ratio: float = 0.0  # of the schedule's steps
+    # The learning-rate schedule (csekit.training.schedule): linear (to 0 at its last step, after the warm-up;
+    # SimCSE's, the HF Trainer's) or constant (after the warm-up; sentence-transformers' constantlr, TSDAE's guide).
+    schedule: str = "linear"
+    # The schedule's length in steps (null: the run's, max_steps or its epochs); at least the run's. A run that
+    # stops early in a longer schedule, as LLM2Vec's 1,000 steps of a 3-epoch one, keeps rates near the start's.
+    schedule_steps: int | None = None
     weight_decay: float = 0.0
     # adamw: torch's AdamW (eps 1e-8, bias-corrected, as the HF Trainer); adamw_uncorrected: eps 1e-6 and no
     # bias correction, sentence-transformers 0.3's (ConSERT's and SLT-FAI's code), see training.optimization.
@@ -86,6 +96,9 @@ class TrainConfig:
     select_metric: str = "stsb-dev"
     # Stop after this many evaluations in a row without a better select_metric (null: never stop early).
     patience: int | None = None
+    # Which evaluated model best/ holds (csekit.training.best_model): best (the highest select_metric, the starting
+    # model included) or last (the last evaluated step's: what TSDAE's and LLM2Vec's code keep).
+    keep: str = "best"
     # How dev is scored during training, for selecting the checkpoint (the saved model is unchanged):
     # dev_with_head scores through the training head although model.head_at_test is false (MixCSE's code
     # selects that way); dev_denoise scores with mask_denoised's template denoising, in eval mode without
@@ -173,6 +186,9 @@ class Recipe:
 
 OPTIMIZERS = ("adamw", "adamw_uncorrected")
 """`train.optimizer` choices (built by `csekit.training.optimization.make_optimizer`)."""
+
+KEEPS = ("best", "last")
+"""`train.keep` choices: the best-scoring evaluated model, or the last evaluated one (`csekit.training.best_model`)."""
 
 MAX_SEED = 2**32 - 1
 """The largest seed every generator accepts (numpy's legacy seeding takes [0, 2**32 - 1])."""

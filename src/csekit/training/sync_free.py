@@ -10,8 +10,9 @@ and the gradient norm (to skip a non-finite gradient). A sync-free step instead
   process skips the same steps;
 - hands that flag to torch's fused AdamW as `found_inf`, as `GradScaler` does: a flagged step changes no
   weight, no moment and no step count;
-- takes the learning rate from the linear schedule evaluated on the device at the count of steps taken,
-  so that a skipped step does not advance the schedule (the plain loop does not step its scheduler then);
+- takes the learning rate from the run's schedule (`csekit.training.schedule`: linear or constant) evaluated on the
+  device at the count of steps taken, so that a skipped step does not advance the schedule (the plain loop does
+  not step its scheduler then);
 - sums the logged values and counts skipped steps (and the longest run of them) on the device.
 
 The loop reads all of it in one copy (`read_on_host`) at its read points (log, evaluation, the run's end),
@@ -30,6 +31,16 @@ from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 
 from csekit.core.errors import CsekitError
+from csekit.training.schedule import Schedule, linear_schedule_factor
+
+__all__ = [
+    "SYNC_FREE_CHOICES",
+    "Reading",
+    "SyncFreeSteps",
+    "linear_schedule_factor",
+    "read_on_host",
+    "set_schedule_step",
+]
 
 SYNC_FREE_CHOICES = ("auto", "true", "false")
 """`run.sync_free` values: auto (on where measured faster: `csekit.training.execution`), true, false."""
@@ -58,13 +69,6 @@ def use_sync_free(setting: str, precision: str, optimizer: str, auto: bool) -> b
     if setting == "auto":
         return supported and auto
     return setting == "true"
-
-
-def linear_schedule_factor(step: Tensor, warmup_steps: int, total_steps: int) -> Tensor:
-    """transformers' `get_linear_schedule_with_warmup` factor at `step`, on the device (float64: the same values)."""
-    warming = step / max(1, warmup_steps)
-    decaying = torch.clamp((total_steps - step) / max(1, total_steps - warmup_steps), min=0.0)
-    return torch.where(step < warmup_steps, warming, decaying)
 
 
 def set_schedule_step(scheduler: LambdaLR, step: int) -> None:
@@ -101,15 +105,14 @@ class SyncFreeSteps:
     """The device side of sync-free steps: the learning rate, the skip decision and the window's sums and counts.
 
     `optimizer` is torch's fused AdamW (or accelerate's wrapper of it); `base_lrs` the schedule's base rates
-    of its groups, `warmup_steps` and `total_steps` the linear schedule's; `step` the run's step (on resume).
+    of its groups, `schedule` the run's (its shape, warm-up and length); `step` the run's step (on resume).
     """
 
     def __init__(
         self,
         optimizer: torch.optim.Optimizer,
         base_lrs: Sequence[float],
-        warmup_steps: int,
-        total_steps: int,
+        schedule: Schedule,
         step: int,
         device: torch.device,
     ) -> None:
@@ -121,7 +124,7 @@ class SyncFreeSteps:
         lr_dtype = torch.float32 if device.type == "cuda" else torch.float64
         self.base_lrs = torch.tensor(list(base_lrs), dtype=torch.float64, device=device)
         self.lr_dtype = lr_dtype
-        self.warmup_steps, self.total_steps = warmup_steps, total_steps
+        self.schedule = schedule
         self.steps_taken = torch.tensor(float(step), dtype=torch.float64, device=device)
         self.bad_in_a_row = torch.zeros((), dtype=torch.float64, device=device)
         self.device = device
@@ -141,7 +144,7 @@ class SyncFreeSteps:
         values = values.detach().double()
         loss_finite = torch.isfinite(values[0])
         good = loss_finite & torch.isfinite(torch.as_tensor(grad_norm, device=self.device))
-        lrs = self.base_lrs * linear_schedule_factor(self.steps_taken, self.warmup_steps, self.total_steps)
+        lrs = self.base_lrs * self.schedule.device_factor(self.steps_taken)
         with self._update_only_if(good, lrs.to(self.lr_dtype)):
             self.optimizer.step()
         taken = good.double()

@@ -1,10 +1,10 @@
 """The training loop: one code path for CPU, one GPU and several processes (through accelerate).
 
 The loop knows nothing about any method. It asks the recipe's model for the step's total loss and
-named parts, steps AdamW with linear decay, evaluates on the dev task every `eval_every` steps, keeps
-the best model by the selection metric, and writes `metrics.jsonl`. Model directories and the
-resumable training state are written atomically, so an interrupted run never leaves a half-written
-checkpoint and `--resume` continues from the last saved state.
+named parts, steps AdamW on the recipe's schedule (`schedule.py`), evaluates on the dev task every `eval_every`
+steps, keeps the best model by the selection metric or the last one (`best_model.py`), and writes `metrics.jsonl`.
+Model directories and the resumable training state are written atomically, so an interrupted run never leaves a
+half-written checkpoint and `--resume` continues from the last saved state.
 
 Its rooms: the corpus and the batches (`train_data.py`), what a run shows (`progress_log.py`), Ctrl-C and
 SIGTERM (`interrupt.py`), checkpoint/ written and read (`checkpoint.py`), how a step runs (`execution.py`).
@@ -30,7 +30,7 @@ from csekit.core.run_lock import hold_run_lock
 from csekit.core.save_guard import guarded_save, saves_keep
 from csekit.encoding.model_folder import non_finite_parameters
 from csekit.evaluation.result import EvalResult
-from csekit.training.best_model import START_STEP, TrainResult, keep_if_best
+from csekit.training.best_model import START_STEP, TrainResult, early_stop_line, keep_if_best
 from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import read_checkpoint, write_checkpoint
 from csekit.training.compute_copies import ComputeCopies
@@ -39,7 +39,7 @@ from csekit.training.execution import build_run_model, decide_execution, planned
 from csekit.training.interrupt import TrainingInterrupted, ctrl_c_stops_after_the_step
 from csekit.training.long_sentences import announce_long_sentences
 from csekit.training.model import ContrastiveModel, load_encoder
-from csekit.training.optimization import forward_backward, linear_schedule, make_optimizer
+from csekit.training.optimization import forward_backward, make_optimizer
 from csekit.training.processes import (
     MIXED_PRECISION,
     hint_if_accelerate_started_one_process,
@@ -59,6 +59,7 @@ from csekit.training.run_folder import (
     recipe_changes_on_resume,
     resolve_run_paths,
 )
+from csekit.training.schedule import Schedule, check_schedule_length
 from csekit.training.sharding import (
     FullModel,
     accelerator_options,
@@ -129,7 +130,8 @@ class Trainer:
         set_seed(self.config.seed)
         self.data = TrainData.load(recipe, data_dir)
         process_batch = self.config.batch_size // self.accelerator.num_processes
-        self.execution = self.execution.for_run_length(planned_steps(recipe, len(self.data.corpus)), process_batch)
+        planned = check_schedule_length(self.config, planned_steps(recipe, len(self.data.corpus)))  # before any write
+        self.execution = self.execution.for_run_length(planned, process_batch)
         self._build_model()
         processes, execution = self.accelerator.num_processes, self.execution
         self.loader = self.data.loader(self.views, processes, execution.chunk_size, self.loader_options)
@@ -199,7 +201,7 @@ class Trainer:
                 self.tracker_logs = hold_tracker_logs(self.output, self.recipe, held_until_the_end)
 
     def _set_up_optimization(self) -> None:
-        """AdamW and the linear schedule over the run's length; model, optimizer and loader prepared."""
+        """AdamW and the recipe's schedule (`csekit.training.schedule`); model, optimizer and loader prepared."""
         optimizer = make_optimizer(self.model, self.recipe)
         self.full_model: FullModel | None = None
         if is_sharded(self.accelerator):  # a plain copy on the main process for dev scores and saves
@@ -209,9 +211,8 @@ class Trainer:
         if self.steps_per_epoch == 0:
             raise CsekitError(f"corpus {self.recipe.data.corpus} gives no full batch of {self.config.batch_size}")
         # As in the transformers Trainer, max_steps (when set) replaces epochs as the length of the run.
-        self.total_steps = self.config.max_steps or self.steps_per_epoch * self.config.epochs
-        self.warmup_steps = math.ceil(self.config.warmup_ratio * self.total_steps)
-        self.scheduler = linear_schedule(self.optimizer, self.warmup_steps, self.total_steps)
+        self.schedule = Schedule.of(self.config, self.config.max_steps or self.steps_per_epoch * self.config.epochs)
+        self.total_steps, self.scheduler = self.schedule.run_steps, self.schedule.scheduler(self.optimizer)
 
     def _resume_from_checkpoint(self) -> None:
         """Weights, optimizer, schedule, RNG states and position from checkpoint/; the log cut back to it."""
@@ -237,7 +238,7 @@ class Trainer:
             return None
         base_lrs = self.scheduler.base_lrs
         device = self.accelerator.device
-        return SyncFreeSteps(self.optimizer, base_lrs, self.warmup_steps, self.total_steps, self.state.step, device)
+        return SyncFreeSteps(self.optimizer, base_lrs, self.schedule, self.state.step, device)
 
     def _announce_start(self) -> None:
         """Every input, the checkpoint included, has been read: say the precision, save the recipe, log the start."""
@@ -471,7 +472,7 @@ class Trainer:
             self.metrics.write({"step": self.state.step, **scores})
             if self.trackers:  # the dev scores in the one result shape (dev/tasks/stsb-dev, dev/averages/avg_sts)
                 self.accelerator.log(result_values("dev", EvalResult.from_dev_scores(scores)), step=self.state.step)
-            best = keep_if_best(self.state, scores, self.config.select_metric)
+            best = keep_if_best(self.state, scores, self.config.select_metric, self.config.keep)
             saved = self._plain().saved_encoder()  # type: ignore[union-attr]  # the main process has it
             facts = training_card_facts(
                 self.recipe,
@@ -544,16 +545,10 @@ class Trainer:
         if not self.main:
             return
         state, patience = self.state, self.config.patience
-        best = "n/a" if state.best_score is None else f"{100 * state.best_score:.2f}"
-        best += f" at step {state.best_step}" + (" (the starting model)" if state.best_step == START_STEP else "")
         record = {"event": "early_stop", "step": state.step, "best_step": state.best_step}
         self.metrics.write({**record, "best_score": state.best_score, "patience": patience})
         self.progress.bar.close()
-        print(
-            f"csekit: early stop at step {state.step}: {self.config.select_metric} did not improve in {patience} "
-            f"evaluations; best {best}, kept in {self.output / 'best'}",
-            file=sys.stderr,
-        )
+        print(early_stop_line(state, self.config.select_metric, patience, self.output / "best"), file=sys.stderr)
 
     def _any_process(self, flag: bool) -> bool:
         """Whether `flag` holds on any process: every process then takes the same branch (one all-reduce)."""
@@ -595,4 +590,5 @@ class Trainer:
             start_scores=state.start_scores,
             best_scores=state.best_scores,
             select_metric=self.config.select_metric,
+            keep=self.config.keep,
         )
