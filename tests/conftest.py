@@ -3,11 +3,13 @@ downloads), made-up corpora and data folders, tiny recipes, and the ways tests r
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -339,18 +341,65 @@ def read_metrics(folder: Path) -> list[dict[str, Any]]:
 
 
 FRESH_INTERPRETER_COMMANDS = ("train",)
-"""Commands `run_cli` runs in their own interpreter: accelerate keeps one precision (and state) a process."""
+"""Commands `run_cli` runs in a process of their own: accelerate keeps one precision (and state) a process."""
 
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
     """`csekit ARGS` as a user runs it in `cwd`: exit status, stdout and stderr.
 
-    `train` runs in a fresh interpreter (FRESH_INTERPRETER_COMMANDS); other commands run in this process, which
-    has every library imported already (a fresh interpreter spends about 5 s of CPU importing torch and
-    transformers before the command starts: most of such a test's time)."""
+    `train` runs in a fresh process (FRESH_INTERPRETER_COMMANDS; forked by `run_csekit`); other commands run in
+    this process, which has every library imported already."""
     if not args or args[0] in FRESH_INTERPRETER_COMMANDS:
-        return subprocess.run([sys.executable, "-m", "csekit.cli", *args], capture_output=True, text=True, cwd=cwd)
+        return run_csekit(*args, cwd=cwd)
     return run_cli_in_this_process(*args, cwd=cwd)
+
+
+class CsekitForkServer:
+    """tests/cli_forkserver.py, started on first use: each command in a fresh process forked from one that has
+    imported the command line (a new interpreter spends about 7 s of CPU on imports first)."""
+
+    def __init__(self) -> None:
+        self.log = Path(tempfile.mkdtemp(prefix="csekit-forkserver-")) / "server.log"
+        server = Path(__file__).resolve().parent / "cli_forkserver.py"
+        with open(self.log, "w", encoding="utf-8") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(server)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                cwd=REPO,
+            )  # fmt: skip
+        assert self.process.stdout is not None and self.process.stdout.readline() == "ready\n", self.log.read_text()
+
+    def run(
+        self, args: Sequence[str], cwd: Path | None, env: dict[str, str] | None
+    ) -> subprocess.CompletedProcess[str]:
+        assert self.process.stdin is not None and self.process.stdout is not None
+        with tempfile.TemporaryDirectory() as folder:
+            out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+            request = {
+                "argv": list(args), "cwd": str(cwd or Path.cwd()), "env": dict(os.environ if env is None else env),
+                "stdout": str(out), "stderr": str(err),
+            }  # fmt: skip
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            answer = self.process.stdout.readline()
+            assert answer, f"the csekit fork server stopped: {self.log.read_text()[-3000:]}"
+            code = json.loads(answer)["returncode"]
+            text = {path: path.read_text(encoding="utf-8", errors="replace") for path in (out, err)}
+        command = [sys.executable, "-m", "csekit.cli", *args]
+        return subprocess.CompletedProcess(command, code, text[out], text[err])
+
+
+@functools.cache
+def fork_server() -> CsekitForkServer:
+    """This pytest process's fork server (one a worker, started the first time a test runs a command)."""
+    return CsekitForkServer()
+
+
+def run_csekit(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m csekit.cli ARGS` in `cwd` with `env` (default: this process's), in a fresh process of its own
+    group: exit status (negative: the signal that ended it), stdout and stderr, as subprocess.run gives them."""
+    return fork_server().run(args, cwd, env)
 
 
 def run_cli_in_this_process(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -381,23 +430,22 @@ def run_cli_in_this_process(*args: str, cwd: Path) -> subprocess.CompletedProces
 def run_cli_with_test_parts(
     *args: str, plugin_dir: Path, cwd: Path | None = None, stderr: Path | None = None, own_group: bool = False
 ) -> subprocess.CompletedProcess[str]:
-    """`csekit ARGS` in a fresh interpreter that sees parts_for_tests' parts as an installed plugin (in `plugin_dir`).
+    """`csekit ARGS` in a fresh process (`run_csekit`) that sees parts_for_tests' parts as an installed plugin (in
+    `plugin_dir`).
 
-    With `stderr`, the error stream goes to that file (as a user redirecting it), not to a pipe. With `own_group`,
-    the process leads its own process group (a signal to the group then reaches it and its children only).
+    With `stderr`, the error stream goes to that file (as a user redirecting it), not to a pipe. The process leads
+    its own process group (a signal to the group reaches it and its children only), so `own_group` is always met.
     """
     from parts_for_tests import write_entry_points
 
     tests = Path(__file__).resolve().parent
     path = [str(tests), str(write_entry_points(plugin_dir)), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
-    command = [sys.executable, "-m", "csekit.cli", *args]
-    if stderr is None:
-        return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, start_new_session=own_group)
-    with open(stderr, "w", encoding="utf-8") as handle:
-        return subprocess.run(
-            command, stdout=subprocess.PIPE, stderr=handle, text=True, env=env, cwd=cwd, start_new_session=own_group
-        )
+    done = run_csekit(*args, cwd=cwd, env=env)  # its own process group, whatever own_group says
+    if stderr is not None:  # the error stream into a file, as a user redirecting it (the server writes files)
+        stderr.write_text(done.stderr, encoding="utf-8")
+        done.stderr = None
+    return done
 
 
 def assert_same_checkpoint_weights(expected_run: Path, actual_run: Path) -> None:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import train_finished_run
+from conftest import run_csekit, train_finished_run
 
 UNDER_A_FILE_SIZE_LIMIT = """
 import resource, signal, sys
@@ -63,12 +63,7 @@ def test_a_real_file_size_limit_while_saving_is_one_line_and_keeps_the_last_good
     assert "--resume" in last and ("File too large" if writer == "torch.save" else "SafetensorError") in last
     assert checkpoint_bytes(run) == before  # intact, and it is
     assert not (run / ".checkpoint.tmp").exists()  # no half-written staging folder left taking the space
-    finished = subprocess.run(
-        [sys.executable, "-m", "csekit.cli", "train", "--output", str(run), "--resume", *more],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-    )
+    finished = run_csekit("train", "--output", str(run), "--resume", *more, cwd=tmp_path)
     assert finished.returncode == 0, finished.stderr  # the intact checkpoint resumes once there is space
     assert json.loads((run / "checkpoint" / "trainer_state.json").read_text())["step"] == 4
 
