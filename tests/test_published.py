@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from prompteol_reference import AUTHORS_COMMIT, RUN_ICL_TEMPLATES, demonstration_of
 
 from csekit.bench import load_suite, summarise
 from csekit.core.errors import CsekitError
+from csekit.encoding.prompteol import Demonstration
 from csekit.evaluation.published import PUBLISHED_COLUMNS, compare_with_paper, load_published
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,7 +73,7 @@ def test_every_paper_recipe_has_its_published_row_or_a_stated_reason(backbone: s
         assert (row.reason is None) == bool(row.scores) and (row.source is None) == (row.reason is not None)
 
 
-@pytest.mark.parametrize("file", sorted(PAPER_BACKBONES.values()))
+@pytest.mark.parametrize("file", sorted(path.name for path in PUBLISHED.glob("*.yaml")))
 def test_published_averages_are_the_mean_of_their_seven_tasks(file: str) -> None:
     """A misread number shows: each row's STS Avg. is the mean of its seven tasks (and the transfer average of
     its seven), up to the rounding of the printed figures (PromptBERT's README averages seeds: 0.02)."""
@@ -83,6 +85,24 @@ def test_published_averages_are_the_mean_of_their_seven_tasks(file: str) -> None
         if all(label in row.scores for label in transfer):
             mean = sum(row.scores[label] for label in transfer) / 7
             assert mean == pytest.approx(row.scores["Transfer Avg."], abs=0.01), name
+
+
+def test_the_prompteol_rows_are_run_icl_shs_models_each_with_its_template() -> None:
+    """One entry per model of run_icl.sh (kongds/scaling_sentemb 8567aa0), keyed by its name, its source naming the
+    README's table and the template it ran (a demonstration csekit accepts as it is written there); every task and
+    an average that is the mean of the seven printed ones up to their rounding (0.005); the note says what they are."""
+    published = load_published(PUBLISHED / "prompteol.yaml")
+    assert list(published) == list(RUN_ICL_TEMPLATES)  # the README's order, which is run_icl.sh's
+    for model, row in published.items():
+        template = RUN_ICL_TEMPLATES[model]
+        assert f"kongds/scaling_sentemb {AUTHORS_COMMIT}, README.md table" in (row.source or ""), model
+        assert f"`bash run_icl.sh {model}`" in (row.source or "") and template in (row.source or ""), model
+        assert f'row "OPT {model.removeprefix("opt-").upper()}"' in (row.source or ""), model
+        Demonstration(*demonstration_of(template))  # csekit takes the demonstration as the template writes it
+        assert list(row.scores) == [*SEVEN, "STS Avg."], model
+        mean = sum(row.scores[label] for label in SEVEN) / 7
+        assert mean == pytest.approx(row.scores["STS Avg."], abs=0.005 + 1e-9), model
+        assert "WITH an in-context demonstration" in (row.note or "") and "could not be read" in (row.note or "")
 
 
 @pytest.mark.parametrize(

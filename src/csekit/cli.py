@@ -22,6 +22,7 @@ from csekit.commands.augment import check_augment_options, paraphrase_engine
 from csekit.commands.diagnose import diagnose_models
 from csekit.commands.evaluate import (
     ClassifierOption,
+    DemonstrationOption,
     InstructionsOption,
     MtebOption,
     NJobsOption,
@@ -34,6 +35,7 @@ from csekit.commands.evaluate import (
     WhitenDimOption,
     check_evaluate_numbers,
     evaluation_groups,
+    model_reading,
     print_evaluation,
     protocol_label,
     warn_skipped,
@@ -166,6 +168,7 @@ def evaluate(
     instructions: InstructionsOption = None,
     sentence_end: SentenceEndOption = None,
     test_template: TestTemplateOption = None,
+    demonstration: DemonstrationOption = None,
     classifier: ClassifierOption = "sklearn",
 ) -> None:
     """Evaluate a model SentEval's way: STS (Spearman x 100), transfer tasks (accuracy x 100), alignment/uniformity;
@@ -188,8 +191,8 @@ def evaluate(
     mteb_tasks = resolve_tasks(mteb, whitened)  # an unknown name: one line, before the model is loaded
     own = bool(pairs or retrieval or mteb)
     groups = evaluation_groups(tasks, own, whitened, bool(retrieval), classifier, sentence_end, test_template)
+    reading = model_reading(sentence_end, test_template, demonstration, pooler)  # None: the model's own
     root = resolve_data_dir(data_dir) if any(groups.values()) else None
-    reading = {"sentence_end": sentence_end, "test_template": test_template}  # None: the model's own
     encode = command_encoder(model, pooler, precision, batch_size, warn=warn, **reading)
     if instruction_set is not None:  # a pooler that cannot leave the instruction out: one line before any task runs
         check_instruction_pooler(encode.encoder.pooler)
@@ -204,11 +207,12 @@ def evaluate(
     skipped = skipped_report(own_files)
     warn_skipped(skipped, {read.task.name: read.task.path for read in own_files})
     whitening = f", whitened{'' if whiten_dim is None else f' to {whiten_dim} dims'}" if whitened else ""
-    protocol = protocol_label(encode.sentence_end, groups, classifier, encode.test_template)
+    how = (encode.sentence_end, groups, classifier, encode.test_template, encode.demonstration)
+    protocol = protocol_label(*how)
     typer.echo(f"({model}, pooler {encode.pooler}, {encode.label}{whitening}{protocol}, {elapsed:.1f} s)")
     if output is not None:
         facts: dict[str, Any] = {"model": model, "pooler": encode.pooler, "precision": encode.precision}
-        facts.update(protocol_facts(encode.sentence_end, groups, classifier, encode.test_template))
+        facts.update(protocol_facts(*how))
         if whitened:
             facts["whiten"] = {"dim": whiten_dim}
         if skipped:

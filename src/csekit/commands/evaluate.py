@@ -85,6 +85,17 @@ TestTemplateOption = Annotated[
         show_default=False,
     ),
 ]
+DemonstrationOption = Annotated[
+    tuple[str, str] | None,
+    typer.Option(
+        "--demonstration",
+        metavar="SENTENCE WORD",
+        help="With --pooler prompteol: PromptEOL's in-context demonstration, a sentence and the one word for it, "
+        "written before the template as the authors' README rows were (run_icl.sh; OPT 125M's: --demonstration "
+        "'A man is smoking.' Smoking); neither may hold \" or _ (default: the model's own, else none).",
+        show_default=False,
+    ),
+]
 WhitenDimOption = Annotated[
     int | None,
     typer.Option("--whiten-dim", help="Keep the first K whitened dimensions; implies --whiten (default: all)."),
@@ -104,12 +115,18 @@ ClassifierOption = Annotated[
 
 
 def protocol_label(
-    sentence_end: str, groups: dict[str, list[str]], classifier: str, test_template: str = "none"
+    sentence_end: str,
+    groups: dict[str, list[str]],
+    classifier: str,
+    test_template: str = "none",
+    demonstration: dict[str, str] | None = None,
 ) -> str:
     """What the last line adds about how the numbers were computed: a sentence-end rule, a test template tokenised
-    whole, the transfer classifier."""
+    whole, PromptEOL's demonstration, the transfer classifier."""
     label = "" if sentence_end == "none" else f", sentence end {sentence_end}"
     label += "" if test_template == "none" else f", test template {test_template!r} tokenised whole"
+    if demonstration is not None:
+        label += f', demonstration "{demonstration["sentence"]}" -> "{demonstration["word"]}"'
     return label + (f", transfer classifier {classifier}" if groups["transfer"] else "")
 
 
@@ -120,6 +137,23 @@ def check_evaluate_numbers(batch_size: int, n_jobs: int, whiten_dim: int | None)
         raise CsekitError(f"--n-jobs must be -1 (all cores) or at least 1, got {n_jobs}")
     if whiten_dim is not None and whiten_dim < 1:
         raise CsekitError(f"--whiten-dim must be at least 1, got {whiten_dim}")
+
+
+def model_reading(
+    sentence_end: str | None, test_template: str | None, pair: tuple[str, str] | None, pooler: str | None
+) -> dict[str, Any]:
+    """How the model is read beyond its pooler (None: as it was saved): the sentence-end rule, the test template and
+    `--demonstration SENTENCE WORD` as {sentence, word}, checked before the model loads: PromptEOL's only (with
+    --pooler prompteol, or none given: a model saved with prompteol), a sentence and a word its template can hold."""
+    reading: dict[str, Any] = {"sentence_end": sentence_end, "test_template": test_template, "demonstration": None}
+    if pair is not None:
+        from csekit.encoding.prompteol import PromptEOLPooler, check_demonstration
+
+        if pooler is not None and pooler != PromptEOLPooler.name:
+            raise CsekitError(f"--demonstration is for --pooler prompteol, not {pooler}")
+        reading["demonstration"] = dict(zip(("sentence", "word"), pair, strict=True))
+        check_demonstration(reading["demonstration"], "--demonstration")
+    return reading
 
 
 def evaluation_groups(

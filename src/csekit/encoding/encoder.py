@@ -49,6 +49,7 @@ from csekit.encoding.pooling import (
     make_pooler,
     pad_ids,
 )
+from csekit.encoding.prompteol import Demonstration, PromptEOLPooler
 from csekit.encoding.ready_mask import ready_attention_mask
 from csekit.encoding.sentence_end import NO_SENTENCE_END, check_sentence_end, end_sentences
 from csekit.encoding.whole_template import (
@@ -109,16 +110,24 @@ def _make_pooler(
     saved_templates: list[str] | None,
     template_positions: str | None,
     test_bos: bool | None = None,
+    demonstration: Demonstration | Mapping[str, str] | None = None,
+    saved_demonstration: Demonstration | None = None,
 ) -> Pooler:
     """The pooler `name`; a prompt pooler gets `templates`, else the `mask` pooler those saved with the model;
     `mask_denoised` gets `template_positions` (where its template-alone pass numbers positions), `mean_padded`
-    `test_bos` (whether its test-time mean counts BOS)."""
+    `test_bos` (whether its test-time mean counts BOS), `prompteol` `demonstration`, else the one saved with it."""
     kind = POOLERS.get(name)
     if templates is not None and not issubclass(kind, MaskPooler):
         raise CsekitError(f"prompt templates are for the prompt poolers (mask, mask_denoised), not the {name} pooler")
+    if demonstration is not None and not issubclass(kind, PromptEOLPooler):
+        raise CsekitError(f"a PromptEOL demonstration is for the prompteol pooler, not the {name} pooler")
     if templates is None and name == MaskPooler.name:
         templates = saved_templates
     options: dict[str, Any] = {} if templates is None else {"templates": list(templates)}
+    if demonstration is None and issubclass(kind, PromptEOLPooler):
+        demonstration = saved_demonstration
+    if demonstration is not None:
+        options["demonstration"] = demonstration
     if template_positions is not None and issubclass(kind, DenoisedMaskPooler):
         options["template_positions"] = template_positions
     if test_bos is not None and issubclass(kind, MeanPaddedPooler):
@@ -218,6 +227,7 @@ class SentenceEncoder(nn.Module):
         test_template: str | None = None,
         weights_dtype: torch.dtype = torch.float32,
         test_bos: bool | None = None,
+        demonstration: Demonstration | Mapping[str, str] | None = None,
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
 
@@ -227,7 +237,8 @@ class SentenceEncoder(nn.Module):
         `dropout` overrides the backbone's hidden and attention dropout (SimCSE's views come from it).
         `templates` are a prompt pooler's templates (instead of those saved with the model, or its own);
         `template_positions` where `mask_denoised`'s template-alone pass numbers positions (row or from_zero);
-        `test_bos` whether `mean_padded`'s test-time mean counts BOS (false: `mean_text`).
+        `test_bos` whether `mean_padded`'s test-time mean counts BOS (false: `mean_text`); `demonstration` the
+        `prompteol` pooler's in-context demonstration, {sentence, word} (None: the one saved with the model, if any).
         `attention`: a decoder LLM's causal or bidirectional attention (None: as saved; `csekit.encoding.decoder`).
         `lora`: LoRA adapters on the backbone, which then trains only them (`csekit.encoding.lora`).
         `sentence_end`: the rule `encode` applies (None: the one saved with the model, else none).
@@ -253,7 +264,9 @@ class SentenceEncoder(nn.Module):
                 "random), so the pooler_output pooler would read noise; choose another pooler"
             )
         backbone = add_lora(loaded.model, lora) if lora is not None else loaded.model
-        pooling = _make_pooler(chosen, templates, saved.templates, template_positions, test_bos)
+        pooling = _make_pooler(
+            chosen, templates, saved.templates, template_positions, test_bos, demonstration, saved.demonstration
+        )
         pooling.normalized = own.normalize
         encoder = cls(
             backbone,

@@ -3,8 +3,9 @@
 `SentenceTransformer(path)` loads a saved csekit model unchanged: the transformer's own files, then one
 module per step of the pooler (Pooling, WeightedLayerPooling for first_last_avg, a Dense for the
 pooler_output layer and for a kept head), and `csekit.json` with what csekit alone reads back (the
-pooler's name, prompt templates, the kept head's folder, the sentence-end rule, the test template); a Normalize
-module after the pooler's when its vectors have unit length (`Pooler.normalized`). The folder is written atomically.
+pooler's name, prompt templates, PromptEOL's demonstration, the kept head's folder, the sentence-end rule, the
+test template); a Normalize module after the pooler's when its vectors have unit length (`Pooler.normalized`).
+The folder is written atomically.
 A model sentence-transformers cannot reproduce (a prompt pooler, a sentence-end rule, the mean without BOS) names a
 module that refuses to load, so `SentenceTransformer(path)` fails in one line instead of embedding it another way.
 """
@@ -122,6 +123,9 @@ def _write(out: Path, encoder: Exportable, card_facts: Mapping[str, Any] | None)
     templates = getattr(encoder.pooler, "templates", None)
     if templates is not None:
         meta["templates"] = list(templates)
+    demonstration = getattr(encoder.pooler, "demonstration", None)  # prompteol's: PromptNotExported refuses it
+    if demonstration is not None:
+        meta["demonstration"] = demonstration.as_json()
     if head is not None:
         dense = f"{len(modules.entries)}_Dense"
         modules.add_dense(dense, head.linear)

@@ -45,6 +45,7 @@ from csekit.encoding.folder_pooling import read_modules, transformer_folder
 from csekit.encoding.hub import hub_options, resolve_model_path, unreachable_hub_message
 from csekit.encoding.model_config import check_config_values, check_model_size, check_tokenizer_config
 from csekit.encoding.model_files import adapter_message, check_model_files, refuse_hub_adapter
+from csekit.encoding.prompteol import Demonstration, PromptEOLPooler, check_demonstration
 from csekit.encoding.sentence_end import NO_SENTENCE_END, check_sentence_end
 from csekit.encoding.whole_template import NO_TEST_TEMPLATE, check_test_template
 
@@ -242,6 +243,7 @@ class SavedLayout:
     templates: list[str] | None = None  # a prompt pooler's templates (csekit.json)
     sentence_end: str = "none"  # how `encode` writes each sentence's end (csekit.json; csekit.encoding.sentence_end)
     test_template: str = "none"  # what `encode` tokenises whole (csekit.json; csekit.encoding.whole_template)
+    demonstration: Demonstration | None = None  # the prompteol pooler's (csekit.json; csekit.encoding.prompteol)
     csekit_trained: bool = False  # whether csekit saved it (csekit.json)
     normalize: bool = False  # whether csekit saved it with unit-length vectors (csekit.json)
     #: A sentence-transformers folder that csekit did not save: its own pooling is in modules.json, read only where a
@@ -331,7 +333,7 @@ def local_model_layout(path: Path, needs_config: bool = True) -> SavedLayout:
 
 def _csekit_layout(folder: Path, path: Path) -> SavedLayout:
     """`csekit.json`: the saved pooler (a name) and whether it normalises, the kept head (checked where it is
-    loaded), prompt templates, the sentence-end rule and the test template."""
+    loaded), prompt templates, PromptEOL's demonstration, the sentence-end rule and the test template."""
     meta = read_json(path)
     pooler, templates, normalize = meta.get("pooler"), meta.get("templates"), meta.get("normalize", False)
     if pooler is not None and not isinstance(pooler, str):
@@ -342,8 +344,11 @@ def _csekit_layout(folder: Path, path: Path) -> SavedLayout:
         raise CsekitError(f'{path}: "normalize" must be true or false, found {_json_kind(normalize)}')
     sentence_end = check_sentence_end(meta.get("sentence_end", NO_SENTENCE_END), f'{path}: "sentence_end"')
     test_template = check_test_template(meta.get("test_template", NO_TEST_TEMPLATE), f'{path}: "test_template"')
+    demonstration = check_demonstration(meta.get("demonstration"), f'{path}: "demonstration"')
+    if demonstration is not None and pooler != PromptEOLPooler.name:
+        raise CsekitError(f'{path}: "demonstration" is for the prompteol pooler, not {pooler}')
     return SavedLayout(
-        str(folder), pooler, meta.get("head"), templates, sentence_end, test_template, True, normalize=normalize
+        str(folder), pooler, meta.get("head"), templates, sentence_end, test_template, demonstration, True, normalize
     )
 
 

@@ -28,6 +28,7 @@ from csekit.encoding.decoder_pooling import (
 )
 from csekit.encoding.pooler_base import Pooler, masked_mean, pad_ids
 from csekit.encoding.pooler_base import special_tokens_around as _special_tokens
+from csekit.encoding.prompteol import PROMPTEOL_TEMPLATE, PromptEOLPooler
 from csekit.encoding.token_input import tokenize_texts
 
 
@@ -402,58 +403,6 @@ class DenoisedMaskPooler(MaskPooler):
         states = backbone(**batch, return_dict=True).last_hidden_state
         template = states[torch.arange(len(unique), device=states.device), torch.tensor(reads, device=states.device)]
         return template[torch.tensor([unique.index(key) for key in keys], device=states.device)]
-
-
-PROMPTEOL_TEMPLATE = 'This sentence : "[X]" means in one word:"'
-"""PromptEOL's template (Jiang et al., 2023, "Scaling Sentence Embeddings with Large Language Models"): kongds/
-scaling_sentemb 8567aa0's `This_sentence_:_"*sent_0*"_means_in_one_word:"` (README; `evaluation.py` L193-201 reads
-its underscores as spaces)."""
-
-
-class PromptEOLPooler(LastTokenPooler):
-    """PromptEOL, the training-free decoder representation: the sentence put into `PROMPTEOL_TEMPLATE`'s text, the
-    whole text tokenised with the tokenizer's own special tokens (no EOS appended), the last token's state read:
-    where the model would write the one word that sums the sentence up.
-
-    As the authors' `evaluation.py` batcher (L191-223): `template.replace('*sent 0*', s)`, `batch_encode_plus`,
-    `hidden_states[-1][:, -1, :]` on left-padded rows (csekit pads on the right and reads each row's last real
-    token, with position ids that count real tokens: the same state). The batcher's edit of the sentence (a final
-    period, quotes made single) is the `prompteol` sentence-end rule (`csekit.encoding.sentence_end`). A row too long
-    for the backbone keeps the template whole and cuts the sentence's tokens (the authors' STS inputs never were).
-    """
-
-    name = "prompteol"
-
-    def encode_ids(
-        self,
-        tokenizer: PreTrainedTokenizerBase,
-        sentences: Sequence[str],
-        max_length: int | None,
-        view: int = 0,
-        max_positions: int | None = None,
-    ) -> dict[str, list[list[int]]]:
-        """The whole templated texts' ids; `max_length` bounds the sentence's tokens (as the mask pooler's)."""
-        before, after = PROMPTEOL_TEMPLATE.split("[X]")
-        rows = [
-            list(row) for row in tokenize_texts(tokenizer, [before + s + after for s in sentences], None)["input_ids"]
-        ]
-        head, tail = _special_tokens(tokenizer)
-        pieces = tokenize_texts(tokenizer, [before, after], None, add_special_tokens=False)["input_ids"]
-        prefix, suffix = list(pieces[0]), list(pieces[1])
-        template = len(head) + len(prefix) + len(suffix) + len(tail)
-        room = None if max_positions is None else max_positions - template
-        if room is not None and room < 1:
-            raise CsekitError(f"the prompteol template takes {template} tokens; the model accepts {max_positions}")
-        budget = min((n for n in (max_length, room) if n is not None), default=None)
-        misfits = [] if budget is None else [i for i, row in enumerate(rows) if len(row) > template + budget]
-        if misfits:
-            bodies = tokenize_texts(tokenizer, [sentences[i] for i in misfits], budget, add_special_tokens=False)
-            for i, body in zip(misfits, bodies["input_ids"], strict=True):
-                rows[i] = head + prefix + list(body[:budget]) + suffix + tail
-        ids = {"input_ids": rows, "attention_mask": [[1] * len(row) for row in rows]}
-        if "token_type_ids" in tokenizer.model_input_names:
-            ids["token_type_ids"] = [[0] * len(row) for row in rows]
-        return ids
 
 
 def _mask_token_id(tokenizer: PreTrainedTokenizerBase) -> int:

@@ -8,7 +8,7 @@ auto's reason and the slow-bf16 warning, said before the slow work) and the enco
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +47,12 @@ class CommandEncoder:
     def test_template(self) -> str:
         return self.encoder.test_template
 
+    @property
+    def demonstration(self) -> dict[str, str] | None:
+        """The prompteol pooler's in-context demonstration as {sentence, word}, or None."""
+        demonstration = getattr(self.encoder.pooler, "demonstration", None)
+        return None if demonstration is None else demonstration.as_json()
+
     def __call__(self, sentences: Sequence[str], progress_label: str = "encoding") -> np.ndarray:
         """The embeddings of `sentences`; the progress bar says `progress_label` (what is encoded)."""
         return self.encoder.encode(
@@ -65,10 +71,13 @@ def load_encoder(
     warn: Warn | None = warn_on_stderr,
     sentence_end: str | None = None,
     test_template: str | None = None,
+    demonstration: Mapping[str, str] | None = None,
 ) -> SentenceEncoder:
-    """The model read with `pooler`, `sentence_end` and `test_template` (None: its own); with `warn`, a csekit-trained
-    model read with another pooler than its own is warned about (it gives embeddings the model never learnt)."""
-    encoder = SentenceEncoder.load(model, pooler=pooler, sentence_end=sentence_end, test_template=test_template)
+    """The model read with `pooler`, `sentence_end`, `test_template` and prompteol's `demonstration` (None: its own);
+    with `warn`, a csekit-trained model read with another pooler than its own is warned about (it gives embeddings
+    the model never learnt)."""
+    reading = {"sentence_end": sentence_end, "test_template": test_template, "demonstration": demonstration}
+    encoder = SentenceEncoder.load(model, pooler=pooler, **reading)
     trained, used = encoder.trained_pooler, encoder.pooler.name
     if warn is not None and trained is not None and trained != used:
         warn(
@@ -108,8 +117,11 @@ def command_encoder(
     warn: Warn = warn_on_stderr,
     sentence_end: str | None = None,
     test_template: str | None = None,
+    demonstration: Mapping[str, str] | None = None,
 ) -> CommandEncoder:
     """Load `model` (warning about a pooler it was not trained with) and choose its precision: what a command
-    that encodes with one model needs. `sentence_end` and `test_template` override the model's (None: its own)."""
-    encoder = load_encoder(model, pooler, warn=warn, sentence_end=sentence_end, test_template=test_template)
+    that encodes with one model needs. `sentence_end`, `test_template` and `demonstration` override the model's
+    (None: its own)."""
+    reading = {"sentence_end": sentence_end, "test_template": test_template, "demonstration": demonstration}
+    encoder = load_encoder(model, pooler, warn=warn, **reading)
     return encoding_with(encoder, precision, batch_size, show_progress=show_progress, warn=warn)

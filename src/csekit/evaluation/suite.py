@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -104,12 +105,19 @@ def run_evaluation(
 
 
 def protocol_facts(
-    sentence_end: str, groups: dict[str, list[str]], classifier: str, test_template: str = "none"
-) -> dict[str, str]:
+    sentence_end: str,
+    groups: dict[str, list[str]],
+    classifier: str,
+    test_template: str = "none",
+    demonstration: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """How an evaluation's numbers were computed, for its report: the sentence-end rule the encoder applied
     (`csekit.encoding.sentence_end`), the test template it tokenised whole (`csekit.encoding.whole_template`;
-    none: the training ids) and, when transfer tasks ran, SentEval's classifier protocol."""
-    facts = {"sentence_end": sentence_end, "test_template": test_template}
+    none: the training ids), PromptEOL's demonstration where there is one (`csekit.encoding.prompteol`) and, when
+    transfer tasks ran, SentEval's classifier protocol."""
+    facts: dict[str, Any] = {"sentence_end": sentence_end, "test_template": test_template}
+    if demonstration is not None:
+        facts["demonstration"] = dict(demonstration)
     if groups["transfer"]:
         facts["transfer_classifier"] = classifier
     return facts

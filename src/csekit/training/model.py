@@ -153,6 +153,7 @@ def load_encoder(recipe: Recipe, weights_dtype: torch.dtype = torch.float32) -> 
         test_template=model.test_template,
         weights_dtype=weights_dtype,
         test_bos=model.test_bos,
+        demonstration=model.demonstration,
     )
     if model.max_length > encoder.max_seq_length:
         raise CsekitError(

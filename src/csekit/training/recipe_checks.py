@@ -14,6 +14,7 @@ from csekit.core.numbers import is_finite_number
 from csekit.core.precision import PRECISIONS
 from csekit.encoding.folder_pooling import AUTO_POOLER, check_pooler_name
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
+from csekit.encoding.prompteol import PromptEOLPooler, check_demonstration
 from csekit.encoding.sentence_end import SENTENCE_ENDS
 from csekit.encoding.whole_template import recipe_checks
 from csekit.training.backbone_options import check_backbone_options
@@ -99,6 +100,7 @@ def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     check_dev_selection(train.dev_task, train.select_metric, train.patience, where)
     _check_dev_scoring(recipe, where)
     _check_templates(recipe.model, where)
+    _check_demonstration(recipe.model, where)
     check_backbone_options(recipe.model, where)
     for index, spec in enumerate(recipe.objectives):
         weight = spec.get("weight", 1.0) if isinstance(spec, Mapping) else 1.0
@@ -200,6 +202,16 @@ def _check_templates(model: ModelConfig, where: Any) -> None:
         make_pooler(model.pooler, templates=model.templates)
     except CsekitError as error:
         raise CsekitError(f"{where(key)}: recipe key {key}: {error}") from None
+
+
+def _check_demonstration(model: ModelConfig, where: Any) -> None:
+    """`model.demonstration` is the prompteol pooler's, a sentence and a word its template can hold."""
+    if model.demonstration is None:
+        return
+    key = "model.demonstration"
+    if model.pooler != PromptEOLPooler.name:
+        raise CsekitError(f"{where(key)}: recipe key {key} is for model.pooler prompteol, not {model.pooler}")
+    check_demonstration(model.demonstration, f"{where(key)}: recipe key {key}")
 
 
 def _check_report_to(report_to: str, where: Any) -> None:

@@ -42,6 +42,9 @@ class ModelConfig:
     # The template (view 0's notation) whose whole text, the sentence in it, the saved model tokenises at test time
     # (csekit.encoding.whole_template: PromptBERT's, SNCSE's RoBERTa evaluation); none: the training ids.
     test_template: str = "none"
+    # prompteol only (csekit.encoding.prompteol): PromptEOL's in-context demonstration before its template,
+    # {sentence: ..., word: ...} (the authors' README rows: run_icl.sh's); null: the template alone.
+    demonstration: dict[str, str] | None = None
     # mean_padded only (LLM2Vec's SimCSE training pooling, csekit.encoding.decoder_pooling): whether the test-time
     # mean counts the tokenizer's BOS. true: csekit's mean (sentence-transformers' too); false: the text tokens only,
     # as LLM2Vec's encode (saved as mean_text, which sentence-transformers cannot load).
