@@ -19,23 +19,94 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from csekit.core.atomic import atomic_directory
+from csekit.core.atomic import atomic_directory, refuse_unsafe_file, write_file
+from csekit.core.bounded_read import read_with
 from csekit.core.errors import CsekitError, message_line
+from csekit.core.numbers import is_finite_number
 from csekit.data.corpus import Corpus
 from csekit.data.data_dir import resolve_data_dir
 from csekit.encoding.hub import resolve_model_path
+from csekit.encoding.model_folder import refuse_non_finite
 
 CORPUS = "corpus/sts_sick_unlabeled_sentences.txt"
 MAX_LENGTH = 32
 BATCH = 64
+
+
+@dataclass(frozen=True)
+class TrainingState:
+    """Where an MLM training run keeps its state between sittings (the stand-in takes about an hour of a 2-core
+    CPU): one file of tensors and plain values, read with `torch.load(weights_only=True)` (no code runs), tagged
+    with the settings it belongs to, written whole (a temporary file renamed over it) every `every` steps."""
+
+    path: Path
+    settings: str
+    every: int = 50
+
+    def save(self, model: Any, optimizer: torch.optim.Optimizer, step: int, before: float) -> None:
+        state = {
+            "settings": self.settings,
+            "step": step,
+            "before": before,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "rng": torch.get_rng_state(),  # the masking's draws go on as they would have
+        }
+        write_file(self.path, lambda handle: torch.save(state, handle))
+
+    def resume(self, model: Any, optimizer: torch.optim.Optimizer, steps: int) -> tuple[int, float | None]:
+        """The step to continue after and the held-out accuracy before training, the model, optimizer and random
+        state restored; (0, None) when there is no state of these settings to continue."""
+        refuse_unsafe_file(self.path)  # a link or a special file: refused, never followed
+        if not self.path.exists():
+            return 0, None
+        try:
+            state = read_with(
+                self.path, lambda handle: torch.load(handle, map_location="cpu", weights_only=True), "training state"
+            )
+        except CsekitError:
+            raise
+        except pickle.UnpicklingError:  # torch's own text for this runs to several sentences
+            raise CsekitError(
+                f"{self.path} is damaged or not a training state (not tensors and plain values)"
+            ) from None
+        except Exception as error:  # any other failure to read it
+            raise CsekitError(f"{self.path} is damaged or not a training state ({_first_line(error)})") from None
+        if not isinstance(state, dict) or state.get("settings") != self.settings:
+            print(f"{self.path} holds another run's training state: starting afresh", flush=True)
+            return 0, None
+        step, before = state.get("step"), state.get("before")
+        if not (isinstance(step, int) and not isinstance(step, bool) and 0 < step < steps):
+            raise CsekitError(f"{self.path}: step must be a whole number from 1 to {steps - 1}; remove it")
+        if not (is_finite_number(before) and 0.0 <= before <= 1.0):
+            raise CsekitError(f"{self.path}: before must be an accuracy from 0 to 1; remove it")
+        try:
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["rng"])
+        except (KeyError, RuntimeError, ValueError, TypeError) as error:
+            raise CsekitError(f"{self.path} does not fit this model ({_first_line(error)}); remove it") from None
+        refuse_non_finite(str(self.path), model)
+        return step, float(before)
+
+    def remove(self) -> None:
+        refuse_unsafe_file(self.path)
+        self.path.unlink(missing_ok=True)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:200]
 
 
 def masked_logits(model: Any, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,10 +131,19 @@ def masked_accuracy(model: Any, batches: list[dict[str, torch.Tensor]]) -> float
 
 
 def train_masked_lm(
-    model: Any, tokenizer: Any, train: list[str], held_out: list[str], steps: int, lr: float
+    model: Any,
+    tokenizer: Any,
+    train: list[str],
+    held_out: list[str],
+    steps: int,
+    lr: float,
+    progress: TrainingState | None = None,
 ) -> tuple[float, float]:
     """`steps` batches of BERT's masking (15%, 80/10/10) over `train` in order, AdamW at `lr` on all weights; the
-    masked-token top-1 accuracy on `held_out` before and after, printed as it goes (this script and the stand-in's)."""
+    masked-token top-1 accuracy on `held_out` before and after, printed as it goes (this script and the stand-in's).
+
+    With `progress`, the training state is saved every `progress.every` steps and a run started again continues
+    from it (a CPU run takes longer than one sitting), giving the weights an uninterrupted run gives."""
     from transformers import DataCollatorForLanguageModeling
 
     collate = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15, return_tensors="pt")
@@ -74,12 +154,16 @@ def train_masked_lm(
 
     evaluation = [batch_of(held_out[i : i + BATCH]) for i in range(0, len(held_out), BATCH)]
     print(f"{len(train):,} training and {len(held_out):,} held-out distinct sentences; {steps} steps of {BATCH}")
-    before = masked_accuracy(model, evaluation)
-    print(f"masked-token top-1 accuracy before: {before:.3f}", flush=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    done, before = progress.resume(model, optimizer, steps) if progress is not None else (0, None)
+    if before is None:
+        before = masked_accuracy(model, evaluation)
+    else:
+        print(f"continuing after step {done} ({progress.path if progress else ''})", flush=True)
+    print(f"masked-token top-1 accuracy before: {before:.3f}", flush=True)
     model.train()
     started = time.perf_counter()
-    for step in range(1, steps + 1):
+    for step in range(done + 1, steps + 1):
         start = ((step - 1) * BATCH) % max(len(train) - BATCH, 1)
         logits, labels = masked_logits(model, batch_of(train[start : start + BATCH]))
         loss = torch.nn.functional.cross_entropy(logits, labels)
@@ -88,6 +172,8 @@ def train_masked_lm(
         optimizer.zero_grad(set_to_none=True)
         if step % 100 == 0 or step == steps:
             print(f"step {step}: loss {loss.item():.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
+        if progress is not None and step % progress.every == 0 and step < steps:
+            progress.save(model, optimizer, step, before)
     after = masked_accuracy(model, evaluation)
     print(f"masked-token top-1 accuracy after: {after:.3f}")
     return before, after

@@ -97,3 +97,68 @@ def test_the_standin_is_cached_by_its_settings_and_a_folder_in_the_way_is_refuse
     with pytest.raises(SystemExit):
         standin.main([*arguments(tmp_path), "--output", str(tmp_path / "link")])
     assert "is a link" in capsys.readouterr().err and not (tmp_path / "nowhere").exists()
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(folder / "model.safetensors")
+
+
+def test_a_stopped_standin_continues_from_its_training_state_to_the_same_weights(
+    tmp_path: Path, standin, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    """Stopped at step 3 of 4 (its state saved at step 2), the same command continues after step 2 and writes the
+    weights an uninterrupted run writes; the state file goes once the stand-in is written."""
+    import minilm_mlm_generator
+
+    settings = [*arguments(tmp_path), "--steps", "4", "--save-every", "2"]
+    whole = tmp_path / "whole"
+    standin.main([*settings, "--output", str(whole)])
+    assert not standin.state_path(whole).exists()
+
+    stopped = tmp_path / "stopped"
+    real, calls = minilm_mlm_generator.masked_logits, []
+
+    def stop_at_step_three(model, batch):  # type: ignore[no-untyped-def]
+        calls.append(1)  # call 1 scores the held-out batch, calls 2.. are steps 1..
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(model, batch)
+
+    monkeypatch.setattr(minilm_mlm_generator, "masked_logits", stop_at_step_three)
+    with pytest.raises(SystemExit) as exit_info:
+        standin.main([*settings, "--output", str(stopped)])
+    assert exit_info.value.code == 130 and not stopped.exists()
+    assert f"continues from the training state in {standin.state_path(stopped)}" in capsys.readouterr().err
+    monkeypatch.setattr(minilm_mlm_generator, "masked_logits", real)
+    standin.main([*settings, "--output", str(stopped)])
+    assert "continuing after step 2" in capsys.readouterr().out
+    expected, made = _weights(whole), _weights(stopped)
+    assert set(expected) == set(made) and all(torch.equal(expected[key], made[key]) for key in expected)
+    assert not standin.state_path(stopped).exists()
+    before = [json.loads((folder / "standin.json").read_text())["masked_accuracy"] for folder in (whole, stopped)]
+    assert before[0] == before[1]
+
+
+def test_a_training_state_of_other_settings_is_not_continued_and_a_damaged_one_is_refused(
+    tmp_path: Path, standin, capsys: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
+    output = tmp_path / "standin"
+    state = standin.state_path(output)
+    torch.save({"settings": "another run", "step": 1}, state)
+    standin.main([*arguments(tmp_path), "--output", str(output)])
+    assert "holds another run's training state: starting afresh" in capsys.readouterr().out
+    assert output.is_dir() and not state.exists()
+
+    other = tmp_path / "other"
+    standin.state_path(other).write_bytes(b"not a torch file")
+    with pytest.raises(SystemExit) as exit_info:
+        standin.main([*arguments(tmp_path), "--output", str(other)])
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after transformers' loading bar
+    assert exit_info.value.code == 2 and last.startswith("minilm_mlm_standin: ") and not other.exists()
+    assert last.endswith("is damaged or not a training state (not tensors and plain values)")
+    with pytest.raises(SystemExit) as exit_info:
+        standin.main([*arguments(tmp_path), "--output", str(tmp_path / "third"), "--save-every", "0"])
+    assert exit_info.value.code == 2 and "--save-every must be" in capsys.readouterr().err
