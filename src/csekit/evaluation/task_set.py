@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Protocol
 
 import numpy as np
@@ -28,11 +29,13 @@ Encoder = Callable[[list[str]], np.ndarray]
 KIND_ORDER = ("sts", "dev", "align", "transfer", "pairs", "retrieval")
 """The kinds of task, in the order a `--tasks` list and a user's files are run (and their sentences encoded)."""
 
-AVERAGE_OF: Mapping[str, tuple[tuple[str, str | None], ...]] = {
-    STS_AVERAGE: tuple((task, key) for _, task, key in table_columns("sts")),
-    AVG_STS: tuple((task, None) for task in DEV_SPLITS),
-    TRANSFER_AVERAGE: tuple((task, "acc") for task in TRANSFER_TASKS),
-}
+AVERAGE_OF: Mapping[str, tuple[tuple[str, str | None], ...]] = MappingProxyType(
+    {
+        STS_AVERAGE: tuple((task, key) for _, task, key in table_columns("sts")),
+        AVG_STS: tuple((task, None) for task in DEV_SPLITS),
+        TRANSFER_AVERAGE: tuple((task, "acc") for task in TRANSFER_TASKS),
+    }
+)
 """Each average and the (task, score) it is the mean of (None: the task's one number): the papers' STS average of
 the seven headline numbers, `avg_sts` of the two dev splits (SimCSE's and DCLR's `eval_avg_sts`), the transfer
 average of the seven accuracies."""
