@@ -371,11 +371,11 @@ def evaluate(model: Path, pooler: str | None, root: Path, tasks: str, device: st
     """`csekit evaluate MODEL --tasks TASKS` (fp32, as the quickstart's evaluation) with its STS table."""
     from csekit.encoding.encoder import SentenceEncoder
     from csekit.evaluation.sts import format_sts_table
-    from csekit.evaluation.suite import parse_tasks, run_evaluation
+    from csekit.evaluation.suite import parse_tasks
 
     encoder = SentenceEncoder.load(model, pooler=pooler).to(device)
     started = time.perf_counter()
-    result = run_evaluation(lambda s: encoder.encode(s, 128, "fp32", False), root, parse_tasks(tasks))
+    result = parse_tasks(tasks).run(lambda s: encoder.encode(s, 128, "fp32", False), root)
     return {
         "seconds": round(time.perf_counter() - started, 1),
         "table": format_sts_table(result.flat()),

@@ -15,7 +15,8 @@ import time
 
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.evaluation.cache import EmbeddingCache
-from csekit.evaluation.transfer import TRANSFER_TASKS, evaluate_transfer, format_transfer_table, load_transfer_task
+from csekit.evaluation.task_set import TaskSet
+from csekit.evaluation.transfer import TRANSFER_TASKS, TransferTask, format_transfer_table
 
 
 def main() -> None:
@@ -33,10 +34,11 @@ def main() -> None:
         lambda s: encoder.encode(s, batch_size=args.batch_size, precision=args.precision, show_progress_bar=True)
     )
     started = time.perf_counter()
-    sentences = [s for name in TRANSFER_TASKS for s in load_transfer_task(args.data_dir, name).sentences()]
+    tasks = TaskSet(TransferTask(name, n_jobs=args.n_jobs) for name in TRANSFER_TASKS).read(args.data_dir)
+    sentences = tasks.sentences()
     cache.prefetch(sentences)
     encoded = time.perf_counter()
-    results = evaluate_transfer(cache, args.data_dir, TRANSFER_TASKS, n_jobs=args.n_jobs)
+    results = tasks.run(cache).flat()  # every sentence is in the cache: the classifiers' time alone
     done = time.perf_counter()
     print(format_transfer_table(results))
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())

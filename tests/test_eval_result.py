@@ -210,10 +210,10 @@ def test_command_encoder_warns_about_another_pooler_and_a_slow_precision(tiny_mo
 
 def test_the_evaluate_printout_reads_the_result(capsys: pytest.CaptureFixture[str]) -> None:
     from csekit.commands.evaluate import print_evaluation
+    from csekit.evaluation.suite import parse_tasks
 
     flat = {"stsb-dev": 0.7, "sick-dev": 0.6, "avg_sts": 0.65, "align": 0.3, "uniform": -2}
-    groups = {"sts": [], "dev": ["stsb-dev", "sick-dev"], "transfer": [], "align": ["align"]}
-    print_evaluation(EvalResult.from_dev_scores(flat), groups)
+    print_evaluation(EvalResult.from_dev_scores(flat), parse_tasks("dev,align"))
     assert capsys.readouterr().out.splitlines() == [
         "stsb-dev: 70.00",
         "sick-dev: 60.00",

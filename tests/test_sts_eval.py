@@ -375,7 +375,7 @@ def test_a_registered_sts_task_is_evaluated_like_the_built_in_ones(tmp_path: Pat
         csekit.register_part("task", "my-sts", EvalTask("my-sts", "transfer", "mine"))
     csekit.register_part("task", "my-sts", task)
     try:
-        assert parse_tasks("my-sts")["sts"] == ["my-sts"]
+        assert parse_tasks("my-sts").names("sts") == ["my-sts"]
         vectors = {"a b": [1.0, 0.0], "c d": [1.0, 1.0], "c x": [1.0, 0.2], "e f": [0.0, 1.0], "y z": [1.0, 0.0]}
         result = evaluate_sts(lambda sentences: np.array([vectors[s] for s in sentences]), tmp_path, ["my-sts"])
         assert result["my-sts"]["test"] == pytest.approx(1.0)  # cosines 1, 0.83, 0 follow the gold order

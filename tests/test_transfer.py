@@ -273,8 +273,12 @@ def test_task_groups() -> None:
     from csekit.evaluation.sts import STS_TASKS
     from csekit.evaluation.suite import parse_tasks as _parse_tasks
 
-    groups = _parse_tasks("all")
-    assert groups == {"sts": list(STS_TASKS), "dev": [], "transfer": list(TRANSFER_TASKS), "align": ["align"]}
-    assert _parse_tasks("transfer,MR,stsb-dev")["transfer"] == list(TRANSFER_TASKS)
+    tasks = _parse_tasks("all")
+    assert tasks.names("sts") == list(STS_TASKS) and tasks.names("dev") == []
+    assert tasks.names("transfer") == list(TRANSFER_TASKS) and tasks.names("align") == ["align"]
+    assert tasks.names() == [*STS_TASKS, "align", *TRANSFER_TASKS]  # the order they are encoded and reported in
+    named = _parse_tasks("transfer,MR,stsb-dev", classifier="pytorch", n_jobs=2)
+    assert named.names() == ["stsb-dev", *TRANSFER_TASKS]
+    assert {(task.classifier, task.n_jobs) for task in named.of_kind("transfer")} == {("pytorch", 2)}
     with pytest.raises(CsekitError, match='did you mean "SUBJ"'):
         _parse_tasks("SUBJJ")

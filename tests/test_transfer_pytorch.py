@@ -120,16 +120,19 @@ def test_the_report_names_the_transfer_protocol_and_reads_back(tmp_path: Path) -
     """The report says which protocol computed the transfer numbers, and reads back with the per-fold choices (MR's C
     for each fold, a list: results.json with transfer tasks did not read back before)."""
     from csekit.evaluation.result import EvalResult
-    from csekit.evaluation.suite import protocol_facts
+    from csekit.evaluation.suite import parse_tasks, protocol_facts
+    from csekit.evaluation.task_set import TaskSet
 
     data = make_transfer_dir(tmp_path / "data", n=20)
-    groups = {"sts": [], "dev": [], "transfer": ["MR"], "align": []}
+    tasks = parse_tasks("MR")
     result = EvalResult.from_flat(evaluate_transfer(marker_encoder, data, ["MR"], n_jobs=1, k=3))
-    report = json.loads(json.dumps(result.report(protocol_facts("none", groups, "sklearn"))))
+    report = json.loads(json.dumps(result.report(protocol_facts("none", tasks))))
     assert report["transfer_classifier"] == "sklearn" and report["sentence_end"] == "none"
     assert isinstance(report["tasks"]["MR"]["C"], list)
     assert EvalResult.from_json(report, "results.json").tasks["MR"]["acc"] == pytest.approx(1.0)
-    assert "transfer_classifier" not in protocol_facts("sncse", {**groups, "transfer": []}, "pytorch")
+    assert protocol_facts("none", parse_tasks("MR", classifier="pytorch"))["transfer_classifier"] == "pytorch"
+    assert "transfer_classifier" not in protocol_facts("sncse", TaskSet())
+    assert "transfer_classifier" not in protocol_facts("sncse", parse_tasks("sts,align"))
 
 
 def test_bench_names_the_protocol_beside_each_compared_number() -> None:

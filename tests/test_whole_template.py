@@ -34,7 +34,7 @@ from csekit.encoding.pooling import MaskPooler, Pooler, make_pooler
 from csekit.encoding.sentence_end import end_sentences
 from csekit.encoding.whole_template import evaluation_ids
 from csekit.evaluation.sts_data import load_sts_task
-from csekit.evaluation.suite import protocol_facts
+from csekit.evaluation.suite import parse_tasks, protocol_facts
 from csekit.training.dev_scoring import dev_encoder
 from csekit.training.recipe import Recipe, load_recipe
 from csekit.training.trainer import train
@@ -279,13 +279,11 @@ def test_a_bad_test_template_is_one_line_naming_where(
 
 
 def test_the_reports_name_the_test_template() -> None:
-    groups = {"sts": ["STS13"], "dev": [], "transfer": [], "align": []}
-    assert protocol_facts("promptbert", groups, "sklearn", PROMPTBERT_TEST_TEMPLATE)["test_template"] == (
-        PROMPTBERT_TEST_TEMPLATE
-    )
-    assert protocol_facts("none", groups, "sklearn")["test_template"] == "none"
-    assert "tokenised whole" in protocol_label("none", groups, "sklearn", PROMPTBERT_TEST_TEMPLATE)
-    assert "tokenised whole" not in protocol_label("none", groups, "sklearn")
+    tasks = parse_tasks("STS13")
+    assert protocol_facts("promptbert", tasks, PROMPTBERT_TEST_TEMPLATE)["test_template"] == PROMPTBERT_TEST_TEMPLATE
+    assert protocol_facts("none", tasks)["test_template"] == "none"
+    assert "tokenised whole" in protocol_label("none", tasks, PROMPTBERT_TEST_TEMPLATE)
+    assert "tokenised whole" not in protocol_label("none", tasks)
     runs = [{"sentence_end": "sncse", "test_template": 'x " [X] " [MASK]'}, {"sentence_end": "sncse"}]
     assert protocol("STS13", runs) == "sentence end sncse, training ids and whole test template"
     assert protocol("STS13", runs[1:]) == "sentence end sncse"

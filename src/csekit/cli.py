@@ -34,7 +34,7 @@ from csekit.commands.evaluate import (
     TestTemplateOption,
     WhitenDimOption,
     check_evaluate_numbers,
-    evaluation_groups,
+    evaluation_tasks,
     model_reading,
     print_evaluation,
     protocol_label,
@@ -174,7 +174,7 @@ def evaluate(
     """Evaluate a model SentEval's way: STS (Spearman x 100), transfer tasks (accuracy x 100), alignment/uniformity;
     on your own files: sentence pairs (--pairs), retrieval sets (--retrieval); and on MTEB (--mteb)."""
     from csekit.core.atomic import atomic_write_text
-    from csekit.evaluation.file_tasks import read_file_tasks, skipped_report
+    from csekit.evaluation.file_tasks import file_paths, read_file_tasks, skipped_report
     from csekit.evaluation.instructions import read_instruction_set
 
     whitened = whiten or whiten_dim is not None
@@ -186,28 +186,30 @@ def evaluate(
     from csekit.encoding.instruction import check_instruction_pooler
     from csekit.evaluation.command_encoder import command_encoder
     from csekit.evaluation.mteb_run import resolve_tasks, run_mteb
-    from csekit.evaluation.suite import protocol_facts, run_evaluation
+    from csekit.evaluation.suite import protocol_facts
 
     mteb_tasks = resolve_tasks(mteb, whitened)  # an unknown name: one line, before the model is loaded
     own = bool(pairs or retrieval or mteb)
-    groups = evaluation_groups(tasks, own, whitened, bool(retrieval), classifier, sentence_end, test_template)
+    checks = (classifier, sentence_end, test_template, n_jobs)
+    senteval = evaluation_tasks(tasks, own, whitened, bool(retrieval), *checks)
     reading = model_reading(sentence_end, test_template, demonstration, pooler)  # None: the model's own
-    root = resolve_data_dir(data_dir) if any(groups.values()) else None
+    root = resolve_data_dir(data_dir) if senteval else None
+    task_set = senteval.joined(own_files)
     encode = command_encoder(model, pooler, precision, batch_size, warn=warn, **reading)
     if instruction_set is not None:  # a pooler that cannot leave the instruction out: one line before any task runs
         check_instruction_pooler(encode.encoder.pooler)
     started = time.perf_counter()
-    result = run_evaluation(encode, root, groups, whitened, whiten_dim, n_jobs, own_files, classifier)
+    result = task_set.run(encode, root, whitened, whiten_dim)
     mteb_run = run_mteb(encode, model, mteb_tasks, output, instruction_set) if mteb_tasks else None
     result.tasks.update(mteb_run.tasks if mteb_run else {})
     elapsed = time.perf_counter() - started
-    print_evaluation(result, groups)
+    print_evaluation(result, task_set)
     for line in mteb_run.lines if mteb_run else []:
         typer.echo(line)
     skipped = skipped_report(own_files)
-    warn_skipped(skipped, {read.task.name: read.task.path for read in own_files})
+    warn_skipped(skipped, file_paths(own_files))
     whitening = f", whitened{'' if whiten_dim is None else f' to {whiten_dim} dims'}" if whitened else ""
-    how = (encode.sentence_end, groups, classifier, encode.test_template, encode.demonstration)
+    how = (encode.sentence_end, task_set, encode.test_template, encode.demonstration)
     protocol = protocol_label(*how)
     typer.echo(f"({model}, pooler {encode.pooler}, {encode.label}{whitening}{protocol}, {elapsed:.1f} s)")
     if output is not None:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from csekit.bench.results import COSINES_FILE, RESULTS_FILE
-from csekit.bench.suite import Suite, SuiteRecipe, load_suite, run_dir, suite_groups
+from csekit.bench.suite import Suite, SuiteRecipe, load_suite, run_dir, suite_tasks
 from csekit.bench.summary import summarise
 from csekit.core.atomic import atomic_write_text, write_file
 from csekit.core.errors import CsekitError
@@ -35,8 +35,7 @@ def _run_one(
     from csekit.data.data_dir import resolve_data_dir
     from csekit.evaluation.alignment import pairwise_cosines, sample_sentences
     from csekit.evaluation.command_encoder import command_encoder
-    from csekit.evaluation.file_tasks import read_task
-    from csekit.evaluation.suite import protocol_facts, run_evaluation
+    from csekit.evaluation.suite import protocol_facts
     from csekit.training.run_folder import load_run_recipe, resolve_run_paths
     from csekit.training.trainer import train
 
@@ -50,16 +49,14 @@ def _run_one(
     evaluate_start = time.perf_counter()
     encode = command_encoder(folder / "best", None, "fp32", config.run.eval_batch_size, show_progress=False)
     root = resolve_data_dir(data_dir)
-    files = [read_task(task) for task in suite.files]
-    groups = suite_groups(suite)
-    evaluation = run_evaluation(encode, root, groups, n_jobs=-1, files=files, classifier=suite.transfer_classifier)
+    tasks = suite_tasks(suite, n_jobs=-1)
+    evaluation = tasks.run(encode, root)
     corpus = open_corpus(config.data.corpus, root, config.data.max_chars, "skip", config.data.text_column)
     texts = [str(corpus[i]) for i in range(len(corpus))]
     sample = sample_sentences(texts, suite.sample_sentences, seed=seed)
     cosines = pairwise_cosines(encode(sample)).astype(np.float32)
     facts: dict[str, Any] = {"recipe": recipe.name, "seed": seed, "steps": result.steps, "best_step": result.best_step}
-    protocol = (encode.sentence_end, groups, suite.transfer_classifier, encode.test_template, encode.demonstration)
-    facts.update(protocol_facts(*protocol))
+    facts.update(protocol_facts(encode.sentence_end, tasks, encode.test_template, encode.demonstration))
     # Wall time of this call (training includes its dev evaluations); a resumed run counts only its last part.
     facts["wall_seconds"] = {
         "train": round(train_seconds, 3),
@@ -138,9 +135,8 @@ def _missing_task_data(suite: Suite, data_dir: Path | None) -> str | None:
         root = resolve_data_dir(data_dir)
     except CsekitError:
         return None  # every recipe's check has said so already
-    groups = suite_groups(suite)
     missing = []
-    for name in (*groups["sts"], *groups["dev"], *groups["transfer"]):
+    for name in suite_tasks(suite).names("sts", "dev", "transfer"):
         task = EVAL_TASKS.get(name)
         try:
             if task.load is None:

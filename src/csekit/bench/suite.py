@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -15,6 +15,9 @@ from csekit.core.safe_names import check_label, check_name, child_path
 from csekit.evaluation.published import load_published
 from csekit.evaluation.tasks import TRANSFER_CLASSIFIERS, FileTask
 from csekit.training.recipe_schema import MAX_SEED
+
+if TYPE_CHECKING:
+    from csekit.evaluation.task_set import TaskSet
 
 SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline", "published", "transfer_classifier"}
 RECIPE_KEYS = {"recipe", "name", "set", "control", "paper"}
@@ -164,7 +167,7 @@ def _suite_tasks(path: Path, text: str, value: Any) -> tuple[str, list[FileTask]
     """The suite's `tasks` (a comma list, or a YAML list of names and file tasks): SentEval's tasks as `--tasks`
     names them, and the user's files (`pairs:PATH`, `retrieval:PATH`, or mappings with `columns` and `split`, as
     `train.dev_task` takes them), relative to the suite and held absolute, each read and checked now."""
-    from csekit.evaluation.file_tasks import read_task, split_file_entries
+    from csekit.evaluation.file_tasks import file_task_set, split_file_entries
     from csekit.evaluation.suite import parse_tasks
 
     listed = value if isinstance(value, list) else [value]
@@ -177,8 +180,7 @@ def _suite_tasks(path: Path, text: str, value: Any) -> tuple[str, list[FileTask]
         others, files = split_file_entries(entries, base=Path(absolute(path)).parent, given_by="tasks")
         if others or not files:
             parse_tasks(",".join(others) if others else text_of_tasks)  # nothing named: the text as written
-        for task in files:
-            read_task(task)
+        file_task_set(files).read()
     except CsekitError as error:
         raise CsekitError(f"{at(path, _line_of(text, 'tasks'))}: {error}") from None
     return ",".join(others), files
@@ -262,11 +264,15 @@ def _check_controls(path: Path, text: str, recipes: list[SuiteRecipe]) -> None:
             )
 
 
-def suite_groups(suite: Suite) -> dict[str, list[str]]:
-    """The SentEval task groups the suite evaluates (none when it names only the user's files)."""
+def suite_tasks(suite: Suite, n_jobs: int | None = 1) -> TaskSet:
+    """The tasks the suite evaluates (not read yet): SentEval's as `tasks` names them, with its transfer classifier
+    (`n_jobs` fits at once), then the user's files."""
+    from csekit.evaluation.file_tasks import file_task_set
     from csekit.evaluation.suite import parse_tasks
+    from csekit.evaluation.task_set import TaskSet
 
-    return parse_tasks(suite.tasks) if suite.tasks else {"sts": [], "dev": [], "transfer": [], "align": []}
+    senteval = parse_tasks(suite.tasks, suite.transfer_classifier, n_jobs) if suite.tasks else TaskSet()
+    return senteval.joined(file_task_set(suite.files))
 
 
 def run_dir(output: Path, recipe: SuiteRecipe, seed: int) -> Path:

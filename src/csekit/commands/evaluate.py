@@ -13,6 +13,7 @@ from csekit.core.errors import CsekitError
 
 if TYPE_CHECKING:  # the evaluation modules bring scipy and torch: imported when a command runs, not for --help
     from csekit.evaluation.result import EvalResult
+    from csekit.evaluation.task_set import TaskSet
 
 PairsOption = Annotated[
     list[Path] | None,
@@ -115,19 +116,18 @@ ClassifierOption = Annotated[
 
 
 def protocol_label(
-    sentence_end: str,
-    groups: dict[str, list[str]],
-    classifier: str,
-    test_template: str = "none",
-    demonstration: dict[str, str] | None = None,
+    sentence_end: str, tasks: TaskSet, test_template: str = "none", demonstration: dict[str, str] | None = None
 ) -> str:
-    """What the last line adds about how the numbers were computed: a sentence-end rule, a test template tokenised
-    whole, PromptEOL's demonstration, the transfer classifier."""
+    """What the last line adds about how the numbers were computed (`protocol_facts`): a sentence-end rule, a test
+    template tokenised whole, PromptEOL's demonstration, the transfer classifier."""
+    from csekit.evaluation.suite import protocol_facts
+
+    facts = protocol_facts(sentence_end, tasks, test_template, demonstration)
     label = "" if sentence_end == "none" else f", sentence end {sentence_end}"
     label += "" if test_template == "none" else f", test template {test_template!r} tokenised whole"
     if demonstration is not None:
         label += f', demonstration "{demonstration["sentence"]}" -> "{demonstration["word"]}"'
-    return label + (f", transfer classifier {classifier}" if groups["transfer"] else "")
+    return label + (f", transfer classifier {facts['transfer_classifier']}" if "transfer_classifier" in facts else "")
 
 
 def check_evaluate_numbers(batch_size: int, n_jobs: int, whiten_dim: int | None) -> None:
@@ -156,7 +156,7 @@ def model_reading(
     return reading
 
 
-def evaluation_groups(
+def evaluation_tasks(
     tasks: str | None,
     own_files: bool,
     whiten: bool,
@@ -164,12 +164,14 @@ def evaluation_groups(
     classifier: str = "sklearn",
     sentence_end: str | None = None,
     test_template: str | None = None,
-) -> dict[str, list[str]]:
-    """The SentEval task groups to run: `--tasks`, else `sts`, else none when only the user's files are scored
-    (`--classifier`, `--sentence-end` and `--test-template` checked here too, before the model loads)."""
+    n_jobs: int | None = 1,
+) -> TaskSet:
+    """The SentEval tasks to run (not read yet): `--tasks`, else `sts`, else none when only the user's files are
+    scored (`--classifier`, `--sentence-end` and `--test-template` checked here too, before the model loads)."""
     from csekit.encoding.sentence_end import check_sentence_end
     from csekit.encoding.whole_template import check_test_template
     from csekit.evaluation.suite import parse_tasks
+    from csekit.evaluation.task_set import TaskSet
     from csekit.evaluation.transfer import check_classifier
 
     check_classifier(classifier)
@@ -181,32 +183,30 @@ def evaluation_groups(
     if whiten and retrieval:
         raise CsekitError("--whiten does not go with --retrieval (a whitening kernel from a whole corpus is not built)")
     if tasks is None and own_files:
-        return {"sts": [], "dev": [], "transfer": [], "align": []}
-    return parse_tasks("sts" if tasks is None else tasks)
+        return TaskSet()
+    return parse_tasks("sts" if tasks is None else tasks, classifier, n_jobs)
 
 
-def print_evaluation(result: EvalResult, groups: dict[str, list[str]]) -> None:
+def print_evaluation(result: EvalResult, tasks: TaskSet) -> None:
     """The STS table, the dev scores and their mean, the transfer table and alignment/uniformity, as run; then
     each of the user's own tasks."""
-    from csekit.evaluation.result import STS_AVERAGE, TRANSFER_AVERAGE
     from csekit.evaluation.sts import format_sts_table
-    from csekit.evaluation.tasks import AVG_STS, FILE_TASK_KINDS
+    from csekit.evaluation.tasks import AVG_STS
     from csekit.evaluation.transfer import format_transfer_table
 
-    tasks, averages = result.tasks, result.averages
-    if groups["sts"]:
-        typer.echo(format_sts_table({**tasks, STS_AVERAGE: averages.get(STS_AVERAGE)}))
-    for task in groups["dev"]:
-        typer.echo(f"{task}: {100 * tasks[task]:.2f}")
+    scores, averages = result.tasks, result.averages
+    if tasks.of_kind("sts"):
+        typer.echo(format_sts_table(result.flat()))
+    for task in tasks.names("dev"):
+        typer.echo(f"{task}: {100 * scores[task]:.2f}")
     if averages.get(AVG_STS) is not None:
         typer.echo(f"{AVG_STS}: {100 * averages[AVG_STS]:.2f} (the mean of stsb-dev and sick-dev)")
-    if groups["transfer"]:
-        typer.echo(format_transfer_table({**tasks, TRANSFER_AVERAGE: averages.get(TRANSFER_AVERAGE)}))
-    if groups["align"]:
-        typer.echo(f"alignment {tasks['align']['align']:.4f}, uniformity {tasks['align']['uniform']:.4f} (STS-B dev)")
-    for name, scores in tasks.items():
-        if name.partition(":")[0] in FILE_TASK_KINDS:
-            typer.echo(format_file_task(name, scores))
+    if tasks.of_kind("transfer"):
+        typer.echo(format_transfer_table(result.flat()))
+    if tasks.of_kind("align"):
+        typer.echo(f"alignment {scores['align']['align']:.4f}, uniformity {scores['align']['uniform']:.4f} (STS-B dev)")
+    for name in tasks.names("pairs", "retrieval"):
+        typer.echo(format_file_task(name, scores[name]))
 
 
 def _percent(value: Any) -> str:

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from csekit.evaluation.result import EvalResult
     from csekit.evaluation.sts import DEV_TASKS, STS_TASKS, evaluate_dev, evaluate_sts, format_sts_table
     from csekit.evaluation.sts_data import load_sts_task
+    from csekit.evaluation.task_set import Task, TaskSet
     from csekit.evaluation.tasks import StsSubset
 
 _PUBLIC = {
@@ -20,6 +21,8 @@ _PUBLIC = {
     "STS_TASKS": "csekit.evaluation.sts",
     "EvalResult": "csekit.evaluation.result",
     "StsSubset": "csekit.evaluation.tasks",
+    "Task": "csekit.evaluation.task_set",
+    "TaskSet": "csekit.evaluation.task_set",
     "evaluate_dev": "csekit.evaluation.sts",
     "evaluate_sts": "csekit.evaluation.sts",
     "format_sts_table": "csekit.evaluation.sts",
@@ -31,6 +34,8 @@ __all__ = [
     "STS_TASKS",
     "EvalResult",
     "StsSubset",
+    "Task",
+    "TaskSet",
     "evaluate_dev",
     "evaluate_sts",
     "format_sts_table",

@@ -7,13 +7,15 @@ Gaussian potential exp(-2 ||x - y||^2) over all pairs of distinct sentences. Low
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.special import logsumexp
 
+from csekit.evaluation.result import ALIGN_SCORES, ALIGN_TASK
 from csekit.evaluation.sts_data import load_sts_task
+from csekit.evaluation.task_set import TaskSet
 from csekit.evaluation.tasks import StsSubset
 
 Encoder = Callable[[list[str]], np.ndarray]
@@ -39,6 +41,8 @@ def uniformity(x: np.ndarray, t: float = 2.0, block: int = 2048) -> float:
 
     Computed blockwise with log-sum-exp, so thousands of sentences need little memory.
     """
+    from scipy.special import logsumexp  # here: choosing dev tasks (a recipe's check) imports no scipy
+
     z = _normalise(x)
     n = len(z)
     if n < 2:
@@ -72,12 +76,49 @@ def align_uniform_from_embeddings(index: dict[str, int], emb: np.ndarray, subset
     return {"align": alignment(u, v), "uniform": uniformity(emb[[index[s] for s in distinct]])}
 
 
+@dataclass(frozen=True)
+class AlignTask:
+    """Alignment and uniformity on a dev split (STS-B dev by default; a training's first dev split), task `align`:
+    two distances, lower is better, never selected on. It reads what the split's `StsTask` reads (one read)."""
+
+    split: str = "stsb-dev"
+
+    @property
+    def name(self) -> str:
+        return ALIGN_TASK
+
+    @property
+    def kind(self) -> str:
+        return "align"
+
+    @property
+    def source(self) -> Hashable:
+        return ("sts", self.split)
+
+    @property
+    def selectable(self) -> tuple[str, ...]:
+        return ()
+
+    def read(self, data_dir: str | Path | None) -> list[StsSubset]:
+        return load_sts_task(data_dir, self.split)
+
+    def sentences(self, data: list[StsSubset]) -> list[str]:
+        return [*data[0].sentences1, *data[0].sentences2]
+
+    def score(self, data: list[StsSubset], encode: Encoder, encode_raw: Encoder) -> dict[str, float]:
+        """Alignment and uniformity of the split's first subset: one encode call on its distinct sentences."""
+        subset = data[0]
+        sentences = list(dict.fromkeys([*subset.sentences1, *subset.sentences2]))
+        emb = np.asarray(encode(sentences), dtype=np.float32)
+        return align_uniform_from_embeddings({s: i for i, s in enumerate(sentences)}, emb, subset)
+
+    def primary(self, data: list[StsSubset]) -> str:
+        return ALIGN_SCORES[0]
+
+
 def evaluate_align_uniform(encode: Encoder, data_dir: str | Path | None, task: str = "stsb-dev") -> dict[str, float]:
     """Alignment and uniformity of a model on STS-B dev (or SICK trial): one encode call."""
-    (subset,) = load_sts_task(data_dir, task)
-    sentences = list(dict.fromkeys([*subset.sentences1, *subset.sentences2]))
-    emb = np.asarray(encode(sentences), dtype=np.float32)
-    return align_uniform_from_embeddings({s: i for i, s in enumerate(sentences)}, emb, subset)
+    return TaskSet([AlignTask(task)]).run(encode, data_dir).tasks[ALIGN_TASK]
 
 
 def pairwise_cosines(x: np.ndarray) -> np.ndarray:

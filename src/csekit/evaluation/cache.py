@@ -12,8 +12,8 @@ Encoder = Callable[[list[str]], np.ndarray]
 class EmbeddingCache:
     """Wraps an encoder: `prefetch` encodes all sentences of a run in one call, later calls read rows.
 
-    The STS, transfer and alignment evaluations each make their own encode call; in front of them
-    this cache makes the model run once per run, on the union of their sentences.
+    Each task of a `TaskSet` makes its own encode call; in front of them this cache makes the model run once per
+    run, on the union of their sentences.
     """
 
     def __init__(self, encode: Encoder) -> None:
@@ -26,6 +26,10 @@ class EmbeddingCache:
         if missing:
             self.calls += 1
             emb = np.asarray(self._encode(missing), dtype=np.float32)
+            if emb.ndim != 2 or emb.shape[0] != len(missing):
+                raise ValueError(
+                    f"encode returned shape {emb.shape} for {len(missing)} sentences; expected one row each"
+                )
             self._rows.update(zip(missing, emb, strict=True))
 
     def __call__(self, sentences: list[str]) -> np.ndarray:

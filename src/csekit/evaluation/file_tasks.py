@@ -1,9 +1,11 @@
-"""The tasks of a user's own files (`--pairs FILE`, `--retrieval DIR`): read them all before the model is loaded
-(a bad file is one line at once, not after the model pass), then score each as one task of the `EvalResult`."""
+"""The tasks of a user's own files (`--pairs FILE`, `--retrieval DIR`, `pairs:PATH` and `retrieval:PATH` in a task
+list): parsed here, read before the model is loaded (a bad file is one line at once, not after the model pass),
+then each scored as one task of a `TaskSet` (`PairsTask`, `RetrievalTask`), by `csekit evaluate`, bench and the
+trainer's dev scoring alike."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -15,6 +17,7 @@ from csekit.core.errors import CsekitError, did_you_mean
 from csekit.evaluation.pairs import DEFAULT_COLUMNS, PairsFile, parse_columns, read_pairs, score_pairs, skipped_lines
 from csekit.evaluation.retrieval import METRICS, evaluate_retrieval
 from csekit.evaluation.retrieval_data import RetrievalSet, check_split, read_retrieval_set
+from csekit.evaluation.task_set import TaskSet
 from csekit.evaluation.tasks import FILE_TASK_KINDS, FileTask, PairsColumns, file_task, file_tasks, unique_tasks
 
 Encoder = Callable[[list[str]], np.ndarray]
@@ -130,52 +133,103 @@ def entry_columns(value: Any) -> PairsColumns | None:
     return parse_columns(text, "columns")
 
 
-def read_task(task: FileTask) -> ReadTask:
-    """A file task read and checked: a pairs file with its columns, a retrieval folder with its qrels split."""
-    if task.kind == "pairs":
-        return ReadTask(task, read_pairs(task.path, task.columns or DEFAULT_COLUMNS))
-    return ReadTask(task, read_retrieval_set(task.path, task.split))
+@dataclass(frozen=True)
+class PairsTask:
+    """A pairs file (`--pairs`, `pairs:PATH`): Spearman (its primary score) and Pearson of the cosines against its
+    gold scores, with the pairs scored and the lines skipped."""
+
+    file: FileTask
+
+    @property
+    def name(self) -> str:
+        return self.file.name
+
+    @property
+    def kind(self) -> str:
+        return "pairs"
+
+    @property
+    def source(self) -> Hashable:
+        return ("pairs", self.file.path, self.file.columns)
+
+    @property
+    def selectable(self) -> tuple[str, ...]:
+        return tuple(f"{self.name}/{score}" for score in FILE_TASK_SCORES["pairs"])
+
+    def read(self, data_dir: str | Path | None) -> PairsFile:
+        return read_pairs(self.file.path, self.file.columns or DEFAULT_COLUMNS)
+
+    def sentences(self, data: PairsFile) -> list[str]:
+        return [*data.sentences1, *data.sentences2]
+
+    def score(self, data: PairsFile, encode: Encoder, encode_raw: Encoder) -> dict[str, float]:
+        return score_pairs(encode, data)
+
+    def primary(self, data: PairsFile) -> str:
+        return FILE_TASK_SCORES["pairs"][0]
 
 
 @dataclass(frozen=True)
-class ReadTask:
-    """A file task and what was read from its file or folder."""
+class RetrievalTask:
+    """A BEIR-layout folder (`--retrieval`, `retrieval:PATH`) and its qrels split: exact cosine search, nDCG@10
+    (its primary score), MRR@10, Recall@10 and @100, the queries and documents counted. Its corpus is encoded
+    through the encoder itself a chunk at a time, never held in the run's embeddings."""
 
-    task: FileTask
-    data: PairsFile | RetrievalSet
+    file: FileTask
 
-    def sentences(self) -> list[str]:
-        """The sentences of a pairs task (encoded with the run's other sentences); a corpus is encoded apart."""
-        if isinstance(self.data, PairsFile):
-            return [*self.data.sentences1, *self.data.sentences2]
+    @property
+    def name(self) -> str:
+        return self.file.name
+
+    @property
+    def kind(self) -> str:
+        return "retrieval"
+
+    @property
+    def source(self) -> Hashable:
+        return ("retrieval", self.file.path, self.file.split)
+
+    @property
+    def selectable(self) -> tuple[str, ...]:
+        return tuple(f"{self.name}/{score}" for score in FILE_TASK_SCORES["retrieval"])
+
+    def read(self, data_dir: str | Path | None) -> RetrievalSet:
+        return read_retrieval_set(self.file.path, self.file.split)
+
+    def sentences(self, data: RetrievalSet) -> list[str]:
         return []
+
+    def score(self, data: RetrievalSet, encode: Encoder, encode_raw: Encoder) -> dict[str, float]:
+        return evaluate_retrieval(encode_raw, data)
+
+    def primary(self, data: RetrievalSet) -> str:
+        return FILE_TASK_SCORES["retrieval"][0]
+
+
+def file_task_set(tasks: Sequence[FileTask]) -> TaskSet:
+    """The tasks of a user's files (not read yet), in the order given."""
+    return TaskSet(PairsTask(task) if task.kind == "pairs" else RetrievalTask(task) for task in tasks)
 
 
 def read_file_tasks(
     pairs: Sequence[Path] = (), columns: str | None = None, retrieval: Sequence[Path] = (), split: str = "test"
-) -> list[ReadTask]:
-    """Every `--pairs` file (its columns named by `--pairs-columns`) and `--retrieval` folder (qrels `split`)."""
+) -> TaskSet:
+    """Every `--pairs` file (its columns named by `--pairs-columns`) and `--retrieval` folder (qrels `split`), read
+    and checked now (a bad file is one line before the model loads)."""
     parsed = parse_columns(columns)
     tasks = [*file_tasks("pairs", pairs, columns=parsed), *file_tasks("retrieval", retrieval, split=split)]
-    return [read_task(task) for task in tasks]
+    return file_task_set(tasks).read()
 
 
-def score_file_tasks(encode: Encoder, encode_raw: Encoder, tasks: Sequence[ReadTask]) -> dict[str, Any]:
-    """Each task's scores by its name: pairs through `encode` (the run's cache, whitened when asked), a retrieval
-    corpus through `encode_raw` a chunk at a time (never held in the cache)."""
-    scores: dict[str, Any] = {}
-    for read in tasks:
-        if isinstance(read.data, PairsFile):
-            scores[read.task.name] = score_pairs(encode, read.data)
-        else:
-            scores[read.task.name] = evaluate_retrieval(encode_raw, read.data)
-    return scores
-
-
-def skipped_report(tasks: Sequence[ReadTask]) -> dict[str, list[dict[str, Any]]]:
+def skipped_report(tasks: TaskSet) -> dict[str, list[dict[str, Any]]]:
     """The lines each pairs file skipped (the first 100, with their reasons), for a report's facts."""
     return {
-        read.task.name: skipped_lines(read.data.skipped)
-        for read in tasks
-        if isinstance(read.data, PairsFile) and read.data.skipped
+        task.name: skipped_lines(tasks.data(task).skipped)
+        for task in tasks.of_kind("pairs")
+        if tasks.data(task).skipped
     }
+
+
+def file_paths(tasks: TaskSet) -> dict[str, Path]:
+    """The file or folder of each file task, by its name."""
+    return {task.name: task.file.path for task in tasks if isinstance(task, PairsTask | RetrievalTask)}

@@ -25,7 +25,7 @@ from csekit.core.errors import CsekitError, at
 from csekit.core.json_lines import json_rows, parse_json_row
 from csekit.core.lines import split_lines
 from csekit.data.data_dir import STS_SUBSETS, resolve_data_dir
-from csekit.evaluation.sts_data import load_sts_task, read_split
+from csekit.evaluation.sts_data import read_split, read_year
 from csekit.evaluation.tasks import StsSubset
 from csekit.prep.match_error import mer
 
@@ -102,7 +102,7 @@ def load_probe_datasets(data_dir: str | Path | None) -> list[ProbeDataset]:
     root = resolve_data_dir(data_dir)
     subsets: list[tuple[str, StsSubset]] = []
     for task in STS_SUBSETS:
-        subsets += [(f"{task}-{sub.name.removeprefix('surprise.')}", sub) for sub in load_sts_task(root, task)]
+        subsets += [(f"{task}-{sub.name.removeprefix('surprise.')}", sub) for sub in read_year(root, task)]
     subsets += [(f"STSB-{split}", read_split(root, "STSBenchmark", split)) for split in ("train", "dev", "test")]
     return [
         ProbeDataset(name, sub, np.array([mer(a, b) for a, b in zip(sub.sentences1, sub.sentences2, strict=True)]))

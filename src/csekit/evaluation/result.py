@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Any
 
 from csekit.core.errors import CsekitError
@@ -29,6 +30,9 @@ AVERAGES = (STS_AVERAGE, AVG_STS, TRANSFER_AVERAGE)
 ALIGN_TASK = "align"
 ALIGN_SCORES = ("align", "uniform")
 """The `align` task's two numbers (Wang and Isola's alignment and uniformity), distances rather than scores."""
+FACTS = ("pairs", "skipped", "queries", "documents", "ndev", "ntest", "C", "l2reg")
+"""What a task's result records beside its scores: a file's counts, a transfer task's split sizes and the
+regularisation its protocol chose. They are not in `EvalResult.metrics()`."""
 MAX_DEPTH = 3
 """How deep a task's scores nest (STS12 -> all; MR -> acc): deeper is not what csekit writes."""
 
@@ -93,6 +97,21 @@ class EvalResult:
         """Tasks and averages in one mapping, as the printed tables and the training's metrics read them."""
         return {**self.tasks, **self.averages}
 
+    def metrics(self) -> dict[str, Score]:
+        """Every score under one flat key, the view `train.select_metric` names and a training logs (metrics.jsonl,
+        the progress line): a task scored as one number by its name (`stsb-dev`), then the averages (`avg_sts`),
+        then each named score as `TASK/score` (`pairs:NAME/spearman`, `STS12/all`; the align task's as `align` and
+        `uniform`, see `metric_key`). `FACTS` stay out."""
+        single = {name: value for name, value in self.tasks.items() if not isinstance(value, Mapping)}
+        named = {
+            metric_key(name, key): item
+            for name, value in self.tasks.items()
+            if isinstance(value, Mapping)
+            for key, item in value.items()
+            if key not in FACTS and _is_value(item)
+        }
+        return {**single, **self.averages, **named}
+
     def score(self, *path: str) -> float | None:
         """The number at `path` ("STS12", "all" or "avg"), from the tasks or the averages; None if absent."""
         value: Any = self.flat()
@@ -103,12 +122,25 @@ class EvalResult:
         return _number(value) if _is_number(value) else None
 
 
+def metric_key(task: str, score: str) -> str:
+    """The key of a task's score in `EvalResult.metrics()`: `TASK/score`, the task's name for its one number (score
+    ""), and `align` and `uniform` themselves for the align task (the keys SimCSE's logs and metrics.jsonl use)."""
+    if not score:
+        return task
+    return score if task == ALIGN_TASK else f"{task}/{score}"
+
+
 def _number(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
 def _is_number(value: Any) -> bool:
     return is_finite_number(value)
+
+
+def _is_value(value: Any) -> bool:
+    """A number as scoring gives it (NaN included: a Spearman correlation of constants), or null."""
+    return value is None or (isinstance(value, Real) and not isinstance(value, bool))
 
 
 def _is_score(value: Any) -> bool:

@@ -3,22 +3,23 @@
 The readers reproduce SentEval's parsing (``senteval/sts.py``; STS-B and SICK-R as in SimCSE's
 fork, which scores cosine on the test split without training), so the numbers match the papers.
 Scoring differs only in speed: all sentences of all requested tasks are deduplicated and encoded
-once, instead of per batch and per split. Pair order does not matter for Spearman, so SentEval's
-length sorting is not reproduced.
+once (`csekit.evaluation.task_set.TaskSet`), instead of per batch and per split. Pair order does not matter
+for Spearman, so SentEval's length sorting is not reproduced.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from csekit.data.data_dir import resolve_data_dir
-from csekit.evaluation.alignment import align_uniform_from_embeddings
+from csekit.evaluation.alignment import AlignTask
 from csekit.evaluation.sts_data import load_sts_task
 from csekit.evaluation.table import score_table
-from csekit.evaluation.tasks import AVG_STS, DEV_SPLITS, HEADLINE_STS, StsSubset, check_task, table_columns
+from csekit.evaluation.task_set import TaskSet
+from csekit.evaluation.tasks import DEV_SPLITS, HEADLINE_STS, StsSubset, check_task, table_columns
 
 Encoder = Callable[[list[str]], np.ndarray]
 
@@ -70,42 +71,69 @@ def _score_year(index: dict[str, int], emb: np.ndarray, subsets: list[StsSubset]
     }
 
 
+@dataclass(frozen=True)
+class StsTask:
+    """An STS task of `EVAL_TASKS`, kind sts or dev: a year (STS12-16: SentEval's `all`, `mean` and `wmean` over its
+    subsets), a test split (STS-B, SICK-R: `test`), a dev split (stsb-dev, sick-dev: one Spearman, for model
+    selection; its first subset) or a registered task (scored as a year when it gives several subsets)."""
+
+    name: str
+    kind: str
+
+    @property
+    def source(self) -> Hashable:
+        return ("sts", self.name)
+
+    @property
+    def selectable(self) -> tuple[str, ...]:
+        return (self.name,) if self.kind == "dev" else ()
+
+    def read(self, data_dir: str | Path | None) -> list[StsSubset]:
+        return load_sts_task(data_dir, self.name)
+
+    def sentences(self, data: list[StsSubset]) -> list[str]:
+        return [sentence for sub in self._scored(data) for sentence in (*sub.sentences1, *sub.sentences2)]
+
+    def score(self, data: list[StsSubset], encode: Encoder, encode_raw: Encoder) -> float | dict[str, float]:
+        """Spearman x (in [-1, 1]) of the cosine similarities; `encode` is called once, on the distinct sentences."""
+        subsets = self._scored(data)
+        index, emb = _encode_all(encode, subsets)
+        if self.kind == "dev":
+            (dev,) = subsets
+            return _spearman(_cosine(index, emb, dev), dev.scores)
+        if len(subsets) > 1:  # STS12-16: SentEval's per-year aggregation
+            return _score_year(index, emb, subsets)
+        (test,) = subsets
+        return {"test": _spearman(_cosine(index, emb, test), test.scores)}
+
+    def primary(self, data: list[StsSubset]) -> str:
+        return "" if self.kind == "dev" else "all" if len(data) > 1 else "test"
+
+    def _scored(self, data: list[StsSubset]) -> list[StsSubset]:
+        return data[:1] if self.kind == "dev" else data
+
+
+def sts_task(name: str, kinds: tuple[str, ...] = ("sts", "dev")) -> StsTask:
+    """The task `name` of `kinds`, or one line naming the choices."""
+    return StsTask(name, check_task(name, kinds, "STS task").group)
+
+
+def dev_tasks(names: Sequence[str], align_uniform: bool = False) -> list[StsTask | AlignTask]:
+    """The dev splits `names` and, with `align_uniform`, alignment and uniformity on the first (for model
+    selection during training: SimCSE's STS-B dev, SICK trial)."""
+    tasks: list[StsTask | AlignTask] = [sts_task(name, ("dev",)) for name in names]
+    return [*tasks, AlignTask(names[0])] if align_uniform and names else tasks
+
+
 def evaluate_sts(encode: Encoder, data_dir: str | Path | None, tasks: Sequence[str] = STS_TASKS) -> dict:
     """Spearman x (in [-1, 1]) of cosine similarity for each task, plus `avg` of the seven headline numbers.
 
     Returns {"STS12": {"all", "mean", "wmean"}, ..., "STSBenchmark": {"test"}, "SICKRelatedness":
     {"test"}, "avg"}; `encode` is called once, on the deduplicated sentences of all tasks.
     """
-    if isinstance(tasks, str):
-        tasks = (tasks,)
-    for name in tasks:
-        check_task(name, ("sts",), "STS task")
-    root = resolve_data_dir(data_dir)
-    loaded = {name: load_sts_task(root, name) for name in dict.fromkeys(tasks)}
-    index, emb = _encode_all(encode, (sub for subs in loaded.values() for sub in subs))
-
-    results: dict = {}
-    for name, subsets in loaded.items():
-        if len(subsets) > 1:  # STS12-16: SentEval's per-year aggregation
-            results[name] = _score_year(index, emb, subsets)
-        else:
-            (test,) = subsets
-            results[name] = {"test": _spearman(_cosine(index, emb, test), test.scores)}
-    average = sts_average(results)
-    if average is not None:
-        results["avg"] = average
-    return results
-
-
-def sts_average(results: dict) -> float | None:
-    """The papers' STS average over the seven headline numbers, or None when one is missing."""
-    headline = [results.get(task, {}).get(key) for _, task, key in _TABLE_COLUMNS]
-    return float(np.mean(headline)) if all(x is not None for x in headline) else None
-
-
-def dev_average(results: dict) -> float | None:
-    """`avg_sts`: the mean of STS-B dev and SICK-R dev, or None when one is missing."""
-    return float(np.mean([results[name] for name in DEV_TASKS])) if set(DEV_TASKS) <= set(results) else None
+    names = (tasks,) if isinstance(tasks, str) else tasks
+    task_set = TaskSet([sts_task(name, ("sts",)) for name in names])
+    return task_set.run(encode, data_dir).flat()
 
 
 def evaluate_dev(
@@ -113,25 +141,15 @@ def evaluate_dev(
     data_dir: str | Path | None,
     task: str | Sequence[str] = "stsb-dev",
     align_uniform: bool = False,
-) -> dict[str, float]:
+) -> dict[str, float | None]:
     """Spearman on development splits (STS-B dev, SICK trial), for model selection during training.
 
     `task` is one dev task or several; with both, `avg_sts` (their mean) is added, as SimCSE's and
     DCLR's code report it. All splits are encoded in one call. With `align_uniform`, the same
-    embeddings also give `align` and `uniform` (on STS-B dev when it is evaluated).
+    embeddings also give `align` and `uniform` (on the first split).
     """
-    tasks = [task] if isinstance(task, str) else list(task)
-    for name in tasks:
-        check_task(name, ("dev",), "STS task")
-    devs = [load_sts_task(data_dir, name)[0] for name in tasks]
-    index, emb = _encode_all(encode, devs)
-    scores = {name: _spearman(_cosine(index, emb, dev), dev.scores) for name, dev in zip(tasks, devs, strict=True)}
-    average = dev_average(scores)
-    if average is not None:
-        scores[AVG_STS] = average
-    if align_uniform:
-        scores.update(align_uniform_from_embeddings(index, emb, devs[0]))
-    return scores
+    names = [task] if isinstance(task, str) else list(task)
+    return TaskSet(dev_tasks(names, align_uniform)).run(encode, data_dir).metrics()
 
 
 def format_sts_table(results: dict) -> str:

@@ -99,6 +99,12 @@ def read_split(data_dir: Path, folder: str, split: str) -> StsSubset:
     return StsSubset(split, [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])
 
 
+def read_year(data_dir: Path, folder: str) -> list[StsSubset]:
+    """The subsets of one STS year (STS12-16), in SentEval's order."""
+    task_dir = find_task_dir(data_dir, folder)
+    return [_read_sts_subset(task_dir, subset) for subset in STS_SUBSETS[folder]]
+
+
 def load_sts_task(data_dir: str | Path | None, name: str) -> list[StsSubset]:
     """Load the scored subsets of one STS or dev task: STS12-16 subsets, or the one split STS-B/SICK-R report.
 
@@ -110,7 +116,6 @@ def load_sts_task(data_dir: str | Path | None, name: str) -> list[StsSubset]:
     if task.load is not None:
         return task.load(root)
     if task.folder in STS_SUBSETS:
-        folder = find_task_dir(root, task.folder)
-        return [_read_sts_subset(folder, subset) for subset in STS_SUBSETS[task.folder]]
+        return read_year(root, task.folder)
     assert task.split is not None
     return [read_split(root, task.folder, task.split)]

@@ -9,7 +9,8 @@ The readers and the classifier protocol reproduce SentEval's scikit-learn mode (
   shuffled StratifiedKFold splits depend on the order of the rows;
 * accuracies are rounded the way SentEval rounds them (per fold, x100, 2 decimals).
 
-Only the encoding differs: every distinct sentence of every requested task is encoded in one call.
+Only the encoding differs: every distinct sentence of every requested task is encoded in one call
+(`csekit.evaluation.task_set.TaskSet`).
 The ``acc`` values returned are fractions (SentEval's percentage / 100), like the STS scores.
 
 `classifier="pytorch"` runs SentEval's PyTorch protocol instead (`csekit.evaluation.transfer_pytorch`: Adam,
@@ -19,7 +20,7 @@ the L2 grid 1e-5..1e-2, early stopping), the one the papers' transfer numbers we
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from csekit.data.data_dir import find_task_dir, resolve_data_dir
 from csekit.evaluation import transfer_pytorch
 from csekit.evaluation.files import read_text, universal_lines
 from csekit.evaluation.table import score_table
+from csekit.evaluation.task_set import TaskSet
 from csekit.evaluation.tasks import TRANSFER_CLASSIFIERS, TRANSFER_TASKS, table_columns
 
 Encoder = Callable[[list[str]], np.ndarray]
@@ -72,8 +74,9 @@ class TransferSplit:
 
 
 @dataclass(frozen=True)
-class TransferTask:
-    """One task: `all` (cross-validated binary tasks), `train`/`test` (TREC, MRPC) or `train`/`dev`/`test` (SST-2)."""
+class TransferData:
+    """One task's data: `all` (cross-validated binary tasks), `train`/`test` (TREC, MRPC) or `train`/`dev`/`test`
+    (SST-2)."""
 
     name: str
     splits: dict[str, TransferSplit] = field(default_factory=dict)
@@ -109,11 +112,11 @@ def _read_binary_file(path: Path) -> list[str]:
     return [_join(line.split()) for line in read_text(path, "latin-1").splitlines()]
 
 
-def read_binary(folder: Path, name: str) -> TransferTask:
+def read_binary(folder: Path, name: str) -> TransferData:
     pos_file, neg_file = _BINARY_FILES[name]
     pos = _read_binary_file(folder / pos_file)
     neg = _read_binary_file(folder / neg_file)
-    return TransferTask(name, {"all": _sorted_split(pos + neg, [1] * len(pos) + [0] * len(neg))})
+    return TransferData(name, {"all": _sorted_split(pos + neg, [1] * len(pos) + [0] * len(neg))})
 
 
 def read_sst_file(path: Path) -> tuple[list[str], list[int]]:
@@ -175,7 +178,7 @@ def _check_name(name: str) -> None:
         raise CsekitError(f'unknown transfer task "{name}"{did_you_mean(name, TRANSFER_TASKS)}; choose from {choices}')
 
 
-def load_transfer_task(data_dir: str | Path | None, name: str) -> TransferTask:
+def load_transfer_task(data_dir: str | Path | None, name: str) -> TransferData:
     """Read one transfer task from `data_dir` (csekit's `transfer/NAME` or SentEval's layout)."""
     _check_name(name)
     folder = find_task_dir(resolve_data_dir(data_dir), name)
@@ -185,16 +188,16 @@ def load_transfer_task(data_dir: str | Path | None, name: str) -> TransferTask:
         splits = {
             split: _sorted_split(*read_sst_file(folder / f"sentiment-{split}")) for split in ("train", "dev", "test")
         }
-        return TransferTask(name, splits)
+        return TransferData(name, splits)
     if name == "TREC":
         train = _sorted_split(*read_trec_file(folder / "train_5500.label"))
         test = _sorted_split(*read_trec_file(folder / "TREC_10.label"))
-        return TransferTask(name, {"train": train, "test": test})
+        return TransferData(name, {"train": train, "test": test})
     splits = {}
     for split in ("train", "test"):
         a, b, y = read_mrpc_file(folder / f"msr_paraphrase_{split}.txt")
         splits[split] = _sorted_split(a, y, b)
-    return TransferTask(name, splits)
+    return TransferData(name, splits)
 
 
 # --- classifiers (SentEval's InnerKFoldClassifier, KFoldClassifier, SplitClassifier) -------------
@@ -278,7 +281,7 @@ def split_classifier(x: dict[str, np.ndarray], y: dict[str, np.ndarray], n_jobs:
 # --- evaluation ------------------------------------------------------------------------------------
 
 
-def _encode_all(encode: Encoder, tasks: Sequence[TransferTask]) -> tuple[dict[str, int], np.ndarray]:
+def _encode_all(encode: Encoder, tasks: Sequence[TransferData]) -> tuple[dict[str, int], np.ndarray]:
     index: dict[str, int] = {}
     for task in tasks:
         for sentence in task.sentences():
@@ -299,7 +302,7 @@ def check_classifier(classifier: str) -> None:
 
 
 def run_transfer_task(
-    task: TransferTask,
+    task: TransferData,
     index: dict[str, int],
     emb: np.ndarray,
     n_jobs: int | None = 1,
@@ -313,7 +316,7 @@ def run_transfer_task(
 
 
 def _classify(
-    task: TransferTask, index: dict[str, int], emb: np.ndarray, n_jobs: int | None, k: int, pytorch: bool
+    task: TransferData, index: dict[str, int], emb: np.ndarray, n_jobs: int | None, k: int, pytorch: bool
 ) -> dict:
     splits = task.splits
     classes = len(_TREC_CLASSES) if task.name == "TREC" else 2
@@ -349,6 +352,47 @@ def _classify(
     return {**result, "ndev": len(train), "ntest": len(test)}
 
 
+@dataclass(frozen=True)
+class TransferTask:
+    """A SentEval transfer task (`TRANSFER_TASKS`): a classifier on frozen embeddings, SentEval's `classifier`
+    protocol (sklearn or pytorch) with `k` folds, its fits `n_jobs` at once (-1: all cores; the results do not
+    change). Its result: `acc` (the primary score), `devacc`, the chosen C or l2reg, `ndev`, `ntest`."""
+
+    name: str
+    classifier: str = "sklearn"
+    n_jobs: int | None = 1
+    k: int = KFOLD
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        check_classifier(self.classifier)
+
+    @property
+    def kind(self) -> str:
+        return "transfer"
+
+    @property
+    def source(self) -> Hashable:
+        return ("transfer", self.name)
+
+    @property
+    def selectable(self) -> tuple[str, ...]:
+        return ()
+
+    def read(self, data_dir: str | Path | None) -> TransferData:
+        return load_transfer_task(data_dir, self.name)
+
+    def sentences(self, data: TransferData) -> list[str]:
+        return data.sentences()
+
+    def score(self, data: TransferData, encode: Encoder, encode_raw: Encoder) -> dict:
+        index, emb = _encode_all(encode, [data])
+        return run_transfer_task(data, index, emb, self.n_jobs, self.k, self.classifier)
+
+    def primary(self, data: TransferData) -> str:
+        return "acc"
+
+
 def evaluate_transfer(
     encode: Encoder,
     data_dir: str | Path | None,
@@ -365,24 +409,9 @@ def evaluate_transfer(
     pytorch protocol (`TRANSFER_CLASSIFIERS`).
     """
     check_classifier(classifier)
-    if isinstance(tasks, str):
-        tasks = (tasks,)
-    for name in tasks:
-        _check_name(name)
-    root = resolve_data_dir(data_dir)
-    loaded = [load_transfer_task(root, name) for name in dict.fromkeys(tasks)]
-    index, emb = _encode_all(encode, loaded)
-    results: dict = {task.name: run_transfer_task(task, index, emb, n_jobs, k, classifier) for task in loaded}
-    average = transfer_average(results)
-    if average is not None:
-        results["transfer_avg"] = average
-    return results
-
-
-def transfer_average(results: dict) -> float | None:
-    """Mean accuracy over the seven transfer tasks, or None when one is missing."""
-    accs = [results.get(name, {}).get("acc") for name in TRANSFER_TASKS]
-    return float(np.mean(accs)) if all(a is not None for a in accs) else None
+    names = (tasks,) if isinstance(tasks, str) else tasks
+    task_set = TaskSet([TransferTask(name, classifier, n_jobs, k) for name in names])
+    return task_set.run(encode, data_dir).flat()
 
 
 def format_transfer_table(results: dict) -> str:

@@ -28,8 +28,7 @@ in fp32 whatever the training precision (the authors' evaluation runs outside au
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator
 
 import numpy as np
 from torch import nn
@@ -39,9 +38,7 @@ from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.pooling import DenoisedMaskPooler, backbone_pooler_layer, make_pooler
 from csekit.encoding.sentence_end import NO_SENTENCE_END
 from csekit.encoding.whole_template import NO_TEST_TEMPLATE
-from csekit.evaluation.file_tasks import ReadTask
-from csekit.evaluation.sts import evaluate_dev
-from csekit.training.dev_selection import score_dev_files
+from csekit.evaluation.task_set import TaskSet
 from csekit.training.recipe import TrainConfig
 
 
@@ -72,24 +69,17 @@ def dev_encoder(saved: SentenceEncoder, head: nn.Module, train: TrainConfig) -> 
 
 
 def score_dev(
-    saved: SentenceEncoder,
-    head: nn.Module,
-    train: TrainConfig,
-    precision: str,
-    batch_size: int,
-    data_path: Path | None,
-    tasks: Sequence[str],
-    files: Sequence[ReadTask] = (),
-) -> dict[str, float]:
-    """The dev splits' scores (with alignment and uniformity) and the dev files' (`dev_selection`) of `saved` as
-    it is now, encoded as `dev_encoder` says, in `precision` (`dev_precision`), `batch_size` sentences at a time."""
+    saved: SentenceEncoder, head: nn.Module, train: TrainConfig, precision: str, batch_size: int, tasks: TaskSet
+) -> dict[str, float | None]:
+    """The dev tasks' scores (`csekit.training.dev_selection`: the splits, alignment and uniformity, the dev files)
+    of `saved` as it is now, encoded as `dev_encoder` says, in `precision` (`dev_precision`), `batch_size`
+    sentences at a time: the flat view a run logs and selects on (`EvalResult.metrics()`)."""
     with dev_encoder(saved, head, train) as encoder:
 
         def encode(sentences: list[str]) -> np.ndarray:
             return encoder.encode(sentences, batch_size=batch_size, precision=precision, show_progress_bar=False)
 
-        scores = evaluate_dev(encode, data_path, tasks, align_uniform=True) if tasks else {}
-        return {**scores, **score_dev_files(encode, files)}
+        return tasks.run(encode).metrics()
 
 
 def check_dev_representation(encoder: SentenceEncoder, train: TrainConfig) -> None:

@@ -8,47 +8,29 @@ its qrels/test.tsv), or as mappings that say how to read them, `{pairs: PATH, co
 (`--split`), parsed by the one reader of task lists (`csekit.evaluation.file_tasks.split_file_entries`). A relative
 PATH is read from the current folder, and recorded absolute when the run starts (`csekit.training.recipe_paths`).
 
-A file task gives its scores under the task's name as `csekit evaluate` names it, one flat key a score
-(`pairs:NAME/spearman`, `pairs:NAME/pearson`, `retrieval:NAME/ndcg@10`, ...): metrics.jsonl, the progress line,
-the trackers (`dev/tasks/pairs:NAME/spearman`) and the model card carry those keys, and `train.select_metric`
-names one. The files are read when the recipe is loaded, so a bad file is one line (file and line) before
-anything is trained, and read again when the run starts.
+The tasks are one `TaskSet` (`dev_task_set`), scored at each evaluation as `csekit evaluate` scores them; a run
+logs the flat view of its result (`EvalResult.metrics()`): a split's Spearman by its name (`stsb-dev`), `avg_sts`,
+`align` and `uniform`, and a file task's scores under the task's name as `csekit evaluate` names it, one flat key a
+score (`pairs:NAME/spearman`, `pairs:NAME/pearson`, `retrieval:NAME/ndcg@10`, ...): metrics.jsonl, the progress
+line, the trackers (`dev/tasks/pairs:NAME/spearman`) and the model card carry those keys, and
+`train.select_metric` names one of them (`TaskSet.selectable`). The files are read when the recipe is loaded, so a
+bad file is one line (file and line) before anything is trained, and read again when the run starts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import yaml
 
 from csekit.core.errors import CsekitError, did_you_mean
-from csekit.evaluation.file_tasks import FILE_TASK_SCORES, ReadTask, TaskEntryError, read_task, split_file_entries
-from csekit.evaluation.pairs import PairsFile, score_pairs
-from csekit.evaluation.retrieval import evaluate_retrieval
-from csekit.evaluation.tasks import AVG_STS, FILE_TASK_KINDS, TRAINING_DEV_TASKS, FileTask
-
-Encoder = Callable[[list[str]], np.ndarray]
+from csekit.evaluation.file_tasks import TaskEntryError, file_task_set, split_file_entries
+from csekit.evaluation.sts import dev_tasks
+from csekit.evaluation.task_set import TaskSet
+from csekit.evaluation.tasks import FILE_TASK_KINDS, TRAINING_DEV_TASKS
 
 NO_DEV_TASK = "none"
-
-
-@dataclass(frozen=True)
-class DevTasks:
-    """The SentEval dev splits a run scores and its file tasks (not read yet)."""
-
-    splits: tuple[str, ...] = ()
-    files: tuple[FileTask, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.splits or self.files)
-
-    def metrics(self) -> tuple[str, ...]:
-        """Every score an evaluation gives (what `train.select_metric` may name), splits first."""
-        names = (*self.splits, AVG_STS) if len(self.splits) > 1 else self.splits  # evaluate_dev adds their mean
-        return (*names, *(f"{task.name}/{score}" for task in self.files for score in FILE_TASK_SCORES[task.kind]))
 
 
 def dev_task_entries(dev_task: Any) -> list[Any]:
@@ -78,9 +60,10 @@ def dev_task_names(dev_task: Any) -> str | list[str]:
     return names if isinstance(dev_task, list) else names[0]
 
 
-def parse_dev_tasks(dev_task: Any) -> DevTasks:
-    """The splits and file tasks `train.dev_task` names (no file is read here); one CsekitError naming a wrong one
-    (a `TaskEntryError` placing a wrong file entry)."""
+def dev_task_set(dev_task: Any) -> TaskSet:
+    """The tasks `train.dev_task` names, not read yet: the dev splits, with alignment and uniformity on the first,
+    then the file tasks; no task for `none`. One CsekitError naming a wrong entry (a `TaskEntryError` placing a
+    wrong file entry)."""
     entries = dev_task_entries(dev_task)
     choices = [*TRAINING_DEV_TASKS, NO_DEV_TASK, *(f"{kind}:PATH" for kind in FILE_TASK_KINDS)]
     splits: list[str] = []
@@ -89,18 +72,13 @@ def parse_dev_tasks(dev_task: Any) -> DevTasks:
         if entry in TRAINING_DEV_TASKS:
             splits += TRAINING_DEV_TASKS[entry]
         elif entry == NO_DEV_TASK and len(entries) == 1:
-            return DevTasks()
+            return TaskSet()
         else:
             alone = " (none stands alone)" if entry == NO_DEV_TASK else ""
             raise CsekitError(
                 f'unknown dev task "{entry}"{alone}{did_you_mean(entry, choices)}; choose {", ".join(choices)}'
             )
-    return DevTasks(tuple(dict.fromkeys(splits)), tuple(files))
-
-
-def read_dev_files(tasks: DevTasks) -> list[ReadTask]:
-    """Each file task read and checked (a bad file: one CsekitError naming the file and line)."""
-    return [read_task(task) for task in tasks.files]
+    return TaskSet(dev_tasks(list(dict.fromkeys(splits)), align_uniform=True)).joined(file_task_set(files))
 
 
 def check_dev_selection(dev_task: Any, select_metric: str, patience: int | None, where: Any) -> None:
@@ -108,13 +86,13 @@ def check_dev_selection(dev_task: Any, select_metric: str, patience: int | None,
     `patience` has a dev task to count with; `where(key)` places an error in the recipe."""
     key = "train.dev_task"
     try:
-        tasks = parse_dev_tasks(dev_task)
-        read_dev_files(tasks)
+        tasks = dev_task_set(dev_task)
+        TaskSet(tasks.of_kind(*FILE_TASK_KINDS)).read()  # the files, now; the splits need the run's data folder
     except TaskEntryError as error:
         raise CsekitError(f"{where(key + error.key)}: recipe key {key}{error.key}: {error}") from None
     except CsekitError as error:
         raise CsekitError(f"{where(key)}: recipe key {key}: {error}") from None
-    scores = tasks.metrics()
+    scores = tasks.selectable()
     named = dev_task_text(dev_task)
     if scores and select_metric not in scores:
         raise CsekitError(
@@ -126,16 +104,3 @@ def check_dev_selection(dev_task: Any, select_metric: str, patience: int | None,
             f"{where('train.patience')}: recipe key train.patience needs a dev task to count evaluations without "
             f"improvement (train.dev_task is {named}); set train.dev_task or remove train.patience"
         )
-
-
-def score_dev_files(encode: Encoder, files: Sequence[ReadTask]) -> dict[str, float]:
-    """Each file task's scores as flat `KIND:NAME/score` keys (see the module's docstring)."""
-    scores: dict[str, float] = {}
-    for read in files:
-        found = (
-            score_pairs(encode, read.data)
-            if isinstance(read.data, PairsFile)
-            else evaluate_retrieval(encode, read.data)
-        )
-        scores.update({f"{read.task.name}/{key}": found[key] for key in FILE_TASK_SCORES[read.task.kind]})
-    return scores

@@ -21,9 +21,9 @@ from csekit.core.errors import CsekitError
 from csekit.data.corpus import TrainCollator, open_corpus, sentence_text
 from csekit.data.data_dir import optional_data_dir, resolve_data_dir
 from csekit.data.duplicates import DuplicateReport, SentenceGroups, SeparatingSampler, check_separable
-from csekit.evaluation.file_tasks import ReadTask
+from csekit.evaluation.task_set import TaskSet
 from csekit.training.chunked import check_chunk_size
-from csekit.training.dev_selection import parse_dev_tasks, read_dev_files
+from csekit.training.dev_selection import dev_task_set
 from csekit.training.interrupt import loader_workers_leave_stop_signals
 from csekit.training.loading import LoaderOptions, skipping_batches
 from csekit.training.recipe import Recipe
@@ -33,12 +33,11 @@ from csekit.training.run_folder import TrainerState
 
 @dataclass
 class TrainData:
-    """The corpus, which of its rows repeat a sentence, the dev splits (with the data folder they are read from)
-    and the dev files (`csekit.training.dev_selection`)."""
+    """The corpus, which of its rows repeat a sentence, and the dev tasks (`csekit.training.dev_selection`), read
+    once from the data folder."""
 
     recipe: Recipe
-    dev_tasks: tuple[str, ...]
-    dev_files: list[ReadTask]
+    dev: TaskSet
     data_path: Path | None
     corpus: Any
     sentence_groups: SentenceGroups
@@ -46,15 +45,15 @@ class TrainData:
 
     @classmethod
     def load(cls, recipe: Recipe, data_dir: str | Path | None) -> TrainData:
-        """The data folder (required by a dev split), the dev files and the corpus, checked line by line."""
-        dev = parse_dev_tasks(recipe.train.dev_task)  # checked with the recipe
-        dev_tasks, dev_files = dev.splits, read_dev_files(dev)
-        data_path = resolve_data_dir(data_dir) if dev_tasks else optional_data_dir(data_dir)
+        """The data folder (required by a dev split), the dev tasks and the corpus, checked line by line."""
+        dev = dev_task_set(recipe.train.dev_task)  # checked with the recipe
+        data_path = resolve_data_dir(data_dir) if dev.of_kind("dev") else optional_data_dir(data_dir)
+        dev.read(data_path)
         data = recipe.data
         fields = [name for _, _, name in fields_read(recipe_parts(recipe))]  # checked: a .jsonl corpus
         corpus = open_corpus(data.corpus, data_path, data.max_chars, data.bad_lines, data.text_column, fields)
         groups, duplicates = _find_duplicates(recipe, corpus)
-        return cls(recipe, dev_tasks, dev_files, data_path, corpus, groups, duplicates)
+        return cls(recipe, dev, data_path, corpus, groups, duplicates)
 
     def loader(self, views: Any, processes: int, chunk_size: Any, options: LoaderOptions) -> DataLoader:
         """Shuffled batches of `batch_size` sentences in all, split evenly over the processes.

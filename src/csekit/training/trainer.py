@@ -443,7 +443,7 @@ class Trainer:
         self.progress.show(record)
 
     def _has_dev_tasks(self) -> bool:
-        return bool(self.data.dev_tasks or self.data.dev_files)
+        return bool(self.data.dev)
 
     def dev_scores(self) -> dict[str, float]:
         """The dev task's scores of the model as it is now (none without a dev task); see `dev_scoring`."""
@@ -452,10 +452,7 @@ class Trainer:
         precision, batch_size = dev_precision(self.config, self.precision), self.execution.eval_batch_size
         plain = self._plain()
         assert plain is not None  # on the main process
-        saved, head, data = plain.saved_encoder(), plain.head, self.data
-        return score_dev(
-            saved, head, self.config, precision, batch_size, data.data_path, data.dev_tasks, data.dev_files
-        )
+        return score_dev(plain.saved_encoder(), plain.head, self.config, precision, batch_size, self.data.dev)
 
     def evaluate(self) -> None:
         """Score on the dev task, keep the best model by the selection metric, save last/, then checkpoint; at
