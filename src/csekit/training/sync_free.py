@@ -34,16 +34,12 @@ from csekit.core.errors import CsekitError
 from csekit.training.schedule import Schedule, linear_schedule_factor
 
 __all__ = [
-    "SYNC_FREE_CHOICES",
     "Reading",
     "SyncFreeSteps",
     "linear_schedule_factor",
     "read_on_host",
     "set_schedule_step",
 ]
-
-SYNC_FREE_CHOICES = ("auto", "true", "false")
-"""`run.sync_free` values: auto (on where measured faster: `csekit.training.execution`), true, false."""
 
 
 def read_on_host(tensor: Tensor) -> list[float]:
