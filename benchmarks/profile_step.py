@@ -150,9 +150,9 @@ def summary(args: argparse.Namespace, trainer: Any, seconds: float, syncs: list[
     lines = [
         f"# csekit step profile: {recipe.model.backbone}, batch {args.batch}, max length {args.max_length}",
         "",
-        f"- device: {name}; torch {torch.__version__}; precision {trainer.precision}; "
+        f"- device: {name}; torch {torch.__version__}; precision {trainer.execution.precision}; "
         f"{torch.get_num_threads()} threads; load average {os.getloadavg()[0]:.1f}",
-        f"- keys: {', '.join(args.set) or 'defaults'} (sync-free {'on' if trainer.sync_free is not None else 'off'}, "
+        f"- keys: {', '.join(args.set) or 'defaults'} (sync-free {'on' if trainer.execution.sync_free else 'off'}, "
         f"compile {recipe.run.compile})",
         f"- step time: {seconds * 1e3:.1f} ms ({args.batch / seconds:,.0f} sentences/s), mean of {args.steps} steps",
         f"- {'kernel launches' if on_gpu else 'operator calls'} per step: {launches / PROFILED_STEPS:.0f}",

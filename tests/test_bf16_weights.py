@@ -143,9 +143,6 @@ def test_bf16_weights_at_fp32_precision_are_one_line(made: tuple[Path, Path], tm
 
 
 def test_bf16_weights_are_refused_under_fsdp(made: tuple[Path, Path]) -> None:
-    from csekit.training.sharding import sharded_execution
-
-    execution = decide_execution(bf16_recipe(*made), device_type="cpu")
     with pytest.raises(CsekitError, match=r"model\.weights_dtype: bf16 weights .* not supported under FSDP"):
-        sharded_execution(execution)
-    sharded_execution(decide_execution(bf16_recipe(*made, "model.weights_dtype=fp32"), device_type="cpu"))
+        decide_execution(bf16_recipe(*made), device_type="cpu", sharding="fsdp")
+    decide_execution(bf16_recipe(*made, "model.weights_dtype=fp32"), device_type="cpu", sharding="fsdp")

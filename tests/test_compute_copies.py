@@ -188,11 +188,9 @@ def test_true_where_it_cannot_run_is_one_line(extra: tuple[str, ...], message: s
 def test_true_under_fsdp_and_with_a_part_that_reads_the_weights_is_one_line(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
-    from csekit.training.sharding import sharded_execution
-
-    execution = decide_execution(load_recipe(None, ["run.compute_copies=true", *BF16]), device_type="cpu")
+    recipe_with_copies = load_recipe(None, ["run.compute_copies=true", *BF16])
     with pytest.raises(CsekitError, match=r"run\.compute_copies: true is not supported under FSDP") as error:
-        sharded_execution(execution)
+        decide_execution(recipe_with_copies, device_type="cpu", sharding="fsdp")
     assert "\n" not in str(error.value)
     corpus, recall = make_corpus(tmp_path / "corpus.txt", lines=32), "objectives=[{name: infonce}, {name: recall}]"
     recipe = tiny_recipe(tiny_model_dir, corpus, *BF16, recall, "run.compute_copies=true")

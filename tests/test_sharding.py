@@ -260,22 +260,20 @@ def test_deepspeed_missing_names_the_install(monkeypatch: pytest.MonkeyPatch) ->
 def test_execution_not_proven_sharded_is_refused(tiny_model_dir: Path, key: str, needle: str) -> None:
     from csekit.core.errors import CsekitError
     from csekit.training.execution import decide_execution
-    from csekit.training.sharding import sharded_execution
 
     recipe = load_recipe(None, [f"model.backbone={tiny_model_dir}", key])
     with pytest.raises(CsekitError, match=needle):
-        sharded_execution(decide_execution(recipe, device_type="cpu"))
+        decide_execution(recipe, device_type="cpu", sharding="fsdp")
 
 
 def test_execution_left_auto_runs_padded_and_waits_for_the_device(tiny_model_dir: Path) -> None:
     """`auto` packing and sync-free steps (on where measured faster) are off under FSDP, not refused."""
     from csekit.training.execution import decide_execution
-    from csekit.training.sharding import sharded_execution
 
     recipe = load_recipe(None, [f"model.backbone={tiny_model_dir}"])
     execution = decide_execution(recipe, device_type="cuda")
     assert execution.run.packed == "auto"
-    sharded = sharded_execution(execution)
+    sharded = decide_execution(recipe, device_type="cuda", sharding="fsdp")
     assert sharded.run.packed is False and sharded.sync_free is False
 
 

@@ -12,6 +12,7 @@ import typer.core
 from typer.core import TyperCommand, TyperGroup
 
 from csekit.core.errors import CsekitError
+from csekit.training.recipe_schema import PRECISIONS
 
 
 def _untyped_flags(params: list[Any]) -> list[Any]:
@@ -54,15 +55,22 @@ PoolerOption = Annotated[
         "folder's own pooling and normalisation (default: the model's own, else cls).",
     ),
 ]
-PrecisionOption = Annotated[
-    str,
-    typer.Option(
-        "--precision",
-        help="fp32 (SentEval-exact, the numbers sentence-transformers gives), auto (bf16 where the hardware runs it "
-        "natively, else fp32), bf16 (faster where native, moves STS numbers by < 0.003; emulated and slow on CPUs "
-        "without native bf16) or fp16 (GPUs; slow on a CPU).",
-    ),
-]
+PRECISION_MEANINGS = {
+    "auto": "bf16 where the hardware runs it natively, else fp32",
+    "fp32": "SentEval-exact, the numbers sentence-transformers gives",
+    "bf16": "faster where native, moves STS numbers by < 0.003; emulated and slow on CPUs without native bf16",
+    "fp16": "GPUs; slow on a CPU",
+}
+"""What each of the schema's precisions (`recipe_schema.PRECISIONS`, the one list) means for an encoding command."""
+
+
+def precision_help() -> str:
+    """`--precision`'s help: every precision of the schema's list with its meaning (a new one without: KeyError)."""
+    *earlier, last = (f"{name} ({PRECISION_MEANINGS[name]})" for name in PRECISIONS)
+    return f"{', '.join(earlier)} or {last}."
+
+
+PrecisionOption = Annotated[str, typer.Option("--precision", help=precision_help())]
 BatchSizeOption = Annotated[int, typer.Option(help="Sentences per forward pass.")]
 
 

@@ -22,9 +22,9 @@ import torch
 from csekit.core.bounded_read import read_bounded_bytes
 from csekit.core.errors import CsekitError
 
-PRECISIONS = ("auto", "fp32", "bf16", "fp16")
-"""Values of `train.precision` and of the commands' `--precision`."""
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+"""The precisions csekit computes in; with `auto`, what `train.precision` and the commands' `--precision` take (the
+list of choices is the recipe schema's, `csekit.training.recipe_schema.PRECISIONS`)."""
 
 
 NATIVE_BF16_VARIABLE = "CSEKIT_NATIVE_BF16"
@@ -76,8 +76,8 @@ def bf16_is_native(device: torch.device | str) -> bool:
 
 def resolve_precision(requested: str, device: torch.device | str) -> tuple[str, str]:
     """The precision to use on `device` for `requested` (auto, fp32, bf16, fp16), and a reason for auto."""
-    if requested not in PRECISIONS:
-        raise CsekitError(f'unknown precision "{requested}"; choose one of {", ".join(PRECISIONS)}')
+    if requested != "auto" and requested not in DTYPES:
+        raise CsekitError(f'unknown precision "{requested}"; choose one of auto, {", ".join(DTYPES)}')
     kind = torch.device(device).type
     if requested != "auto":
         return requested, "asked for"

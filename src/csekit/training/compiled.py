@@ -21,9 +21,6 @@ from torch import Tensor, nn
 
 from csekit.encoding.packed_fixed import LayerStack, run_layer_stack
 
-COMPILE_MODES = ("none", "auto", "default", "reduce-overhead", "max-autotune")
-"""`run.compile` choices: none, auto (`graphs_repay`), or a `torch.compile` mode."""
-
 AUTO_MODE = "reduce-overhead"
 """What `run.compile: auto` compiles when it pays: CUDA graphs over the bucketed packed pass."""
 

@@ -37,6 +37,11 @@ Each `auto`, per device kind, and the measurement behind it (docs/performance.md
   buffer to memory ("Compute copies (Speed V item 4)": the operator calls it removes on a CPU).
 - `model.weights_dtype: auto`: a LoRA run's frozen base in bf16 where its precision is bf16, else fp32 weights
   (`csekit.training.backbone_options`: half the weights' memory; full fine-tuning keeps fp32).
+
+The run's precision is decided once (`training_precision`), in `start_execution`, for the Accelerator and the
+Execution both; sharded (FSDP or DeepSpeed), what is not proven sharded is refused if asked for and left off if
+`auto`, here too (`decide_execution`'s `sharding`). The trainer takes its steps through the step runner
+`Execution.step_runner` chooses (`csekit.training.step_runner`: plain or sync-free).
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from accelerate import Accelerator
+from accelerate.utils import DataLoaderConfiguration
 from torch import nn
 
 from csekit.core.errors import CsekitError
@@ -60,9 +67,19 @@ from csekit.training.compiled import AUTO_MODE, auto_bucket, compile_backbone, c
 from csekit.training.compute_copies import check_parts_for_copies, use_compute_copies
 from csekit.training.loading import LoaderOptions, loader_options
 from csekit.training.model import ContrastiveModel, build_model
-from csekit.training.processes import keep_freed_memory, training_device_type, training_precision
+from csekit.training.processes import MIXED_PRECISION, keep_freed_memory, training_device_type, training_precision
 from csekit.training.recipe import Recipe, RunConfig, tracker_names
-from csekit.training.sync_free import use_sync_free
+from csekit.training.sharding import (
+    SHARDED,
+    SHARDED_NAMES,
+    accelerator_options,
+    active_sharding,
+    check_sharding_request,
+    ready_to_shard,
+    shard_cpu_processes,
+)
+from csekit.training.step_runner import PlainSteps, StepLoop, StepRunner
+from csekit.training.sync_free import SyncFreeSteps, use_sync_free
 
 PACKED_AUTO_DEVICES = ("cpu", "cuda")
 """Device kinds where `run.packed: auto` packs training passes (measured faster there; see the table above);
@@ -139,6 +156,8 @@ class Execution:
     compile_blocked: str | None = None
     #: `run.compute_copies`, `auto` resolved (`csekit.training.compute_copies`).
     compute_copies: bool = False
+    #: The sharding the run trains under ("fsdp", "deepspeed"), or None (`decide_execution`).
+    sharding: str | None = None
 
     def for_run_length(self, planned_steps: int, process_batch: int) -> Execution:
         return dataclasses.replace(self, planned_steps=planned_steps, process_batch=process_batch)
@@ -225,6 +244,10 @@ class Execution:
         if self.device_type == "cpu" and self.run.keep_freed_memory:
             keep_freed_memory()
 
+    def step_runner(self, loop: StepLoop) -> StepRunner:
+        """How the loop takes its steps: sync-free (`run.sync_free`, decided here) or plain."""
+        return SyncFreeSteps(loop) if self.sync_free else PlainSteps(loop)
+
 
 def enable_gradient_checkpointing(backbone: nn.Module) -> None:
     """transformers' gradient checkpointing, non-reentrant (as LLM2Vec trains; it runs with frozen inputs, LoRA's)."""
@@ -239,12 +262,20 @@ def enable_gradient_checkpointing(backbone: nn.Module) -> None:
         backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)  # type: ignore[operator]
 
 
-def decide_execution(recipe: Recipe, trackers: list[str] | None = None, device_type: str | None = None) -> Execution:
-    """The run's execution on this machine (`device_type`: the one training runs on, by default this machine's)."""
+def decide_execution(
+    recipe: Recipe,
+    trackers: list[str] | None = None,
+    device_type: str | None = None,
+    sharding: str | None = None,
+    precision: tuple[str, list[str]] | None = None,
+) -> Execution:
+    """The run's execution on this machine (`device_type`: the one training runs on, by default this machine's), under
+    `sharding` ("fsdp", "deepspeed" or None: what the run's Accelerator shards with), in `precision` (the run's and
+    the line saying why, as `training_precision` decides it; by default decided here)."""
     device_type = device_type or training_device_type()
-    precision, note = training_precision(recipe.train.precision)
+    precision, note = precision or training_precision(recipe.train.precision)
     device = torch.device(device_type)
-    return Execution(
+    execution = Execution(
         device_type=device_type,
         precision=precision,
         precision_note=tuple(note),
@@ -260,6 +291,64 @@ def decide_execution(recipe: Recipe, trackers: list[str] | None = None, device_t
             recipe.run.compute_copies, precision, recipe.run.compile, auto=device_type in COMPUTE_COPIES_AUTO_DEVICES
         ),
     )
+    return execution if sharding is None else _sharded(execution, sharding)
+
+
+def _sharded(execution: Execution, sharding: str) -> Execution:
+    """`execution` under `sharding` (FSDP or DeepSpeed): what is not proven sharded is refused if asked for, left off
+    if `auto`: padded passes (through each layer's forward, where FSDP gathers its weights), eager, plain steps and
+    no compute copies."""
+    if sharding not in SHARDED.values():
+        raise ValueError(f"sharding must be one of {', '.join(SHARDED.values())} or None, not {sharding!r}")
+    if str(execution.run.sync_free).lower() == "true":
+        raise CsekitError(f"recipe key run.sync_free: true is not supported under {SHARDED_NAMES}; use auto or false")
+    if execution.chunk_size is not None:
+        raise CsekitError(
+            f"recipe key run.chunk_size is not supported under {SHARDED_NAMES} (the shards hold the memory)"
+        )
+    if execution.run.compute_copies is True:
+        raise CsekitError(
+            f"recipe key run.compute_copies: true is not supported under {SHARDED_NAMES} (they hold and gather the "
+            "weights themselves); use auto or false"
+        )
+    if execution.compile not in ("none", "auto"):
+        raise CsekitError(f"recipe key run.compile is not supported under {SHARDED_NAMES} yet; use none or auto")
+    if execution.run.packed is True:
+        raise CsekitError(
+            f"recipe key run.packed: true is not supported under {SHARDED_NAMES} (the packed pass calls the layers' "
+            "parts, which FSDP does not gather); use auto or false"
+        )
+    if execution.weights_dtype != torch.float32:
+        raise CsekitError(
+            "recipe key model.weights_dtype: bf16 weights (a bf16 base beside fp32 adapters) are not supported under "
+            f"{SHARDED_NAMES} yet; use fp32"
+        )
+    run = dataclasses.replace(execution.run, packed=False, compile="none")
+    return dataclasses.replace(execution, sync_free=False, run=run, compute_copies=False, sharding=sharding)
+
+
+def start_execution(recipe: Recipe, trackers: list[str], **options: Any) -> tuple[Accelerator, Execution]:
+    """The run's Accelerator (`options`: its logging) and its Execution, in the one precision decided for both.
+
+    The Accelerator needs the precision first; the sharding the launch asks for is checked before any process
+    group work (`check_sharding_request`: the config's own settings), and what the recipe asks of a sharded run
+    is decided with the rest (`decide_execution`, from the sharding the Accelerator runs).
+    """
+    precision = training_precision(recipe.train.precision)
+    max_grad_norm = recipe.train.max_grad_norm
+    check_sharding_request(max_grad_norm, precision[0])
+    accelerator = Accelerator(
+        **accelerator_options(max_grad_norm),
+        mixed_precision=MIXED_PRECISION[precision[0]],
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        **options,
+    )
+    shard_cpu_processes(accelerator)
+    execution = decide_execution(recipe, trackers, accelerator.device.type, active_sharding(accelerator), precision)
+    # Read when the loader is prepared: on a GPU its copies are queued without a wait (csekit.training.loading).
+    accelerator.dataloader_config.non_blocking = execution.loader.non_blocking
+    execution.prepare_process()
+    return accelerator, execution
 
 
 def planned_steps(recipe: Recipe, corpus_rows: int) -> int:
@@ -271,10 +360,13 @@ def build_run_model(
     recipe: Recipe, encoder: SentenceEncoder, execution: Execution | None = None
 ) -> tuple[ContrastiveModel, Callable[[list[str]], Any]]:
     """The recipe's model and views as a run executes them on `execution` (default: decided for the encoder's
-    device): its passes with the run's plan, the backbone with fast dropout and the compiled forward."""
+    device): its passes with the run's plan, the backbone with fast dropout and the compiled forward, sharded
+    where the run is."""
     execution = execution or decide_execution(recipe, device_type=encoder.device.type)
     model, views = build_model(recipe, encoder, execution.pass_plan(encoder.backbone, recipe.model.max_length))
     if execution.compute_copies:
         check_parts_for_copies(model.part_names)
     execution.prepare_backbone(encoder.backbone, recipe)
+    if execution.sharding is not None:
+        ready_to_shard(model)  # the parts FSDP would break refused (one line), the layers to wrap named
     return model, views

@@ -100,7 +100,8 @@ def training_device_type() -> str:
 def training_precision(requested: str) -> tuple[str, list[str]]:
     """The recipe's precision for this machine (auto: bf16 where native, else fp32) and the line that says so.
 
-    The line is printed once every input has been checked, so that an input error stays one line.
+    A run decides it once, in `csekit.training.execution.start_execution`, for its Accelerator and its Execution
+    both. The line is printed once every input has been checked, so that an input error stays one line.
     """
     device = training_device_type()
     if requested == "fp16" and device == "cpu":

@@ -1,7 +1,9 @@
 """The checks of a recipe's values that its schema cannot express: ranges, choices, the parts and their options.
 
 `csekit.training.recipe.load_recipe` runs them after the schema check, importing this module only then: the
-choices live with the code that uses them (precisions, compile modes, the parts' registries), which brings torch.
+parts' choices live with the code that builds them (the registries), which brings torch. The keys whose value is
+one of a fixed list (precisions, optimizers, sync-free and compile modes, keep) read it from the schema
+(`recipe_schema.KEY_CHOICES`).
 """
 
 from __future__ import annotations
@@ -11,23 +13,22 @@ from typing import Any
 
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.core.numbers import is_finite_number
-from csekit.core.precision import PRECISIONS
 from csekit.encoding.folder_pooling import AUTO_POOLER, check_pooler_name
 from csekit.encoding.pooling import POOLERS, MaskPooler, make_pooler
 from csekit.encoding.prompteol import PromptEOLPooler, check_demonstration
 from csekit.encoding.sentence_end import SENTENCE_ENDS
 from csekit.encoding.whole_template import recipe_checks
 from csekit.training.backbone_options import check_backbone_options
-from csekit.training.compiled import COMPILE_MODES
 from csekit.training.dev_selection import check_dev_selection
 from csekit.training.part_building import BUILD_CONTEXT, check_part_options
 from csekit.training.recipe_bounds import check_option_bounds, check_schema_bounds, check_step_size
 from csekit.training.recipe_schema import (
-    KEEPS,
-    OPTIMIZERS,
+    KEY_CHOICES,
     TRACKER_FOLDER_OPTIONS,
     ModelConfig,
     Recipe,
+    is_choice,
+    spoken_choices,
     tracker_names,
 )
 from csekit.training.recipe_values import (
@@ -38,7 +39,6 @@ from csekit.training.recipe_values import (
     recipe_parts,
 )
 from csekit.training.schedule import SCHEDULES, check_schedule_length
-from csekit.training.sync_free import SYNC_FREE_CHOICES
 
 
 def _check_run(recipe: Recipe, where: Any) -> None:
@@ -51,8 +51,8 @@ def _check_run(recipe: Recipe, where: Any) -> None:
             run.chunk_size is None or 1 <= run.chunk_size <= batch_size,
             f"must be at least 1 and at most train.batch_size ({batch_size}), or null for one pass",
         ),
-        ("run.sync_free", run.sync_free.lower() in SYNC_FREE_CHOICES, "must be auto, true or false"),
-        ("run.compile", run.compile in COMPILE_MODES, f"must be one of {', '.join(COMPILE_MODES)}"),
+        ("run.sync_free", is_choice("run.sync_free", run.sync_free), f"must be {spoken_choices('run.sync_free')}"),
+        ("run.compile", is_choice("run.compile", run.compile), f"must be one of {_listed('run.compile')}"),
         (
             "run.packed",
             isinstance(run.packed, bool) or run.packed == "auto",  # 1 == True: not a setting
@@ -82,12 +82,25 @@ def _check_run(recipe: Recipe, where: Any) -> None:
     _check_report_to(run.report_to, where)
 
 
+def _listed(key: str) -> str:
+    """`key`'s choices (`recipe_schema.KEY_CHOICES`) as a list: "best, last"."""
+    return ", ".join(KEY_CHOICES[key])
+
+
 def validate_recipe(recipe: Recipe, where: Any = lambda key: "recipe") -> None:
     """Checks the schema cannot express: value ranges (`recipe_bounds`, every number) and choices."""
     train = recipe.train
     checks = [
-        ("train.precision", train.precision in PRECISIONS, "must be auto, fp32, bf16 or fp16"),
-        ("train.optimizer", train.optimizer in OPTIMIZERS, f"must be one of {', '.join(OPTIMIZERS)}"),
+        (
+            "train.precision",
+            is_choice("train.precision", train.precision),
+            f"must be {spoken_choices('train.precision')}",
+        ),
+        (
+            "train.optimizer",
+            is_choice("train.optimizer", train.optimizer),
+            f"must be one of {_listed('train.optimizer')}",
+        ),
         ("objectives", len(recipe.objectives) >= 1, "must list at least one objective (e.g. - name: infonce)"),
     ]
     for key, ok, message in checks:
@@ -124,7 +137,7 @@ def _check_schedule_and_keep(train: Any, where: Any) -> None:
     when the corpus is read: `csekit.training.schedule.check_schedule_length`); patience needs `keep: best`."""
     checks = [
         ("train.schedule", train.schedule in SCHEDULES, f"must be one of {', '.join(SCHEDULES)}"),
-        ("train.keep", train.keep in KEEPS, f"must be one of {', '.join(KEEPS)}"),
+        ("train.keep", is_choice("train.keep", train.keep), f"must be one of {_listed('train.keep')}"),
         (
             "train.patience",
             train.patience is None or train.keep == "best",

@@ -75,7 +75,7 @@ class TrainConfig:
     max_steps: int | None = None  # when set, the run's length in steps (replaces epochs), as in transformers
     eval_every: int = 125
     log_every: int = 10
-    precision: str = "auto"  # auto (bf16 where the hardware runs it natively, else fp32) | fp32 | bf16 | fp16
+    precision: str = "auto"  # PRECISIONS: auto (bf16 where the hardware runs it natively, else fp32), fp32, bf16, fp16
     seed: int = 42
     warmup_ratio: float = 0.0  # of the schedule's steps
     # The learning-rate schedule (csekit.training.schedule): linear (to 0 at its last step, after the warm-up;
@@ -85,8 +85,8 @@ class TrainConfig:
     # stops early in a longer schedule, as LLM2Vec's 1,000 steps of a 3-epoch one, keeps rates near the start's.
     schedule_steps: int | None = None
     weight_decay: float = 0.0
-    # adamw: torch's AdamW (eps 1e-8, bias-corrected, as the HF Trainer); adamw_uncorrected: eps 1e-6 and no
-    # bias correction, sentence-transformers 0.3's (ConSERT's and SLT-FAI's code), see training.optimization.
+    # OPTIMIZERS. adamw: torch's AdamW (eps 1e-8, bias-corrected, as the HF Trainer); adamw_uncorrected: eps 1e-6
+    # and no bias correction, sentence-transformers 0.3's (ConSERT's and SLT-FAI's code), see training.optimization.
     optimizer: str = "adamw"
     max_grad_norm: float | None = 1.0  # the reference code trains with the HF Trainer's default clipping
     max_bad_steps: int = 20  # this many non-finite steps in a row stop the run
@@ -147,11 +147,11 @@ class RunConfig:
     # a chunk, with the same loss and gradients, for a second encoder pass (csekit.training.chunked). Must divide
     # each process's share of train.batch_size.
     chunk_size: int | None = None
-    # auto | true | false: between log points a step never waits for the device (csekit.training.sync_free); the
+    # SYNC_FREE_CHOICES: between log points a step never waits for the device (csekit.training.sync_free); the
     # same weights; needs train.optimizer adamw and not train.precision fp16. auto: on for CUDA, off on a CPU.
     sync_free: str = "auto"
-    # none | auto | default | reduce-overhead | max-autotune: the training forward through torch.compile (csekit.
-    # training.compiled); auto: CUDA graphs on CUDA for runs long enough to repay the compile. Not ConSERT's views.
+    # COMPILE_MODES: the training forward through torch.compile (csekit.training.compiled); auto: CUDA graphs on
+    # CUDA for runs long enough to repay the compile. Not ConSERT's views.
     compile: str = "auto"
     # DataLoader worker processes per training process; auto: none on a CPU, a few persistent ones on a GPU
     # (csekit.training.loading). The batches are the same with any number.
@@ -187,11 +187,49 @@ class Recipe:
         return yaml.safe_dump(dataclasses.asdict(self), sort_keys=False)
 
 
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+"""`train.precision` choices, and the commands' `--precision`: auto (bf16 where the device runs it natively, else fp32)
+or a precision `csekit.core.precision` computes in (its `DTYPES`)."""
+
 OPTIMIZERS = ("adamw", "adamw_uncorrected")
 """`train.optimizer` choices (built by `csekit.training.optimization.make_optimizer`)."""
 
+SYNC_FREE_CHOICES = ("auto", "true", "false")
+"""`run.sync_free` choices, any case (YAML's `true` reads as "True"): auto (on where measured faster:
+`csekit.training.execution`), true, false."""
+
+COMPILE_MODES = ("none", "auto", "default", "reduce-overhead", "max-autotune")
+"""`run.compile` choices: none, auto (`csekit.training.compiled.graphs_repay`), or a `torch.compile` mode."""
+
 KEEPS = ("best", "last")
 """`train.keep` choices: the best-scoring evaluated model, or the last evaluated one (`csekit.training.best_model`)."""
+
+KEY_CHOICES: dict[str, tuple[str, ...]] = {
+    "train.precision": PRECISIONS,
+    "train.optimizer": OPTIMIZERS,
+    "train.keep": KEEPS,
+    "run.sync_free": SYNC_FREE_CHOICES,
+    "run.compile": COMPILE_MODES,
+}
+"""The recipe keys whose value is one of a list, with the list: what the checks accept (`recipe_checks`), the
+commands' help and the docs name (tests/test_choices.py)."""
+
+ANY_CASE_KEYS = ("run.sync_free",)
+"""Keys whose choices are taken in any case: a YAML `true` reaches the string key as "True"."""
+
+
+def is_choice(key: str, value: object) -> bool:
+    """Whether `value` is one of `key`'s choices (`KEY_CHOICES`; in any case for `ANY_CASE_KEYS`)."""
+    if not isinstance(value, str):
+        return False
+    return (value.lower() if key in ANY_CASE_KEYS else value) in KEY_CHOICES[key]
+
+
+def spoken_choices(key: str) -> str:
+    """`key`'s choices as a sentence says them: "auto, true or false"."""
+    *rest, last = KEY_CHOICES[key]
+    return f"{', '.join(rest)} or {last}" if rest else last
+
 
 MAX_SEED = 2**32 - 1
 """The largest seed every generator accepts (numpy's legacy seeding takes [0, 2**32 - 1])."""

@@ -10,8 +10,10 @@
 - The parameters are shards (DTensors): dev scoring, best/ and last/ and the checkpoint's weights use the full
   model, gathered from every process into a plain copy on the main process (`FullModel`).
 - The packed pass drives each layer's parts itself (FSDP gathers a layer's weights in its forward): padded
-  passes instead. Sync-free steps, chunked passes and compiled forwards are refused (not proven sharded);
-  FSDP1 is refused with the reason.
+  passes instead. Sync-free steps, chunked passes and compiled forwards are refused if asked for (not proven
+  sharded), left off if `auto`: decided with every other execution setting, in
+  `csekit.training.execution.decide_execution`, which reads `active_sharding`. FSDP1 is refused with the reason
+  (`check_sharding_request`, before any process-group work).
 - DeepSpeed ZeRO (stages 1 to 3) is the other sharded mode: its settings and refusals in
   `csekit.training.zero`, its whole weights and optimizer state in `csekit.training.zero_state`.
 """
@@ -19,7 +21,6 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,7 +31,6 @@ from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
 from csekit.core.errors import CsekitError
-from csekit.training.execution import Execution
 from csekit.training.model import ContrastiveModel
 from csekit.training.optimization import make_optimizer
 from csekit.training.processes import has_gpu, several_cpu_processes
@@ -38,7 +38,8 @@ from csekit.training.recipe import Recipe
 from csekit.training.run_folder import TrainerState
 from csekit.training.zero import check_deepspeed_request, deepspeed_accelerator_options
 
-SHARDED = (DistributedType.FSDP, DistributedType.DEEPSPEED)
+SHARDED = {DistributedType.FSDP: "fsdp", DistributedType.DEEPSPEED: "deepspeed"}
+"""accelerate's sharded modes, by the name `requested_sharding` and `Execution.sharding` give them."""
 SHARDED_NAMES = "FSDP or DeepSpeed"
 
 
@@ -90,39 +91,9 @@ def shard_cpu_processes(accelerator: Accelerator) -> None:
     PartialState._shared_state["distributed_type"] = DistributedType.FSDP
 
 
-def is_sharded(accelerator: Accelerator) -> bool:
-    return accelerator.distributed_type in SHARDED
-
-
-def sharded_execution(execution: Execution) -> Execution:
-    """The run's execution sharded (FSDP or DeepSpeed): what is not proven sharded is refused if asked for, left off
-    if `auto`."""
-    if str(execution.run.sync_free).lower() == "true":
-        raise CsekitError(f"recipe key run.sync_free: true is not supported under {SHARDED_NAMES}; use auto or false")
-    if execution.chunk_size is not None:
-        raise CsekitError(
-            f"recipe key run.chunk_size is not supported under {SHARDED_NAMES} (the shards hold the memory)"
-        )
-    if execution.run.compute_copies is True:
-        raise CsekitError(
-            f"recipe key run.compute_copies: true is not supported under {SHARDED_NAMES} (they hold and gather the "
-            "weights themselves); use auto or false"
-        )
-    if execution.compile not in ("none", "auto"):
-        raise CsekitError(f"recipe key run.compile is not supported under {SHARDED_NAMES} yet; use none or auto")
-    if execution.run.packed is True:
-        raise CsekitError(
-            f"recipe key run.packed: true is not supported under {SHARDED_NAMES} (the packed pass calls the layers' "
-            "parts, which FSDP does not gather); use auto or false"
-        )
-    # auto: padded passes (through each layer's forward, where FSDP gathers its weights)
-    if execution.weights_dtype != torch.float32:
-        raise CsekitError(
-            "recipe key model.weights_dtype: bf16 weights (a bf16 base beside fp32 adapters) are not supported under "
-            f"{SHARDED_NAMES} yet; use fp32"
-        )
-    run = dataclasses.replace(execution.run, packed=False, compile="none")
-    return dataclasses.replace(execution, sync_free=False, run=run, compute_copies=False)
+def active_sharding(accelerator: Accelerator) -> str | None:
+    """The sharding `accelerator` trains under ("fsdp", "deepspeed"), or None: what `decide_execution` is given."""
+    return SHARDED.get(accelerator.distributed_type)
 
 
 READS_SHARDED_WEIGHTS = {

@@ -17,7 +17,8 @@ and the gradient norm (to skip a non-finite gradient). A sync-free step instead
 
 The loop reads all of it in one copy (`read_on_host`) at its read points (log, evaluation, the run's end),
 where it learns the true step count, writes the records and checks `train.max_bad_steps`. The weights
-are those of the plain loop, bit for bit (tests/test_sync_free.py).
+are those of the plain loop, bit for bit (tests/test_sync_free.py). `SyncFreeSteps` is the loop's step runner
+(`csekit.training.step_runner`: the trainer takes every step through one); `SyncFreeDevice` its device side.
 """
 
 from __future__ import annotations
@@ -32,26 +33,16 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from csekit.core.errors import CsekitError
 from csekit.training.schedule import Schedule, linear_schedule_factor
+from csekit.training.step_runner import StepLoop, read_on_host
 
 __all__ = [
-    "SYNC_FREE_CHOICES",
     "Reading",
+    "SyncFreeDevice",
     "SyncFreeSteps",
     "linear_schedule_factor",
-    "read_on_host",
     "set_schedule_step",
+    "use_sync_free",
 ]
-
-SYNC_FREE_CHOICES = ("auto", "true", "false")
-"""`run.sync_free` values: auto (on where measured faster: `csekit.training.execution`), true, false."""
-
-
-def read_on_host(tensor: Tensor) -> list[float]:
-    """The training loop's one copy of step values from the device to the host (on a GPU: a wait).
-
-    Every read of the loop's step values goes through here, so tests can count them.
-    """
-    return tensor.tolist()
 
 
 def use_sync_free(setting: str, precision: str, optimizer: str, auto: bool) -> bool:
@@ -101,7 +92,7 @@ class Reading:
         return "gradient" if self.skipped_for_the_loss == 0 else "loss and gradient"
 
 
-class SyncFreeSteps:
+class SyncFreeDevice:
     """The device side of sync-free steps: the learning rate, the skip decision and the window's sums and counts.
 
     `optimizer` is torch's fused AdamW (or accelerate's wrapper of it); `base_lrs` the schedule's base rates
@@ -192,3 +183,61 @@ class SyncFreeSteps:
         reading = Reading(steps_taken, good, skipped, for_loss, in_a_row, longest, host[6] if len(last) else None, sums)
         self._new_window()  # a run of skipped steps goes on across reads in `bad_in_a_row`
         return reading
+
+
+class SyncFreeSteps:
+    """Sync-free steps as the loop takes them (`csekit.training.step_runner.StepRunner`): each step is taken as done
+    until the next read, at a step where a log point, an evaluation or the run's end may be due, says otherwise."""
+
+    def __init__(self, loop: StepLoop) -> None:
+        self.loop = loop
+        base_lrs = loop.scheduler.base_lrs
+        self.on_device = SyncFreeDevice(loop.optimizer, base_lrs, loop.schedule, loop.state.step, loop.device)
+        self.read_step = loop.state.step  # the step the latest read found
+
+    def apply(self, names: Sequence[str], values: Tensor, grad_norm: Tensor) -> bool:
+        """The device decides and counts a skip; the step counts as taken until the next read: True."""
+        loop = self.loop
+        self.on_device.step(names, values, grad_norm)
+        loop.optimizer.zero_grad(set_to_none=True)
+        loop.state.step += 1  # as if taken; the next read corrects it for skipped steps
+        loop.progress.bar.update(1)
+        return True
+
+    def settle(self) -> bool:
+        """At a step where a read may be due, read: the step count is corrected for skipped steps, and nothing is due
+        unless some step was taken since the previous read."""
+        if not self._read_due():
+            return False
+        before = self.read_step
+        self.catch_up()
+        return self.loop.state.step != before
+
+    def _read_due(self) -> bool:
+        """Whether a log record, an evaluation or the run's end may be due at this step."""
+        loop = self.loop
+        step, eval_every = loop.state.step, loop.config.eval_every
+        return (
+            step % loop.config.log_every == 0 or (eval_every > 0 and step % eval_every == 0) or step >= loop.total_steps
+        )
+
+    def catch_up(self) -> None:
+        """Read what the steps since the last read counted: the true step, skips and logged sums.
+
+        Skipped steps get one record a read; `train.max_bad_steps` is checked here, so a run of bad steps
+        stops at the first read after it reaches the limit.
+        """
+        loop, state = self.loop, self.loop.state
+        reading = self.on_device.read()
+        loop.progress.bar.update(reading.steps_taken - state.step)
+        state.step = self.read_step = reading.steps_taken
+        set_schedule_step(loop.scheduler, state.step)
+        loop.progress.add_sums(reading.sums, reading.good_steps, reading.last_loss)
+        if reading.skipped:
+            state.skipped_steps += reading.skipped
+            loop.record_skips(reading.reason, skipped_since_last_read=reading.skipped)
+        loop.stop_after_bad_steps(reading.longest_bad_run, reading.reason)
+
+    def interrupt_check_due(self) -> bool:
+        """Every step on one process; on several, at each log point (the question is an all-reduce read on the host)."""
+        return self.loop.processes == 1 or self.loop.state.step % self.loop.config.log_every == 0

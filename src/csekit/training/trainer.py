@@ -7,22 +7,21 @@ Model directories and the resumable training state are written atomically, so an
 half-written checkpoint and `--resume` continues from the last saved state.
 
 Its rooms: the corpus and the batches (`train_data.py`), what a run shows (`progress_log.py`), Ctrl-C and
-SIGTERM (`interrupt.py`), checkpoint/ written and read (`checkpoint.py`), how a step runs (`execution.py`).
+SIGTERM (`interrupt.py`), checkpoint/ written and read (`checkpoint.py`), how a step runs (`execution.py`: the
+precision, the sharding and the step runner, `step_runner.py`, that applies every step the same way).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
+from accelerate.utils import ProjectConfiguration, set_seed
 
 from csekit.core.atomic import atomic_write_text, remove_staging_leftovers
 from csekit.core.errors import CsekitError
@@ -35,17 +34,12 @@ from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import read_checkpoint, write_checkpoint
 from csekit.training.compute_copies import ComputeCopies
 from csekit.training.dev_scoring import check_dev_representation, dev_precision, score_dev
-from csekit.training.execution import build_run_model, decide_execution, planned_steps
+from csekit.training.execution import build_run_model, planned_steps, start_execution
 from csekit.training.interrupt import TrainingInterrupted, ctrl_c_stops_after_the_step
 from csekit.training.long_sentences import announce_long_sentences
 from csekit.training.model import ContrastiveModel, load_encoder
 from csekit.training.optimization import forward_backward, make_optimizer
-from csekit.training.processes import (
-    MIXED_PRECISION,
-    hint_if_accelerate_started_one_process,
-    own_accelerator_state,
-    training_precision,
-)
+from csekit.training.processes import hint_if_accelerate_started_one_process, own_accelerator_state
 from csekit.training.progress_log import ProgressLog, never_active_warnings
 from csekit.training.recipe import Recipe
 from csekit.training.run_folder import (
@@ -60,16 +54,8 @@ from csekit.training.run_folder import (
     resolve_run_paths,
 )
 from csekit.training.schedule import Schedule, check_schedule_length
-from csekit.training.sharding import (
-    FullModel,
-    accelerator_options,
-    check_sharding_request,
-    is_sharded,
-    ready_to_shard,
-    shard_cpu_processes,
-    sharded_execution,
-)
-from csekit.training.sync_free import SyncFreeSteps, read_on_host, set_schedule_step
+from csekit.training.sharding import FullModel
+from csekit.training.step_runner import StepLoop
 from csekit.training.trackers import TRACKER_LOGS, available_trackers, hold_tracker_logs, result_values, start_trackers
 from csekit.training.train_data import TrainData, epoch_batches
 from csekit.training.zero import whole_model_loading
@@ -143,36 +129,21 @@ class Trainer:
         self.unwrapped: ContrastiveModel = self.accelerator.unwrap_model(self.model)
         if resume:
             self._resume_from_checkpoint()
-        self.sync_free = self._sync_free_steps()
-        # From the masters as read (on resume, the checkpoint's): run.compute_copies, csekit.training.compute_copies
-        copies = ComputeCopies(self.unwrapped, self.optimizer, self.precision) if execution.compute_copies else None
-        self.copies = copies
+        self.copies: ComputeCopies | None = None  # run.compute_copies (csekit.training.compute_copies)
+        if execution.compute_copies:  # from the masters as read (on resume, the checkpoint's)
+            self.copies = ComputeCopies(self.unwrapped, self.optimizer, execution.precision)
         self._announce_start()
 
     # -- setting up ------------------------------------------------------------------------------
 
     def _start_accelerator(self) -> None:
-        """The precision for this machine, then the Accelerator (one process or several)."""
+        """The Accelerator (one process or several) and how it executes the run (`start_execution`)."""
         hint_if_accelerate_started_one_process()
         self.trackers = available_trackers(self.recipe)
-        self.precision = training_precision(self.recipe.train.precision)[0]  # the Accelerator needs it first
-        check_sharding_request(self.config.max_grad_norm, self.precision)
         logs = ProjectConfiguration(project_dir=str(self.output), logging_dir=str(self.output / TRACKER_LOGS))
-        self.accelerator = Accelerator(
-            **accelerator_options(self.config.max_grad_norm),
-            mixed_precision=MIXED_PRECISION[self.precision],
-            dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
-            log_with=self.trackers or None,
-            project_config=logs if self.trackers else None,
-        )
-        shard_cpu_processes(self.accelerator)
-        self.execution = decide_execution(self.recipe, self.trackers, self.accelerator.device.type)
-        if is_sharded(self.accelerator):
-            self.execution = sharded_execution(self.execution)
+        tracking = {"log_with": self.trackers or None, "project_config": logs if self.trackers else None}
+        self.accelerator, self.execution = start_execution(self.recipe, self.trackers, **tracking)
         self.loader_options = self.execution.loader
-        # Read when the loader is prepared: on a GPU its copies are queued without a wait (csekit.training.loading).
-        self.accelerator.dataloader_config.non_blocking = self.loader_options.non_blocking
-        self.execution.prepare_process()
         self.main = self.accelerator.is_main_process
 
     def _check_output_and_recipe(self, allow_changes: bool) -> None:
@@ -184,9 +155,7 @@ class Trainer:
         with whole_model_loading(self.accelerator):  # ZeRO-3 partitions the whole model in prepare
             encoder = load_encoder(self.recipe, self.execution.weights_dtype)
             check_dev_representation(encoder, self.config)
-            self.model, self.views = build_run_model(self.recipe, encoder, self.execution)
-        if is_sharded(self.accelerator):
-            ready_to_shard(self.model)  # before anything is written
+            self.model, self.views = build_run_model(self.recipe, encoder, self.execution)  # sharded: checked here
 
     def _open_output(self, held_until_the_end: contextlib.ExitStack) -> None:
         """Create the folder and lock it for the run (the lock is released when `held_until_the_end` closes)."""
@@ -204,7 +173,7 @@ class Trainer:
         """AdamW and the recipe's schedule (`csekit.training.schedule`); model, optimizer and loader prepared."""
         optimizer = make_optimizer(self.model, self.recipe)
         self.full_model: FullModel | None = None
-        if is_sharded(self.accelerator):  # a plain copy on the main process for dev scores and saves
+        if self.execution.sharding is not None:  # a plain copy on the main process for dev scores and saves
             self.full_model = full_model_for(self.accelerator, self.model, optimizer)
         self.model, self.optimizer, self.loader = self.accelerator.prepare(self.model, optimizer, self.loader)
         self.steps_per_epoch = len(self.loader)
@@ -232,14 +201,6 @@ class Trainer:
         if self.changes:
             self.metrics.write({"event": "recipe_changed", "step": self.state.step, "changes": self.changes})
 
-    def _sync_free_steps(self) -> SyncFreeSteps | None:
-        """The device side of sync-free steps (`run.sync_free`), from the run's step (on resume, the checkpoint's)."""
-        if not self.execution.sync_free:
-            return None
-        base_lrs = self.scheduler.base_lrs
-        device = self.accelerator.device
-        return SyncFreeSteps(self.optimizer, base_lrs, self.schedule, self.state.step, device)
-
     def _announce_start(self) -> None:
         """Every input, the checkpoint included, has been read: say the precision, save the recipe, log the start."""
         if not self.main:
@@ -263,7 +224,7 @@ class Trainer:
                     "corpus": self.data.corpus.report.summary(),
                     "total_steps": self.total_steps,
                     "processes": self.accelerator.num_processes,
-                    "precision": self.precision,
+                    "precision": self.execution.precision,
                     "duplicates": self.data.duplicates.record(),
                     **long_sentences,
                 }
@@ -284,31 +245,36 @@ class Trainer:
             for batch in self._batches():
                 if self.step(batch) and self._after_step():
                     break
-                if self._interrupt_check_due() and self._any_process(stop.requested):
+                if self.steps.interrupt_check_due() and self._any_process(stop.requested):
                     self._stop_at_interrupt(stop.signal_number)
         return self.finish()
 
     def _start_progress(self) -> None:
-        """On a terminal one progress bar; when stderr is a file, plain lines at each log record instead."""
+        """On a terminal one progress bar, when stderr is a file plain lines at each log record instead; and the
+        run's step runner (`Execution.step_runner`), from the run's step (on resume, the checkpoint's)."""
         visible = self.show_progress and self.main
         self.progress = ProgressLog(self.total_steps, self.state.step, visible, self.config.select_metric)
         self.checkpointed_batches: int | None = None  # the data position of the latest checkpoint this run wrote
-        self.bad_in_a_row = 0
-        self.read_step = self.state.step  # the step the latest read of a sync-free run found
+        loop = StepLoop(
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            schedule=self.schedule,
+            state=self.state,
+            progress=self.progress,
+            metrics=self.metrics,
+            config=self.config,
+            total_steps=self.total_steps,
+            processes=self.accelerator.num_processes,
+            device=self.accelerator.device,
+            best_dir=self.output / "best",
+        )
+        self.steps = self.execution.step_runner(loop)
 
     def _after_step(self) -> bool:
-        """Log and evaluate when due; True when the run is over (its last step, or patience ran out).
-
-        Sync-free steps are read at the steps where that may be due; there the step count is corrected
-        for skipped steps, and nothing is due unless some step was taken since the previous read.
-        """
-        if self.sync_free is not None:
-            if not self._read_due():
-                return False
-            before = self.read_step
-            self._read_device()
-            if self.state.step == before:
-                return False
+        """Log and evaluate when due; True when the run is over (its last step, or patience ran out). The step
+        runner says first whether the step count is known now and anything can be due (`StepRunner.settle`)."""
+        if not self.steps.settle():
+            return False
         if self.state.step % self.config.log_every == 0 or self.state.step == self.total_steps:
             self._log_window()
         eval_due = self.config.eval_every > 0 and self.state.step % self.config.eval_every == 0
@@ -330,11 +296,8 @@ class Trainer:
         return epoch_batches(self.accelerator, self.loader, self.state, self.loader_options, finished)
 
     def step(self, batch: dict[str, Any]) -> bool:
-        """One optimizer step on `batch`; False when it was skipped for a non-finite loss or gradient.
-
-        Sync-free (`run.sync_free`), the device decides and counts a skip, and the step is taken as done
-        until the next read (`_read_device`) says otherwise: it returns True.
-        """
+        """One optimizer step on `batch`, applied by the run's step runner (`csekit.training.step_runner`); False when
+        it is known to be skipped for a non-finite loss or gradient."""
         self.state.batches += 1
         # Always back-propagate (every process must join DDP's gradient all-reduce), then decide
         # together: a step is skipped everywhere when any process's loss or the gradient is not finite.
@@ -350,90 +313,8 @@ class Trainer:
         )
         # One all-reduce gives the mean loss and parts over processes (for the log) and, since a NaN
         # anywhere makes the mean NaN, whether every process's loss is finite.
-        names = ["loss", *parts]
         reduced = self.accelerator.reduce(torch.stack([loss.detach(), *parts.values()]).float(), "mean")
-        if self.sync_free is not None:
-            self.sync_free.step(names, reduced, grad_norm)
-            self.optimizer.zero_grad(set_to_none=True)
-            self.state.step += 1  # as if taken; the next read corrects it for skipped steps
-            self.progress.bar.update(1)
-            return True
-        values = read_on_host(reduced)
-        loss_finite = math.isfinite(values[0])
-        if not (loss_finite and math.isfinite(read_on_host(torch.as_tensor(grad_norm).reshape(1))[0])):
-            self._skip_step("loss" if not loss_finite else "gradient")
-            return False
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.bad_in_a_row = 0
-        self.state.step += 1
-        self.progress.bar.update(1)
-        self.progress.add_step(names, values)
-        return True
-
-    def _read_due(self) -> bool:
-        """Whether a log record, an evaluation or the run's end may be due at this step (sync-free runs read then)."""
-        step, eval_every = self.state.step, self.config.eval_every
-        return (
-            step % self.config.log_every == 0 or (eval_every > 0 and step % eval_every == 0) or step >= self.total_steps
-        )
-
-    def _read_device(self) -> None:
-        """Read what the sync-free steps since the last read counted: the true step, skips and logged sums.
-
-        Skipped steps get one record a read; `train.max_bad_steps` is checked here, so a run of bad steps
-        stops at the first read after it reaches the limit.
-        """
-        assert self.sync_free is not None
-        reading = self.sync_free.read()
-        self.progress.bar.update(reading.steps_taken - self.state.step)
-        self.state.step = self.read_step = reading.steps_taken
-        set_schedule_step(self.scheduler, self.state.step)
-        self.progress.add_sums(reading.sums, reading.good_steps, reading.last_loss)
-        self.bad_in_a_row = reading.bad_in_a_row
-        if reading.skipped:
-            self.state.skipped_steps += reading.skipped
-            self.metrics.write(
-                {
-                    "step": self.state.step,
-                    "event": "non_finite_step",
-                    "reason": reading.reason,
-                    "skipped_steps": self.state.skipped_steps,
-                    "skipped_since_last_read": reading.skipped,
-                }
-            )
-        if reading.longest_bad_run >= self.config.max_bad_steps:
-            raise CsekitError(
-                f"{reading.longest_bad_run} steps in a row had a non-finite {reading.reason} (after step "
-                f"{self.state.step}); stopped. The best model in {self.output / 'best'} is intact; try a lower train.lr"
-            )
-
-    def _interrupt_check_due(self) -> bool:
-        """Whether to ask every process about Ctrl-C now: every step, except in sync-free runs on several
-        processes (the question is an all-reduce read on the host), which ask at each log point."""
-        if self.sync_free is None or self.accelerator.num_processes == 1:
-            return True
-        return self.state.step % self.config.log_every == 0
-
-    def _skip_step(self, reason: str) -> None:
-        """Drop the step's gradients and record it; too many in a row stop the run."""
-        self.optimizer.zero_grad(set_to_none=True)
-        self.state.skipped_steps += 1
-        self.bad_in_a_row += 1
-        self.metrics.write(
-            {
-                "step": self.state.step,
-                "event": "non_finite_step",
-                "reason": reason,
-                "skipped_steps": self.state.skipped_steps,
-            }
-        )
-        if self.bad_in_a_row >= self.config.max_bad_steps:
-            raise CsekitError(
-                f"{self.bad_in_a_row} steps in a row had a non-finite {reason} (after step {self.state.step}); "
-                f"stopped. The best model in {self.output / 'best'} is intact; try a lower train.lr"
-            )
+        return self.steps.apply(["loss", *parts], reduced, grad_norm)
 
     def _log_window(self) -> None:
         """A metrics record with the mean loss and parts since the last one, the lr and the throughput."""
@@ -449,7 +330,7 @@ class Trainer:
         """The dev task's scores of the model as it is now (none without a dev task); see `dev_scoring`."""
         if not self._has_dev_tasks():
             return {}
-        precision, batch_size = dev_precision(self.config, self.precision), self.execution.eval_batch_size
+        precision, batch_size = dev_precision(self.config, self.execution.precision), self.execution.eval_batch_size
         plain = self._plain()
         assert plain is not None  # on the main process
         return score_dev(plain.saved_encoder(), plain.head, self.config, precision, batch_size, self.data.dev)
@@ -476,7 +357,7 @@ class Trainer:
                 corpus_sentences=len(self.data.corpus),
                 step=self.state.step,
                 total_steps=self.total_steps,
-                precision=self.precision,
+                precision=self.execution.precision,
                 scores=scores,
                 start_scores=self.state.start_scores,
             )
@@ -556,8 +437,7 @@ class Trainer:
 
     def _stop_at_interrupt(self, signal_number: int) -> None:
         """Checkpoint the step just taken (unless its evaluation did), end the trackers, raise TrainingInterrupted."""
-        if self.sync_free is not None:
-            self._read_device()
+        self.steps.catch_up()
         if self.checkpointed_batches != self.state.batches:
             self.save_checkpoint()
         self.progress.bar.close()
@@ -571,9 +451,8 @@ class Trainer:
             self.accelerator.log(values, step=record["step"])
 
     def finish(self) -> TrainResult:
-        """Close the bar, wait for every process and end accelerate's run."""
-        if self.sync_free is not None:
-            self._read_device()
+        """Read what is left unread, close the bar, wait for every process and end accelerate's run."""
+        self.steps.catch_up()
         self.progress.bar.close()
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
