@@ -18,7 +18,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForMaskedLM, BertTokenizerFast, PreTrainedTokenizerFast
+from transformers import (
+    AutoConfig,
+    AutoModelForMaskedLM,
+    BertTokenizerFast,
+    PretrainedConfig,
+    PreTrainedTokenizerFast,
+)
 
 from csekit import cli
 from csekit.core.precision import NATIVE_BF16_VARIABLE
@@ -81,47 +87,39 @@ def make_tiny_encoder(
     """
     torch.manual_seed(seed)
     tokenizer = make_tokenizer(folder)
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        pad_token_id=0,  # the tiny vocabulary's [PAD] (RoBERTa's and MPNet's configs default to 1)
-        initializer_range=initializer_range,
-    )
+    config = tiny_config(model_type, tokenizer.vocab_size, 32, initializer_range)
     return SentenceEncoder.from_config(config, tokenizer, pooler=pooler)
 
 
-def make_tiny_mlm(folder: Path, seed: int = 0, model_type: str = "bert", initializer_range: float = 0.02) -> Path:
-    """A saved 1-layer masked-LM model of `model_type` with the tiny vocabulary (a DiffCSE generator); its folder."""
+def tiny_config(
+    model_type: str, vocab_size: int, hidden_size: int, initializer_range: float, **settings: Any
+) -> PretrainedConfig:
+    """The tests' one shape of tiny model: `hidden_size` wide, 2 layers of 2 heads, a feed-forward twice the width,
+    64 positions and [PAD] at id 0 (RoBERTa's and MPNet's configs default to 1), then `settings` on top."""
+    shape = {
+        "hidden_size": hidden_size,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 2 * hidden_size,
+        "max_position_embeddings": 64,
+        "pad_token_id": 0,
+    }
+    return AutoConfig.for_model(
+        model_type, vocab_size=vocab_size, initializer_range=initializer_range, **{**shape, **settings}
+    )
+
+
+def make_tiny_mlm(
+    folder: Path, seed: int = 0, model_type: str = "bert", initializer_range: float = 0.02, layers: int = 1
+) -> Path:
+    """A saved masked-LM model of `model_type`, 16 wide, with the tiny vocabulary: 1 layer, a DiffCSE generator;
+    2 layers with wide weights, a stand-in for a trained model. Its folder."""
     torch.manual_seed(seed)
     tokenizer = make_tokenizer(folder)
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        initializer_range=initializer_range,
-    )
+    config = tiny_config(model_type, tokenizer.vocab_size, 16, initializer_range, num_hidden_layers=layers)
     AutoModelForMaskedLM.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
-
-
-OSSCSE_TEMPLATE_TEXTS = (
-    'This sentence : "a man plays the guitar ." means .',
-    'This sentence of "the dog runs" means .',
-    "a man plays",
-    "the woman eats food",
-)
-"""Texts to learn a byte-level BPE vocabulary from that covers the mask pooler's default templates."""
 
 
 def make_byte_level_bpe_tokenizer(
