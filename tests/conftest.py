@@ -11,8 +11,9 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
@@ -30,6 +31,9 @@ from csekit import cli
 from csekit.core.precision import NATIVE_BF16_VARIABLE
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.training.recipe import Recipe, load_recipe
+
+if TYPE_CHECKING:
+    from csekit.training.best_model import TrainResult
 
 WORDS = """
 a the man woman dog cat is are was plays playing runs running sits on in with guitar ball park
@@ -336,6 +340,64 @@ def tiny_recipe(model_dir: Path, corpus: Path, *extra: str) -> Recipe:
 def read_metrics(folder: Path) -> list[dict[str, Any]]:
     """A run folder's metrics.jsonl, one dict a record."""
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@dataclass(frozen=True)
+class TinyRun:
+    """A finished `train_tiny` run: its folder, what `train` returned and the recipe it trained."""
+
+    folder: Path
+    result: TrainResult
+    recipe: Recipe
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """metrics.jsonl as it is now (read each time: a later run into the folder appends to it)."""
+        return read_metrics(self.folder)
+
+    @property
+    def losses(self) -> list[dict[str, Any]]:
+        """The records of training steps: those with a loss (not the start, evaluation or event records)."""
+        return [record for record in self.metrics if "loss" in record]
+
+
+@dataclass(frozen=True)
+class TinyTrainer:
+    """What the `train_tiny` fixture gives: a call that trains a tiny run in the test's tmp_path."""
+
+    tmp_path: Path
+    tiny_model_dir: Path
+
+    def __call__(
+        self,
+        *overrides: str,
+        steps: int = 3,
+        lines: int = 64,
+        eval_every: int = 0,
+        name: str = "run",
+        model: Path | None = None,
+        corpus: Path | None = None,
+        data_dir: Path | None = None,
+    ) -> TinyRun:
+        """`tiny_recipe` on `model` (default: `tiny_model_dir`) and `corpus` (default: a made-up corpus of `lines`
+        sentences at tmp_path/corpus.txt) for `steps` steps, evaluating and checkpointing every `eval_every` (0: at
+        the end only), then `overrides` (recipe keys, applied last); trained into tmp_path/`name` (a second run in
+        the same test names its own) with the dev data of `data_dir`."""
+        from csekit.training.trainer import train
+
+        backbone = model if model is not None else self.tiny_model_dir
+        sentences = corpus if corpus is not None else make_corpus(self.tmp_path / "corpus.txt", lines=lines)
+        schedule = (f"train.max_steps={steps}", f"train.eval_every={eval_every}")
+        recipe = tiny_recipe(backbone, sentences, *schedule, *overrides)
+        result = train(recipe, self.tmp_path / name, data_dir=data_dir, show_progress=False)
+        return TinyRun(self.tmp_path / name, result, recipe)
+
+
+@pytest.fixture
+def train_tiny(tmp_path: Path, tiny_model_dir: Path) -> TinyTrainer:
+    """The block most training tests began with (tiny corpus, tiny recipe, train, read the metrics), in one place:
+    each test states only what its run changes, and a change to how tests train is made here once."""
+    return TinyTrainer(tmp_path, tiny_model_dir)
 
 
 FRESH_INTERPRETER_COMMANDS = ("train",)
