@@ -11,19 +11,29 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from safetensors.torch import load_file
-from transformers import AutoConfig, AutoModelForMaskedLM, BertTokenizerFast, PreTrainedTokenizerFast
+from transformers import (
+    AutoConfig,
+    AutoModelForMaskedLM,
+    BertTokenizerFast,
+    PretrainedConfig,
+    PreTrainedTokenizerFast,
+)
 
 from csekit import cli
 from csekit.core.precision import NATIVE_BF16_VARIABLE
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.training.recipe import Recipe, load_recipe
+
+if TYPE_CHECKING:
+    from csekit.training.best_model import TrainResult
 
 WORDS = """
 a the man woman dog cat is are was plays playing runs running sits on in with guitar ball park
@@ -81,47 +91,39 @@ def make_tiny_encoder(
     """
     torch.manual_seed(seed)
     tokenizer = make_tokenizer(folder)
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        pad_token_id=0,  # the tiny vocabulary's [PAD] (RoBERTa's and MPNet's configs default to 1)
-        initializer_range=initializer_range,
-    )
+    config = tiny_config(model_type, tokenizer.vocab_size, 32, initializer_range)
     return SentenceEncoder.from_config(config, tokenizer, pooler=pooler)
 
 
-def make_tiny_mlm(folder: Path, seed: int = 0, model_type: str = "bert", initializer_range: float = 0.02) -> Path:
-    """A saved 1-layer masked-LM model of `model_type` with the tiny vocabulary (a DiffCSE generator); its folder."""
+def tiny_config(
+    model_type: str, vocab_size: int, hidden_size: int, initializer_range: float, **settings: Any
+) -> PretrainedConfig:
+    """The tests' one shape of tiny model: `hidden_size` wide, 2 layers of 2 heads, a feed-forward twice the width,
+    64 positions and [PAD] at id 0 (RoBERTa's and MPNet's configs default to 1), then `settings` on top."""
+    shape = {
+        "hidden_size": hidden_size,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "intermediate_size": 2 * hidden_size,
+        "max_position_embeddings": 64,
+        "pad_token_id": 0,
+    }
+    return AutoConfig.for_model(
+        model_type, vocab_size=vocab_size, initializer_range=initializer_range, **{**shape, **settings}
+    )
+
+
+def make_tiny_mlm(
+    folder: Path, seed: int = 0, model_type: str = "bert", initializer_range: float = 0.02, layers: int = 1
+) -> Path:
+    """A saved masked-LM model of `model_type`, 16 wide, with the tiny vocabulary: 1 layer, a DiffCSE generator;
+    2 layers with wide weights, a stand-in for a trained model. Its folder."""
     torch.manual_seed(seed)
     tokenizer = make_tokenizer(folder)
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        initializer_range=initializer_range,
-    )
+    config = tiny_config(model_type, tokenizer.vocab_size, 16, initializer_range, num_hidden_layers=layers)
     AutoModelForMaskedLM.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
-
-
-OSSCSE_TEMPLATE_TEXTS = (
-    'This sentence : "a man plays the guitar ." means .',
-    'This sentence of "the dog runs" means .',
-    "a man plays",
-    "the woman eats food",
-)
-"""Texts to learn a byte-level BPE vocabulary from that covers the mask pooler's default templates."""
 
 
 def make_byte_level_bpe_tokenizer(
@@ -338,6 +340,64 @@ def tiny_recipe(model_dir: Path, corpus: Path, *extra: str) -> Recipe:
 def read_metrics(folder: Path) -> list[dict[str, Any]]:
     """A run folder's metrics.jsonl, one dict a record."""
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@dataclass(frozen=True)
+class TinyRun:
+    """A finished `train_tiny` run: its folder, what `train` returned and the recipe it trained."""
+
+    folder: Path
+    result: TrainResult
+    recipe: Recipe
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """metrics.jsonl as it is now (read each time: a later run into the folder appends to it)."""
+        return read_metrics(self.folder)
+
+    @property
+    def losses(self) -> list[dict[str, Any]]:
+        """The records of training steps: those with a loss (not the start, evaluation or event records)."""
+        return [record for record in self.metrics if "loss" in record]
+
+
+@dataclass(frozen=True)
+class TinyTrainer:
+    """What the `train_tiny` fixture gives: a call that trains a tiny run in the test's tmp_path."""
+
+    tmp_path: Path
+    tiny_model_dir: Path
+
+    def __call__(
+        self,
+        *overrides: str,
+        steps: int = 3,
+        lines: int = 64,
+        eval_every: int = 0,
+        name: str = "run",
+        model: Path | None = None,
+        corpus: Path | None = None,
+        data_dir: Path | None = None,
+    ) -> TinyRun:
+        """`tiny_recipe` on `model` (default: `tiny_model_dir`) and `corpus` (default: a made-up corpus of `lines`
+        sentences at tmp_path/corpus.txt) for `steps` steps, evaluating and checkpointing every `eval_every` (0: at
+        the end only), then `overrides` (recipe keys, applied last); trained into tmp_path/`name` (a second run in
+        the same test names its own) with the dev data of `data_dir`."""
+        from csekit.training.trainer import train
+
+        backbone = model if model is not None else self.tiny_model_dir
+        sentences = corpus if corpus is not None else make_corpus(self.tmp_path / "corpus.txt", lines=lines)
+        schedule = (f"train.max_steps={steps}", f"train.eval_every={eval_every}")
+        recipe = tiny_recipe(backbone, sentences, *schedule, *overrides)
+        result = train(recipe, self.tmp_path / name, data_dir=data_dir, show_progress=False)
+        return TinyRun(self.tmp_path / name, result, recipe)
+
+
+@pytest.fixture
+def train_tiny(tmp_path: Path, tiny_model_dir: Path) -> TinyTrainer:
+    """The block most training tests began with (tiny corpus, tiny recipe, train, read the metrics), in one place:
+    each test states only what its run changes, and a change to how tests train is made here once."""
+    return TinyTrainer(tmp_path, tiny_model_dir)
 
 
 FRESH_INTERPRETER_COMMANDS = ("train",)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from conftest import make_corpus, tiny_recipe
+from conftest import TinyTrainer
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
@@ -15,7 +13,6 @@ from csekit.parts.views import VIEWS
 from csekit.parts.views.consert import ConsertViews
 from csekit.parts.views.dropout import DropoutViews
 from csekit.training.part_building import build_part
-from csekit.training.trainer import train
 
 SENTENCES = [
     "a man plays guitar in the park",
@@ -146,14 +143,6 @@ def test_consert_views_are_registered_and_validate_their_options(tiny_encoder: S
         build_part(VIEWS, {"name": "consert", "token_cutoff_rate": 1.5}, "data.views", **context)
 
 
-def test_a_tiny_model_trains_with_consert_views(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=2",
-        "train.eval_every=0",
-        "model.pooler=mean",
-        "data.views={name: consert, augmentations: [[shuffle, span_cutoff], [token_cutoff, feature_cutoff]]}",
-    )
-    assert train(recipe, tmp_path / "run", show_progress=False).steps == 2
+def test_a_tiny_model_trains_with_consert_views(train_tiny: TinyTrainer) -> None:
+    views = "data.views={name: consert, augmentations: [[shuffle, span_cutoff], [token_cutoff, feature_cutoff]]}"
+    assert train_tiny("model.pooler=mean", views, steps=2).result.steps == 2

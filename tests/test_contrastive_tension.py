@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DISTINCT_SENTENCES, make_tiny_encoder
+from conftest import DISTINCT_SENTENCES, TinyTrainer, make_tiny_encoder
+from part_checks import assert_same_gradients, gradients
 from st_reference import sentence_transformer_of, st_losses
 
 from csekit.core.errors import CsekitError
@@ -65,14 +66,10 @@ def test_loss_and_gradients_equal_sentence_transformers(tmp_path: Path, scale: f
         (objective.copy_encoder.backbone, reference.model1[0].auto_model),  # the copy is its model1
     ]
     for ours_module, theirs_module in pairs:
-        named = dict(theirs_module.named_parameters())
-        compared = 0
-        for name, param in ours_module.named_parameters():
-            if param.grad is None:
-                assert named[name].grad is None or not named[name].grad.any(), name
-                continue
-            torch.testing.assert_close(param.grad, named[name].grad, rtol=1e-4, atol=1e-6, msg=name)
-            compared += 1
+        theirs_grads = gradients(theirs_module.named_parameters())
+        compared = assert_same_gradients(
+            ours_module.named_parameters(), theirs_grads, rtol=1e-4, atol=1e-6, zero_is_none=True
+        )
         assert compared > 10
 
 
@@ -98,27 +95,17 @@ def test_refuses_a_head_and_a_missing_view(tmp_path: Path) -> None:
         model(views(SENTENCES), SENTENCES)
 
 
-def test_a_ct_recipe_trains_both_encoders_and_exports_only_its_own(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from conftest import make_corpus, tiny_recipe
+def test_a_ct_recipe_trains_both_encoders_and_exports_only_its_own(
+    tiny_model_dir: Path, train_tiny: TinyTrainer
+) -> None:
     from safetensors.torch import load_file
 
-    from csekit.training.trainer import train
-
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=3",
-        "train.eval_every=0",
-        "model.head={name: none}",
-        "data.views={name: single}",
-        "objectives=[{name: contrastive_tension}]",
-    )
-    assert train(recipe, tmp_path / "run", show_progress=False).steps == 3
+    run = train_tiny("model.head={name: none}", "data.views={name: single}", "objectives=[{name: contrastive_tension}]")
+    assert run.result.steps == 3
     start = load_file(next(tiny_model_dir.glob("*.safetensors")))
-    exported = load_file(next((tmp_path / "run" / "best").glob("*.safetensors")))
+    exported = load_file(next((run.folder / "best").glob("*.safetensors")))
     assert set(exported) == set(start)  # the encoder alone, not the copy
-    checkpoint = load_file(tmp_path / "run" / "checkpoint" / "model.safetensors")
+    checkpoint = load_file(run.folder / "checkpoint" / "model.safetensors")
     copy_keys = [key for key in checkpoint if key.startswith("objectives.0.copy_encoder.")]
     assert copy_keys and "objectives.0.logit_scale" in checkpoint
     assert float(checkpoint["objectives.0.logit_scale"]) != pytest.approx(math.log(20.0))  # the scale trained
@@ -129,59 +116,30 @@ def test_a_ct_recipe_trains_both_encoders_and_exports_only_its_own(tmp_path: Pat
     assert not torch.equal(checkpoint[copy_name], exported[name])  # apart: two encoders, not one
 
 
-def test_contrastive_tension_composes_with_simcse(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_contrastive_tension_composes_with_simcse(train_tiny: TinyTrainer) -> None:
     """Beside SimCSE's infonce on two dropout views, the copy reads view 0's inputs; both losses are logged."""
-    from conftest import make_corpus, read_metrics, tiny_recipe
-
-    from csekit.training.trainer import train
-
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=2",
-        "train.eval_every=0",
-        "model.head={name: none}",
-        "objectives=[{name: infonce}, {name: contrastive_tension, weight: 0.5}]",
-    )
-    assert train(recipe, tmp_path / "run", show_progress=False).steps == 2
-    record = next(r for r in read_metrics(tmp_path / "run") if "loss" in r)
+    objectives = "objectives=[{name: infonce}, {name: contrastive_tension, weight: 0.5}]"
+    run = train_tiny("model.head={name: none}", objectives, steps=2)
+    assert run.result.steps == 2
+    record = run.losses[0]
     assert record["loss"] == pytest.approx(record["infonce"] + 0.5 * record["contrastive_tension"], rel=1e-5)
 
 
-def ct_resume_recipe(path: Path, model_dir: Path, corpus: Path, marker: Path) -> Path:
-    path.write_text(
-        f"""
+def ct_resume_recipe(model_dir: Path, corpus: Path, marker: Path) -> str:
+    return f"""
 model: {{backbone: "{model_dir}", pooler: mean, max_length: 16, head: {{name: none}}}}
 data: {{corpus: "{corpus}", views: {{name: single}}}}
 train: {{batch_size: 16, lr: 1.0e-3, max_steps: 12, eval_every: 4, log_every: 1, dev_task: none, seed: 7}}
 objectives:
   - {{name: contrastive_tension}}
   - {{name: kill_once, weight: 0.0, at_call: 7, marker: "{marker}"}}
-""",
-        encoding="utf-8",
-    )
-    return path
+"""
 
 
 def test_the_copy_and_the_scale_survive_sigkill_and_resume_bit_exactly(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from conftest import assert_same_checkpoint_weights, make_corpus, read_metrics, run_cli_with_test_parts
-
-    def run_train(recipe: Path, output: Path, *extra: str):  # type: ignore[no-untyped-def]
-        args = ("train", str(recipe), "--output", str(output), "--no-progress", *extra)
-        return run_cli_with_test_parts(*args, plugin_dir=output.parent / "plugin")
+    """Killed during step 7, resumed from step 4's checkpoint: every tensor, the copy and the scale included."""
+    from conftest import make_corpus
+    from resumed_runs import killed_and_resumed
 
     corpus = make_corpus(tmp_path / "corpus.txt", lines=128)
-    marker = tmp_path / "killed"
-    marker.write_text("not this run", encoding="utf-8")
-    straight = run_train(ct_resume_recipe(tmp_path / "a.yaml", tiny_model_dir, corpus, marker), tmp_path / "straight")
-    assert straight.returncode == 0, straight.stderr
-    marker.unlink()
-    recipe = ct_resume_recipe(tmp_path / "b.yaml", tiny_model_dir, corpus, marker)
-    killed = run_train(recipe, tmp_path / "resumed")
-    assert killed.returncode == -9 and marker.exists()  # SIGKILL during step 7; the checkpoint is from step 4
-    resumed = run_train(recipe, tmp_path / "resumed", "--resume")
-    assert resumed.returncode == 0, resumed.stderr
-    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "resumed")  # the copy and the scale included
-    losses = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "straight") if "loss" in r}
-    assert {r["step"]: r["loss"] for r in read_metrics(tmp_path / "resumed") if "loss" in r} == losses
+    killed_and_resumed(tmp_path, lambda marker: ct_resume_recipe(tiny_model_dir, corpus, marker))

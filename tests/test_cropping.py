@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_corpus, make_tiny_encoder, tiny_recipe
+from conftest import TinyTrainer, make_tiny_encoder
+from part_checks import assert_views_come_from_the_batch
 from scipy.stats import chisquare
 
 from csekit.core.errors import CsekitError
 from csekit.parts.views import VIEWS
 from csekit.parts.views.cropping import CroppingViews, crop_span
 from csekit.training.recipe import load_recipe
-from csekit.training.trainer import train
 
 SENTENCES = ["a man plays guitar", "the dog runs in the park", "she eats food", "it is big and red"]
 
@@ -79,16 +79,7 @@ def test_each_view_is_a_contiguous_span_wrapped_in_the_special_tokens(tmp_path: 
 
 def test_crops_are_drawn_per_batch_not_from_the_global_generator(tmp_path: Path) -> None:
     encoder = make_tiny_encoder(tmp_path / "tok", pooler="cls")
-    views = CroppingViews(encoder.tokenizer, encoder.pooler, 32)
-    torch.manual_seed(0)
-    first = views(SENTENCES)
-    torch.manual_seed(1)
-    before = torch.get_rng_state()
-    again = views(SENTENCES)
-    assert torch.equal(before, torch.get_rng_state())
-    assert all(torch.equal(first[key], again[key]) for key in first)
-    other = CroppingViews(encoder.tokenizer, encoder.pooler, 32, seed=5)(SENTENCES)
-    assert not torch.equal(first["input_ids"], other["input_ids"])
+    assert_views_come_from_the_batch(CroppingViews, encoder, SENTENCES, other_seed=5)
 
 
 def test_cropping_refuses_prompt_poolers_and_bad_ratios(tmp_path: Path) -> None:
@@ -105,19 +96,14 @@ def test_cropping_refuses_prompt_poolers_and_bad_ratios(tmp_path: Path) -> None:
             CroppingViews(encoder.tokenizer, encoder.pooler, 32, **options)
 
 
-def test_cropping_views_compose_with_dclr_weighting_and_train(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=2",
-        "train.eval_every=0",
+def test_cropping_views_compose_with_dclr_weighting_and_train(tiny_model_dir: Path, train_tiny: TinyTrainer) -> None:
+    run = train_tiny(
         "data.views={name: cropping, ratio_min: 0.3, ratio_max: 0.9}",
         "negatives=[{name: dclr_noise}]",
         f"weighting={{name: dclr, model: {tiny_model_dir}, model_pooler: mean, phi: 0.9}}",
+        steps=2,
     )
-    result = train(recipe, tmp_path / "run", show_progress=False)
-    assert result.steps == 2
+    assert run.result.steps == 2
 
 
 @pytest.mark.parametrize("recipe_file", ["cropping-minilm.yaml", "cropping-bert-base.yaml"])

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_corpus, tiny_recipe
+from conftest import TinyTrainer
+from part_checks import assert_same_gradients, step_gradients
 from safetensors.torch import load_file
 
 from csekit.core.errors import CsekitError
@@ -25,7 +26,6 @@ from csekit.parts.weighting.complementary import ComplementaryWeighting
 from csekit.training.model import ContrastiveModel
 from csekit.training.part_building import build_part
 from csekit.training.recipe import load_recipe
-from csekit.training.trainer import train
 
 # Sentences 0/2 and 1/4 are duplicates: the only negatives a model that sees itself should weight out.
 SENTENCES = [
@@ -50,6 +50,17 @@ def build(model_dir: Path, weighting: torch.nn.Module | None, noise: NoiseNegati
 def step_state(model: ContrastiveModel, sentences: list[str] = SENTENCES) -> StepState:
     views = DropoutViews(model.encoder.tokenizer, model.encoder.pooler, 16)
     return model.make_state(views(sentences), sentences, {})
+
+
+def weighted_state(model_dir: Path, noise_ratio: float) -> StepState:
+    """A step's state after DCLR's noise negatives (`noise_ratio` x the batch) and the weights of the model as its
+    own complementary model (mean pooling, phi 0.99): duplicates weighted out, the noise appended."""
+    weighting = ComplementaryWeighting(model=str(model_dir), model_pooler="mean", phi=PHI, max_length=16)
+    model = build(model_dir, weighting, NoiseNegatives(ratio=noise_ratio))
+    state = step_state(model)
+    model.negatives[0](state)
+    weighting(state)
+    return state
 
 
 def test_the_model_as_its_own_complementary_model_weights_out_exactly_the_duplicates(tiny_model_dir: Path) -> None:
@@ -95,11 +106,7 @@ def test_complementary_similarities_are_float32_inside_a_bf16_step(tiny_model_di
 
 
 def test_paper_loss_equals_the_loss_with_false_negative_columns_removed(tiny_model_dir: Path) -> None:
-    weighting = ComplementaryWeighting(model=str(tiny_model_dir), model_pooler="mean", phi=PHI, max_length=16)
-    model = build(tiny_model_dir, weighting, NoiseNegatives(ratio=1.5))
-    state = step_state(model)
-    model.negatives[0](state)
-    weighting(state)
+    state = weighted_state(tiny_model_dir, noise_ratio=1.5)
     assert state.extra_negatives[0].shape == (9, 32)  # k = 1.5 x 6
     loss = InfoNCE(temperature=0.05)(state)["infonce"]
     torch.testing.assert_close(loss, paper_loss_by_hand(state, 0.05))
@@ -124,11 +131,7 @@ def printed_eq6_by_hand(state: StepState, temperature: float) -> torch.Tensor:
 
 
 def test_the_printed_eq6_leaves_the_positive_out_of_the_denominator(tiny_model_dir: Path) -> None:
-    weighting = ComplementaryWeighting(model=str(tiny_model_dir), model_pooler="mean", phi=PHI, max_length=16)
-    model = build(tiny_model_dir, weighting, NoiseNegatives(ratio=1.5))
-    state = step_state(model)
-    model.negatives[0](state)
-    weighting(state)
+    state = weighted_state(tiny_model_dir, noise_ratio=1.5)
     printed = InfoNCE(temperature=0.05, positive_in_denominator=False)(state)["infonce"]
     torch.testing.assert_close(printed.double(), printed_eq6_by_hand(state, 0.05), rtol=1e-5, atol=1e-5)
     default = InfoNCE(temperature=0.05)(state)["infonce"]
@@ -145,11 +148,7 @@ def test_the_printed_eq6_is_finite_for_an_anchor_without_negatives() -> None:
 
 
 def test_authors_code_option_zeroes_the_false_negative_logits(tiny_model_dir: Path) -> None:
-    weighting = ComplementaryWeighting(model=str(tiny_model_dir), model_pooler="mean", phi=PHI, max_length=16)
-    model = build(tiny_model_dir, weighting, NoiseNegatives(ratio=1.0))
-    state = step_state(model)
-    model.negatives[0](state)
-    weighting(state)
+    state = weighted_state(tiny_model_dir, noise_ratio=1.0)
     anchors, positives = state.embeddings
     logits = cosine_matrix(anchors, positives) / TAU
     for i, j in DUPLICATES:
@@ -257,14 +256,7 @@ def test_gradient_ascent_steps_increase_the_non_uniformity_loss() -> None:
 
 def test_model_gradient_equals_the_gradient_with_the_final_noise_as_constants(tiny_model_dir: Path) -> None:
     model = build(tiny_model_dir, None, NoiseNegatives(ratio=2.0, steps=4, step_size=0.5))
-    model.train()
-    inputs = DropoutViews(model.encoder.tokenizer, model.encoder.pooler, 16)(SENTENCES)
-
-    torch.manual_seed(1)
-    loss, _ = model(inputs, SENTENCES)
-    loss.backward()
-    with_ascent = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
+    with_ascent, inputs = step_gradients(model, SENTENCES)
 
     torch.manual_seed(1)  # the same dropout masks and the same initial noise
     state = model.make_state(inputs, SENTENCES, {})
@@ -275,10 +267,7 @@ def test_model_gradient_equals_the_gradient_with_the_final_noise_as_constants(ti
     state = model.make_state(inputs, SENTENCES, {})
     state.extra_negatives.append(constants)
     InfoNCE()(state)["infonce"].backward()
-    for name, p in model.named_parameters():
-        if name in with_ascent:
-            torch.testing.assert_close(p.grad, with_ascent[name], msg=name)
-    assert with_ascent, "the model received gradients"
+    assert_same_gradients(model.named_parameters(), with_ascent)
 
 
 def test_noise_ratio_may_be_fractional_and_bad_options_name_the_recipe_key() -> None:
@@ -317,23 +306,19 @@ def test_complementary_model_is_in_no_state_dict_and_not_trained(tiny_model_dir:
     assert not weighting.complementary.training  # the model's train() does not reach it
 
 
-def test_a_dclr_recipe_trains_and_saves_no_complementary_model(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=3",
-        "train.eval_every=0",
+def test_a_dclr_recipe_trains_and_saves_no_complementary_model(
+    tmp_path: Path, tiny_model_dir: Path, train_tiny: TinyTrainer
+) -> None:
+    run = train_tiny(
         "model.pooler=mean",
         "negatives=[{name: dclr_noise, ratio: 1.0}]",
         f"weighting={{name: dclr, model: {tiny_model_dir}, model_pooler: mean, phi: 0.95}}",
     )
-    result = train(recipe, tmp_path / "run", show_progress=False)
-    assert result.steps == 3
+    assert run.result.steps == 3
     plain = build(tiny_model_dir, None)
-    saved = load_file(str(tmp_path / "run" / "checkpoint" / "model.safetensors"))
+    saved = load_file(str(run.folder / "checkpoint" / "model.safetensors"))
     assert set(saved) == set(plain.state_dict())
-    files = {p.relative_to(tmp_path / "run" / "best").as_posix() for p in (tmp_path / "run" / "best").rglob("*")}
+    files = {p.relative_to(run.folder / "best").as_posix() for p in (run.folder / "best").rglob("*")}
     reference = tmp_path / "reference"
     plain.encoder.save(reference)
     assert files == {p.relative_to(reference).as_posix() for p in reference.rglob("*")}
@@ -424,22 +409,17 @@ def test_mlp_head_through_the_backbone_pooler_refuses_what_it_cannot_reproduce(
 
 
 def test_a_recipe_with_the_authors_representations_trains_the_backbone_pooler(
-    tmp_path: Path, tiny_model_dir: Path
+    tiny_model_dir: Path, train_tiny: TinyTrainer
 ) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=2",
-        "train.eval_every=0",
+    run = train_tiny(
         "model.head={name: mlp, through_backbone_pooler: true}",
         "negatives=[{name: dclr_noise, ratio: 1.0}]",
         f"weighting={{name: dclr, model: {tiny_model_dir}, model_pooler: pooler_output, phi: 0.9, dropout: true}}",
         "objectives=[{name: dclr_code, temperature: 0.05, loss: bce}]",
+        steps=2,
     )
-    result = train(recipe, tmp_path / "run", show_progress=False)
-    assert result.steps == 2
+    assert run.result.steps == 2
     before = load_file(str(tiny_model_dir / "model.safetensors"))
-    after = load_file(str(tmp_path / "run" / "best" / "model.safetensors"))
+    after = load_file(str(run.folder / "best" / "model.safetensors"))
     assert not torch.equal(before["pooler.dense.weight"], after["pooler.dense.weight"])  # trained, as in the code
-    assert SentenceEncoder.load(tmp_path / "run" / "best").pooler.name == "cls"  # evaluated on [CLS] before it
+    assert SentenceEncoder.load(run.folder / "best").pooler.name == "cls"  # evaluated on [CLS] before it

@@ -5,23 +5,21 @@ line naming the recipe key; a DiffCSE recipe trains and keeps the generator out 
 from __future__ import annotations
 
 import copy
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import (
     DISTINCT_SENTENCES,
-    assert_same_checkpoint_weights,
+    TinyTrainer,
     make_corpus,
     make_tiny_encoder,
     make_tiny_mlm,
     read_metrics,
-    run_cli_with_test_parts,
-    tiny_recipe,
 )
 from mlm_reference import authors_mask_tokens
+from part_checks import assert_same_gradients, gradients
+from resumed_runs import interrupted_and_resumed
 from safetensors.torch import load_file
 from torch import Tensor, nn
 
@@ -34,7 +32,6 @@ from csekit.parts.objectives.diffcse import ReplacedTokenDetection
 from csekit.parts.objectives.masking import mask_tokens
 from csekit.parts.step_state import StepState
 from csekit.parts.views.repetition import batch_generator
-from csekit.training.trainer import train
 
 SENTENCES = DISTINCT_SENTENCES[:4]
 
@@ -135,14 +132,7 @@ def test_rtd_loss_and_gradients_equal_the_authors_computation(tmp_path: Path) ->
         **dict(objective.discriminator.named_parameters()),
         **{f"head.{k}": v for k, v in objective.electra_head.named_parameters()},
     }
-    checked = 0
-    for name, param in mine_by_name.items():
-        their = theirs_by_name[name]
-        assert (param.grad is None) == (their.grad is None), name
-        if param.grad is not None:
-            assert torch.allclose(param.grad, their.grad, rtol=1e-5, atol=1e-8), name
-            checked += 1
-    assert checked > 10
+    assert assert_same_gradients(mine_by_name.items(), gradients(theirs_by_name.items()), rtol=1e-5, atol=1e-8) > 10
 
 
 def test_the_generator_is_frozen_and_outside_the_state_dict_and_the_discriminator_inside(tmp_path: Path) -> None:
@@ -172,44 +162,35 @@ def test_the_batchnorm_head_is_the_authors_projection_mlp_and_training_only(tmp_
         BatchNormProjection(8, head_at_test=True)
 
 
-DIFFCSE_PARTS = (
-    "model.head={name: batchnorm_mlp}",
-    "model.head_at_test=false",
-    "train.max_steps=2",
-    "train.eval_every=0",
-)
+DIFFCSE_HEAD = ("model.head={name: batchnorm_mlp}", "model.head_at_test=false")
 
 
-def test_a_missing_or_foreign_generator_is_one_line_naming_the_recipe_key(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=32)
+def test_a_missing_or_foreign_generator_is_one_line_naming_the_recipe_key(
+    tmp_path: Path, train_tiny: TinyTrainer
+) -> None:
     missing = tmp_path / "no-such-generator"
     objectives = f"objectives=[{{name: infonce}}, {{name: diffcse, generator: {missing}, weight: 0.005}}]"
-    recipe = tiny_recipe(tiny_model_dir, corpus, *DIFFCSE_PARTS, objectives)
     with pytest.raises(CsekitError, match=r"recipe key objectives\[1\]: generator: .*no-such-generator") as caught:
-        train(recipe, tmp_path / "run", show_progress=False)
+        train_tiny(*DIFFCSE_HEAD, objectives, steps=2, lines=32)
     assert "\n" not in str(caught.value)
-    recipe = tiny_recipe(tiny_model_dir, corpus, *DIFFCSE_PARTS, "objectives=[{name: infonce}, {name: diffcse}]")
     with pytest.raises(CsekitError, match=r"recipe key objectives\[1\]: option generator is required"):
-        train(recipe, tmp_path / "run2", show_progress=False)
+        train_tiny(*DIFFCSE_HEAD, "objectives=[{name: infonce}, {name: diffcse}]", steps=2, lines=32, name="run2")
     foreign = make_tiny_mlm(tmp_path / "foreign", model_type="bert")
     (foreign / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nother\n", encoding="utf-8")
     (foreign / "tokenizer.json").unlink()
     objectives = f"objectives=[{{name: infonce}}, {{name: diffcse, generator: {foreign}}}]"
-    recipe = tiny_recipe(tiny_model_dir, corpus, *DIFFCSE_PARTS, objectives)
     with pytest.raises(CsekitError, match=r"recipe key objectives\[1\]: generator: .*vocabulary is not the backbone"):
-        train(recipe, tmp_path / "run3", show_progress=False)
+        train_tiny(*DIFFCSE_HEAD, objectives, steps=2, lines=32, name="run3")
 
 
-def test_a_diffcse_recipe_trains_and_saves_the_encoder_alone(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+def test_a_diffcse_recipe_trains_and_saves_the_encoder_alone(tmp_path: Path, train_tiny: TinyTrainer) -> None:
     generator = make_tiny_mlm(tmp_path / "generator", initializer_range=0.2)
     objectives = f"objectives=[{{name: infonce}}, {{name: diffcse, generator: {generator}, weight: 0.005}}]"
-    recipe = tiny_recipe(tiny_model_dir, corpus, *DIFFCSE_PARTS, objectives)
-    result = train(recipe, tmp_path / "run", show_progress=False)
-    assert result.steps == 2
-    exported = load_file(next((tmp_path / "run" / "best").glob("*.safetensors")))
+    run = train_tiny(*DIFFCSE_HEAD, objectives, steps=2)
+    assert run.result.steps == 2
+    exported = load_file(next((run.folder / "best").glob("*.safetensors")))
     assert not any("discriminator" in key or "electra" in key or "generator" in key for key in exported)
-    checkpoint = load_file(tmp_path / "run" / "checkpoint" / "model.safetensors")
+    checkpoint = load_file(run.folder / "checkpoint" / "model.safetensors")
     assert any("discriminator" in key for key in checkpoint) and not any("generator" in key for key in checkpoint)
 
 
@@ -217,44 +198,17 @@ def test_a_diffcse_run_interrupted_and_resumed_equals_the_straight_run(tmp_path:
     """Ctrl-C during step 3, then --resume: the losses and the checkpoint (discriminator, its head, the batch-norm
     head's statistics) of the uninterrupted run."""
     generator = make_tiny_mlm(tmp_path / "generator", initializer_range=0.2)
-    marker = tmp_path / "interrupted"
     objectives = [
         {"name": "infonce", "temperature": 0.05},
         {"name": "diffcse", "generator": str(generator), "mask_ratio": 0.3, "weight": 0.5},
-        {"name": "interrupt_once", "weight": 0.0, "at_call": 3, "marker": str(marker)},
     ]
-    settings = [
-        f"model.backbone={tiny_model_dir}",
-        "model.max_length=16",
-        "model.head={name: batchnorm_mlp}",
-        "model.head_at_test=false",
-        f"data.corpus={make_corpus(tmp_path / 'corpus.txt', lines=96)}",
-        "train.batch_size=16",
-        "train.max_steps=8",
-        "train.eval_every=4",
-        "train.log_every=1",
-        "train.dev_task=none",
-        "train.precision=fp32",
-        f"objectives={json.dumps(objectives)}",
-    ]
-    overrides = [item for setting in settings for item in ("--set", setting)]
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("name: diffcse-resume\n", encoding="utf-8")
-
-    def csekit(*args: str) -> subprocess.CompletedProcess[str]:
-        return run_cli_with_test_parts(*args, "--no-progress", plugin_dir=tmp_path / "plugin", cwd=tmp_path)
-
-    marker.write_text("not this run", encoding="utf-8")
-    straight = csekit("train", str(recipe), *overrides, "--output", "straight")
-    assert straight.returncode == 0, straight.stderr
-    marker.unlink()
-    assert csekit("train", str(recipe), *overrides, "--output", "run").returncode == 130
-    resumed = csekit("train", "--output", "run", "--resume")
-    assert resumed.returncode == 0, resumed.stderr
-    losses = [(r["step"], r["loss"], r["rtd"]) for r in read_metrics(tmp_path / "run") if "loss" in r]
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=96)
+    straight, resumed = interrupted_and_resumed(tmp_path, recipe, tiny_model_dir, corpus, objectives, *DIFFCSE_HEAD)
+    losses = [(r["step"], r["loss"], r["rtd"]) for r in read_metrics(resumed) if "loss" in r]
     assert len(losses) == 8
-    assert losses == [(r["step"], r["loss"], r["rtd"]) for r in read_metrics(tmp_path / "straight") if "loss" in r]
-    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "run")
+    assert losses == [(r["step"], r["loss"], r["rtd"]) for r in read_metrics(straight) if "loss" in r]
 
 
 def test_the_stand_in_generators_masked_only_loss_is_bert_for_masked_lms_loss(monkeypatch: pytest.MonkeyPatch) -> None:

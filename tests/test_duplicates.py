@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from accelerate.data_loader import prepare_data_loader
-from conftest import DISTINCT_SENTENCES, read_metrics, run_cli, tiny_recipe
+from conftest import DISTINCT_SENTENCES, TinyTrainer, read_metrics, run_cli, tiny_recipe
 from test_distributed import free_port
 from torch.utils.data import DataLoader
 
@@ -70,12 +70,11 @@ def test_normalisation_compares_case_surrounding_space_and_final_punctuation() -
 
 
 def test_separate_puts_no_two_copies_in_a_batch_and_keeps_every_copy(
-    tmp_path: Path, tiny_model_dir: Path, test_parts: None
+    tmp_path: Path, train_tiny: TinyTrainer, test_parts: None
 ) -> None:
-    corpus = eight_by_eight(tmp_path / "corpus.txt")
     record = tmp_path / "batches"
-    extra = ["data.duplicates=separate", "train.batch_size=8", "train.max_steps=16"]
-    train(tiny_recipe(tiny_model_dir, corpus, *extra, *recording(record)), tmp_path / "run", show_progress=False)
+    extra = ["data.duplicates=separate", "train.batch_size=8", *recording(record)]
+    train_tiny(*extra, steps=16, corpus=eight_by_eight(tmp_path / "corpus.txt"))
     batches = recorded_batches(record)
     assert len(batches) == 16
     assert all(sorted(batch) == sorted(SENTENCES) for batch in batches)  # 8 distinct in each batch
@@ -151,15 +150,14 @@ def test_separate_on_two_real_processes(tmp_path: Path, tiny_model_dir: Path, te
     assert read_metrics(tmp_path / "out")[0]["processes"] == 2
 
 
-def test_drop_trains_on_the_distinct_sentences(tmp_path: Path, tiny_model_dir: Path, test_parts: None) -> None:
-    corpus = eight_by_eight(tmp_path / "corpus.txt")
+def test_drop_trains_on_the_distinct_sentences(tmp_path: Path, train_tiny: TinyTrainer, test_parts: None) -> None:
     record = tmp_path / "batches"
-    extra = ["data.duplicates=drop", "train.batch_size=4", "train.max_steps=4"]
-    train(tiny_recipe(tiny_model_dir, corpus, *extra, *recording(record)), tmp_path / "run", show_progress=False)
+    extra = ["data.duplicates=drop", "train.batch_size=4", *recording(record)]
+    run = train_tiny(*extra, steps=4, corpus=eight_by_eight(tmp_path / "corpus.txt"))
     batches = recorded_batches(record)
     for epoch in (batches[:2], batches[2:]):  # 8 rows: two batches of 4 an epoch
         assert sorted(epoch[0] + epoch[1]) == sorted(SENTENCES)
-    start = read_metrics(tmp_path / "run")[0]
+    start = run.metrics[0]
     assert start["duplicates"]["training_rows"] == 8
 
 
@@ -211,14 +209,12 @@ def test_an_unsatisfiable_corpus_is_one_line_with_the_fix(tmp_path: Path, tiny_m
 
 
 def test_the_start_reports_the_duplicates_in_the_log_and_metrics(
-    tmp_path: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, train_tiny: TinyTrainer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     corpus = eight_by_eight(tmp_path / "corpus.txt")
     with corpus.open("a", encoding="utf-8") as handle:
         handle.write("A man plays the guitar.\n" * 3)  # the same sentence to a reader
-    extra = ["train.batch_size=8", "train.max_steps=1", "data.duplicates_normalise=true"]
-    train(tiny_recipe(tiny_model_dir, corpus, *extra), tmp_path / "run", show_progress=False)
-    start = read_metrics(tmp_path / "run")[0]
+    start = train_tiny("train.batch_size=8", "data.duplicates_normalise=true", steps=1, corpus=corpus).metrics[0]
     assert start["event"] == "start"
     report = start["duplicates"]
     assert report["mode"] == "keep" and report["normalise"] is True

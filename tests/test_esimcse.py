@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import copy
-import json
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import (
-    assert_same_checkpoint_weights,
-    make_corpus,
-    make_tiny_encoder,
-    read_metrics,
-    run_cli_with_test_parts,
-    tiny_recipe,
-)
+from conftest import TinyTrainer, make_corpus, make_tiny_encoder
+from part_checks import assert_views_come_from_the_batch
+from resumed_runs import killed_and_resumed
 from safetensors.torch import load_file
 
 from csekit.core.errors import CsekitError
@@ -29,7 +23,6 @@ from csekit.parts.views import VIEWS
 from csekit.parts.views.repetition import RepetitionViews
 from csekit.training.model import ContrastiveModel
 from csekit.training.optimization import _param_groups
-from csekit.training.trainer import train
 
 SENTENCES = ["a man plays guitar", "the dog runs in the park", "she eats food", "it is big and red"]
 LAMBDA = 0.995
@@ -74,16 +67,7 @@ def test_repetition_doubles_a_uniform_number_of_tokens_as_the_paper_draws_it(tmp
 
 def test_repetition_draws_the_same_views_for_the_same_batch_whatever_the_global_generator(tmp_path: Path) -> None:
     encoder = make_tiny_encoder(tmp_path / "tok", pooler="cls")
-    views = RepetitionViews(encoder.tokenizer, encoder.pooler, 32)
-    torch.manual_seed(0)
-    first = views(SENTENCES)
-    torch.manual_seed(1)
-    before = torch.get_rng_state()
-    again = views(SENTENCES)
-    assert torch.equal(before, torch.get_rng_state())  # the global generator is neither read nor advanced
-    assert all(torch.equal(first[key], again[key]) for key in first)
-    other_seed = RepetitionViews(encoder.tokenizer, encoder.pooler, 32, seed=8)(SENTENCES)
-    assert not torch.equal(first["input_ids"], other_seed["input_ids"])
+    assert_views_come_from_the_batch(RepetitionViews, encoder, SENTENCES, other_seed=8)
 
 
 def test_repetition_refuses_prompt_poolers_and_bad_rates(tmp_path: Path) -> None:
@@ -211,21 +195,18 @@ def tiny_recipe_stub():  # type: ignore[no-untyped-def]
     return load_recipe(None)
 
 
-def test_bad_momentum_options_name_the_recipe_key(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=32)
+def test_bad_momentum_options_name_the_recipe_key(train_tiny: TinyTrainer) -> None:
     for option in ("momentum: 1.5", "queue_size: 0", "queue_head: ema", "view: -1"):
         with pytest.raises(CsekitError, match=r"negatives\[0\]"):  # a view of -1: when the recipe is loaded
-            recipe = tiny_recipe(tiny_model_dir, corpus, f"negatives=[{{name: momentum_queue, {option}}}]")
-            train(recipe, tmp_path / "run", show_progress=False)
+            train_tiny(f"negatives=[{{name: momentum_queue, {option}}}]", lines=32)
     assert NEGATIVES.get("momentum_queue") is MomentumQueue
 
 
 # --- training and exact resume ------------------------------------------------------------------------
 
 
-def esimcse_recipe(path: Path, model_dir: Path, corpus: Path, marker: Path) -> Path:
-    path.write_text(
-        f"""
+def esimcse_recipe(model_dir: Path, corpus: Path, marker: Path) -> str:
+    return f"""
 model: {{backbone: "{model_dir}", pooler: cls, max_length: 16, head: {{name: mlp}}, head_at_test: false}}
 data: {{corpus: "{corpus}", views: {{name: repetition, dup_rate: 0.32}}}}
 train: {{batch_size: 16, lr: 1.0e-3, max_steps: 12, eval_every: 4, log_every: 1, dev_task: none, seed: 7}}
@@ -234,58 +215,31 @@ negatives:
 objectives:
   - {{name: infonce, temperature: 0.05}}
   - {{name: kill_once, weight: 0.0, at_call: 7, marker: "{marker}"}}
-""",
-        encoding="utf-8",
-    )
-    return path
-
-
-def run_train(recipe: Path, output: Path, *extra: str):  # type: ignore[no-untyped-def]
-    args = ("train", str(recipe), "--output", str(output), "--no-progress", *extra)
-    return run_cli_with_test_parts(*args, plugin_dir=output.parent / "plugin")
+"""
 
 
 def test_momentum_encoder_and_queue_survive_sigkill_and_resume_bit_exactly(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
+    """Killed during step 7, resumed from step 4's checkpoint: every tensor, the momentum encoder's weights and the
+    queue included, bit for bit, and the same losses."""
     corpus = make_corpus(tmp_path / "corpus.txt", lines=128)  # 8 steps per epoch: the run crosses an epoch
-    marker = tmp_path / "killed"
-    marker.write_text("not this run", encoding="utf-8")
-    straight = run_train(esimcse_recipe(tmp_path / "a.yaml", tiny_model_dir, corpus, marker), tmp_path / "straight")
-    assert straight.returncode == 0, straight.stderr
-    marker.unlink()
+    at_the_kill: dict[str, torch.Tensor] = {}
 
-    recipe = esimcse_recipe(tmp_path / "b.yaml", tiny_model_dir, corpus, marker)
-    killed = run_train(recipe, tmp_path / "resumed")
-    assert killed.returncode == -9 and marker.exists()  # SIGKILL during step 7; the checkpoint is from step 4
-    checkpoint = load_file(tmp_path / "resumed" / "checkpoint" / "model.safetensors")
-    assert int(checkpoint["negatives.0.queued"]) == 40  # 2.5 x 16, full after 3 steps
-    resumed = run_train(recipe, tmp_path / "resumed", "--resume")
-    assert resumed.returncode == 0, resumed.stderr
+    def queue_full_at_the_kill(run: Path) -> None:
+        at_the_kill.update(load_file(run / "checkpoint" / "model.safetensors"))
+        assert int(at_the_kill["negatives.0.queued"]) == 40  # 2.5 x 16, full after 3 steps
 
-    # Every tensor, the momentum encoder's weights and the queue included, bit for bit.
-    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "resumed")
-    final = load_file(tmp_path / "resumed" / "checkpoint" / "model.safetensors")
-    assert not torch.equal(final["negatives.0.queue"], checkpoint["negatives.0.queue"])
-    losses = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "straight") if "loss" in r}
-    again = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "resumed") if "loss" in r}
-    assert again == losses
-
-
-def test_an_esimcse_recipe_trains_and_exports_only_the_encoder(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=3",
-        "train.eval_every=0",
-        "model.head={name: mlp}",
-        "data.views={name: repetition}",
-        "negatives=[{name: momentum_queue}]",
+    _, resumed = killed_and_resumed(
+        tmp_path, lambda marker: esimcse_recipe(tiny_model_dir, corpus, marker), queue_full_at_the_kill
     )
-    result = train(recipe, tmp_path / "run", show_progress=False)
-    assert result.steps == 3
-    exported = load_file(next((tmp_path / "run" / "best").glob("*.safetensors")))
+    final = load_file(resumed / "checkpoint" / "model.safetensors")
+    assert not torch.equal(final["negatives.0.queue"], at_the_kill["negatives.0.queue"])
+
+
+def test_an_esimcse_recipe_trains_and_exports_only_the_encoder(train_tiny: TinyTrainer) -> None:
+    run = train_tiny("model.head={name: mlp}", "data.views={name: repetition}", "negatives=[{name: momentum_queue}]")
+    assert run.result.steps == 3
+    exported = load_file(next((run.folder / "best").glob("*.safetensors")))
     assert not any("momentum" in key or "queue" in key for key in exported)
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert sum("loss" in r for r in records) == 3
+    assert len(run.losses) == 3

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import (
+    TinyTrainer,
     add_sick_trial,
     assert_one_line_error,
     assert_same_checkpoint_weights,
@@ -114,7 +115,7 @@ def test_bad_new_train_keys_are_one_line_errors(overrides: list[str], needle: st
 
 
 def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_written(
-    tmp_path: Path, tiny_model_dir: Path, corpus: Path
+    tmp_path: Path, train_tiny: TinyTrainer
 ) -> None:
     from accelerate.tracking import get_available_trackers
     from accelerate.utils import LoggerType
@@ -123,46 +124,36 @@ def test_a_tracker_that_is_not_installed_is_refused_before_anything_is_written(
     missing = [t.value for t in LoggerType if t != LoggerType.ALL and t.value not in available]
     if not missing:
         pytest.skip("every tracker accelerate knows is installed")
-    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=1", f"run.report_to={missing[0]}")
     with pytest.raises(CsekitError, match=f"recipe key run.report_to: {missing[0]} is not installed"):
-        train(recipe, tmp_path / "run", show_progress=False)
+        train_tiny(f"run.report_to={missing[0]}", steps=1, lines=256)
     assert not (tmp_path / "run").exists()
 
 
-def test_tensorboard_event_files_are_written_in_the_run_folder(
-    tmp_path: Path, tiny_model_dir: Path, corpus: Path
-) -> None:
+def test_tensorboard_event_files_are_written_in_the_run_folder(tmp_path: Path, train_tiny: TinyTrainer) -> None:
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     data = make_data_dir(tmp_path / "data")
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=4",
-        "train.eval_every=2",
-        "train.dev_task=stsb-dev",
-        "run.report_to=tensorboard",
-    )
-    train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
-    run_logs = tmp_path / "run" / "logs" / recipe.name  # accelerate's TensorBoard tracker: logging_dir/project
+    dev_and_tracker = ("train.dev_task=stsb-dev", "run.report_to=tensorboard")
+    run = train_tiny(*dev_and_tracker, steps=4, eval_every=2, lines=256, data_dir=data)
+    run_logs = run.folder / "logs" / run.recipe.name  # accelerate's TensorBoard tracker: logging_dir/project
     assert list(run_logs.glob("events.out.tfevents.*"))
     scalars = event_accumulator.EventAccumulator(str(run_logs))
     scalars.Reload()
     tags = set(scalars.Tags()["scalars"])
     assert {"train/loss", "train/infonce", "train/lr", "train/sentences_per_second", "dev/tasks/stsb-dev"} <= tags
     assert [event.step for event in scalars.Scalars("train/loss")] == [1, 2, 3, 4]
-    logged = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "run") if "loss" in r}
+    logged = {r["step"]: r["loss"] for r in run.losses}
     assert [event.value for event in scalars.Scalars("train/loss")] == pytest.approx([logged[s] for s in (1, 2, 3, 4)])
     assert [event.step for event in scalars.Scalars("dev/tasks/stsb-dev")] == [0, 2, 4]
 
 
 def test_loading_and_saving_models_prints_no_library_progress_bars(
-    tmp_path: Path, tiny_model_dir: Path, corpus: Path, capfd: pytest.CaptureFixture[str]
+    train_tiny: TinyTrainer, capfd: pytest.CaptureFixture[str]
 ) -> None:
     from transformers.utils import logging as hf_logging
 
     bars_before, verbosity_before = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
     capfd.readouterr()
-    train(tiny_recipe(tiny_model_dir, corpus, "train.max_steps=2"), tmp_path / "run", show_progress=False)
+    train_tiny(steps=2, lines=256)
     err = capfd.readouterr().err
     assert "Loading weights" not in err and "Writing model shards" not in err, err
     # the libraries' settings are as they were (csekit quiets them only while it loads or saves)

@@ -8,7 +8,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import add_sick_trial, assert_one_line_error, make_corpus, make_data_dir, run_main, tiny_recipe
+from conftest import (
+    TinyTrainer,
+    add_sick_trial,
+    assert_one_line_error,
+    make_corpus,
+    make_data_dir,
+    run_main,
+    tiny_recipe,
+)
 from transformers import AutoConfig
 from typer.testing import CliRunner
 
@@ -380,12 +388,13 @@ def test_freq_writes_plain_progress_lines_into_a_log(
 
 
 def test_encode_warns_when_a_trained_model_is_read_with_another_pooler(
-    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    tiny_model_dir: Path,
+    train_tiny: TinyTrainer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=32)
-    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=1", "model.pooler=cls")
-    train(recipe, tmp_path / "run", show_progress=False)
-    best = str(tmp_path / "run" / "best")
+    best = str(train_tiny("model.pooler=cls", steps=1, lines=32).folder / "best")
     sentences = tmp_path / "sentences.txt"
     sentences.write_text("a man plays the guitar .\n", encoding="utf-8")
     capsys.readouterr()

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, make_corpus, make_tiny_encoder, run_main, tiny_recipe
+from conftest import TinyTrainer, assert_one_line_error, make_corpus, make_tiny_encoder, run_main, tiny_recipe
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -90,6 +91,15 @@ def _set_pooling(folder: Path, config: Any) -> None:
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(config), encoding="utf-8")
 
 
+ST_SETTINGS = "config_sentence_transformers.json"
+"""The folder's sentence-transformers settings (prompts, similarity, model type, truncation)."""
+
+
+def _st_settings(text: str) -> Callable[[Path], int]:
+    """A damage for REFUSALS: `text` as the folder's sentence-transformers settings file."""
+    return lambda folder: (folder / ST_SETTINGS).write_text(text, "utf-8")
+
+
 def _with_module(folder: Path, kind: str) -> None:
     entry = {"idx": 3, "name": "3", "path": f"3_{kind}", "type": f"sentence_transformers.models.{kind}"}
     _set_modules(folder, [*_modules(folder), entry])
@@ -142,14 +152,9 @@ def test_an_explicit_pooler_reads_the_transformer_alone(folders: dict[tuple[str,
 
 
 def test_the_model_trained_with_pooler_auto_loads_in_sentence_transformers_as_csekit_encodes_it(
-    folders: dict[tuple[str, bool], Path], tmp_path: Path
+    folders: dict[tuple[str, bool], Path], train_tiny: TinyTrainer
 ) -> None:
-    from csekit.training.trainer import train
-
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=32)
-    recipe = tiny_recipe(folders["mean", True], corpus, "model.pooler=auto", "train.max_steps=2", "train.eval_every=0")
-    train(recipe, tmp_path / "run", show_progress=False)
-    saved = tmp_path / "run" / "last"
+    saved = train_tiny("model.pooler=auto", steps=2, lines=32, model=folders["mean", True]).folder / "last"
     modules = json.loads((saved / "modules.json").read_text(encoding="utf-8"))
     assert [module["type"].rsplit(".", 1)[-1] for module in modules] == ["Transformer", "Pooling", "Normalize"]
     assert json.loads((saved / "csekit.json").read_text(encoding="utf-8"))["normalize"] is True
@@ -270,31 +275,11 @@ REFUSALS: dict[str, tuple[Any, str, str]] = {
         "2_Normalize/config.json",
         "anything but normalise the sentence embedding",
     ),
-    "a default prompt": (
-        lambda f: (f / "config_sentence_transformers.json").write_text('{"default_prompt_name": "query"}', "utf-8"),
-        "config_sentence_transformers.json",
-        "default_prompt_name",
-    ),
-    "a dot-product similarity": (
-        lambda f: (f / "config_sentence_transformers.json").write_text('{"similarity_fn_name": "dot"}', "utf-8"),
-        "config_sentence_transformers.json",
-        "similarity_fn_name",
-    ),
-    "a sparse model": (
-        lambda f: (f / "config_sentence_transformers.json").write_text('{"model_type": "SparseEncoder"}', "utf-8"),
-        "config_sentence_transformers.json",
-        "model_type",
-    ),
-    "a truncated embedding": (
-        lambda f: (f / "config_sentence_transformers.json").write_text('{"truncate_dim": 64}', "utf-8"),
-        "config_sentence_transformers.json",
-        "truncate_dim",
-    ),
-    "an unknown setting": (
-        lambda f: (f / "config_sentence_transformers.json").write_text('{"pooling_after": 1}', "utf-8"),
-        "config_sentence_transformers.json",
-        "a setting csekit does not know",
-    ),
+    "a default prompt": (_st_settings('{"default_prompt_name": "query"}'), ST_SETTINGS, "default_prompt_name"),
+    "a dot-product similarity": (_st_settings('{"similarity_fn_name": "dot"}'), ST_SETTINGS, "similarity_fn_name"),
+    "a sparse model": (_st_settings('{"model_type": "SparseEncoder"}'), ST_SETTINGS, "model_type"),
+    "a truncated embedding": (_st_settings('{"truncate_dim": 64}'), ST_SETTINGS, "truncate_dim"),
+    "an unknown setting": (_st_settings('{"pooling_after": 1}'), ST_SETTINGS, "a setting csekit does not know"),
     "lasttoken without EOS": (lambda f: _set_pooling(f, {"pooling_mode": "lasttoken"}), "config.json", "no EOS"),
 }
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 from conftest import (
     REPO,
+    TinyTrainer,
     assert_one_line_error,
     make_corpus,
     make_tiny_encoder,
@@ -127,14 +128,15 @@ ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
 """Nine levels of ten aliases: a few hundred bytes that expand to 10^9 values (it hung csekit)."""
 
 
-def test_an_alias_bomb_in_a_recipe_is_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+@pytest.mark.parametrize(("command", "file"), [("train", "bomb.yaml"), ("bench", "suite.yaml")])
+def test_an_alias_bomb_in_a_recipe_or_a_bench_suite_is_one_line(
+    command: str, file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
 ) -> None:
-    recipe = tmp_path / "bomb.yaml"
-    recipe.write_text(ALIAS_BOMB, encoding="utf-8")
-    code, err = run_main(monkeypatch, capsys, "train", str(recipe), "--output", str(tmp_path / "run"))
-    assert_one_line_error(code, err, f"{recipe}:", "expands to more than")
-    assert not (tmp_path / "run").exists()
+    bomb = tmp_path / file
+    bomb.write_text(ALIAS_BOMB, encoding="utf-8")
+    code, err = run_main(monkeypatch, capsys, command, str(bomb), "--output", str(tmp_path / "out"))
+    assert_one_line_error(code, err, f"{bomb}:", "expands to more than")
+    assert not (tmp_path / "out").exists()
 
 
 def test_an_alias_bomb_in_a_saved_recipe_is_one_line(
@@ -143,15 +145,6 @@ def test_an_alias_bomb_in_a_saved_recipe_is_one_line(
     (run / "recipe.yaml").write_text(ALIAS_BOMB, encoding="utf-8")
     code, err = resume(monkeypatch, capsys, run)
     assert_one_line_error(code, err, str(run / "recipe.yaml"), "expands to more than")
-
-
-def test_an_alias_bomb_in_a_bench_suite_is_one_line(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
-) -> None:
-    suite = tmp_path / "suite.yaml"
-    suite.write_text(ALIAS_BOMB, encoding="utf-8")
-    code, err = run_main(monkeypatch, capsys, "bench", str(suite), "--output", str(tmp_path / "out"))
-    assert_one_line_error(code, err, f"{suite}:", "expands to more than")
 
 
 def test_a_recursive_alias_is_one_line(tmp_path: Path) -> None:
@@ -413,17 +406,14 @@ def test_a_full_disk_while_saving_is_one_line_and_keeps_the_checkpoint(
 
 
 def test_weights_that_become_nan_stop_the_run_and_keep_the_last_good_checkpoint(
-    tmp_path: Path, tiny_model_dir: Path, test_parts: None
+    tmp_path: Path, train_tiny: TinyTrainer, test_parts: None
 ) -> None:
     """train.lr=1e308 trained to exit status 0 with 101 of 103 tensors NaN; the loss did not show it."""
-    from conftest import tiny_recipe
     from safetensors.torch import load_file
 
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
     parts = "objectives=[{name: infonce}, {name: nan_weights_after, after: 3}]"
-    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=6", "train.eval_every=2", parts)
     with pytest.raises(CsekitError, match=r"no longer finite after step 4.*last good checkpoint"):
-        train(recipe, tmp_path / "run", show_progress=False)
+        train_tiny(parts, steps=6, eval_every=2)
     assert json.loads((tmp_path / "run" / "checkpoint" / "trainer_state.json").read_text())["step"] == 2
     for folder in ("checkpoint", "best", "last"):
         weights = load_file(tmp_path / "run" / folder / "model.safetensors")
@@ -467,7 +457,7 @@ EXACT_RESUME_RECIPES = {
 def test_views_with_their_own_randomness_resume_exactly(case: str, tmp_path: Path, tiny_model_dir: Path) -> None:
     """Ctrl-C during step 3, then --resume: the losses and weights of the uninterrupted run (ConSERT's views drew
     other shuffles and cutoffs after the resume, from the next step on, with 0 and 2 data workers)."""
-    from conftest import assert_same_checkpoint_weights, read_metrics, run_cli_with_test_parts
+    from resumed_runs import interrupted_and_resumed
 
     name, workers = EXACT_RESUME_RECIPES[case]
     recipe = load_recipe(REPO / "recipes" / name)
@@ -475,36 +465,10 @@ def test_views_with_their_own_randomness_resume_exactly(case: str, tmp_path: Pat
     lines = make_corpus(tmp_path / "plain.txt", lines=96).read_text(encoding="utf-8").splitlines()
     rows = [{"text": s, "paraphrase": " ".join(reversed(s.split())), "negation": f"not {s}"} for s in lines]
     corpus.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    marker = tmp_path / "interrupted"
-    stop = {"name": "interrupt_once", "weight": 0.0, "at_call": 3, "marker": str(marker)}
-    settings = [
-        f"model.backbone={tiny_model_dir}",
-        "model.max_length=16",
-        f"data.corpus={corpus}",
-        f"run.num_workers={workers}",
-        "train.batch_size=16",
-        "train.max_steps=8",
-        "train.eval_every=4",
-        "train.log_every=1",
-        "train.dev_task=none",
-        "train.precision=fp32",
-        f"objectives={json.dumps([*recipe.objectives, stop])}",
-    ]
-    overrides = [item for setting in settings for item in ("--set", setting)]
-
-    def csekit(*args: str) -> subprocess.CompletedProcess[str]:
-        return run_cli_with_test_parts(*args, "--no-progress", plugin_dir=tmp_path / "plugin", cwd=tmp_path)
-
-    marker.write_text("not this run", encoding="utf-8")
-    straight = csekit("train", str(REPO / "recipes" / name), *overrides, "--output", "straight")
-    assert straight.returncode == 0, straight.stderr
-    marker.unlink()
-    assert csekit("train", str(REPO / "recipes" / name), *overrides, "--output", "run").returncode == 130
-    resumed = csekit("train", "--output", "run", "--resume")
-    assert resumed.returncode == 0, resumed.stderr
-    losses = [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "run") if "loss" in r]
-    assert losses == [(r["step"], r["loss"]) for r in read_metrics(tmp_path / "straight") if "loss" in r]
-    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "run")
+    objectives = list(recipe.objectives)
+    interrupted_and_resumed(
+        tmp_path, REPO / "recipes" / name, tiny_model_dir, corpus, objectives, f"run.num_workers={workers}"
+    )
 
 
 @pytest.mark.parametrize("command", ["evaluate", "freq", "probe", "diagnose", "encode"])

@@ -68,27 +68,22 @@ def test_a_dangling_metrics_link_is_not_followed_by_a_new_run(
     assert not outside.exists()
 
 
-def test_a_dangling_metrics_link_is_not_followed_on_resume(
-    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+@pytest.mark.parametrize("to_a_file", [False, True], ids=["dangling", "to-a-file"])
+def test_a_metrics_link_is_neither_followed_nor_appended_to_on_resume(
+    to_a_file: bool, run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
 ) -> None:
-    outside = tmp_path / "stolen.jsonl"
+    """A dangling link would make its target outside the run; a link to someone's file would append to it."""
+    target = tmp_path / "victim.txt"
+    if to_a_file:
+        target.write_text("mine\n", encoding="utf-8")
     (run / "metrics.jsonl").unlink()
-    (run / "metrics.jsonl").symlink_to(outside)
+    (run / "metrics.jsonl").symlink_to(target)
     code, err = run_main(monkeypatch, capsys, "train", "--output", str(run), "--resume", "--no-progress")
     assert_one_line_error(code, err, "metrics.jsonl", "symbolic link")
-    assert not outside.exists()
-
-
-def test_a_metrics_link_to_a_file_is_not_appended_to_on_resume(
-    run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
-) -> None:
-    victim = tmp_path / "victim.txt"
-    victim.write_text("mine\n", encoding="utf-8")
-    (run / "metrics.jsonl").unlink()
-    (run / "metrics.jsonl").symlink_to(victim)
-    code, err = run_main(monkeypatch, capsys, "train", "--output", str(run), "--resume", "--no-progress")
-    assert_one_line_error(code, err, "metrics.jsonl", "symbolic link")
-    assert victim.read_text(encoding="utf-8") == "mine\n"
+    if to_a_file:
+        assert target.read_text(encoding="utf-8") == "mine\n"
+    else:
+        assert not target.exists()
 
 
 def test_a_link_left_at_a_backup_name_is_never_adopted(tmp_path: Path) -> None:

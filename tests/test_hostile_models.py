@@ -14,7 +14,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from conftest import assert_one_line_error, make_corpus, make_tiny_encoder, run_main, tiny_recipe, write_recipe
+from conftest import (
+    TinyTrainer,
+    assert_one_line_error,
+    make_tiny_encoder,
+    run_main,
+    write_recipe,
+)
 from safetensors.torch import load_file, save_file
 
 from csekit.core.errors import CsekitError
@@ -111,20 +117,17 @@ def _stored_in(saved_model: Path, folder: Path, dtype: torch.dtype) -> Path:
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_a_half_precision_checkpoint_trains_and_encodes_in_fp32(
-    dtype: torch.dtype, saved_model: Path, tmp_path: Path
+    dtype: torch.dtype, saved_model: Path, tmp_path: Path, train_tiny: TinyTrainer
 ) -> None:
     """transformers 5 followed the file's dtype: fp16/bf16 parameters, and a step with the (fp32) MLP head failed
     with "mat1 and mat2 must have the same dtype"; `encode` said fp32 over a half-precision model."""
-    from csekit.training.trainer import train
-
     model = _stored_in(saved_model, tmp_path / "half", dtype)
     encoder = SentenceEncoder.load(model)
     assert {parameter.dtype for parameter in encoder.backbone.parameters()} == {torch.float32}
     assert encoder.encode(["the dog runs"]).dtype == np.float32
-    recipe = tiny_recipe(model, make_corpus(tmp_path / "corpus.txt", lines=32), "train.max_steps=1")
-    assert recipe.model.head["name"] == "mlp"  # the default head: an fp32 Linear after the backbone
-    train(recipe, tmp_path / "run", show_progress=False)
-    saved = load_file(tmp_path / "run" / "last" / "model.safetensors")
+    run = train_tiny(steps=1, lines=32, model=model)
+    assert run.recipe.model.head["name"] == "mlp"  # the default head: an fp32 Linear after the backbone
+    saved = load_file(run.folder / "last" / "model.safetensors")
     assert {tensor.dtype for tensor in saved.values()} == {torch.float32}  # the saved model keeps fp32
 
 

@@ -219,6 +219,15 @@ def test_paths_that_are_not_utf8_train_and_save(
 # --- defect 4: a new run removes only what csekit made -------------------------------------------------------
 
 
+def train_two_steps(
+    run: Path, tmp_path: Path, model: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> tuple[int, str]:
+    """`csekit train` of 2 fp32 steps of `model` on a 32-line corpus into `run`: (exit status, stderr)."""
+    recipe = write_recipe(tmp_path, model, make_corpus(tmp_path / "c.txt", lines=32), "  max_steps: 2\n")
+    args = ["train", str(recipe), "--output", str(run), "--set", "train.precision=fp32", "--no-progress"]
+    return run_main(monkeypatch, capsys, *args)
+
+
 def test_a_new_run_keeps_the_hidden_tmp_files_it_did_not_make(
     tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
 ) -> None:
@@ -226,9 +235,7 @@ def test_a_new_run_keeps_the_hidden_tmp_files_it_did_not_make(
     (run / ".scratch.tmp").mkdir(parents=True)
     (run / ".scratch.tmp" / "notes.txt").write_text("mine", encoding="utf-8")
     (run / ".draft.tmp").write_text("mine", encoding="utf-8")
-    recipe = write_recipe(tmp_path, tiny_model_dir, make_corpus(tmp_path / "c.txt", lines=32), "  max_steps: 2\n")
-    args = ["train", str(recipe), "--output", str(run), "--set", "train.precision=fp32", "--no-progress"]
-    code, err = run_main(monkeypatch, capsys, *args)
+    code, err = train_two_steps(run, tmp_path, tiny_model_dir, monkeypatch, capsys)
     assert code == 0, err
     assert (run / ".scratch.tmp" / "notes.txt").is_file() and (run / ".draft.tmp").is_file()
     assert "removed" not in err
@@ -240,9 +247,7 @@ def test_a_checkpoint_staging_name_csekit_did_not_make_is_refused_before_trainin
     run = tmp_path / "run"
     (run / ".checkpoint.tmp").mkdir(parents=True)
     (run / ".checkpoint.tmp" / "notes.txt").write_text("mine", encoding="utf-8")
-    recipe = write_recipe(tmp_path, tiny_model_dir, make_corpus(tmp_path / "c.txt", lines=32), "  max_steps: 2\n")
-    args = ["train", str(recipe), "--output", str(run), "--set", "train.precision=fp32", "--no-progress"]
-    code, err = run_main(monkeypatch, capsys, *args)
+    code, err = train_two_steps(run, tmp_path, tiny_model_dir, monkeypatch, capsys)
     assert_one_line_error(code, err, str(run / ".checkpoint.tmp"), "did not make it")
     assert sorted(p.name for p in run.iterdir()) == [".checkpoint.tmp"]
     assert (run / ".checkpoint.tmp" / "notes.txt").read_text(encoding="utf-8") == "mine"

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DISTINCT_SENTENCES, make_tiny_encoder
+from conftest import DISTINCT_SENTENCES, TinyTrainer, make_tiny_encoder
+from part_checks import assert_same_gradients, gradients
 from st_reference import sentence_transformer_of, st_losses
 
 from csekit.core.errors import CsekitError
@@ -42,13 +43,8 @@ def test_matryoshka_infonce_equals_matryoshka_multiple_negatives_ranking_loss(tm
     assert list(parts) == ["matryoshka"] and objective.dims == [32, 16, 8]
     assert ours.item() > 0.1
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-6, abs=1e-6)
-    named = dict(reference_model[0].auto_model.named_parameters())
-    compared = 0
-    for name, param in encoder.backbone.named_parameters():
-        if param.grad is not None:
-            torch.testing.assert_close(param.grad, named[name].grad, rtol=1e-4, atol=1e-6, msg=name)
-            compared += 1
-    assert compared > 10
+    theirs_grads = gradients(reference_model[0].auto_model.named_parameters())
+    assert assert_same_gradients(encoder.backbone.named_parameters(), theirs_grads, rtol=1e-4, atol=1e-6) > 10
     # not the full-width loss alone: the cut widths change it
     with torch.no_grad():
         full = ContrastiveModel(encoder, head, 2, [(InfoNCE(temperature=0.05), 1.0)]).eval()(
@@ -81,13 +77,8 @@ def test_matryoshka_around_a_dot_product_infonce_normalises_the_cut_vectors_as_s
 
     assert objective.normalize and ours.item() > 0.1
     assert ours.item() == pytest.approx(theirs.item(), rel=1e-6, abs=1e-6)
-    named = dict(reference_model[0].auto_model.named_parameters())
-    compared = 0
-    for name, param in encoder.backbone.named_parameters():
-        if param.grad is not None:
-            torch.testing.assert_close(param.grad, named[name].grad, rtol=1e-4, atol=1e-6, msg=name)
-            compared += 1
-    assert compared > 10
+    theirs_grads = gradients(reference_model[0].auto_model.named_parameters())
+    assert assert_same_gradients(encoder.backbone.named_parameters(), theirs_grads, rtol=1e-4, atol=1e-6) > 10
     raw = Matryoshka(inner, dims=DIMS, weights=WEIGHTS, normalize=False, dim=encoder.dim, head=head)
     with torch.no_grad():
         unnormalised = ContrastiveModel(encoder, head, 2, [(raw, 1.0)]).eval()(views(SENTENCES), SENTENCES)[0]
@@ -180,24 +171,16 @@ def test_a_recipe_builds_and_trains_the_inner_objective(tmp_path: Path) -> None:
     assert list(parts) == ["matryoshka"] and torch.isfinite(loss)
 
 
-def test_matryoshka_composes_with_dclr_noise_and_weighting(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_matryoshka_composes_with_dclr_noise_and_weighting(train_tiny: TinyTrainer) -> None:
     """DCLR's noise negatives and weights enter the inner infonce at every width (the noise cut like the rest)."""
-    from conftest import make_corpus, tiny_recipe
-
-    from csekit.training.trainer import train
-
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=2",
-        "train.eval_every=0",
+    run = train_tiny(
         "model.head={name: none}",
         "negatives=[{name: dclr_noise}]",
         "weighting={name: dclr}",
         "objectives=[{name: matryoshka, dims: [32, 8], objective: {name: infonce}}]",
+        steps=2,
     )
-    assert train(recipe, tmp_path / "run", show_progress=False).steps == 2
+    assert run.result.steps == 2
 
 
 def test_the_inner_objective_reads_token_states_through_the_wrapper() -> None:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_corpus, tiny_recipe
+from conftest import TinyTrainer
+from part_checks import assert_same_gradients, step_gradients
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
@@ -21,7 +22,6 @@ from csekit.parts.step_state import StepState
 from csekit.parts.views.dropout import DropoutViews
 from csekit.training.model import ContrastiveModel
 from csekit.training.part_building import build_part
-from csekit.training.trainer import train
 
 SENTENCES = ["a man plays guitar", "the dog runs in the park", "she eats food", "it is big and red", "a cat sleeps"]
 LAMBDA = 0.2  # the paper's mixing coefficient for BERT-base
@@ -146,21 +146,12 @@ def test_each_mix_is_a_unit_vector_mostly_of_the_next_positive(tiny_model_dir: P
 
 def test_model_gradient_equals_the_gradient_with_the_mixes_as_constants(tiny_model_dir: Path) -> None:
     model = build(tiny_model_dir, [MixedNegatives()])
-    model.train()
-    inputs = DropoutViews(model.encoder.tokenizer, model.encoder.pooler, 16)(SENTENCES)
-    torch.manual_seed(1)
-    loss, _ = model(inputs, SENTENCES)
-    loss.backward()
-    with_mixes = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad()
+    with_mixes, inputs = step_gradients(model, SENTENCES)
     torch.manual_seed(1)  # the same dropout masks
     state = model.make_state(inputs, SENTENCES, {})
     anchors, positives = state.embeddings
     mixcse_loss_by_hand(anchors, positives, 0.05).backward()
-    assert with_mixes, "the model received gradients"
-    for name, p in model.named_parameters():
-        if name in with_mixes:
-            torch.testing.assert_close(p.grad, with_mixes[name], msg=name)
+    assert_same_gradients(model.named_parameters(), with_mixes)
 
 
 def test_mixes_after_other_negatives_weight_their_own_entry_only(tiny_model_dir: Path) -> None:
@@ -183,10 +174,5 @@ def test_bad_mixing_share_names_the_recipe_key() -> None:
         build_part(NEGATIVES, {"name": "mixcse", "symmetric": True, "anchor_view": 1}, "negatives[0]")
 
 
-def test_a_mixcse_recipe_trains(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(
-        tiny_model_dir, corpus, "train.max_steps=3", "train.eval_every=0", "negatives=[{name: mixcse}]"
-    )
-    result = train(recipe, tmp_path / "run", show_progress=False)
-    assert result.steps == 3
+def test_a_mixcse_recipe_trains(train_tiny: TinyTrainer) -> None:
+    assert train_tiny("negatives=[{name: mixcse}]").result.steps == 3

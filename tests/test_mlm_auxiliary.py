@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import DISTINCT_SENTENCES, make_corpus, make_tiny_encoder, make_tiny_mlm, tiny_recipe
+from conftest import DISTINCT_SENTENCES, TinyTrainer, make_tiny_encoder, make_tiny_mlm
 from mlm_reference import authors_mask_tokens
+from part_checks import assert_same_gradients, gradients
 from safetensors.torch import load_file
 from torch import nn
 from transformers import BertForMaskedLM
@@ -21,7 +22,6 @@ from csekit.parts.objectives import OBJECTIVES
 from csekit.parts.objectives.mlm import MaskedLanguageModeling
 from csekit.parts.step_state import StepState
 from csekit.parts.views.repetition import batch_generator
-from csekit.training.trainer import train
 
 SENTENCES = DISTINCT_SENTENCES[:4]
 
@@ -70,34 +70,30 @@ def test_mlm_loss_and_gradients_equal_simcses_computation(tmp_path: Path) -> Non
     theirs |= {f"encoder.{k}": v for k, v in their_encoder.named_parameters()}
     mine = {f"head.{k.removeprefix('predictions.')}": v for k, v in objective.lm_head.named_parameters()}
     mine |= {f"encoder.{k}": v for k, v in encoder.backbone.named_parameters() if not k.startswith("pooler.")}
-    checked = 0
-    for name, param in mine.items():
-        their = theirs[name]
-        assert (param.grad is None) == (their.grad is None), name
-        if param.grad is not None:
-            assert torch.allclose(param.grad, their.grad, rtol=1e-4, atol=1e-7), name
-            checked += 1
-    assert checked > 20
+    assert assert_same_gradients(mine.items(), gradients(theirs.items()), rtol=1e-4, atol=1e-7) > 20
 
 
-def test_an_mlm_recipe_trains_and_saves_the_encoder_without_the_lm_head(tmp_path: Path) -> None:
+MLM_BESIDE_INFONCE = "objectives=[{name: infonce}, {name: mlm, weight: 0.1}]"
+
+
+def test_an_mlm_recipe_trains_and_saves_the_encoder_without_the_lm_head(
+    tmp_path: Path, train_tiny: TinyTrainer
+) -> None:
     folder = make_tiny_mlm(tmp_path / "mlm", initializer_range=0.2)
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    objectives = "objectives=[{name: infonce}, {name: mlm, weight: 0.1}]"
-    recipe = tiny_recipe(folder, corpus, "train.max_steps=2", "train.eval_every=0", objectives)
-    assert train(recipe, tmp_path / "run", show_progress=False).steps == 2
-    exported = load_file(next((tmp_path / "run" / "best").glob("*.safetensors")))
+    run = train_tiny(MLM_BESIDE_INFONCE, steps=2, model=folder)
+    assert run.result.steps == 2
+    exported = load_file(next((run.folder / "best").glob("*.safetensors")))
     assert not any("lm_head" in key or "predictions" in key for key in exported)
-    assert any("lm_head" in key for key in load_file(tmp_path / "run" / "checkpoint" / "model.safetensors"))
+    assert any("lm_head" in key for key in load_file(run.folder / "checkpoint" / "model.safetensors"))
 
 
-def test_a_backbone_without_an_lm_head_is_one_line_naming_the_recipe_key(tmp_path: Path) -> None:
+def test_a_backbone_without_an_lm_head_is_one_line_naming_the_recipe_key(
+    tmp_path: Path, train_tiny: TinyTrainer
+) -> None:
     model_dir = tmp_path / "opt"
     encoder = make_tiny_encoder(tmp_path / "tok", model_type="opt")
     encoder.tokenizer.eos_token = "[SEP]"  # a decoder needs one (csekit.encoding.decoder)
     encoder.save(model_dir)
-    objectives = "objectives=[{name: infonce}, {name: mlm, weight: 0.1}]"
-    recipe = tiny_recipe(model_dir, make_corpus(tmp_path / "corpus.txt", lines=32), "train.max_steps=1", objectives)
     with pytest.raises(CsekitError, match=r"recipe key objectives\[1\]: mlm needs .* model type 'opt'") as caught:
-        train(recipe, tmp_path / "run", show_progress=False)
+        train_tiny(MLM_BESIDE_INFONCE, steps=1, lines=32, model=model_dir)
     assert "\n" not in str(caught.value)

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import REPO, auto_precision, make_corpus, make_data_dir, read_metrics, tiny_recipe
+from conftest import REPO, TinyTrainer, auto_precision, make_data_dir
 
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.model_card import BIBTEX, CARD_FILE, methods_used, render_model_card
@@ -80,22 +80,14 @@ def test_the_mask_pooler_card_does_not_offer_sentence_transformers() -> None:
 
 
 def test_a_trained_models_card_gives_recipe_corpus_and_the_dev_score_it_was_kept_for(
-    tmp_path: Path, tiny_model_dir: Path, native_bf16: bool
+    tmp_path: Path, tiny_model_dir: Path, train_tiny: TinyTrainer, native_bf16: bool
 ) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
     data = make_data_dir(tmp_path / "data")
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=4",
-        "train.eval_every=2",
-        "train.dev_task=stsb-dev",
-        "model.pooler=mean",
-    )
-    result = train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
-    card = (tmp_path / "run" / "best" / CARD_FILE).read_text(encoding="utf-8")
+    run = train_tiny("train.dev_task=stsb-dev", "model.pooler=mean", steps=4, eval_every=2, data_dir=data)
+    result = run.result
+    card = (run.folder / "best" / CARD_FILE).read_text(encoding="utf-8")
     assert f"Base model: `{tiny_model_dir}`" in card
-    assert f"Corpus: `{corpus}`, 64 sentences." in card
+    assert f"Corpus: `{tmp_path / 'corpus.txt'}`, 64 sentences." in card
     for row in (
         "| pooler | mean |",
         "| head | mlp (training only) |",
@@ -110,8 +102,8 @@ def test_a_trained_models_card_gives_recipe_corpus_and_the_dev_score_it_was_kept
     assert result.best_score is not None
     assert f"Dev score (selection metric): stsb-dev = {result.best_score * 100:.2f} at step {result.best_step}." in card
     assert bibtex_keys(card) == ["gao2021simcse"]
-    last_scores = [r for r in read_metrics(tmp_path / "run") if "stsb-dev" in r][-1]
-    last_card = (tmp_path / "run" / "last" / CARD_FILE).read_text(encoding="utf-8")
+    last_scores = [r for r in run.metrics if "stsb-dev" in r][-1]
+    last_card = (run.folder / "last" / CARD_FILE).read_text(encoding="utf-8")
     assert f"| align | {last_scores['align']:.4f} |" in last_card  # a distance, not a correlation x100
     assert f"| stsb-dev | {last_scores['stsb-dev'] * 100:.2f} |" in last_card and "| steps | 4 of 4 |" in last_card
 

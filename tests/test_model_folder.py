@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_one_line_error, make_corpus, make_tiny_encoder, run_main, tiny_recipe
+from conftest import TinyTrainer, assert_one_line_error, make_corpus, make_tiny_encoder, run_main
 from test_osscse import moses  # noqa: F401  (a fixture: the FSMT tokenizer's Moses steps)
 
 from csekit.core.errors import CsekitError
@@ -101,14 +101,11 @@ def no_vocabulary(saved_model: Path, tmp_path: Path) -> Path:
 
 
 def test_train_refuses_a_backbone_without_a_vocabulary_before_creating_the_run(
-    no_vocabulary: Path, tmp_path: Path
+    no_vocabulary: Path, tmp_path: Path, train_tiny: TinyTrainer
 ) -> None:
     """It trained to exit status 0 with a 5-token tokenizer: every word was [UNK]."""
-    from csekit.training.trainer import train
-
-    recipe = tiny_recipe(no_vocabulary, make_corpus(tmp_path / "corpus.txt", lines=32), "train.max_steps=1")
     with pytest.raises(CsekitError, match="no vocabulary"):
-        train(recipe, tmp_path / "run", show_progress=False)
+        train_tiny(steps=1, lines=32, model=no_vocabulary)
     assert not (tmp_path / "run").exists()
 
 
@@ -197,13 +194,9 @@ def test_a_template_with_its_mask_before_the_sentence_is_refused_at_the_recipe_l
 
 
 def test_a_template_longer_than_the_model_positions_is_refused_before_the_run_folder(
-    saved_model: Path, tmp_path: Path
+    saved_model: Path, tmp_path: Path, train_tiny: TinyTrainer
 ) -> None:
-    from csekit.training.trainer import train
-
     template = "[X] " + "the " * 70 + "means [MASK] ."  # the tiny model has 64 positions
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=32)
-    recipe = tiny_recipe(saved_model, corpus, "model.pooler=mask", f"model.templates=['{template}']")
     with pytest.raises(CsekitError, match=r"recipe key model.templates: .* takes 7\d tokens .* accepts 64"):
-        train(recipe, tmp_path / "run", show_progress=False)
+        train_tiny("model.pooler=mask", f"model.templates=['{template}']", lines=32, model=saved_model)
     assert not (tmp_path / "run").exists()

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import WORDS, make_corpus, make_data_dir, read_metrics, run_cli, tiny_recipe
+from conftest import WORDS, TinyTrainer, make_data_dir, run_cli
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
@@ -39,31 +39,33 @@ def pairs_the_start_ranks_perfectly(model_dir: Path, path: Path, pairs: int = 30
     return path
 
 
+def an_unbeatable_start(model_dir: Path, folder: Path) -> tuple[str, ...]:
+    """Recipe keys of a run no step can beat: mean pooling, a learning rate large enough to change the model, and
+    selection on a pairs dev file (written in `folder`) that the starting model ranks perfectly."""
+    dev = pairs_the_start_ranks_perfectly(model_dir, folder / "own.tsv")
+    return (
+        "model.pooler=mean",
+        "train.lr=5e-3",
+        f"train.dev_task=pairs:{dev}",
+        "train.select_metric=pairs:own/spearman",
+    )
+
+
 def weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_file(folder / "model.safetensors")
 
 
 def test_a_run_no_step_improves_keeps_the_starting_model_bit_for_bit(
-    tmp_path: Path, tiny_model_dir: Path, corpus: Path
+    tmp_path: Path, tiny_model_dir: Path, train_tiny: TinyTrainer
 ) -> None:
-    dev = pairs_the_start_ranks_perfectly(tiny_model_dir, tmp_path / "own.tsv")
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "model.pooler=mean",
-        "train.lr=5e-3",
-        "train.max_steps=4",
-        "train.eval_every=2",
-        f"train.dev_task=pairs:{dev}",
-        "train.select_metric=pairs:own/spearman",
-    )
-    result = train(recipe, tmp_path / "run", show_progress=False)
-    evaluations = [r for r in read_metrics(tmp_path / "run") if "pairs:own/spearman" in r]
+    run = train_tiny(*an_unbeatable_start(tiny_model_dir, tmp_path), steps=4, eval_every=2, lines=256)
+    result = run.result
+    evaluations = [r for r in run.metrics if "pairs:own/spearman" in r]
     assert [r["step"] for r in evaluations] == [0, 2, 4]
     assert evaluations[0]["pairs:own/spearman"] == pytest.approx(1.0)
     assert result.best_step == 0 and result.best_score == pytest.approx(1.0)
     # The steps did change the model (last/ differs), yet best/ holds the backbone's weights, bit for bit.
-    start, best, last = (weights(folder) for folder in (tiny_model_dir, tmp_path / "run/best", tmp_path / "run/last"))
+    start, best, last = (weights(folder) for folder in (tiny_model_dir, run.folder / "best", run.folder / "last"))
     assert set(best) == set(start)
     assert all(torch.equal(best[name], start[name]) for name in start)
     assert any(not torch.equal(last[name], start[name]) for name in start)
@@ -72,27 +74,18 @@ def test_a_run_no_step_improves_keeps_the_starting_model_bit_for_bit(
 
     sentences = ["the dog runs", "a man plays music"]
     expected = SentenceEncoder.load(tiny_model_dir, "mean").encode(sentences)
-    loaded = SentenceTransformer(str(tmp_path / "run/best"), device="cpu").encode(sentences)
+    loaded = SentenceTransformer(str(run.folder / "best"), device="cpu").encode(sentences)
     np.testing.assert_allclose(loaded, expected, atol=1e-6)
     summary = result.summary()
     assert summary[0].startswith("trained 4 steps; no step beat the start on pairs:own/spearman (100.00); ")
     assert "best/ is the starting model" in summary[0]
 
 
-def test_step_zero_is_logged_and_a_better_step_replaces_the_start(
-    tmp_path: Path, tiny_model_dir: Path, corpus: Path
-) -> None:
+def test_step_zero_is_logged_and_a_better_step_replaces_the_start(tmp_path: Path, train_tiny: TinyTrainer) -> None:
     data = make_data_dir(tmp_path / "data")
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "model.pooler=mean",
-        "train.max_steps=6",
-        "train.eval_every=2",
-        "train.dev_task=stsb-dev",
-    )
-    result = train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
-    evaluations = [r for r in read_metrics(tmp_path / "run") if "stsb-dev" in r]
+    run = train_tiny("model.pooler=mean", "train.dev_task=stsb-dev", steps=6, eval_every=2, lines=256, data_dir=data)
+    result = run.result
+    evaluations = [r for r in run.metrics if "stsb-dev" in r]
     assert [r["step"] for r in evaluations] == [0, 2, 4, 6]
     best = max(evaluations, key=lambda r: r["stsb-dev"])  # the first of equals: a tie keeps the earlier model
     assert result.best_step == best["step"] and result.best_score == pytest.approx(best["stsb-dev"])
@@ -123,38 +116,23 @@ def test_the_end_shows_every_dev_score_at_the_start_and_at_best(
     assert "## Before and after training" in card and "this is the starting model" in card
 
 
-def test_patience_does_not_count_the_start(tmp_path: Path, tiny_model_dir: Path, corpus: Path) -> None:
+def test_patience_does_not_count_the_start(tmp_path: Path, tiny_model_dir: Path, train_tiny: TinyTrainer) -> None:
     """With patience 1 and a start no step can beat, the run stops at its first evaluated step, not before it."""
-    dev = pairs_the_start_ranks_perfectly(tiny_model_dir, tmp_path / "own.tsv")
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "model.pooler=mean",
-        "train.lr=5e-3",
-        "train.max_steps=6",
-        "train.eval_every=2",
-        "train.patience=1",
-        f"train.dev_task=pairs:{dev}",
-        "train.select_metric=pairs:own/spearman",
-    )
-    result = train(recipe, tmp_path / "run", show_progress=False)
-    assert result.steps == 2 and result.best_step == 0
-    assert (tmp_path / "run/last").is_dir() and (tmp_path / "run/checkpoint").is_dir()
+    unbeatable = an_unbeatable_start(tiny_model_dir, tmp_path)
+    run = train_tiny(*unbeatable, "train.patience=1", steps=6, eval_every=2, lines=256)
+    assert run.result.steps == 2 and run.result.best_step == 0
+    assert (run.folder / "last").is_dir() and (run.folder / "checkpoint").is_dir()
 
 
-def test_the_start_survives_a_resume(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_the_start_survives_a_resume(tmp_path: Path, train_tiny: TinyTrainer) -> None:
     """The start's scores are part of the checkpoint: a resumed run still tells them at its end."""
     data = make_data_dir(tmp_path / "data")
-    corpus = make_corpus(tmp_path / "c.txt", lines=64)
-    common = ("model.pooler=mean", "train.eval_every=2", "train.dev_task=stsb-dev")
-    train(tiny_recipe(tiny_model_dir, corpus, *common, "train.max_steps=2"), tmp_path / "run", data, False)
-    state = json.loads((tmp_path / "run/checkpoint/trainer_state.json").read_text())
-    assert state["start_scores"]["stsb-dev"] == read_metrics(tmp_path / "run")[1]["stsb-dev"]
-    resumed = train(
-        tiny_recipe(tiny_model_dir, corpus, *common, "train.max_steps=2"), tmp_path / "run", data, resume=True
-    )
+    run = train_tiny("model.pooler=mean", "train.dev_task=stsb-dev", steps=2, eval_every=2, data_dir=data)
+    state = json.loads((run.folder / "checkpoint/trainer_state.json").read_text())
+    assert state["start_scores"]["stsb-dev"] == run.metrics[1]["stsb-dev"]
+    resumed = train(run.recipe, run.folder, data, resume=True)
     assert resumed.start_scores == state["start_scores"]
-    assert [r["step"] for r in read_metrics(tmp_path / "run") if "stsb-dev" in r] == [0, 2]
+    assert [r["step"] for r in run.metrics if "stsb-dev" in r] == [0, 2]
 
 
 @settings(max_examples=60, deadline=None, derandomize=True)

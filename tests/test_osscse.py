@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import OSSCSE_TEMPLATE_TEXTS, WORDS, make_byte_level_bpe_tokenizer, make_tiny_encoder
+from conftest import WORDS, make_byte_level_bpe_tokenizer, make_tiny_encoder
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.pooling import POOLERS, MaskPooler
@@ -29,6 +29,14 @@ from csekit.evaluation.probes import (
 from csekit.evaluation.tasks import StsSubset
 from csekit.parts.objectives import OBJECTIVES, RecallLoss, TwoWayMargin, two_way_margin
 from csekit.parts.step_state import StepState
+
+OSSCSE_TEMPLATE_TEXTS = (
+    'This sentence : "a man plays the guitar ." means .',
+    'This sentence of "the dog runs" means .',
+    "a man plays",
+    "the woman eats food",
+)
+"""Texts to learn a byte-level BPE vocabulary from that covers the mask pooler's default templates."""
 
 # --- MER and splits --------------------------------------------------------------------------------
 

@@ -46,12 +46,31 @@ def mixed_inputs(encoder: SentenceEncoder, rows: int = 11, seed: int = 0) -> dic
     return inputs
 
 
-def feed_forward_positions(encoder: SentenceEncoder) -> tuple[list[int], torch.utils.hooks.RemovableHandle]:
-    """The number of positions the first layer's feed-forward computes, one entry a pass."""
+def positions_of(feed_forward: torch.nn.Module) -> tuple[list[int], torch.utils.hooks.RemovableHandle]:
+    """The number of positions `feed_forward` computes, one entry a pass (until the handle is removed)."""
     seen: list[int] = []
-    feed_forward = encoder.backbone.encoder.layer[0].intermediate
     handle = feed_forward.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape[:-1].numel()))
     return seen, handle
+
+
+def feed_forward_positions(encoder: SentenceEncoder) -> tuple[list[int], torch.utils.hooks.RemovableHandle]:
+    """The number of positions the first layer's feed-forward computes, one entry a pass."""
+    return positions_of(encoder.backbone.encoder.layer[0].intermediate)
+
+
+def training_then_evaluation_positions(
+    model: PlannedEncoder, feed_forward: torch.nn.Module, inputs: dict[str, Tensor]
+) -> list[int]:
+    """The positions `feed_forward` computes in a training pass of `model`, then in an evaluation pass (the
+    encoder put in eval mode: one padded pass whatever the plan)."""
+    seen, handle = positions_of(feed_forward)
+    try:
+        model(inputs)
+        model.encoder.eval()
+        model(inputs)
+    finally:
+        handle.remove()
+    return seen
 
 
 PACKED = PassPlan(packed=True, packed_required=True)
@@ -83,16 +102,20 @@ def run(
     return output.pooled.detach(), states, grads, positions
 
 
-def assert_same(padded: tuple, packed: tuple, grad_atol: float = 1e-6) -> None:
-    (pooled, states, grads, _), (packed_pooled, packed_states, packed_grads, _) = padded, packed
-    torch.testing.assert_close(packed_pooled, pooled, rtol=1e-5, atol=1e-5)
+def same_outputs_and_gradient_pairs(expected: tuple, actual: tuple) -> list[tuple[str, Tensor, Tensor]]:
+    """Two `run` results: their vectors and token states agree to 1e-5 and they have gradients for the same
+    parameters; each parameter's (name, expected gradient, actual gradient), for the caller's tolerance."""
+    (pooled, states, grads, _), (other_pooled, other_states, other_grads, _) = expected, actual
+    torch.testing.assert_close(other_pooled, pooled, rtol=1e-5, atol=1e-5)
     if states is not None:
-        torch.testing.assert_close(packed_states, states, rtol=1e-5, atol=1e-5)
-    assert packed_grads.keys() == grads.keys()
-    for name, grad in grads.items():
-        torch.testing.assert_close(
-            packed_grads[name], grad, rtol=1e-4, atol=grad_atol, msg=lambda m, n=name: f"{n}: {m}"
-        )
+        torch.testing.assert_close(other_states, states, rtol=1e-5, atol=1e-5)
+    assert other_grads.keys() == grads.keys()
+    return [(name, grad, other_grads[name]) for name, grad in grads.items()]
+
+
+def assert_same(padded: tuple, packed: tuple, grad_atol: float = 1e-6) -> None:
+    for name, grad, packed_grad in same_outputs_and_gradient_pairs(padded, packed):
+        torch.testing.assert_close(packed_grad, grad, rtol=1e-4, atol=grad_atol, msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
@@ -257,13 +280,7 @@ def test_auto_runs_packed_only_where_measured_faster_and_supported(tmp_path: Pat
         plans["true", "cpu"].packs({**inputs, "labels": inputs["input_ids"]})
     encoder.train()
     model = PlannedEncoder(encoder, plans["auto", "cpu"])
-    widths, handle = feed_forward_positions(encoder)
-    try:
-        model(inputs)
-        encoder.eval()  # evaluation: one padded pass whatever the plan
-        model(inputs)
-    finally:
-        handle.remove()
+    widths = training_then_evaluation_positions(model, encoder.backbone.encoder.layer[0].intermediate, inputs)
     real, width = int(inputs["attention_mask"].sum()), inputs["attention_mask"].numel()
     assert widths == [real, width]
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_corpus, read_metrics, tiny_recipe
+from conftest import TinyTrainer
+from test_packed import training_then_evaluation_positions
 from tiny_decoders import DECODER_TYPES, make_decoder_tokenizer, make_tiny_decoder, tiny_decoder_dir
 from torch import Tensor
 
@@ -31,7 +32,6 @@ from csekit.encoding.packed import packing_refusal
 from csekit.encoding.passes import PassPlan, PlannedEncoder
 from csekit.training.execution import decide_execution, enable_gradient_checkpointing
 from csekit.training.recipe import load_recipe
-from csekit.training.trainer import train
 
 ATTENTIONS = ("causal", "bidirectional")
 
@@ -306,15 +306,7 @@ def test_auto_packs_decoders_on_cuda_where_the_flash_kernel_runs_and_not_on_a_cp
     with pytest.raises(CsekitError, match=r"run\.packed_bucket\) runs bert and roberta backbones only"):
         plan("cuda", "run.packed=true", "run.packed_bucket=64")
     model = PlannedEncoder(decoder, plan("cpu", "run.packed=true"))
-    seen: list[int] = []
-    mlp = decoder.backbone.get_base_model().layers[0].mlp
-    handle = mlp.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[:-1].numel()))
-    try:
-        model(inputs)
-        decoder.eval()  # evaluation: one padded pass whatever the plan
-        model(inputs)
-    finally:
-        handle.remove()
+    seen = training_then_evaluation_positions(model, decoder.backbone.get_base_model().layers[0].mlp, inputs)
     assert seen == [int(inputs["attention_mask"].sum()), inputs["attention_mask"].numel()]
 
 
@@ -329,17 +321,17 @@ def test_the_attention_name_is_put_back_even_when_the_pass_fails() -> None:
         packed_decoder.packed_attention(encoder, *(torch.zeros(1, 1, 2, 8),) * 3, None)
 
 
-def test_a_lora_decoder_trains_packed_through_the_trainer(tmp_path: Path) -> None:
+def test_a_lora_decoder_trains_packed_through_the_trainer(tmp_path: Path, train_tiny: TinyTrainer) -> None:
     """The whole run: the collator's packing layout, the planned encoder, peft's adapters: with dropout off, each
     step's loss is the padded run's."""
     model = tiny_decoder_dir(tmp_path / "model", "llama", attention="bidirectional")
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=32)
     losses = {}
     for packed in ("true", "false"):
         settings = ["model.dropout=0.0", "model.lora={r: 4, alpha: 8, dropout: 0.0}", "train.batch_size=8"]
-        steps = ["train.max_steps=2", "train.precision=fp32", f"run.packed={packed}"]
-        train(tiny_recipe(model, corpus, *settings, *steps), tmp_path / packed, show_progress=False)
-        losses[packed] = [record["loss"] for record in read_metrics(tmp_path / packed) if "loss" in record]
+        run = train_tiny(
+            *settings, "train.precision=fp32", f"run.packed={packed}", steps=2, lines=32, model=model, name=packed
+        )
+        losses[packed] = [record["loss"] for record in run.losses]
     assert len(losses["true"]) == 2
     assert losses["true"] == pytest.approx(losses["false"], rel=1e-5)
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import WORDS, make_corpus, read_metrics, tiny_recipe
+from conftest import WORDS, TinyTrainer
 from pass_reference import pass_results
-from test_packed import POOLERS, mixed_inputs, tiny_encoder
+from test_packed import POOLERS, mixed_inputs, same_outputs_and_gradient_pairs, tiny_encoder
 from torch import Tensor
 
 import csekit.training.compiled as compiled
@@ -27,7 +27,6 @@ from csekit.encoding.packed_fixed import bucket_tokens, padding_rows, run_layer_
 from csekit.encoding.passes import PassPlan
 from csekit.training.execution import decide_execution
 from csekit.training.recipe import load_recipe
-from csekit.training.trainer import train
 
 UNFUSED = PassPlan(packed=True, packed_required=True)
 FUSED = PassPlan(packed=True, packed_required=True, fused_qkv=True)
@@ -41,18 +40,13 @@ def bucketed(bucket: int = 16, width_bound: int = 40, fused: bool = False, stack
 
 
 def assert_same(expected: tuple, actual: tuple) -> None:
-    (pooled, states, grads, _), (other_pooled, other_states, other_grads, _) = expected, actual
-    torch.testing.assert_close(other_pooled, pooled, rtol=1e-5, atol=1e-5)
-    if states is not None:
-        torch.testing.assert_close(other_states, states, rtol=1e-5, atol=1e-5)
-    assert other_grads.keys() == grads.keys()
-    for name, grad in grads.items():
+    for name, grad, other_grad in same_outputs_and_gradient_pairs(expected, actual):
         if name.endswith("key.bias"):  # zero in exact arithmetic (softmax ignores a shift of every score): noise
             continue
         # A bias's gradient sums one term a token (about 350 here), with cancellation: the two passes add them in
         # other orders, so fp32 rounding reaches 4e-5 of the largest on an AVX2-only Zen 3 (1e-5 held on a Zen 4).
         scale = float(grad.abs().max())
-        torch.testing.assert_close(other_grads[name], grad, rtol=0, atol=1e-4 * scale + 1e-6, msg=name)
+        torch.testing.assert_close(other_grad, grad, rtol=0, atol=1e-4 * scale + 1e-6, msg=name)
 
 
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
@@ -167,13 +161,12 @@ def test_the_recipe_keys_reach_the_plan_and_compile_captures_a_bucketed_packed_p
 
 
 def test_a_compiled_bucketed_packed_run_gives_the_eager_losses(
-    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+    train_tiny: TinyTrainer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The trainer's real loop: run.compile (aot_eager) on the bucketed packed pass, against the same pass
     eager and the unbucketed packed pass (dropout off, so the three draw no masks)."""
     monkeypatch.setattr(compiled, "COMPILE_BACKEND", "aot_eager")
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    base = ("train.max_steps=3", "model.dropout=0.0", "run.packed=true", "run.fused_qkv=true")
+    base = ("model.dropout=0.0", "run.packed=true", "run.fused_qkv=true")
     runs = {
         "packed": (),
         "bucketed": ("run.packed_bucket=64",),
@@ -181,8 +174,7 @@ def test_a_compiled_bucketed_packed_run_gives_the_eager_losses(
     }
     losses = {}
     for name, extra in runs.items():
-        train(tiny_recipe(tiny_model_dir, corpus, *base, *extra), tmp_path / name, show_progress=False)
-        losses[name] = [r["loss"] for r in read_metrics(tmp_path / name) if "loss" in r]
+        losses[name] = [r["loss"] for r in train_tiny(*base, *extra, name=name).losses]
     assert len(losses["packed"]) == 3
     assert losses["bucketed"] == pytest.approx(losses["packed"], rel=1e-5)
     assert losses["compiled"] == pytest.approx(losses["bucketed"], rel=1e-5)

@@ -8,13 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, make_byte_level_bpe_tokenizer, make_corpus, make_tiny_encoder, tiny_recipe
+from conftest import REPO, TinyTrainer, make_byte_level_bpe_tokenizer, make_tiny_encoder
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.pooling import MaskPooler
 from csekit.training.recipe import load_recipe
-from csekit.training.trainer import train
 
 SENTENCES = ["the man plays", "a dog runs in the park", "she eats", "the man plays"]
 TEMPLATES = {0: 'This sentence of "', 1: 'This sentence : "'}  # PromptBERT's unsup-bert, before [X]
@@ -163,14 +162,10 @@ def test_an_input_without_its_templates_is_refused(tmp_path: Path) -> None:
         encoder(inputs)
 
 
-def test_a_promptbert_recipe_trains(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(
-        tiny_model_dir, corpus, "train.max_steps=3", "train.eval_every=0", "model.pooler=mask_denoised"
-    )
-    result = train(recipe, tmp_path / "run", show_progress=False)
-    assert result.steps == 3
-    assert json.loads((tmp_path / "run" / "best" / "csekit.json").read_text())["pooler"] == "mask"
+def test_a_promptbert_recipe_trains(train_tiny: TinyTrainer) -> None:
+    run = train_tiny("model.pooler=mask_denoised")
+    assert run.result.steps == 3
+    assert json.loads((run.folder / "best" / "csekit.json").read_text())["pooler"] == "mask"
 
 
 # --- RoBERTa ------------------------------------------------------------------------------------------
@@ -201,15 +196,12 @@ def test_the_roberta_recipes_templates_give_the_authors_token_ids() -> None:
     assert tokenizer.decode(ids[1]) == "<s>The sentence : 'She eats food ' means<mask>.</s>"
 
 
-def test_a_recipes_templates_reach_the_trained_and_saved_model(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+def test_a_recipes_templates_reach_the_trained_and_saved_model(train_tiny: TinyTrainer) -> None:
     templates = ["the [X] is [MASK] .", "a [X] means [MASK] ."]
-    overrides = ["train.max_steps=2", "train.eval_every=0", "model.pooler=mask_denoised"]
-    recipe = tiny_recipe(tiny_model_dir, corpus, *overrides, f"model.templates={json.dumps(templates)}")
-    train(recipe, tmp_path / "run", show_progress=False)
-    meta = json.loads((tmp_path / "run" / "best" / "csekit.json").read_text())
+    run = train_tiny("model.pooler=mask_denoised", f"model.templates={json.dumps(templates)}", steps=2)
+    meta = json.loads((run.folder / "best" / "csekit.json").read_text())
     assert meta["pooler"] == "mask" and meta["templates"] == templates
-    reloaded = SentenceEncoder.load(tmp_path / "run" / "best")
+    reloaded = SentenceEncoder.load(run.folder / "best")
     assert reloaded.pooler.templates == tuple(templates)
 
 

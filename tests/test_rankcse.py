@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import make_corpus, make_tiny_encoder, tiny_recipe
+from conftest import TinyTrainer, make_tiny_encoder
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
@@ -20,7 +19,6 @@ from csekit.parts.objectives.ranking import RankingConsistency, RankingDistillat
 from csekit.parts.views.dropout import DropoutViews
 from csekit.training.model import ContrastiveModel
 from csekit.training.part_building import build_part
-from csekit.training.trainer import train
 
 SENTENCES = ["a man plays guitar", "the dog runs in the park", "she eats food", "it is big and red"]
 
@@ -140,16 +138,14 @@ def test_bad_rank_options_name_the_recipe_key(tmp_path: Path) -> None:
         build_part(OBJECTIVES, {"name": "rank_distill", "teachers": [str(tmp_path / "none")]}, "objectives[1]")
 
 
-def test_a_rankcse_recipe_trains(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
+def test_a_rankcse_recipe_trains(tiny_model_dir: Path, train_tiny: TinyTrainer) -> None:
     objectives = (
         f"objectives=[{{name: infonce}}, {{name: rank_distill, teachers: [{tiny_model_dir}], "
         "teacher_poolers: [mean], loss: listmle}]"
     )
-    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=3", "train.eval_every=0", objectives)
-    assert train(recipe, tmp_path / "run", show_progress=False).steps == 3
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert sum("listmle" in r for r in records) == 3
+    run = train_tiny(objectives)
+    assert run.result.steps == 3
+    assert sum("listmle" in r for r in run.metrics) == 3
 
 
 def js_by_hand(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:

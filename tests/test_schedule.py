@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_corpus, read_metrics, tiny_recipe
+from conftest import TinyTrainer, make_corpus, read_metrics, tiny_recipe
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from llm2vec_reference import hf_linear_factor, hf_trainer_schedule_steps
 from safetensors.torch import load_file
-from test_never_worse import pairs_the_start_ranks_perfectly
+from test_never_worse import an_unbeatable_start
 
 from csekit.core.errors import CsekitError
 from csekit.training.recipe import load_recipe
@@ -77,23 +77,19 @@ def test_the_constant_schedule_is_sentence_transformers_constantlr() -> None:
 
 @pytest.mark.parametrize("schedule", ["linear", "constant"])
 def test_a_run_logs_the_schedules_rates_in_the_plain_loop_and_in_sync_free_steps(
-    tmp_path: Path, tiny_model_dir: Path, schedule: str
+    train_tiny: TinyTrainer, schedule: str
 ) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
     runs = {}
     for sync_free in ("false", "true"):
-        recipe = tiny_recipe(
-            tiny_model_dir,
-            corpus,
-            "train.max_steps=6",
+        runs[sync_free] = train_tiny(
             "train.log_every=1",
             f"train.schedule={schedule}",
             "train.schedule_steps=20",
             "train.warmup_ratio=0.1",  # 2 steps of the schedule's 20
             f"run.sync_free={sync_free}",
-        )
-        train(recipe, tmp_path / sync_free, show_progress=False)
-        runs[sync_free] = tmp_path / sync_free
+            steps=6,
+            name=sync_free,
+        ).folder
     for sync_free, run in runs.items():
         logged = [record["lr"] for record in read_metrics(run) if "loss" in record]
         factors = [hf_linear_factor(step, 2, 20) if schedule == "linear" else min(1.0, step / 2) for step in range(7)]
@@ -104,26 +100,16 @@ def test_a_run_logs_the_schedules_rates_in_the_plain_loop_and_in_sync_free_steps
 
 
 def test_keep_last_saves_the_last_evaluated_model_where_best_keeps_the_start(
-    tmp_path: Path, tiny_model_dir: Path
+    tmp_path: Path, tiny_model_dir: Path, train_tiny: TinyTrainer
 ) -> None:
     """A dev file that no step can beat (the start ranks it perfectly): `best` keeps the start, `last` the last."""
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    dev = pairs_the_start_ranks_perfectly(tiny_model_dir, tmp_path / "own.tsv")
-    results = {}
-    for keep in ("best", "last"):
-        recipe = tiny_recipe(
-            tiny_model_dir,
-            corpus,
-            "model.pooler=mean",
-            "train.lr=5e-3",
-            "train.max_steps=4",
-            "train.eval_every=2",
-            f"train.dev_task=pairs:{dev}",
-            "train.select_metric=pairs:own/spearman",
-            f"train.keep={keep}",
-        )
-        results[keep] = train(recipe, tmp_path / keep, show_progress=False)
-    folder = {keep: tmp_path / keep for keep in results}
+    unbeatable = an_unbeatable_start(tiny_model_dir, tmp_path)
+    runs = {
+        keep: train_tiny(*unbeatable, f"train.keep={keep}", steps=4, eval_every=2, name=keep)
+        for keep in ("best", "last")
+    }
+    results = {keep: run.result for keep, run in runs.items()}
+    folder = {keep: run.folder for keep, run in runs.items()}
     assert results["best"].best_step == 0 and results["last"].best_step == 4
     last = load_file(folder["last"] / "last" / "model.safetensors")
     kept = load_file(folder["last"] / "best" / "model.safetensors")

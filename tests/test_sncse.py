@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, WORDS, make_byte_level_bpe_tokenizer, make_tiny_encoder, tiny_recipe
+from conftest import REPO, WORDS, TinyTrainer, make_byte_level_bpe_tokenizer, make_tiny_encoder
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.pooling import MaskPooler
@@ -19,7 +19,6 @@ from csekit.parts.views.dropout import DropoutViews
 from csekit.training.model import ContrastiveModel
 from csekit.training.part_building import build_part
 from csekit.training.recipe import load_recipe
-from csekit.training.trainer import train
 
 SENTENCES = ["the man plays guitar", "a dog runs", "the cat sits", "she eats food"]
 ALPHA, BETA = 0.1, 0.3  # the authors' code (train_SNCSE.py)
@@ -105,16 +104,14 @@ def negation_corpus(path: Path, lines: int = 48) -> Path:
 
 
 @pytest.mark.parametrize("weighting", [False, True], ids=["sncse", "sncse+dclr"])
-def test_sncse_recipes_train(tmp_path: Path, tiny_model_dir: Path, weighting: bool) -> None:
-    corpus = negation_corpus(tmp_path / "corpus.jsonl")
-    extra = ["model.pooler=mask", "model.head={name: mlp}", "train.max_steps=3", "train.eval_every=0"]
+def test_sncse_recipes_train(tmp_path: Path, tiny_model_dir: Path, train_tiny: TinyTrainer, weighting: bool) -> None:
+    extra = ["model.pooler=mask", "model.head={name: mlp}"]
     extra.append("objectives=[{name: infonce}, {name: bml, alpha: 0.1, beta: 0.3, weight: 1.0e-3}]")
     if weighting:
         extra.append(f"weighting={{name: dclr, model: {tiny_model_dir}, model_pooler: mean, phi: 0.9}}")
-    result = train(tiny_recipe(tiny_model_dir, corpus, *extra), tmp_path / "run", show_progress=False)
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "bml" in r]
-    assert result.steps == 3 and len(steps) == 3 and all(r["bml"] >= 0.0 for r in steps)
+    run = train_tiny(*extra, corpus=negation_corpus(tmp_path / "corpus.jsonl"))
+    steps = [r for r in run.metrics if "bml" in r]
+    assert run.result.steps == 3 and len(steps) == 3 and all(r["bml"] >= 0.0 for r in steps)
 
 
 # --- RoBERTa: the authors' token ids ---------------------------------------------------------------------

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from conftest import make_corpus, make_tokenizer
-from transformers import AutoConfig, AutoModelForMaskedLM, BertForMaskedLM
+from conftest import make_corpus, make_tiny_mlm
+from transformers import BertForMaskedLM
 
 from csekit.encoding.encoder import SentenceEncoder
 
@@ -32,22 +31,7 @@ def standin(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
 
 def tiny_bert(folder: Path) -> Path:
     """A 2-layer BERT with an MLM head and the tests' tiny vocabulary, weights drawn wide (a 'trained' model)."""
-    torch.manual_seed(0)
-    tokenizer = make_tokenizer(folder)
-    config = AutoConfig.for_model(
-        "bert",
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=64,
-        pad_token_id=0,
-        initializer_range=0.3,
-    )
-    AutoModelForMaskedLM.from_config(config).save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
+    return make_tiny_mlm(folder, initializer_range=0.3, layers=2)
 
 
 def arguments(tmp_path: Path, *extra: str) -> list[str]:

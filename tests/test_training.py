@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import WORDS, add_sick_trial, make_corpus, make_data_dir, read_metrics, run_cli, tiny_recipe
+from conftest import WORDS, TinyRun, TinyTrainer, add_sick_trial, make_data_dir, read_metrics, run_cli, tiny_recipe
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
@@ -17,58 +17,51 @@ from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
 
-def test_tiny_model_trains_with_falling_loss(tmp_path: Path, tiny_model_dir: Path, corpus: Path) -> None:
+def test_tiny_model_trains_with_falling_loss(train_tiny: TinyTrainer) -> None:
     # Mean pooling: a random model's [CLS] state carries too little to learn from in 30 steps.
-    recipe = tiny_recipe(
-        tiny_model_dir, corpus, "train.max_steps=30", "train.eval_every=0", "train.lr=1e-3", "model.pooler=mean"
-    )
-    result = train(recipe, tmp_path / "run", show_progress=False)
-    assert result.steps == 30
-    losses = [r["loss"] for r in read_metrics(tmp_path / "run") if "loss" in r]
+    run = train_tiny("train.lr=1e-3", "model.pooler=mean", steps=30, lines=256)
+    assert run.result.steps == 30
+    losses = [r["loss"] for r in run.losses]
     assert len(losses) == 30
     assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5])
     for name in ("best", "last", "checkpoint", "recipe.yaml"):
-        assert (tmp_path / "run" / name).exists()
-    record = read_metrics(tmp_path / "run")[1]
+        assert (run.folder / name).exists()
+    record = run.metrics[1]
     assert {"step", "loss", "infonce", "lr", "sentences_per_second"} <= set(record)
-    reloaded = SentenceEncoder.load(tmp_path / "run" / "best")
+    reloaded = SentenceEncoder.load(run.folder / "best")
     assert reloaded.encode(["a man plays"]).shape == (1, 32)
 
 
-def test_dev_evaluation_selects_the_best_checkpoint(tmp_path: Path, tiny_model_dir: Path, corpus: Path) -> None:
-    data = make_data_dir(tmp_path / "data")
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=6",
-        "train.eval_every=2",
-        "train.dev_task=stsb-dev",
-        "model.pooler=mean",
-    )
-    result = train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
-    evaluations = [r for r in read_metrics(tmp_path / "run") if "stsb-dev" in r]
-    assert [r["step"] for r in evaluations] == [0, 2, 4, 6]  # step 0: the starting model
-    best = max(evaluations, key=lambda r: r["stsb-dev"])
-    assert result.best_step == best["step"] and result.best_score == pytest.approx(best["stsb-dev"])
-    # best/ holds the weights of the best step: re-scoring it reproduces the logged score.
+def assert_best_is_the_best_evaluation(run: TinyRun, data: Path, metric: str, steps: list[int]) -> None:
+    """The run evaluated at `steps` (0: the starting model), kept the step with the best `metric` in best/, and
+    best/ holds that step's weights: re-scoring it reproduces the logged score."""
     from csekit.evaluation.sts import evaluate_dev
 
-    model = SentenceEncoder.load(tmp_path / "run" / "best")
+    evaluations = [r for r in run.metrics if metric in r]
+    assert [r["step"] for r in evaluations] == steps
+    best = max(evaluations, key=lambda r: r[metric])
+    assert (run.result.best_step, run.result.best_score) == (best["step"], pytest.approx(best[metric]))
+    model = SentenceEncoder.load(run.folder / "best")
     assert model.pooler.name == "mean"
-    assert evaluate_dev(model.encode, data, "stsb-dev")["stsb-dev"] == pytest.approx(best["stsb-dev"], abs=1e-6)
+    tasks = ["stsb-dev", "sick-dev"] if metric == "avg_sts" else metric
+    assert evaluate_dev(model.encode, data, tasks)[metric] == pytest.approx(best[metric], abs=1e-6)
 
 
-def test_refuses_to_overwrite_a_finished_run(tmp_path: Path, tiny_model_dir: Path, corpus: Path) -> None:
-    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=2")
-    train(recipe, tmp_path / "run", show_progress=False)
+def test_dev_evaluation_selects_the_best_checkpoint(tmp_path: Path, train_tiny: TinyTrainer) -> None:
+    data = make_data_dir(tmp_path / "data")
+    run = train_tiny("train.dev_task=stsb-dev", "model.pooler=mean", steps=6, eval_every=2, lines=256, data_dir=data)
+    assert_best_is_the_best_evaluation(run, data, "stsb-dev", [0, 2, 4, 6])
+
+
+def test_refuses_to_overwrite_a_finished_run(train_tiny: TinyTrainer) -> None:
+    run = train_tiny(steps=2, lines=256)
     with pytest.raises(CsekitError, match="already holds a run"):
-        train(recipe, tmp_path / "run", show_progress=False)
+        train(run.recipe, run.folder, show_progress=False)
 
 
-def test_corpus_smaller_than_a_batch_is_an_error(tmp_path: Path, tiny_model_dir: Path) -> None:
-    short_corpus = make_corpus(tmp_path / "corpus.txt", lines=5)
+def test_corpus_smaller_than_a_batch_is_an_error(train_tiny: TinyTrainer) -> None:
     with pytest.raises(CsekitError, match=r"fewer than train\.batch_size"):
-        train(tiny_recipe(tiny_model_dir, short_corpus), tmp_path / "run", show_progress=False)
+        train_tiny(lines=5)
 
 
 def test_cli_bad_corpus_is_one_line_with_exit_status_2(tmp_path: Path, tiny_model_dir: Path) -> None:
@@ -191,13 +184,11 @@ LONG_SENTENCES = [
     ids=["simcse", "whitenedcse-head"],
 )
 def test_a_trained_model_encodes_untruncated_and_sentence_transformers_agrees(
-    tmp_path: Path, tiny_model_dir: Path, corpus: Path, parts: list[str]
+    train_tiny: TinyTrainer, parts: list[str]
 ) -> None:
     """model.max_length bounds training only: evaluation, encode and the export see whole sentences."""
     st = pytest.importorskip("sentence_transformers")
-    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=3", "model.max_length=8", *parts)
-    train(recipe, tmp_path / "run", show_progress=False)
-    best = tmp_path / "run" / "best"
+    best = train_tiny("model.max_length=8", *parts, lines=256).folder / "best"
     encoder = SentenceEncoder.load(best)
     ours = encoder.encode(LONG_SENTENCES)
 
@@ -214,31 +205,14 @@ def test_a_trained_model_encodes_untruncated_and_sentence_transformers_agrees(
     assert cosine.min() >= 0.9999
 
 
-def test_selection_on_avg_sts_evaluates_both_dev_sets(tmp_path: Path, tiny_model_dir: Path, corpus: Path) -> None:
+def test_selection_on_avg_sts_evaluates_both_dev_sets(tmp_path: Path, train_tiny: TinyTrainer) -> None:
     """SimCSE's and DCLR's eval_avg_sts: the mean of STS-B dev and SICK-R dev picks the best model."""
-    from csekit.evaluation.sts import evaluate_dev
-
     data = add_sick_trial(make_data_dir(tmp_path / "data"))
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=4",
-        "train.eval_every=2",
-        "train.dev_task=sts",
-        "train.select_metric=avg_sts",
-        "model.pooler=mean",
-    )
-    result = train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
-    evaluations = [r for r in read_metrics(tmp_path / "run") if "avg_sts" in r]
-    assert [r["step"] for r in evaluations] == [0, 2, 4]
-    for record in evaluations:
+    selection = ("train.dev_task=sts", "train.select_metric=avg_sts", "model.pooler=mean")
+    run = train_tiny(*selection, steps=4, eval_every=2, lines=256, data_dir=data)
+    for record in (r for r in run.metrics if "avg_sts" in r):
         assert record["avg_sts"] == pytest.approx((record["stsb-dev"] + record["sick-dev"]) / 2)
-    best = max(evaluations, key=lambda r: r["avg_sts"])
-    assert (result.best_step, result.best_score) == (best["step"], pytest.approx(best["avg_sts"]))
-    model = SentenceEncoder.load(tmp_path / "run" / "best")
-    assert evaluate_dev(model.encode, data, ["stsb-dev", "sick-dev"])["avg_sts"] == pytest.approx(
-        best["avg_sts"], abs=1e-6
-    )
+    assert_best_is_the_best_evaluation(run, data, "avg_sts", [0, 2, 4])
 
 
 def test_select_metric_must_be_a_score_of_the_dev_task() -> None:

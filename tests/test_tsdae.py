@@ -11,15 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import (
-    DISTINCT_SENTENCES,
-    assert_same_checkpoint_weights,
-    make_corpus,
-    make_tiny_encoder,
-    read_metrics,
-    run_cli_with_test_parts,
-    tiny_recipe,
-)
+from conftest import DISTINCT_SENTENCES, TinyTrainer, make_corpus, make_tiny_encoder
+from resumed_runs import killed_and_resumed
 from safetensors.torch import load_file
 from scipy.stats import chisquare
 
@@ -34,7 +27,6 @@ from csekit.parts.views.deletion import WORD, DeletionViews, delete_words
 from csekit.training.model import ContrastiveModel
 from csekit.training.optimization import _param_groups
 from csekit.training.recipe import load_recipe
-from csekit.training.trainer import train
 
 CLEAN = DISTINCT_SENTENCES[:4]
 NOISY = ["man plays guitar", "dog in park", "she food", "cat sits house"]
@@ -182,23 +174,22 @@ def test_deletion_views_are_one_noisy_view_seeded_by_the_batch(tmp_path: Path) -
 TSDAE_PARTS = ("data.views={name: deletion, del_ratio: 0.6}", "model.head={name: none}", "objectives=[{name: tsdae}]")
 
 
-def test_a_tsdae_recipe_trains_and_saves_the_encoder_without_the_decoder(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=2", "train.eval_every=0", *TSDAE_PARTS)
-    result = train(recipe, tmp_path / "run", show_progress=False)
-    assert result.steps == 2
-    exported = load_file(next((tmp_path / "run" / "best").glob("*.safetensors")))
+def test_a_tsdae_recipe_trains_and_saves_the_encoder_without_the_decoder(train_tiny: TinyTrainer) -> None:
+    run = train_tiny(*TSDAE_PARTS, steps=2)
+    assert run.result.steps == 2
+    exported = load_file(next((run.folder / "best").glob("*.safetensors")))
     assert not any("crossattention" in key or key.startswith("cls.") for key in exported)
-    checkpoint = load_file(tmp_path / "run" / "checkpoint" / "model.safetensors")
+    checkpoint = load_file(run.folder / "checkpoint" / "model.safetensors")
     assert any("crossattention" in key for key in checkpoint)  # the decoder's own weights resume with the run
 
 
-def test_a_backbone_without_a_decoder_is_one_line_naming_the_recipe_key(tmp_path: Path) -> None:
+def test_a_backbone_without_a_decoder_is_one_line_naming_the_recipe_key(
+    tmp_path: Path, train_tiny: TinyTrainer
+) -> None:
     model_dir = tmp_path / "mpnet"
     make_tiny_encoder(tmp_path / "tok", model_type="mpnet").save(model_dir)
-    recipe = tiny_recipe(model_dir, make_corpus(tmp_path / "corpus.txt", lines=32), "train.max_steps=1", *TSDAE_PARTS)
     with pytest.raises(CsekitError, match=r"recipe key objectives\[0\]: tsdae needs a decoder .*'mpnet'") as caught:
-        train(recipe, tmp_path / "run", show_progress=False)
+        train_tiny(*TSDAE_PARTS, steps=1, lines=32, model=model_dir)
     assert "\n" not in str(caught.value)
     opt = make_tiny_encoder(tmp_path / "opt", model_type="opt")  # OPTForCausalLM exists, without cross-attention
     with pytest.raises(ValueError, match=r"'opt' \(OPTForCausalLM\) has no cross-attention"):
@@ -216,40 +207,20 @@ def test_the_tsdae_recipes_carry_the_papers_settings(recipe_file: str, lr: float
     assert methods_used(dataclasses.asdict(recipe), "cls")[-1] == "tsdae"
 
 
-def tsdae_recipe(path: Path, model_dir: Path, corpus: Path, marker: Path) -> Path:
-    path.write_text(
-        f"""
+def tsdae_recipe(model_dir: Path, corpus: Path, marker: Path) -> str:
+    return f"""
 model: {{backbone: "{model_dir}", pooler: cls, max_length: 16, head: {{name: none}}}}
 data: {{corpus: "{corpus}", views: {{name: deletion, del_ratio: 0.6}}}}
 train: {{batch_size: 8, lr: 1.0e-3, max_steps: 6, eval_every: 2, log_every: 1, dev_task: none, seed: 7}}
 objectives:
   - {{name: tsdae}}
   - {{name: kill_once, weight: 0.0, at_call: 5, marker: "{marker}"}}
-""",
-        encoding="utf-8",
-    )
-    return path
+"""
 
 
 def test_a_killed_tsdae_run_resumes_bit_exactly_decoder_and_noise_included(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
+    """Killed during step 5, resumed from step 4's checkpoint: every tensor and loss of the straight run."""
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    marker = tmp_path / "killed"
-    marker.write_text("not this run", encoding="utf-8")
-
-    def run(recipe: Path, output: Path, *extra: str):  # type: ignore[no-untyped-def]
-        args = ("train", str(recipe), "--output", str(output), "--no-progress", *extra)
-        return run_cli_with_test_parts(*args, plugin_dir=output.parent / "plugin")
-
-    straight = run(tsdae_recipe(tmp_path / "a.yaml", tiny_model_dir, corpus, marker), tmp_path / "straight")
-    assert straight.returncode == 0, straight.stderr
-    marker.unlink()
-    recipe = tsdae_recipe(tmp_path / "b.yaml", tiny_model_dir, corpus, marker)
-    killed = run(recipe, tmp_path / "resumed")
-    assert killed.returncode == -9 and marker.exists()  # SIGKILL during step 5; the checkpoint is from step 4
-    resumed = run(recipe, tmp_path / "resumed", "--resume")
-    assert resumed.returncode == 0, resumed.stderr
-    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "resumed")
-    losses = {r["step"]: r["loss"] for r in read_metrics(tmp_path / "straight") if "loss" in r}
-    assert {r["step"]: r["loss"] for r in read_metrics(tmp_path / "resumed") if "loss" in r} == losses
+    killed_and_resumed(tmp_path, lambda marker: tsdae_recipe(tiny_model_dir, corpus, marker))

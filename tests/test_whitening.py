@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import make_corpus, read_metrics, tiny_recipe
+from conftest import TinyTrainer
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
@@ -20,7 +20,6 @@ from csekit.parts.objectives import InfoNCE, MultiPositiveInfoNCE
 from csekit.parts.step_state import StepState
 from csekit.training.part_building import build_part
 from csekit.training.recipe import load_recipe
-from csekit.training.trainer import train
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 BACKBONE_DIMS = {"bert-base-uncased": 768, "roberta-base": 768, "minilm-l6": 384}
@@ -446,23 +445,19 @@ def test_a_head_without_an_export_raises_a_clear_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("head_at_test", [False, True])
-def test_tiny_model_trains_with_whitenedcse_parts(tmp_path: Path, tiny_model_dir: Path, head_at_test: bool) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt")
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=4",
-        "train.eval_every=0",
+def test_tiny_model_trains_with_whitenedcse_parts(train_tiny: TinyTrainer, head_at_test: bool) -> None:
+    run = train_tiny(
         "model.pooler=mean",
         "model.head={name: whitening, whitening: shuffled_group, num_groups: 8, num_positives: 3}",
         f"model.head_at_test={str(head_at_test).lower()}",
         "objectives=[{name: multi_positive, temperature: 0.05}]",
+        steps=4,
+        lines=256,
     )
-    result = train(recipe, tmp_path / "run", show_progress=False)
-    assert result.steps == 4
-    records = [r for r in read_metrics(tmp_path / "run") if "loss" in r]
+    assert run.result.steps == 4
+    records = run.losses
     assert len(records) == 4 and all(np.isfinite(r["multi_positive"]) for r in records)
     assert all(r["loss"] == pytest.approx(r["multi_positive"]) for r in records)
-    reloaded = SentenceEncoder.load(tmp_path / "run" / "best")
+    reloaded = SentenceEncoder.load(run.folder / "best")
     assert (reloaded.head is not None) == head_at_test
     assert np.isfinite(reloaded.encode(["a man plays"])).all()

@@ -16,14 +16,14 @@ import pytest
 import torch
 from conftest import (
     REPO,
+    TinyTrainer,
     assert_one_line_error,
     make_byte_level_bpe_tokenizer,
-    make_corpus,
     make_tiny_encoder,
     run_main,
-    tiny_recipe,
+    tiny_config,
 )
-from transformers import AutoConfig, AutoModel, BertTokenizerFast, PreTrainedTokenizerBase
+from transformers import AutoModel, BertTokenizerFast, PreTrainedTokenizerBase
 
 from csekit import cli
 from csekit.bench.papers import protocol
@@ -37,7 +37,6 @@ from csekit.evaluation.sts_data import load_sts_task
 from csekit.evaluation.suite import parse_tasks, protocol_facts
 from csekit.training.dev_scoring import dev_encoder
 from csekit.training.recipe import Recipe, load_recipe
-from csekit.training.trainer import train
 
 # --- the authors' test strings, as their code builds them ---------------------------------------------------------
 
@@ -169,17 +168,7 @@ def tiny_roberta(templates: Sequence[str], **options: str) -> SentenceEncoder:
     """A 2-layer RoBERTa with the byte-level BPE tokenizer and a mask pooler."""
     torch.manual_seed(0)
     tokenizer = bpe_tokenizer(SENTENCES)
-    config = AutoConfig.for_model(
-        "roberta",
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        pad_token_id=tokenizer.pad_token_id,
-        initializer_range=0.2,
-    )
+    config = tiny_config("roberta", len(tokenizer), 32, 0.2, pad_token_id=tokenizer.pad_token_id)
     return SentenceEncoder(AutoModel.from_config(config), tokenizer, MaskPooler(templates), **options)
 
 
@@ -315,14 +304,7 @@ def test_csekit_evaluate_reads_the_models_test_template_and_names_it(
     assert reports[0]["tasks"]["pairs:pairs"] != reports[2]["tasks"]["pairs:pairs"]
 
 
-def test_a_recipes_test_template_reaches_the_trained_and_saved_model(tmp_path: Path, tiny_model_dir: Path) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    overrides = [
-        "train.max_steps=2",
-        "train.eval_every=0",
-        "model.pooler=mask",
-        "model.test_template=the [X] is [MASK]",
-    ]
-    train(tiny_recipe(tiny_model_dir, corpus, *overrides), tmp_path / "run", show_progress=False)
-    assert json.loads((tmp_path / "run" / "best" / "csekit.json").read_text())["test_template"] == "the [X] is [MASK]"
-    assert SentenceEncoder.load(tmp_path / "run" / "best").test_template == "the [X] is [MASK]"
+def test_a_recipes_test_template_reaches_the_trained_and_saved_model(train_tiny: TinyTrainer) -> None:
+    best = train_tiny("model.pooler=mask", "model.test_template=the [X] is [MASK]", steps=2).folder / "best"
+    assert json.loads((best / "csekit.json").read_text())["test_template"] == "the [X] is [MASK]"
+    assert SentenceEncoder.load(best).test_template == "the [X] is [MASK]"

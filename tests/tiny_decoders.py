@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 from csekit.encoding.encoder import SentenceEncoder
 
@@ -43,20 +43,12 @@ def make_decoder_tokenizer() -> PreTrainedTokenizerFast:
 
 def decoder_config(model_type: str = "llama", vocab_size: int = 64, attention: str = "causal") -> object:
     """A 2-layer, 32-dimension config of `model_type` with grouped-query attention (4 query heads, 2 key heads)."""
-    config = AutoConfig.for_model(
-        model_type,
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        max_position_embeddings=64,
-        bos_token_id=1,
-        eos_token_id=2,
-        pad_token_id=None,
-        initializer_range=0.2,  # vectors that differ between sentences, as a trained model's do
+    from conftest import tiny_config  # here, not at the top: the benchmarks that read DECODER_WORDS stay light
+
+    attention_heads = {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8}
+    # initializer_range 0.2: vectors that differ between sentences, as a trained model's do
+    config = tiny_config(
+        model_type, vocab_size, 32, 0.2, **attention_heads, bos_token_id=1, eos_token_id=2, pad_token_id=None
     )
     config.is_causal = attention == "causal"
     return config
