@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest import make_corpus, make_tiny_mlm
 from transformers import BertForMaskedLM
 
