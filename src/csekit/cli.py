@@ -190,8 +190,7 @@ def evaluate(
 
     mteb_tasks = resolve_tasks(mteb, whitened)  # an unknown name: one line, before the model is loaded
     own = bool(pairs or retrieval or mteb)
-    checks = (classifier, sentence_end, test_template, n_jobs)
-    senteval = evaluation_tasks(tasks, own, whitened, bool(retrieval), *checks)
+    senteval = evaluation_tasks(tasks, own, whitened, bool(retrieval), classifier, sentence_end, test_template, n_jobs)
     reading = model_reading(sentence_end, test_template, demonstration, pooler)  # None: the model's own
     root = resolve_data_dir(data_dir) if senteval else None
     task_set = senteval.joined(own_files)
@@ -210,8 +209,7 @@ def evaluate(
     warn_skipped(skipped, file_paths(own_files))
     whitening = f", whitened{'' if whiten_dim is None else f' to {whiten_dim} dims'}" if whitened else ""
     how = (encode.sentence_end, task_set, encode.test_template, encode.demonstration)
-    protocol = protocol_label(*how)
-    typer.echo(f"({model}, pooler {encode.pooler}, {encode.label}{whitening}{protocol}, {elapsed:.1f} s)")
+    typer.echo(f"({model}, pooler {encode.pooler}, {encode.label}{whitening}{protocol_label(*how)}, {elapsed:.1f} s)")
     if output is not None:
         facts: dict[str, Any] = {"model": model, "pooler": encode.pooler, "precision": encode.precision}
         facts.update(protocol_facts(*how))
