@@ -9,7 +9,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -134,10 +134,11 @@ def entry_columns(value: Any) -> PairsColumns | None:
 
 
 @dataclass(frozen=True)
-class PairsTask:
-    """A pairs file (`--pairs`, `pairs:PATH`): Spearman (its primary score) and Pearson of the cosines against its
-    gold scores, with the pairs scored and the lines skipped."""
+class _UserFileTask:
+    """What a pairs file's task and a retrieval folder's share: named by the user's entry, their scores and primary
+    score (the first) from FILE_TASK_SCORES by kind."""
 
+    kind: ClassVar[str]
     file: FileTask
 
     @property
@@ -145,16 +146,23 @@ class PairsTask:
         return self.file.name
 
     @property
-    def kind(self) -> str:
-        return "pairs"
+    def selectable(self) -> tuple[str, ...]:
+        return tuple(f"{self.name}/{score}" for score in FILE_TASK_SCORES[self.kind])
+
+    def primary(self, data: Any) -> str:
+        return FILE_TASK_SCORES[self.kind][0]
+
+
+@dataclass(frozen=True)
+class PairsTask(_UserFileTask):
+    """A pairs file (`--pairs`, `pairs:PATH`): Spearman (its primary score) and Pearson of the cosines against its
+    gold scores, with the pairs scored and the lines skipped."""
+
+    kind: ClassVar[str] = "pairs"
 
     @property
     def source(self) -> Hashable:
         return ("pairs", self.file.path, self.file.columns)
-
-    @property
-    def selectable(self) -> tuple[str, ...]:
-        return tuple(f"{self.name}/{score}" for score in FILE_TASK_SCORES["pairs"])
 
     def read(self, data_dir: str | Path | None) -> PairsFile:
         return read_pairs(self.file.path, self.file.columns or DEFAULT_COLUMNS)
@@ -165,33 +173,18 @@ class PairsTask:
     def score(self, data: PairsFile, encode: Encoder, encode_raw: Encoder) -> dict[str, float]:
         return score_pairs(encode, data)
 
-    def primary(self, data: PairsFile) -> str:
-        return FILE_TASK_SCORES["pairs"][0]
-
 
 @dataclass(frozen=True)
-class RetrievalTask:
+class RetrievalTask(_UserFileTask):
     """A BEIR-layout folder (`--retrieval`, `retrieval:PATH`) and its qrels split: exact cosine search, nDCG@10
     (its primary score), MRR@10, Recall@10 and @100, the queries and documents counted. Its corpus is encoded
     through the encoder itself a chunk at a time, never held in the run's embeddings."""
 
-    file: FileTask
-
-    @property
-    def name(self) -> str:
-        return self.file.name
-
-    @property
-    def kind(self) -> str:
-        return "retrieval"
+    kind: ClassVar[str] = "retrieval"
 
     @property
     def source(self) -> Hashable:
         return ("retrieval", self.file.path, self.file.split)
-
-    @property
-    def selectable(self) -> tuple[str, ...]:
-        return tuple(f"{self.name}/{score}" for score in FILE_TASK_SCORES["retrieval"])
 
     def read(self, data_dir: str | Path | None) -> RetrievalSet:
         return read_retrieval_set(self.file.path, self.file.split)
@@ -201,9 +194,6 @@ class RetrievalTask:
 
     def score(self, data: RetrievalSet, encode: Encoder, encode_raw: Encoder) -> dict[str, float]:
         return evaluate_retrieval(encode_raw, data)
-
-    def primary(self, data: RetrievalSet) -> str:
-        return FILE_TASK_SCORES["retrieval"][0]
 
 
 def file_task_set(tasks: Sequence[FileTask]) -> TaskSet:
@@ -232,4 +222,4 @@ def skipped_report(tasks: TaskSet) -> dict[str, list[dict[str, Any]]]:
 
 def file_paths(tasks: TaskSet) -> dict[str, Path]:
     """The file or folder of each file task, by its name."""
-    return {task.name: task.file.path for task in tasks if isinstance(task, PairsTask | RetrievalTask)}
+    return {task.name: task.file.path for task in tasks if isinstance(task, _UserFileTask)}
