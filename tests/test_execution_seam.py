@@ -233,3 +233,184 @@ def test_a_sharded_run_refuses_what_is_asked_for_and_leaves_each_auto_off(
     expected = dataclasses.replace(unsharded, run=run, sync_free=False, compute_copies=False, sharding=sharding)
     assert sharded == expected
     assert not sharded.pass_plan(torch.nn.Module()).packed and sharded.compile_for(torch.nn.Module()) == "none"
+
+
+def calls_by_function(source: str, names: set[str]) -> set[tuple[str, str]]:
+    """(the function a call stands in, the function called) for each call in `source` of a name in `names`."""
+    found: set[tuple[str, str]] = set()
+
+    def visit(node: ast.AST, inside: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Call) and ast.unparse(child.func).split(".")[-1] in names:
+                found.add((inside, ast.unparse(child.func).split(".")[-1]))
+            is_function = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            visit(child, child.name if is_function else inside)  # type: ignore[union-attr]
+
+    visit(ast.parse(source), "<module>")
+    return found
+
+
+SHARDING_CHECKS = {"check_sharding_request", "check_deepspeed_request", "_sharded"}
+"""What refuses or replaces settings under sharding: the launch config's checks and the recipe's."""
+
+
+def test_the_sharding_checks_are_called_by_decide_execution_only() -> None:
+    """The rule stays in one place: sharding's refusals and replacements are reached through `decide_execution` only
+    (no other module, benchmarks included, checks a launch or a sharded recipe itself)."""
+    sources = [*SRC.rglob("*.py"), *(SRC.parents[1] / "benchmarks").rglob("*.py")]
+    calls = {
+        (path.relative_to(SRC.parents[1]).as_posix(), *call)
+        for path in sources
+        for call in calls_by_function(path.read_text(encoding="utf-8"), SHARDING_CHECKS)
+    }
+    assert calls == {
+        ("src/csekit/training/execution.py", "decide_execution", "check_sharding_request"),
+        ("src/csekit/training/execution.py", "decide_execution", "_sharded"),
+        ("src/csekit/training/sharding.py", "check_sharding_request", "check_deepspeed_request"),
+    }
+    elsewhere = "def start(r):\n    sharding.check_sharding_request(1.0, 'fp32')\n"
+    assert calls_by_function(elsewhere, SHARDING_CHECKS) == {("start", "check_sharding_request")}  # it can fail
+
+
+DEEPSPEED = {"ACCELERATE_USE_DEEPSPEED": "true"}
+FSDP2 = {"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
+
+
+@pytest.mark.parametrize(
+    ("environment", "installed", "precision"),
+    [
+        (DEEPSPEED, False, "fp32"),  # not installed: the install line
+        ({**DEEPSPEED, "ACCELERATE_DEEPSPEED_ZERO_STAGE": "4"}, True, "fp32"),
+        ({**DEEPSPEED, "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "cpu"}, True, "bf16"),
+        ({**DEEPSPEED, "ACCELERATE_GRADIENT_CLIPPING": "0.5"}, True, "fp32"),  # the recipe's is 1.0
+        (DEEPSPEED, True, "fp16"),
+        ({"ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "1"}, False, "fp32"),
+        ({"ACCELERATE_USE_FSDP": "true"}, False, "bf16"),  # no version: accelerate's FSDP1
+    ],
+)
+def test_decide_execution_refuses_the_launch_check_sharding_request_refuses(
+    monkeypatch: pytest.MonkeyPatch, environment: dict[str, str], installed: bool, precision: str
+) -> None:
+    """The launch's own settings, as `accelerate launch` puts them in the environment, are refused by
+    `decide_execution` with `check_sharding_request`'s line, before the recipe's refusals under sharding (here
+    run.chunk_size)."""
+    import importlib.util
+    import os
+
+    from csekit.training.sharding import check_sharding_request, requested_sharding
+
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    real = importlib.util.find_spec
+    found = lambda name, *args: (object() if installed else None) if name == "deepspeed" else real(name)  # noqa: E731
+    monkeypatch.setattr(importlib.util, "find_spec", found)
+    recipe = load_recipe(None, ["train.max_grad_norm=1.0", "run.chunk_size=8"])
+    with pytest.raises(CsekitError) as checked:
+        check_sharding_request(1.0, precision)
+    sharding = requested_sharding()
+    with pytest.raises(CsekitError) as decided:
+        decide_execution(recipe, device_type="cuda", sharding=sharding, precision=(precision, []), launch=os.environ)
+    assert str(decided.value) == str(checked.value) and "\n" not in str(decided.value)
+    with pytest.raises(CsekitError, match=r"run\.chunk_size is not supported under FSDP or DeepSpeed"):
+        decide_execution(recipe, device_type="cuda", sharding=sharding, precision=(precision, []))  # no launch
+
+
+@given(
+    asked=st.sampled_from([{}, DEEPSPEED, FSDP2, {**DEEPSPEED, **FSDP2}]),
+    fsdp_version=st.sampled_from([None, "1", "2"]),
+    stage=st.sampled_from([None, "1", "2", "3", "4", "two"]),
+    offload=st.sampled_from([None, "none", "cpu"]),
+    config_file=st.sampled_from([None, "none", "ds.json"]),
+    zero3_init=st.sampled_from([None, "false", "true"]),
+    accumulation=st.sampled_from([None, "1", "2"]),
+    clipping=st.sampled_from([None, "auto", "1.0", "0.5"]),
+    installed=st.booleans(),
+    precision=st.sampled_from(["fp32", "bf16", "fp16"]),
+)
+@settings(max_examples=60)
+def test_decide_execution_refuses_exactly_what_check_sharding_request_refuses(
+    asked: dict[str, str],
+    fsdp_version: str | None,
+    stage: str | None,
+    offload: str | None,
+    config_file: str | None,
+    zero3_init: str | None,
+    accumulation: str | None,
+    clipping: str | None,
+    installed: bool,
+    precision: str,
+) -> None:
+    """Over launch environments generated key by key: refused with the same line, else decided under the sharding
+    the launch asks for (the recipe's own replacements applied)."""
+    import importlib.util
+    from unittest import mock
+
+    from csekit.training.sharding import check_sharding_request, requested_sharding
+
+    settings_asked = {
+        "FSDP_VERSION": fsdp_version,
+        "ACCELERATE_DEEPSPEED_ZERO_STAGE": stage,
+        "ACCELERATE_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": offload,
+        "ACCELERATE_DEEPSPEED_CONFIG_FILE": config_file,
+        "ACCELERATE_DEEPSPEED_ZERO3_INIT": zero3_init,
+        "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": accumulation,
+        "ACCELERATE_GRADIENT_CLIPPING": clipping,
+    }
+    launch = {**asked, **{key: value for key, value in settings_asked.items() if value is not None}}
+    real = importlib.util.find_spec
+    found = lambda name, *args: (object() if installed else None) if name == "deepspeed" else real(name)  # noqa: E731
+    recipe = load_recipe(None, ["train.max_grad_norm=1.0"])
+    with mock.patch.object(importlib.util, "find_spec", found):
+        try:
+            check_sharding_request(1.0, precision, launch)
+            refusal = None
+        except CsekitError as error:
+            refusal = str(error)
+        sharding = requested_sharding(launch)
+        if refusal is not None:
+            with pytest.raises(CsekitError) as decided:
+                decide_execution(
+                    recipe, device_type="cuda", sharding=sharding, precision=(precision, []), launch=launch
+                )
+            assert str(decided.value) == refusal
+            return
+        execution = decide_execution(
+            recipe, device_type="cuda", sharding=sharding, precision=(precision, []), launch=launch
+        )
+    assert execution.sharding == sharding and (sharding is None or not execution.sync_free)
+
+
+def test_the_launch_given_is_the_one_the_sharding_was_read_from() -> None:
+    with pytest.raises(ValueError, match="sharding 'fsdp' is not the one the launch asks for"):
+        decide_execution(load_recipe(None), device_type="cpu", sharding="fsdp", launch={})
+
+
+def test_an_accelerator_that_does_not_run_the_decided_sharding_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An FSDP2 launch of one CPU process: accelerate keeps it unsharded (DistributedType.NO), where the run
+    decided FSDP; one line, not a run that silently trains unsharded."""
+    from csekit.training.execution import start_execution
+
+    for name, value in FSDP2.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with own_accelerator_state(), pytest.raises(CsekitError) as refused:
+        start_execution(load_recipe(None, ["train.precision=fp32"]), [])
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith("the accelerate launch asks for fsdp but accelerate runs unsharded (distributed_type NO")
+
+
+def test_an_accelerator_on_another_device_kind_gets_the_execution_decided_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Decided first for the device kind `training_device_type` names, then for the Accelerator's where it differs
+    (mps: a kind it does not name), as when the execution was decided from the Accelerator."""
+    from csekit.training.execution import start_execution
+
+    monkeypatch.setattr(execution_module, "training_device_type", lambda: "cuda")
+    with own_accelerator_state():
+        accelerator, execution = start_execution(load_recipe(None, ["train.precision=fp32"]), [])
+        assert accelerator.device.type == execution.device_type == "cpu"
+    assert execution == decide_execution(load_recipe(None, ["train.precision=fp32"]), [], "cpu")

@@ -39,15 +39,18 @@ Each `auto`, per device kind, and the measurement behind it (docs/performance.md
   (`csekit.training.backbone_options`: half the weights' memory; full fine-tuning keeps fp32).
 
 The run's precision is decided once (`training_precision`), in `start_execution`, for the Accelerator and the
-Execution both; sharded (FSDP or DeepSpeed), what is not proven sharded is refused if asked for and left off if
-`auto`, here too (`decide_execution`'s `sharding`). The trainer takes its steps through the step runner
-`Execution.step_runner` chooses (`csekit.training.step_runner`: plain or sync-free).
+Execution both. Sharded (FSDP or DeepSpeed), everything is decided here too, before the Accelerator exists, from
+the sharding the launch asks for (`decide_execution`'s `sharding` and `launch`): the launch config's own settings
+refused where csekit cannot run them (`check_sharding_request`), then what is not proven sharded refused if asked for
+and left off if `auto`; the Accelerator must then run the sharding decided. The trainer takes its steps through the
+step runner `Execution.step_runner` chooses (`csekit.training.step_runner`: plain or sync-free).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +79,7 @@ from csekit.training.sharding import (
     active_sharding,
     check_sharding_request,
     ready_to_shard,
+    requested_sharding,
     shard_cpu_processes,
 )
 from csekit.training.step_runner import PlainSteps, StepLoop, StepRunner
@@ -268,12 +272,21 @@ def decide_execution(
     device_type: str | None = None,
     sharding: str | None = None,
     precision: tuple[str, list[str]] | None = None,
+    launch: Mapping[str, str] | None = None,
 ) -> Execution:
     """The run's execution on this machine (`device_type`: the one training runs on, by default this machine's), under
     `sharding` ("fsdp", "deepspeed" or None: what the run's Accelerator shards with), in `precision` (the run's and
-    the line saying why, as `training_precision` decides it; by default decided here)."""
+    the line saying why, as `training_precision` decides it; by default decided here).
+
+    `launch`: the environment of the accelerate launch `sharding` was read from (`requested_sharding`); its settings
+    are checked first (`check_sharding_request`: FSDP1, DeepSpeed's installation and settings), before the recipe's.
+    """
     device_type = device_type or training_device_type()
     precision, note = precision or training_precision(recipe.train.precision)
+    if launch is not None:  # first: the launch's own settings, refused before any process group work
+        if requested_sharding(launch) != sharding:
+            raise ValueError(f"sharding {sharding!r} is not the one the launch asks for")
+        check_sharding_request(recipe.train.max_grad_norm, precision, launch)
     device = torch.device(device_type)
     execution = Execution(
         device_type=device_type,
@@ -330,25 +343,40 @@ def _sharded(execution: Execution, sharding: str) -> Execution:
 def start_execution(recipe: Recipe, trackers: list[str], **options: Any) -> tuple[Accelerator, Execution]:
     """The run's Accelerator (`options`: its logging) and its Execution, in the one precision decided for both.
 
-    The Accelerator needs the precision first; the sharding the launch asks for is checked before any process
-    group work (`check_sharding_request`: the config's own settings), and what the recipe asks of a sharded run
-    is decided with the rest (`decide_execution`, from the sharding the Accelerator runs).
+    Everything is decided before the Accelerator exists (`decide_execution`, with the sharding this launch asks for
+    and its settings: refused before any process group work), then the Accelerator is built in the decided precision
+    and must run the decided sharding.
     """
     precision = training_precision(recipe.train.precision)
-    max_grad_norm = recipe.train.max_grad_norm
-    check_sharding_request(max_grad_norm, precision[0])
+    launch = os.environ
+    device_type = training_device_type()
+    execution = decide_execution(recipe, trackers, device_type, requested_sharding(launch), precision, launch)
     accelerator = Accelerator(
-        **accelerator_options(max_grad_norm),
-        mixed_precision=MIXED_PRECISION[precision[0]],
+        **accelerator_options(recipe.train.max_grad_norm),
+        mixed_precision=MIXED_PRECISION[execution.precision],
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
         **options,
     )
     shard_cpu_processes(accelerator)
-    execution = decide_execution(recipe, trackers, accelerator.device.type, active_sharding(accelerator), precision)
+    check_active_sharding(accelerator, execution.sharding)
+    if accelerator.device.type != device_type:  # a kind `training_device_type` does not name (mps): decided for it
+        execution = decide_execution(recipe, trackers, accelerator.device.type, execution.sharding, precision)
     # Read when the loader is prepared: on a GPU its copies are queued without a wait (csekit.training.loading).
     accelerator.dataloader_config.non_blocking = execution.loader.non_blocking
     execution.prepare_process()
     return accelerator, execution
+
+
+def check_active_sharding(accelerator: Accelerator, decided: str | None) -> None:
+    """The sharding `accelerator` runs is the one decided from the launch's request, or one line saying why not."""
+    active = active_sharding(accelerator)
+    if active != decided:
+        processes = f"{accelerator.num_processes} process{'es' if accelerator.num_processes > 1 else ''}"
+        raise CsekitError(
+            f"the accelerate launch asks for {decided or 'no sharding'} but accelerate runs {active or 'unsharded'} "
+            f"(distributed_type {accelerator.distributed_type.value}, {processes}): launch sharded training on 2 or "
+            "more processes (accelerate launch --config_file CONFIG --num_processes 2)"
+        )
 
 
 def planned_steps(recipe: Recipe, corpus_rows: int) -> int:

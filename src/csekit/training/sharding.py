@@ -12,8 +12,10 @@
 - The packed pass drives each layer's parts itself (FSDP gathers a layer's weights in its forward): padded
   passes instead. Sync-free steps, chunked passes and compiled forwards are refused if asked for (not proven
   sharded), left off if `auto`: decided with every other execution setting, in
-  `csekit.training.execution.decide_execution`, which reads `active_sharding`. FSDP1 is refused with the reason
-  (`check_sharding_request`, before any process-group work).
+  `csekit.training.execution.decide_execution`, from the sharding the launch asks for (`requested_sharding`),
+  before any process-group work; the launch's own settings are checked there too (`check_sharding_request`:
+  FSDP1 refused with the reason, DeepSpeed's installation and settings), and the Accelerator built after it must
+  run the sharding decided (`active_sharding`).
 - DeepSpeed ZeRO (stages 1 to 3) is the other sharded mode: its settings and refusals in
   `csekit.training.zero`, its whole weights and optimizer state in `csekit.training.zero_state`.
 """
@@ -43,25 +45,32 @@ SHARDED = {DistributedType.FSDP: "fsdp", DistributedType.DEEPSPEED: "deepspeed"}
 SHARDED_NAMES = "FSDP or DeepSpeed"
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "false").lower() in ("1", "true", "yes")
+def _flag(name: str, environ: Mapping[str, str]) -> bool:
+    return environ.get(name, "false").lower() in ("1", "true", "yes")
 
 
-def requested_sharding() -> str | None:
-    """What the accelerate config of this launch asks for: "fsdp", "deepspeed" or None (plain data parallel)."""
-    if _flag("ACCELERATE_USE_DEEPSPEED"):
+def requested_sharding(environ: Mapping[str, str] | None = None) -> str | None:
+    """What the accelerate config of this launch asks for: "fsdp", "deepspeed" or None (plain data parallel).
+    `environ`: the launch's environment (by default this process's, where `accelerate launch` puts it)."""
+    env = os.environ if environ is None else environ
+    if _flag("ACCELERATE_USE_DEEPSPEED", env):
         return "deepspeed"
-    if _flag("ACCELERATE_USE_FSDP"):
+    if _flag("ACCELERATE_USE_FSDP", env):
         return "fsdp"
     return None
 
 
-def check_sharding_request(max_grad_norm: float | None, precision: str) -> None:
-    """Refuse, before any process group work, a sharding this csekit cannot run (one line, the reason and the fix)."""
-    asked = requested_sharding()
+def check_sharding_request(
+    max_grad_norm: float | None, precision: str, environ: Mapping[str, str] | None = None
+) -> None:
+    """Refuse, before any process group work, a sharding this csekit cannot run (one line, the reason and the fix).
+
+    Called by `csekit.training.execution.decide_execution` only, with the recipe's refusals under sharding."""
+    env = os.environ if environ is None else environ
+    asked = requested_sharding(env)
     if asked == "deepspeed":
-        check_deepspeed_request(max_grad_norm, precision)
-    if asked == "fsdp" and os.environ.get("FSDP_VERSION", "1") != "2":
+        check_deepspeed_request(max_grad_norm, precision, env)
+    if asked == "fsdp" and env.get("FSDP_VERSION", "1") != "2":
         raise CsekitError(
             "the accelerate config asks for FSDP version 1; csekit trains with FSDP2: set fsdp_version: 2 in its "
             "fsdp_config (see configs/accelerate-fsdp.yaml)"
@@ -92,7 +101,8 @@ def shard_cpu_processes(accelerator: Accelerator) -> None:
 
 
 def active_sharding(accelerator: Accelerator) -> str | None:
-    """The sharding `accelerator` trains under ("fsdp", "deepspeed"), or None: what `decide_execution` is given."""
+    """The sharding `accelerator` trains under ("fsdp", "deepspeed"), or None: the one `decide_execution` decided
+    from the launch's request, as `csekit.training.execution.start_execution` checks."""
     return SHARDED.get(accelerator.distributed_type)
 
 
