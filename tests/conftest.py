@@ -378,18 +378,19 @@ class TinyTrainer:
         model: Path | None = None,
         corpus: Path | None = None,
         data_dir: Path | None = None,
+        resume: bool = False,
     ) -> TinyRun:
         """`tiny_recipe` on `model` (default: `tiny_model_dir`) and `corpus` (default: a made-up corpus of `lines`
         sentences at tmp_path/corpus.txt) for `steps` steps, evaluating and checkpointing every `eval_every` (0: at
         the end only), then `overrides` (recipe keys, applied last); trained into tmp_path/`name` (a second run in
-        the same test names its own) with the dev data of `data_dir`."""
+        the same test names its own, `resume`: from its checkpoint) with the dev data of `data_dir`."""
         from csekit.training.trainer import train
 
         backbone = model if model is not None else self.tiny_model_dir
         sentences = corpus if corpus is not None else make_corpus(self.tmp_path / "corpus.txt", lines=lines)
         schedule = (f"train.max_steps={steps}", f"train.eval_every={eval_every}")
         recipe = tiny_recipe(backbone, sentences, *schedule, *overrides)
-        result = train(recipe, self.tmp_path / name, data_dir=data_dir, show_progress=False)
+        result = train(recipe, self.tmp_path / name, data_dir=data_dir, resume=resume, show_progress=False)
         return TinyRun(self.tmp_path / name, result, recipe)
 
 

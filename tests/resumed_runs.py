@@ -1,9 +1,10 @@
 """The checks of an exact resume, in one place: a recipe trained straight through, and the same recipe stopped mid-run
 then resumed with --resume, must end bit for bit alike.
 
-Two ways to stop a run, both parts of parts_for_tests that act once, during call `at_call`, unless their marker file
+Three ways to stop a run, parts of parts_for_tests that act once, during call `at_call`, unless their marker file
 exists (the straight run is trained with the marker in place, the stopped one without it): kill_once sends SIGKILL
-to its own process (`killed_and_resumed`), interrupt_once stops it as Ctrl-C does (`interrupted_and_resumed`).
+to its own process (`killed_and_resumed`), interrupt_once stops it as Ctrl-C does (`interrupted_and_resumed`),
+raise_once raises in this process (`crashed_and_resumed`, through the `train_tiny` fixture).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from conftest import assert_same_checkpoint_weights, read_metrics, run_cli_with_test_parts
+import pytest
+from conftest import TinyRun, TinyTrainer, assert_same_checkpoint_weights, read_metrics, run_cli_with_test_parts
 
 
 def run_train(recipe: Path, output: Path, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -96,3 +98,21 @@ def interrupted_and_resumed(
     assert step_losses(tmp_path / "run") == step_losses(tmp_path / "straight")
     assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "run")
     return tmp_path / "straight", tmp_path / "run"
+
+
+def crashed_and_resumed(train_tiny: TinyTrainer, *overrides: str, steps: int, eval_every: int) -> TinyRun:
+    """`train_tiny` with `overrides` for `steps` steps, a checkpoint every `eval_every`, trained straight into
+    tmp_path/straight, and into tmp_path/resumed crashed by raise_once during step 3 then resumed: the resumed run.
+
+    Checks that the crash is raise_once's and that the two checkpoints hold the same tensors bit for bit.
+    """
+    marker = train_tiny.tmp_path / "raised"
+    crash = f"objectives=[{{name: infonce}}, {{name: raise_once, weight: 0.0, at_call: 3, marker: '{marker}'}}]"
+    marker.write_text("not this run", encoding="utf-8")
+    straight = train_tiny(*overrides, crash, steps=steps, eval_every=eval_every, name="straight")
+    marker.unlink()
+    with pytest.raises(RuntimeError, match="crash for the test"):
+        train_tiny(*overrides, crash, steps=steps, eval_every=eval_every, name="resumed")
+    resumed = train_tiny(*overrides, crash, steps=steps, eval_every=eval_every, name="resumed", resume=True)
+    assert_same_checkpoint_weights(straight.folder, resumed.folder)
+    return resumed

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import TinyTrainer, make_data_dir
 
 from csekit.core.errors import CsekitError
 from csekit.evaluation.alignment import alignment, evaluate_align_uniform, pairwise_cosines, uniformity
@@ -132,17 +132,9 @@ def test_cache_encodes_once() -> None:
     assert calls[-1] == ["ccc"] and cache.calls == 2
 
 
-def test_training_logs_align_uniform(tmp_path: Path, tiny_model_dir: Path) -> None:
-    from conftest import make_corpus, make_data_dir, tiny_recipe
-
-    from csekit.training.trainer import train
-
-    data = make_data_dir(tmp_path / "data")
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(tiny_model_dir, corpus, "train.max_steps=2", "train.eval_every=1", "train.dev_task=stsb-dev")
-    train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    evaluations = [r for r in records if "stsb-dev" in r]
+def test_training_logs_align_uniform(tmp_path: Path, train_tiny: TinyTrainer) -> None:
+    run = train_tiny("train.dev_task=stsb-dev", steps=2, eval_every=1, data_dir=make_data_dir(tmp_path / "data"))
+    evaluations = [r for r in run.metrics if "stsb-dev" in r]
     assert [r["step"] for r in evaluations] == [0, 1, 2]  # 0: the starting model
     for record in evaluations:
         assert 0 <= record["align"] <= 4 and -4 <= record["uniform"] <= 0

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_same_checkpoint_weights, make_corpus, make_tiny_encoder, read_metrics, tiny_recipe
+from conftest import TinyTrainer, make_tiny_encoder
+from resumed_runs import crashed_and_resumed
 from transformers import BertConfig
 from transformers.models.bert.modeling_bert import BertLayer
 
@@ -19,7 +20,6 @@ import csekit.training.compiled as compiled
 from csekit.core.errors import CsekitError
 from csekit.training.compiled import CompiledTrainingForward, bucket_width, pad_to_bucket
 from csekit.training.recipe import load_recipe
-from csekit.training.trainer import train
 
 
 def test_buckets_bound_the_widths() -> None:
@@ -75,12 +75,8 @@ def test_a_ready_4d_mask_is_padded_to_the_bucket_with_its_positions(tmp_path: Pa
     torch.testing.assert_close(bucketed[real], plain[real], rtol=1e-5, atol=1e-6)
 
 
-def run_recipe(model_dir: Path, corpus: Path, mode: str, *extra: str):  # type: ignore[no-untyped-def]
-    return tiny_recipe(model_dir, corpus, "train.max_steps=3", "train.eval_every=2", f"run.compile={mode}", *extra)
-
-
 def test_compiled_steps_give_the_eager_losses_and_resume_exactly(
-    tmp_path: Path, tiny_model_dir: Path, test_parts: None, monkeypatch: pytest.MonkeyPatch
+    train_tiny: TinyTrainer, test_parts: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(compiled, "COMPILE_BACKEND", "aot_eager")
     compiled_passes: list[int] = []
@@ -92,26 +88,15 @@ def test_compiled_steps_give_the_eager_losses_and_resume_exactly(
 
     # Every training pass must go through the compiled forward (a packed pass would bypass it).
     monkeypatch.setattr(CompiledTrainingForward, "__call__", counting_call)
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
     # Dropout off: a pass padded to its bucket draws its dropout masks over more positions than the
     # unpadded pass, so with dropout the two draw different masks (the same training, not the same numbers).
-    no_dropout = "model.dropout=0.0"
-    train(run_recipe(tiny_model_dir, corpus, "none", no_dropout), tmp_path / "eager", show_progress=False)
-    train(run_recipe(tiny_model_dir, corpus, "default", no_dropout), tmp_path / "compiled", show_progress=False)
-    eager, ours = ([r["loss"] for r in read_metrics(tmp_path / run) if "loss" in r] for run in ("eager", "compiled"))
+    eager, ours = (
+        [r["loss"] for r in train_tiny("model.dropout=0.0", f"run.compile={mode}", eval_every=2, name=mode).losses]
+        for mode in ("none", "default")
+    )
     assert len(compiled_passes) >= 3  # a pass a step at least (both views in one batch), three steps
     assert len(eager) == 3 and ours == pytest.approx(eager, rel=1e-5)
-
-    marker = tmp_path / "raised"
-    crash = f"objectives=[{{name: infonce}}, {{name: raise_once, weight: 0.0, at_call: 3, marker: '{marker}'}}]"
-    recipe = run_recipe(tiny_model_dir, corpus, "default", crash)
-    marker.write_text("not this run", encoding="utf-8")
-    train(recipe, tmp_path / "straight", show_progress=False)
-    marker.unlink()
-    with pytest.raises(RuntimeError, match="crash for the test"):
-        train(recipe, tmp_path / "resumed", show_progress=False)
-    train(recipe, tmp_path / "resumed", resume=True, show_progress=False)
-    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "resumed")
+    crashed_and_resumed(train_tiny, "run.compile=default", steps=3, eval_every=2)
 
 
 def test_compile_choices() -> None:

@@ -9,24 +9,23 @@ equal bit for bit in every case, chunked, sync-free, LoRA and two processes incl
 
 from __future__ import annotations
 
-import contextlib
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from conftest import assert_same_checkpoint_weights, make_corpus, tiny_recipe
+from conftest import TinyTrainer, make_corpus, tiny_recipe
+from resumed_runs import crashed_and_resumed
 from safetensors.torch import load_file
+from test_sync_free import started_trainer
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from csekit.core.errors import CsekitError
 from csekit.training.compute_copies import ComputeCopies
 from csekit.training.execution import decide_execution
-from csekit.training.processes import own_accelerator_state
 from csekit.training.recipe import Recipe, load_recipe
-from csekit.training.trainer import Trainer, train
+from csekit.training.trainer import Trainer
 
 STEPS = 3
 LR = 5e-4  # tiny_recipe's
@@ -43,17 +42,6 @@ VARIANTS = {
 }
 
 
-@contextlib.contextmanager
-def started(recipe: Recipe, output: Path) -> Iterator[Trainer]:
-    """A Trainer set up as `train` sets it up, in training mode."""
-    with contextlib.ExitStack() as held:
-        held.enter_context(own_accelerator_state())
-        trainer = Trainer(recipe, output, None, False, False, False, held)
-        trainer._start_progress()
-        trainer.model.train()
-        yield trainer
-
-
 def fp32_modules(trainer: Trainer) -> bool:
     """Whether every trainable parameter the modules hold is fp32 (the masters, outside a step)."""
     return all(p.dtype == torch.float32 for p in trainer.unwrapped.parameters() if p.requires_grad)
@@ -62,7 +50,7 @@ def fp32_modules(trainer: Trainer) -> bool:
 def stepped_weights(recipe: Recipe, output: Path, check: bool = True) -> list[dict[str, torch.Tensor]]:
     """The trained weights after each of `STEPS` loop steps; with copies, checked against the masters after each."""
     weights = []
-    with started(recipe, output) as trainer:
+    with started_trainer(recipe, output) as trainer:
         batches = trainer._batches()
         for _ in range(STEPS):
             assert trainer.step(next(batches))
@@ -131,7 +119,7 @@ def test_a_step_on_copies_casts_no_linear_weight(tmp_path: Path, tiny_model_dir:
     after AdamW's step."""
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
     recipe = tiny_recipe(tiny_model_dir, corpus, *BF16, f"run.compute_copies={str(copies).lower()}")
-    with started(recipe, tmp_path / "run") as trainer:
+    with started_trainer(recipe, tmp_path / "run") as trainer:
         modules = trainer.unwrapped.named_modules()
         linear = [m.weight for name, m in modules if isinstance(m, torch.nn.Linear) and ".pooler." not in name]
         batches = trainer._batches()
@@ -146,25 +134,13 @@ def test_a_step_on_copies_casts_no_linear_weight(tmp_path: Path, tiny_model_dir:
 
 
 def test_the_checkpoint_holds_fp32_masters_and_a_resume_continues_the_same(
-    tmp_path: Path, tiny_model_dir: Path, test_parts: None
+    train_tiny: TinyTrainer, test_parts: None
 ) -> None:
     """A run that crashes in step 3 resumes from its step-2 checkpoint (the copies rebuilt from the masters) to the
     straight run's weights, bit for bit; the checkpoint, best/ and last/ hold fp32 weights."""
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    marker = tmp_path / "raised"
-    crash = f"objectives=[{{name: infonce}}, {{name: raise_once, weight: 0.0, at_call: 3, marker: '{marker}'}}]"
-    recipe = tiny_recipe(
-        tiny_model_dir, corpus, *BF16, "run.compute_copies=true", "train.max_steps=4", "train.eval_every=2", crash
-    )
-    marker.write_text("not this run", encoding="utf-8")
-    train(recipe, tmp_path / "straight", show_progress=False)
-    marker.unlink()
-    with pytest.raises(RuntimeError, match="crash for the test"):
-        train(recipe, tmp_path / "resumed", show_progress=False)
-    train(recipe, tmp_path / "resumed", resume=True, show_progress=False)
-    assert_same_checkpoint_weights(tmp_path / "straight", tmp_path / "resumed")
+    resumed = crashed_and_resumed(train_tiny, *BF16, "run.compute_copies=true", steps=4, eval_every=2)
     for saved in ("checkpoint", "last", "best"):
-        weights = load_file(tmp_path / "resumed" / saved / "model.safetensors")
+        weights = load_file(resumed.folder / saved / "model.safetensors")
         assert weights and all(t.dtype == torch.float32 for t in weights.values() if t.is_floating_point()), saved
 
 
@@ -185,18 +161,15 @@ def test_true_where_it_cannot_run_is_one_line(extra: tuple[str, ...], message: s
     assert "\n" not in str(error.value)
 
 
-def test_true_under_fsdp_and_with_a_part_that_reads_the_weights_is_one_line(
-    tmp_path: Path, tiny_model_dir: Path
-) -> None:
+def test_true_under_fsdp_and_with_a_part_that_reads_the_weights_is_one_line(train_tiny: TinyTrainer) -> None:
     recipe_with_copies = load_recipe(None, ["run.compute_copies=true", *BF16])
     with pytest.raises(CsekitError, match=r"run\.compute_copies: true is not supported under FSDP") as error:
         decide_execution(recipe_with_copies, device_type="cpu", sharding="fsdp")
     assert "\n" not in str(error.value)
-    corpus, recall = make_corpus(tmp_path / "corpus.txt", lines=32), "objectives=[{name: infonce}, {name: recall}]"
-    recipe = tiny_recipe(tiny_model_dir, corpus, *BF16, recall, "run.compute_copies=true")
+    recall = "objectives=[{name: infonce}, {name: recall}]"
     with pytest.raises(CsekitError, match=r"cannot run objectives\[1\] \(recall\): its pull") as error:
-        train(recipe, tmp_path / "run", show_progress=False)
-    assert "\n" not in str(error.value) and not (tmp_path / "run" / "metrics.jsonl").exists()
+        train_tiny(*BF16, recall, "run.compute_copies=true", lines=32)
+    assert "\n" not in str(error.value) and not (train_tiny.tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_the_key_takes_auto_true_or_false_and_auto_is_off_everywhere() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import REPO, make_corpus, make_data_dir, read_metrics, tiny_recipe
+from conftest import REPO, TinyTrainer, make_data_dir
 from safetensors.torch import load_file
 
 from csekit.core.errors import CsekitError
@@ -16,25 +16,20 @@ from csekit.encoding.encoder import SentenceEncoder
 from csekit.evaluation.sts import evaluate_dev
 from csekit.parts.heads.mlp import MLPHead
 from csekit.training.recipe import load_recipe
-from csekit.training.trainer import train
 
 
-def run(tmp_path: Path, model_dir: Path, *extra: str) -> tuple[Path, Path, dict]:
+def run(train_tiny: TinyTrainer, *extra: str) -> tuple[Path, Path, dict]:
     """Two steps, dev (STS-B) scored at step 0 (the start) and 2: the run folder, the data folder and step 2's record
     (the model of last/; best/ may be the start)."""
-    data = make_data_dir(tmp_path / "data")
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    overrides = ["train.max_steps=2", "train.eval_every=2", "train.dev_task=stsb-dev", *extra]
-    train(tiny_recipe(model_dir, corpus, *overrides), tmp_path / "run", data_dir=data, show_progress=False)
-    (record,) = [r for r in read_metrics(tmp_path / "run") if "stsb-dev" in r and r["step"] == 2]
-    return tmp_path / "run", data, record
+    data = make_data_dir(train_tiny.tmp_path / "data")
+    trained = train_tiny("train.dev_task=stsb-dev", *extra, steps=2, eval_every=2, data_dir=data)
+    (record,) = [r for r in trained.metrics if "stsb-dev" in r and r["step"] == 2]
+    return trained.folder, data, record
 
 
-def test_dev_with_head_scores_through_the_train_only_head_and_saves_without_it(
-    tmp_path: Path, tiny_model_dir: Path
-) -> None:
+def test_dev_with_head_scores_through_the_train_only_head_and_saves_without_it(train_tiny: TinyTrainer) -> None:
     """MixCSE's code (no --mlp_only_train): sentemb_forward applies cls.mlp at dev (models_mix.py L328-330)."""
-    folder, data, record = run(tmp_path, tiny_model_dir, "train.dev_with_head=true", "model.head_at_test=false")
+    folder, data, record = run(train_tiny, "train.dev_with_head=true", "model.head_at_test=false")
     best = SentenceEncoder.load(folder / "last")
     assert best.head is None and json.loads((folder / "last" / "csekit.json").read_text()).get("head") is None
     weights = load_file(folder / "checkpoint" / "model.safetensors")  # the head as it was at step 2
@@ -51,12 +46,10 @@ def test_dev_with_head_scores_through_the_train_only_head_and_saves_without_it(
     assert evaluate_dev(best.encode, data, "stsb-dev")["stsb-dev"] != pytest.approx(record["stsb-dev"], abs=1e-6)
 
 
-def test_dev_denoise_scores_with_promptberts_template_denoising_in_eval_mode(
-    tmp_path: Path, tiny_model_dir: Path
-) -> None:
+def test_dev_denoise_scores_with_promptberts_template_denoising_in_eval_mode(train_tiny: TinyTrainer) -> None:
     """PromptBERT's code scores dev with its training arguments: the [MASK] state minus the template alone's
     (models.py L290-303, L362-368), in eval mode without gradient; its final test has no denoising."""
-    folder, data, record = run(tmp_path, tiny_model_dir, "model.pooler=mask_denoised", "train.dev_denoise=true")
+    folder, data, record = run(train_tiny, "model.pooler=mask_denoised", "train.dev_denoise=true")
     best = SentenceEncoder.load(folder / "last")
     assert best.pooler.name == "mask"  # the saved model is the plain mask pooler, as without dev_denoise
     denoising = SentenceEncoder.load(folder / "last", pooler="mask_denoised", templates=list(best.pooler.templates))
@@ -72,11 +65,9 @@ def test_dev_denoise_scores_with_promptberts_template_denoising_in_eval_mode(
     assert not denoising.pooler.denoise_at_test
 
 
-def test_dev_pooler_output_scores_the_backbones_pooler_layer_and_saves_the_cls_model(
-    tmp_path: Path, tiny_model_dir: Path
-) -> None:
+def test_dev_pooler_output_scores_the_backbones_pooler_layer_and_saves_the_cls_model(train_tiny: TinyTrainer) -> None:
     """DCLR's code scores dev on `pooler_output` (BERT's pooler on [CLS], trainers.py L106-118), tests on [CLS]."""
-    folder, data, record = run(tmp_path, tiny_model_dir, "train.dev_pooler_output=true")
+    folder, data, record = run(train_tiny, "train.dev_pooler_output=true")
     best = SentenceEncoder.load(folder / "last")
     assert best.pooler.name == "cls"  # the saved model reads [CLS], as without the key
     through_the_pooler_layer = SentenceEncoder.load(folder / "last", pooler="pooler_output")
@@ -100,7 +91,7 @@ def test_dev_pooler_output_leaves_the_encoder_as_it_found_it(tiny_model_dir: Pat
 
 @pytest.mark.parametrize(("dev_precision", "expected"), [("fp32", "fp32"), ("training", "bf16")])
 def test_dev_is_encoded_in_fp32_whatever_the_training_precision(
-    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, dev_precision: str, expected: str
+    train_tiny: TinyTrainer, monkeypatch: pytest.MonkeyPatch, dev_precision: str, expected: str
 ) -> None:
     precisions: list[str] = []
     encode = SentenceEncoder.encode
@@ -110,7 +101,7 @@ def test_dev_is_encoded_in_fp32_whatever_the_training_precision(
         return encode(self, sentences, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(SentenceEncoder, "encode", recording)
-    run(tmp_path, tiny_model_dir, "train.precision=bf16", f"train.dev_precision={dev_precision}")
+    run(train_tiny, "train.precision=bf16", f"train.dev_precision={dev_precision}")
     assert precisions and set(precisions) == {expected}
 
 

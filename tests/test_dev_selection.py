@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import WORDS, make_data_dir, read_metrics, run_cli, tiny_recipe, write_recipe
+from conftest import WORDS, TinyTrainer, make_data_dir, read_metrics, run_cli, write_recipe
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
@@ -18,7 +18,6 @@ from csekit.evaluation.pairs import read_pairs, score_pairs
 from csekit.evaluation.retrieval import evaluate_retrieval
 from csekit.evaluation.retrieval_data import read_retrieval_set
 from csekit.training.recipe import load_recipe
-from csekit.training.trainer import train
 
 ALPHA = [word for word in WORDS if word.isalpha()]
 
@@ -50,23 +49,22 @@ def make_retrieval(folder: Path, documents: int = 30, queries: int = 8, seed: in
 
 
 def test_selection_on_a_pairs_file_keeps_the_step_with_the_best_pairs_score(
-    tmp_path: Path, tiny_model_dir: Path, corpus: Path
+    tmp_path: Path, train_tiny: TinyTrainer
 ) -> None:
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     pairs = make_pairs(tmp_path / "domain.tsv")
     metric = "pairs:domain/spearman"
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=8",
-        "train.eval_every=2",
+    run = train_tiny(
         f"train.dev_task=pairs:{pairs}",
         f"train.select_metric={metric}",
         "model.pooler=mean",
         "run.report_to=tensorboard",
+        steps=8,
+        eval_every=2,
+        lines=256,
     )
-    result = train(recipe, tmp_path / "run", data_dir=None, show_progress=False)
-    evaluations = [record for record in read_metrics(tmp_path / "run") if metric in record]
+    result = run.result
+    evaluations = [record for record in run.metrics if metric in record]
     assert [record["step"] for record in evaluations] == [0, 2, 4, 6, 8]  # 0: the starting model
     assert all("pairs:domain/pearson" in record and "stsb-dev" not in record for record in evaluations)
     scores = [record[metric] for record in evaluations]
@@ -79,27 +77,22 @@ def test_selection_on_a_pairs_file_keeps_the_step_with_the_best_pairs_score(
     card = (tmp_path / "run" / "best" / "README.md").read_text(encoding="utf-8")
     assert f"Dev score (selection metric): {metric} = {best[metric] * 100:.2f} at step {best['step']}." in card
     assert f"| {metric} | {best[metric] * 100:.2f} |" in card
-    logs = event_accumulator.EventAccumulator(str(tmp_path / "run" / "logs" / recipe.name))
+    logs = event_accumulator.EventAccumulator(str(tmp_path / "run" / "logs" / run.recipe.name))
     logs.Reload()
     assert [event.step for event in logs.Scalars(f"dev/tasks/{metric}")] == [0, 2, 4, 6, 8]
     assert [event.value for event in logs.Scalars(f"dev/tasks/{metric}")] == pytest.approx(scores)
 
 
-def test_selection_on_a_retrieval_folder_beside_stsb_dev(tmp_path: Path, tiny_model_dir: Path, corpus: Path) -> None:
+def test_selection_on_a_retrieval_folder_beside_stsb_dev(tmp_path: Path, train_tiny: TinyTrainer) -> None:
     data = make_data_dir(tmp_path / "data")
     folder = make_retrieval(tmp_path / "helpdesk")
     metric = "retrieval:helpdesk/ndcg@10"
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=6",
-        "train.eval_every=2",
-        f"train.dev_task=[stsb-dev, 'retrieval:{folder}']",
-        f"train.select_metric={metric}",
-        "model.pooler=mean",
+    tasks = f"train.dev_task=[stsb-dev, 'retrieval:{folder}']"
+    run = train_tiny(
+        tasks, f"train.select_metric={metric}", "model.pooler=mean", steps=6, eval_every=2, lines=256, data_dir=data
     )
-    result = train(recipe, tmp_path / "run", data_dir=data, show_progress=False)
-    evaluations = [record for record in read_metrics(tmp_path / "run") if metric in record]
+    result = run.result
+    evaluations = [record for record in run.metrics if metric in record]
     assert [record["step"] for record in evaluations] == [0, 2, 4, 6]
     for record in evaluations:
         assert {"stsb-dev", "align", "uniform", "retrieval:helpdesk/mrr@10", "retrieval:helpdesk/recall@100"} <= set(

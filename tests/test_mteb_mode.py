@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import assert_one_line_error, make_corpus, make_data_dir, run_main, tiny_recipe
+from conftest import TinyTrainer, assert_one_line_error, make_corpus, make_data_dir, run_main
 from safetensors import safe_open
 
 mteb = pytest.importorskip("mteb")
@@ -104,15 +104,12 @@ def test_the_main_score_of_each_task_is_printed(
     assert "mteb: zero-shot unknown" in out  # a model csekit did not train, which mteb does not know
 
 
-def train_tiny_run(root: Path, model_dir: Path, corpus_name: str, dev_task: str) -> Path:
+def train_tiny_run(train_tiny: TinyTrainer, corpus_name: str, dev_task: str) -> Path:
     """A 2-step run of the tiny model on a corpus file named `corpus_name`; its best/ folder."""
-    from csekit.training.trainer import train
-
-    corpus = make_corpus(root / corpus_name, lines=64)
-    data = make_data_dir(root / "data", pairs=8)
-    recipe = tiny_recipe(model_dir, corpus, "train.max_steps=2", "train.eval_every=2", f"train.dev_task={dev_task}")
-    train(recipe, root / "run", data_dir=data, show_progress=False)
-    return root / "run" / "best"
+    corpus = make_corpus(train_tiny.tmp_path / corpus_name, lines=64)
+    data = make_data_dir(train_tiny.tmp_path / "data", pairs=8)
+    run = train_tiny(f"train.dev_task={dev_task}", steps=2, eval_every=2, corpus=corpus, data_dir=data)
+    return run.folder / "best"
 
 
 def folder_parameters(folder: Path) -> int:
@@ -124,10 +121,8 @@ def folder_parameters(folder: Path) -> int:
     return total
 
 
-def test_model_meta_gives_the_models_own_values_and_what_its_run_trained_on(
-    tmp_path: Path, tiny_model_dir: Path
-) -> None:
-    best = train_tiny_run(tmp_path, tiny_model_dir, "sts_sick_unlabeled_sentences.txt", "stsb-dev")
+def test_model_meta_gives_the_models_own_values_and_what_its_run_trained_on(train_tiny: TinyTrainer) -> None:
+    best = train_tiny_run(train_tiny, "sts_sick_unlabeled_sentences.txt", "stsb-dev")
     meta = CsekitMtebEncoder(best).mteb_model_meta
     config = json.loads((best / "config.json").read_text())
     tokenizer = json.loads((best / "tokenizer_config.json").read_text())
@@ -141,9 +136,9 @@ def test_model_meta_gives_the_models_own_values_and_what_its_run_trained_on(
 
 
 def test_a_corpus_without_an_mteb_name_is_said_so(
-    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, train_tiny: TinyTrainer, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    best = train_tiny_run(tmp_path, tiny_model_dir, "my-domain.txt", "none")
+    best = train_tiny_run(train_tiny, "my-domain.txt", "none")
     assert CsekitMtebEncoder(best).mteb_model_meta.training_datasets == set()
     code, out = run_evaluate(monkeypatch, capsys, str(best), "--mteb", "MockSTSTask")
     assert code == 0

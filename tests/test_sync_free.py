@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import make_corpus, read_metrics, tiny_recipe
+from conftest import TinyTrainer, make_corpus, read_metrics, tiny_recipe
 from safetensors.torch import load_file
 from transformers import get_linear_schedule_with_warmup
 
@@ -21,7 +21,7 @@ from csekit.training.execution import decide_execution
 from csekit.training.loading import LoaderOptions
 from csekit.training.recipe import Recipe, load_recipe
 from csekit.training.sync_free import linear_schedule_factor, set_schedule_step, use_sync_free
-from csekit.training.trainer import Trainer, train
+from csekit.training.trainer import Trainer
 
 HOST_READS = ("item", "tolist", "__bool__", "__float__", "__int__", "nonzero")
 """The Tensor methods that copy a value (or, `nonzero`, a result's size) to the host: on a GPU, each waits for
@@ -192,35 +192,31 @@ def weights(run: Path) -> dict[str, torch.Tensor]:
     ("gradient_only", "chunk_size"), [(False, None), (True, None), (False, 8)], ids=["loss", "gradient", "chunked"]
 )
 def test_a_poisoned_batch_is_skipped_as_the_plain_loop_skips_it(
-    tmp_path: Path, tiny_model_dir: Path, test_parts: None, gradient_only: bool, chunk_size: int | None
+    train_tiny: TinyTrainer, test_parts: None, gradient_only: bool, chunk_size: int | None
 ) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
     poison = f"{{name: nan_at, calls: [3, 6, 7], gradient_only: {str(gradient_only).lower()}}}"
     runs = {}
     for sync_free in ("false", "true"):
-        recipe = tiny_recipe(
-            tiny_model_dir,
-            corpus,
-            "train.max_steps=9",
+        runs[sync_free] = train_tiny(
             "train.log_every=4",
             "train.warmup_ratio=0.3",  # the schedule must not advance on a skipped step
             f"run.chunk_size={chunk_size or 'null'}",
             f"objectives=[{{name: infonce}}, {poison}]",
             f"run.sync_free={sync_free}",
+            steps=9,
+            name=sync_free,
         )
-        result = train(recipe, tmp_path / sync_free, show_progress=False)
-        assert result.steps == 9 and result.skipped_steps == 3
-        runs[sync_free] = tmp_path / sync_free
-    plain, sync_free_run = weights(runs["false"]), weights(runs["true"])
+        assert runs[sync_free].result.steps == 9 and runs[sync_free].result.skipped_steps == 3
+    plain, sync_free_run = weights(runs["false"].folder), weights(runs["true"].folder)
     assert set(plain) == set(sync_free_run)
     for name, tensor in plain.items():
         torch.testing.assert_close(sync_free_run[name], tensor, rtol=0, atol=0, msg=name)
-    logged = {run: [r for r in read_metrics(path) if "loss" in r] for run, path in runs.items()}
+    logged = {label: run.losses for label, run in runs.items()}
     assert [r["step"] for r in logged["true"]] == [r["step"] for r in logged["false"]] == [4, 8, 9]
     for ours, theirs in zip(logged["true"], logged["false"], strict=True):
         assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-12)
         assert ours["lr"] == theirs["lr"]
-    skips = [r for r in read_metrics(runs["true"]) if r.get("event") == "non_finite_step"]
+    skips = [r for r in runs["true"].metrics if r.get("event") == "non_finite_step"]
     assert skips[-1]["skipped_steps"] == 3
     assert {r["reason"] for r in skips} == {"gradient" if gradient_only else "loss"}
 
@@ -260,22 +256,11 @@ def test_two_processes_skip_the_step_one_of_them_poisoned_as_the_plain_loop(
         torch.testing.assert_close(ours[name], tensor, rtol=0, atol=0, msg=name)
 
 
-def test_too_many_bad_steps_in_a_row_stop_at_the_next_read(
-    tmp_path: Path, tiny_model_dir: Path, test_parts: None
-) -> None:
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    recipe = tiny_recipe(
-        tiny_model_dir,
-        corpus,
-        "train.max_steps=40",
-        "train.log_every=4",
-        "train.max_bad_steps=5",
-        "objectives=[{name: infonce}, {name: nan_after, after: 3}]",
-        "run.sync_free=true",
-    )
+def test_too_many_bad_steps_in_a_row_stop_at_the_next_read(train_tiny: TinyTrainer, test_parts: None) -> None:
+    poisoned = "objectives=[{name: infonce}, {name: nan_after, after: 3}]"
     with pytest.raises(CsekitError, match="6 steps in a row had a non-finite loss"):
-        train(recipe, tmp_path / "run", show_progress=False)
-    records = read_metrics(tmp_path / "run")
+        train_tiny("train.log_every=4", "train.max_bad_steps=5", poisoned, "run.sync_free=true", steps=40)
+    records = read_metrics(train_tiny.tmp_path / "run")
     assert [r["step"] for r in records if "loss" in r] == []  # steps 1-2 taken, then only skips: no log point
     skips = [r for r in records if r.get("event") == "non_finite_step"]
     # Steps 1-2 taken, 3-4 skipped: the read at step 4 finds step 2. Counting again from step 2, the next
