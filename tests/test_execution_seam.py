@@ -385,21 +385,36 @@ def test_the_launch_given_is_the_one_the_sharding_was_read_from() -> None:
         decide_execution(load_recipe(None), device_type="cpu", sharding="fsdp", launch={})
 
 
-def test_an_accelerator_that_does_not_run_the_decided_sharding_is_one_line(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """An FSDP2 launch of one CPU process: accelerate keeps it unsharded (DistributedType.NO), where the run
-    decided FSDP; one line, not a run that silently trains unsharded."""
+def test_one_process_that_accelerate_leaves_unsharded_trains_unsharded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An FSDP2 launch of one CPU process: accelerate keeps it unsharded (DistributedType.NO); one process has
+    nothing to shard, so the run trains with the unsharded execution, as before the launch was read first."""
     from csekit.training.execution import start_execution
 
     for name, value in FSDP2.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    with own_accelerator_state(), pytest.raises(CsekitError) as refused:
-        start_execution(load_recipe(None, ["train.precision=fp32"]), [])
+    recipe = load_recipe(None, ["train.precision=fp32"])
+    with own_accelerator_state():
+        accelerator, execution = start_execution(recipe, [])
+        assert accelerator.num_processes == 1 and active_sharding(accelerator) is None
+    assert execution == decide_execution(recipe, [], "cpu")
+
+
+def test_several_processes_that_do_not_run_the_decided_sharding_are_one_line() -> None:
+    """Two processes that accelerate runs unsharded where the launch asked for FSDP: one line, not a run that
+    silently trains every process with the whole model."""
+    from csekit.training.execution import check_active_sharding
+
+    class TwoUnshardedProcesses:
+        num_processes = 2
+        distributed_type = DistributedType.MULTI_CPU
+
+    with pytest.raises(CsekitError) as refused:
+        check_active_sharding(TwoUnshardedProcesses(), "fsdp")  # type: ignore[arg-type]
     message = str(refused.value)
     assert "\n" not in message
-    assert message.startswith("the accelerate launch asks for fsdp but accelerate runs unsharded (distributed_type NO")
+    assert message.startswith("the accelerate launch asks for fsdp but accelerate runs unsharded (distributed_type")
+    assert check_active_sharding(TwoUnshardedProcesses(), None) is None  # type: ignore[arg-type]
 
 
 def test_an_accelerator_on_another_device_kind_gets_the_execution_decided_for_it(

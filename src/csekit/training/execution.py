@@ -358,18 +358,22 @@ def start_execution(recipe: Recipe, trackers: list[str], **options: Any) -> tupl
         **options,
     )
     shard_cpu_processes(accelerator)
-    check_active_sharding(accelerator, execution.sharding)
-    if accelerator.device.type != device_type:  # a kind `training_device_type` does not name (mps): decided for it
-        execution = decide_execution(recipe, trackers, accelerator.device.type, execution.sharding, precision)
+    sharding = check_active_sharding(accelerator, execution.sharding)
+    if accelerator.device.type != device_type or sharding != execution.sharding:  # decided again for what runs
+        execution = decide_execution(recipe, trackers, accelerator.device.type, sharding, precision)
     # Read when the loader is prepared: on a GPU its copies are queued without a wait (csekit.training.loading).
     accelerator.dataloader_config.non_blocking = execution.loader.non_blocking
     execution.prepare_process()
     return accelerator, execution
 
 
-def check_active_sharding(accelerator: Accelerator, decided: str | None) -> None:
-    """The sharding `accelerator` runs is the one decided from the launch's request, or one line saying why not."""
+def check_active_sharding(accelerator: Accelerator, decided: str | None) -> str | None:
+    """The sharding `accelerator` runs: the one decided from the launch's request, or one line saying why not. One
+    process that accelerate leaves unsharded (an FSDP config on one CPU process: DistributedType.NO) trains
+    unsharded, as it did before the launch was read first: with one process there is nothing to shard."""
     active = active_sharding(accelerator)
+    if active is None and accelerator.num_processes == 1:
+        return None
     if active != decided:
         processes = f"{accelerator.num_processes} process{'es' if accelerator.num_processes > 1 else ''}"
         raise CsekitError(
@@ -377,6 +381,7 @@ def check_active_sharding(accelerator: Accelerator, decided: str | None) -> None
             f"(distributed_type {accelerator.distributed_type.value}, {processes}): launch sharded training on 2 or "
             "more processes (accelerate launch --config_file CONFIG --num_processes 2)"
         )
+    return active
 
 
 def planned_steps(recipe: Recipe, corpus_rows: int) -> int:
