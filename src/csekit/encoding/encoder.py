@@ -42,8 +42,6 @@ from csekit.encoding.passes import EMBEDDING_MASK, ONE_PADDED_PASS, POOLING_MASK
 from csekit.encoding.pooling import MaskPooler, Pooler, PoolerOutputPooler, make_pooler, pad_ids
 from csekit.encoding.ready_mask import ready_attention_mask
 from csekit.encoding.representation import Reading, Representation
-from csekit.encoding.sentence_end import end_sentences
-from csekit.encoding.whole_template import check_test_template_pooler, evaluation_ids
 
 INPUT_EMBEDDINGS = "inputs_embeds"
 """transformers' input key for token embeddings looked up in advance (they replace `input_ids` in the backbone)."""
@@ -119,7 +117,6 @@ class SentenceEncoder(nn.Module):
         self.head = head
         #: The test-time representation, its pooler's and head's part read off `pooler` and `head`.
         self.representation = (representation or Representation()).describing(pooler, self.dim if head else None)
-        check_test_template_pooler(self.representation.test_template, pooler)
         #: The pooler a csekit-trained model was saved with (the representation it learnt); None for other models.
         self.trained_pooler: str | None = None
         #: A decoder LLM (`csekit.encoding.decoder`): position ids count real tokens, so padding may be on either side.
@@ -136,9 +133,7 @@ class SentenceEncoder(nn.Module):
     def with_pooler(self, pooler: Pooler) -> SentenceEncoder:
         """This encoder (the same backbone, tokenizer and head) pooling with `pooler` instead; the test template stays
         only with a prompt pooler."""
-        kept = (
-            self.representation if isinstance(pooler, MaskPooler) else self.representation.dropping(test_template=True)
-        )
+        kept = self.representation.dropping(test_template=not isinstance(pooler, MaskPooler))
         return self._sharing(pooler, self.head, kept)
 
     def with_representation(self, representation: Representation | None = None, /, **changes: Any) -> SentenceEncoder:
@@ -431,9 +426,9 @@ class SentenceEncoder(nn.Module):
         if len(sentences) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         unique = list(dict.fromkeys(sentences))
-        texts = end_sentences(unique, self.representation.sentence_end)
+        texts = self.representation.write(unique)
         ids = (
-            evaluation_ids(self.pooler, self.tokenizer, texts, self.representation.test_template, self.max_seq_length)
+            self.representation.evaluation_ids(self.pooler, self.tokenizer, texts, self.max_seq_length)
             if instruction is None
             else instruction_ids(self.pooler, self.tokenizer, texts, instruction, self.max_seq_length)
         )

@@ -17,16 +17,23 @@ and the representation the encoder holds; `SentenceEncoder` holds that one value
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
+
+from transformers import PreTrainedTokenizerBase
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.decoder_pooling import MeanPaddedPooler
 from csekit.encoding.pooling import POOLERS, DenoisedMaskPooler, MaskPooler, Pooler, check_prompt_template, make_pooler
 from csekit.encoding.prompteol import Demonstration, PromptEOLPooler, check_demonstration
-from csekit.encoding.sentence_end import NO_SENTENCE_END, check_sentence_end
-from csekit.encoding.whole_template import NO_TEST_TEMPLATE, check_test_template
+from csekit.encoding.sentence_end import NO_SENTENCE_END, check_sentence_end, end_sentences
+from csekit.encoding.whole_template import (
+    NO_TEST_TEMPLATE,
+    check_test_template,
+    check_test_template_pooler,
+    evaluation_ids,
+)
 
 REPRESENTATION_KEY = "representation"
 """csekit.json's key for the representation object."""
@@ -93,7 +100,8 @@ class Representation:
     def describing(self, pooler: Pooler, head_dim: int | None) -> Representation:
         """This representation with its pooler's part read off `pooler` (its name, templates, demonstration and
         normalisation) and its head off the head module's width (`head_dim` None: no head): the encoder's value cannot
-        disagree with the modules it runs."""
+        disagree with the modules it runs. A test template is refused for a pooler without a mask to read."""
+        check_test_template_pooler(self.test_template, pooler)
         head = (
             None if head_dim is None else self.head if self.head and self.head.dim == head_dim else KeptHead(head_dim)
         )
@@ -123,6 +131,17 @@ class Representation:
         pooler = make_pooler(self.pooler, **options)
         pooler.normalized = self.normalize
         return pooler
+
+    def write(self, sentences: Sequence[str]) -> list[str]:
+        """`sentences` as the sentence-end rule writes them for an evaluation pass (`csekit.encoding.sentence_end`)."""
+        return end_sentences(sentences, self.sentence_end)
+
+    def evaluation_ids(
+        self, pooler: Pooler, tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], max_positions: int
+    ) -> dict[str, list[list[int]]]:
+        """Unpadded ids of the written `texts` for an evaluation pass: tokenised whole in the test template, or by
+        `pooler` (`csekit.encoding.whole_template`)."""
+        return evaluation_ids(pooler, tokenizer, texts, self.test_template, max_positions)
 
     def dropping(self, sentence_end: bool = False, test_template: bool = False) -> Representation:
         """This representation reading the text as given (`sentence_end`) or as the training ids (`test_template`)."""
