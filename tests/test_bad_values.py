@@ -267,7 +267,7 @@ def test_damaged_kept_head(
     encoder.head = MLPHead(encoder.dim)
     encoder.save(tmp_path / "with-head")
     meta = json.loads((tmp_path / "with-head" / "csekit.json").read_text(encoding="utf-8"))
-    head_file = tmp_path / "with-head" / meta["head"]["path"] / "model.safetensors"
+    head_file = tmp_path / "with-head" / meta["representation"]["head"]["path"] / "model.safetensors"
     head_file.write_bytes(head_file.read_bytes()[:20])
     (tmp_path / "in.txt").write_text("a man plays\n", encoding="utf-8")
     args = ["encode", str(tmp_path / "with-head"), "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "o.npy")]

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.representation import Reading
 from csekit.evaluation.sts import evaluate_dev
 from csekit.parts.heads.mlp import MLPHead
 from csekit.training.recipe import load_recipe
@@ -31,7 +32,10 @@ def test_dev_with_head_scores_through_the_train_only_head_and_saves_without_it(t
     """MixCSE's code (no --mlp_only_train): sentemb_forward applies cls.mlp at dev (models_mix.py L328-330)."""
     folder, data, record = run(train_tiny, "train.dev_with_head=true", "model.head_at_test=false")
     best = SentenceEncoder.load(folder / "last")
-    assert best.head is None and json.loads((folder / "last" / "csekit.json").read_text()).get("head") is None
+    assert (
+        best.head is None
+        and json.loads((folder / "last" / "csekit.json").read_text())["representation"]["head"] is None
+    )
     weights = load_file(folder / "checkpoint" / "model.safetensors")  # the head as it was at step 2
     head = MLPHead(best.dim)
     head.load_state_dict(
@@ -52,7 +56,7 @@ def test_dev_denoise_scores_with_promptberts_template_denoising_in_eval_mode(tra
     folder, data, record = run(train_tiny, "model.pooler=mask_denoised", "train.dev_denoise=true")
     best = SentenceEncoder.load(folder / "last")
     assert best.pooler.name == "mask"  # the saved model is the plain mask pooler, as without dev_denoise
-    denoising = SentenceEncoder.load(folder / "last", pooler="mask_denoised", templates=list(best.pooler.templates))
+    denoising = SentenceEncoder.load(folder / "last", "mask_denoised", reading=Reading(templates=best.pooler.templates))
     denoising.train()  # the pooler denoises in training (tests/test_promptbert.py checks it by hand) ...
     denoising.backbone.eval()  # ... and the backbone runs without dropout, as at evaluation
 

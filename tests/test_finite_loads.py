@@ -43,7 +43,8 @@ def _kept_head(folder: Path) -> Path:
     (folder / "head").mkdir()
     save_file({"linear.weight": torch.eye(32), "linear.bias": torch.zeros(32)}, folder / "head" / "model.safetensors")
     meta = json.loads((folder / "csekit.json").read_text(encoding="utf-8"))
-    (folder / "csekit.json").write_text(json.dumps({**meta, "head": {"dim": 32, "path": "head"}}), encoding="utf-8")
+    meta["representation"]["head"] = {"dim": 32, "path": "head"}
+    (folder / "csekit.json").write_text(json.dumps(meta), encoding="utf-8")
     return folder
 
 

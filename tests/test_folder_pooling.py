@@ -157,7 +157,7 @@ def test_the_model_trained_with_pooler_auto_loads_in_sentence_transformers_as_cs
     saved = train_tiny("model.pooler=auto", steps=2, lines=32, model=folders["mean", True]).folder / "last"
     modules = json.loads((saved / "modules.json").read_text(encoding="utf-8"))
     assert [module["type"].rsplit(".", 1)[-1] for module in modules] == ["Transformer", "Pooling", "Normalize"]
-    assert json.loads((saved / "csekit.json").read_text(encoding="utf-8"))["normalize"] is True
+    assert json.loads((saved / "csekit.json").read_text(encoding="utf-8"))["representation"]["normalize"] is True
     reloaded = SentenceEncoder.load(saved)
     assert (reloaded.pooler.name, reloaded.pooler.normalized) == ("mean", True)
     ours = reloaded.encode(SENTENCES)

@@ -370,6 +370,24 @@ READERS: dict[str, Reader] = {
         _model_folder,
         MODEL_FILES,
     ),
+    "csekit.json representation": Reader(
+        "json",
+        "csekit.json",
+        {
+            "csekit_version": "0",
+            "representation": {
+                "pooler": "mask",
+                "templates": ["a [X] means [MASK] ."],
+                "demonstration": None,
+                "normalize": False,
+                "sentence_end": "sncse",
+                "test_template": "the [X] is [MASK]",
+                "head": None,
+            },
+        },
+        _model_folder,
+        MODEL_FILES,
+    ),
     "csekit.json training facts": Reader(
         "json",
         "csekit.json",

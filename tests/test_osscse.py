@@ -200,7 +200,7 @@ def test_mask_pooler_reads_the_mask_position_and_reloads(tmp_path: Path) -> None
         position = int((inputs["input_ids"][row] == encoder.tokenizer.mask_token_id).nonzero()[-1])
         torch.testing.assert_close(output.pooled[row], output.token_states[row, position])
     encoder.save(tmp_path / "model")
-    meta = json.loads((tmp_path / "model" / "csekit.json").read_text())
+    meta = json.loads((tmp_path / "model" / "csekit.json").read_text())["representation"]
     assert meta["pooler"] == "mask" and len(meta["templates"]) == 2
     from csekit.encoding.encoder import SentenceEncoder
 

@@ -13,6 +13,7 @@ from conftest import REPO, TinyTrainer, make_byte_level_bpe_tokenizer, make_tiny
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.pooling import MaskPooler
+from csekit.encoding.representation import Reading
 from csekit.training.recipe import load_recipe
 
 SENTENCES = ["the man plays", "a dog runs in the park", "she eats", "the man plays"]
@@ -146,7 +147,7 @@ def test_test_time_is_the_plain_mask_pooler_and_saves_as_one(tmp_path: Path) -> 
     mask = (inputs["input_ids"] == encoder.tokenizer.mask_token_id).int().argmax(dim=1)
     torch.testing.assert_close(encoder(inputs).pooled, states[torch.arange(len(SENTENCES)), mask])
     encoder.save(tmp_path / "model")
-    meta = json.loads((tmp_path / "model" / "csekit.json").read_text())
+    meta = json.loads((tmp_path / "model" / "csekit.json").read_text())["representation"]
     assert meta["pooler"] == "mask" and meta["templates"][0] == 'This sentence of "[X]" means [MASK] .'
     reloaded = SentenceEncoder.load(tmp_path / "model")
     assert type(reloaded.pooler) is MaskPooler
@@ -165,7 +166,7 @@ def test_an_input_without_its_templates_is_refused(tmp_path: Path) -> None:
 def test_a_promptbert_recipe_trains(train_tiny: TinyTrainer) -> None:
     run = train_tiny("model.pooler=mask_denoised")
     assert run.result.steps == 3
-    assert json.loads((run.folder / "best" / "csekit.json").read_text())["pooler"] == "mask"
+    assert json.loads((run.folder / "best" / "csekit.json").read_text())["representation"]["pooler"] == "mask"
 
 
 # --- RoBERTa ------------------------------------------------------------------------------------------
@@ -199,7 +200,7 @@ def test_the_roberta_recipes_templates_give_the_authors_token_ids() -> None:
 def test_a_recipes_templates_reach_the_trained_and_saved_model(train_tiny: TinyTrainer) -> None:
     templates = ["the [X] is [MASK] .", "a [X] means [MASK] ."]
     run = train_tiny("model.pooler=mask_denoised", f"model.templates={json.dumps(templates)}", steps=2)
-    meta = json.loads((run.folder / "best" / "csekit.json").read_text())
+    meta = json.loads((run.folder / "best" / "csekit.json").read_text())["representation"]
     assert meta["pooler"] == "mask" and meta["templates"] == templates
     reloaded = SentenceEncoder.load(run.folder / "best")
     assert reloaded.pooler.templates == tuple(templates)
@@ -224,4 +225,4 @@ def test_templates_a_pooler_cannot_use_are_refused_at_their_line(
 
 def test_templates_for_a_pooler_without_them_are_refused_on_load(tiny_model_dir: Path) -> None:
     with pytest.raises(CsekitError, match="prompt templates are for the prompt poolers"):
-        SentenceEncoder.load(tiny_model_dir, "cls", templates=["the [X] is [MASK] ."])
+        SentenceEncoder.load(tiny_model_dir, "cls", reading=Reading(templates=("the [X] is [MASK] .",)))

@@ -35,6 +35,7 @@ from csekit.encoding import prompteol
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.pooling import PROMPTEOL_TEMPLATE, LastTokenPooler, PromptEOLPooler
 from csekit.encoding.prompteol import Demonstration
+from csekit.encoding.representation import Reading, Representation
 from csekit.encoding.sentence_end import end_sentences
 from csekit.training.model import load_encoder
 from csekit.training.recipe import load_recipe
@@ -153,7 +154,8 @@ def demonstrated(encoder: SentenceEncoder, model: str) -> SentenceEncoder:
     """`encoder` reading as run_icl.sh does for `model`: its demonstration before the template, the authors' edit; in
     eval mode, as a loaded model is (a view is made in training mode, and `encode` leaves the shared backbone so)."""
     sentence, word = DEMONSTRATIONS[model]
-    return encoder.with_pooler(PromptEOLPooler(Demonstration(sentence, word))).with_sentence_end("prompteol").eval()
+    reading = Representation("prompteol", demonstration=Demonstration(sentence, word), sentence_end="prompteol")
+    return encoder.with_representation(reading).eval()
 
 
 def test_each_run_icl_template_is_one_demonstration_before_the_plain_template() -> None:
@@ -202,7 +204,7 @@ def test_a_demonstration_reads_the_authors_batchers_vector(model_type: str, mode
     theirs = authors_batcher(encoder.backbone, prompt_tokenizer(), RUN_ICL_TEMPLATES[model], RAW_SENTENCES)
     assert ours.shape == theirs.shape == (len(RAW_SENTENCES), encoder.dim)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
-    without = torch.from_numpy(plain.with_sentence_end("prompteol").eval().encode(RAW_SENTENCES))
+    without = torch.from_numpy(plain.with_representation(sentence_end="prompteol").eval().encode(RAW_SENTENCES))
     assert not torch.allclose(without, theirs, atol=1e-3)
 
 
@@ -271,8 +273,11 @@ def test_a_bad_demonstration_is_one_line_naming_where_it_was_given(
     encoder = prompteol_decoder()
     encoder.save(tmp_path / "model")
     meta = tmp_path / "model" / "csekit.json"
-    meta.write_text(json.dumps({**json.loads(meta.read_text()), "demonstration": demonstration}))
-    with pytest.raises(CsekitError, match=f'csekit.json: "demonstration": the .*{needle}') as error:
+    saved = json.loads(meta.read_text())
+    meta.write_text(
+        json.dumps({**saved, "representation": {**saved["representation"], "demonstration": demonstration}})
+    )
+    with pytest.raises(CsekitError, match=f'csekit.json: "representation.demonstration": the .*{needle}') as error:
         SentenceEncoder.load(tmp_path / "model")
     assert "\n" not in str(error.value)
     code, err = run_main(monkeypatch, capsys, "evaluate", str(tmp_path / "none"), "--demonstration", sentence, word)
@@ -290,14 +295,19 @@ def test_a_demonstration_is_for_the_prompteol_pooler_only(
         load_recipe(None, ["model.pooler=prompteol", "model.demonstration={sentence: A man is smoking.}"])
     prompteol_decoder().save(tmp_path / "model")
     with pytest.raises(CsekitError, match="a PromptEOL demonstration is for the prompteol pooler, not the mean pooler"):
-        SentenceEncoder.load(tmp_path / "model", pooler="mean", demonstration=demonstration)
+        SentenceEncoder.load(tmp_path / "model", pooler="mean", reading=Reading(demonstration=Demonstration(*pair)))
     code, err = run_main(
         monkeypatch, capsys, "evaluate", str(tmp_path / "model"), "--pooler", "mean", "--demonstration", *pair
     )
     assert_one_line_error(code, err, "--demonstration is for --pooler prompteol, not mean")
     meta = tmp_path / "model" / "csekit.json"
-    meta.write_text(json.dumps({**json.loads(meta.read_text()), "pooler": "mean", "demonstration": demonstration}))
-    with pytest.raises(CsekitError, match=r'csekit\.json: "demonstration" is for the prompteol pooler, not mean'):
+    saved = json.loads(meta.read_text())
+    meta.write_text(
+        json.dumps({"representation": {**saved["representation"], "pooler": "mean", "demonstration": demonstration}})
+    )
+    with pytest.raises(
+        CsekitError, match=r'csekit\.json: "representation.demonstration" is for the prompteol pooler, not mean'
+    ):
         SentenceEncoder.load(tmp_path / "model")
 
 
@@ -305,10 +315,11 @@ def test_a_saved_model_with_a_demonstration_reloads_with_it_and_refuses_sentence
     plain = prompteol_decoder()
     encoder = demonstrated(plain, "opt-2.7b")
     encoder.save(tmp_path / "model")
-    plain.with_sentence_end("prompteol").save(tmp_path / "plain")  # the same reading but for the demonstration
-    meta = json.loads((tmp_path / "model" / "csekit.json").read_text(encoding="utf-8"))
+    plain.with_representation(sentence_end="prompteol").save(tmp_path / "plain")  # the same but the demonstration
+    meta = json.loads((tmp_path / "model" / "csekit.json").read_text(encoding="utf-8"))["representation"]
     assert meta["demonstration"] == {"sentence": "A jockey riding a horse.", "word": "Equestrian"}
-    assert "demonstration" not in json.loads((tmp_path / "plain" / "csekit.json").read_text(encoding="utf-8"))
+    plain_meta = json.loads((tmp_path / "plain" / "csekit.json").read_text(encoding="utf-8"))["representation"]
+    assert plain_meta == {**meta, "demonstration": None}
     modules = [
         json.loads((tmp_path / name / "modules.json").read_text(encoding="utf-8")) for name in ("model", "plain")
     ]
@@ -318,7 +329,9 @@ def test_a_saved_model_with_a_demonstration_reloads_with_it_and_refuses_sentence
         isinstance(reloaded.pooler, PromptEOLPooler) and reloaded.pooler.demonstration == encoder.pooler.demonstration
     )
     assert reloaded.encode(RAW_SENTENCES) == pytest.approx(encoder.encode(RAW_SENTENCES), abs=1e-6)
-    other = SentenceEncoder.load(tmp_path / "model", demonstration={"sentence": "meat from a deer.", "word": "Venison"})
+    other = SentenceEncoder.load(
+        tmp_path / "model", reading=Reading(demonstration=Demonstration("meat from a deer.", "Venison"))
+    )
     assert other.pooler.demonstration == Demonstration("meat from a deer.", "Venison")
     st_module = pytest.importorskip("sentence_transformers")
     with pytest.raises(CsekitError, match="sentence-transformers cannot reproduce"):

@@ -15,6 +15,7 @@ from conftest import REPO, assert_one_line_error, make_tiny_encoder, run_main
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.representation import Reading
 from csekit.encoding.sentence_end import end_sentences
 from csekit.evaluation.sts_data import load_sts_task
 from csekit.training.dev_scoring import dev_encoder
@@ -66,20 +67,21 @@ def test_encode_writes_the_models_rule_and_the_saved_model_keeps_it(tmp_path: Pa
     written = [promptbert_batcher(s) for s in SENTENCES] if rule == "promptbert" else sncse_scripts(SENTENCES)
     expected = plain.encode(written)
     assert not np.allclose(plain.encode(SENTENCES), expected)
-    model = plain.with_sentence_end(rule)
+    model = plain.with_representation(sentence_end=rule)
     np.testing.assert_allclose(model.encode(SENTENCES), expected, rtol=0, atol=1e-6)
     model.save(tmp_path / "model")
-    assert json.loads((tmp_path / "model" / "csekit.json").read_text())["sentence_end"] == rule
+    assert json.loads((tmp_path / "model" / "csekit.json").read_text())["representation"]["sentence_end"] == rule
     loaded = SentenceEncoder.load(tmp_path / "model")
-    assert loaded.sentence_end == rule
+    assert loaded.representation == model.representation
     np.testing.assert_allclose(loaded.encode(SENTENCES), expected, rtol=0, atol=1e-6)
-    assert SentenceEncoder.load(tmp_path / "model", sentence_end="none").sentence_end == "none"
-    assert plain.sentence_end == "none"  # a view: the original is unchanged
+    as_given = SentenceEncoder.load(tmp_path / "model", reading=Reading(sentence_end="none"))
+    assert as_given.representation.sentence_end == "none"
+    assert plain.representation.sentence_end == "none"  # a view: the original is unchanged
 
 
 def test_sentence_transformers_refuses_a_model_with_a_rule_in_one_line(tmp_path: Path) -> None:
     st = pytest.importorskip("sentence_transformers")
-    make_tiny_encoder(tmp_path / "tok", pooler="cls").with_sentence_end("sncse").save(tmp_path / "model")
+    make_tiny_encoder(tmp_path / "tok", pooler="cls").with_representation(sentence_end="sncse").save(tmp_path / "model")
     with pytest.raises(ValueError, match="SentenceEndNotExported"):  # sentence-transformers 6 refuses the class
         st.SentenceTransformer(str(tmp_path / "model"), device="cpu")
     with pytest.raises(CsekitError, match="adds end punctuation to each sentence"):  # and the class itself
@@ -92,8 +94,11 @@ def test_sentence_transformers_refuses_a_model_with_a_rule_in_one_line(tmp_path:
 def test_a_bad_rule_is_one_line_naming_where(tmp_path: Path) -> None:
     make_tiny_encoder(tmp_path / "tok").save(tmp_path / "model")
     meta = tmp_path / "model" / "csekit.json"
-    meta.write_text(json.dumps({**json.loads(meta.read_text()), "sentence_end": "period"}))
-    with pytest.raises(CsekitError, match=r'csekit.json: "sentence_end" must be one of none, promptbert, sncse'):
+    saved = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**saved, "representation": {**saved["representation"], "sentence_end": "period"}}))
+    with pytest.raises(
+        CsekitError, match=r'csekit.json: "representation.sentence_end" must be one of none, promptbert'
+    ):
         SentenceEncoder.load(tmp_path / "model")
     with pytest.raises(CsekitError, match=r"recipe key model.sentence_end must be one of none, promptbert, sncse"):
         load_recipe(None, ["model.sentence_end=period"])
@@ -121,7 +126,7 @@ def test_the_recipes_evaluate_as_their_authors_and_dev_follows_their_dev_script(
 ) -> None:
     recipe = load_recipe(REPO / "recipes" / recipe_file)
     assert (recipe.model.sentence_end, recipe.train.dev_sentence_end) == (rule, at_dev or rule == "none")
-    saved = make_tiny_encoder(tmp_path / "tok").with_sentence_end(rule)
+    saved = make_tiny_encoder(tmp_path / "tok").with_representation(sentence_end=rule)
     with dev_encoder(saved, torch.nn.Identity(), recipe.train.__class__(dev_sentence_end=at_dev)) as dev:
-        assert dev.sentence_end == (rule if at_dev else "none")
-    assert saved.sentence_end == rule
+        assert dev.representation.sentence_end == (rule if at_dev else "none")
+    assert saved.representation.sentence_end == rule

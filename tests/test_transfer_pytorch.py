@@ -119,6 +119,7 @@ def test_an_unknown_classifier_is_one_line(
 def test_the_report_names_the_transfer_protocol_and_reads_back(tmp_path: Path) -> None:
     """The report says which protocol computed the transfer numbers, and reads back with the per-fold choices (MR's C
     for each fold, a list: results.json with transfer tasks did not read back before)."""
+    from csekit.encoding.representation import Representation
     from csekit.evaluation.result import EvalResult
     from csekit.evaluation.suite import parse_tasks, protocol_facts
     from csekit.evaluation.task_set import TaskSet
@@ -126,13 +127,14 @@ def test_the_report_names_the_transfer_protocol_and_reads_back(tmp_path: Path) -
     data = make_transfer_dir(tmp_path / "data", n=20)
     tasks = parse_tasks("MR")
     result = EvalResult.from_flat(evaluate_transfer(marker_encoder, data, ["MR"], n_jobs=1, k=3))
-    report = json.loads(json.dumps(result.report(protocol_facts("none", tasks))))
+    report = json.loads(json.dumps(result.report(protocol_facts(Representation(), tasks))))
     assert report["transfer_classifier"] == "sklearn" and report["sentence_end"] == "none"
     assert isinstance(report["tasks"]["MR"]["C"], list)
     assert EvalResult.from_json(report, "results.json").tasks["MR"]["acc"] == pytest.approx(1.0)
-    assert protocol_facts("none", parse_tasks("MR", classifier="pytorch"))["transfer_classifier"] == "pytorch"
-    assert "transfer_classifier" not in protocol_facts("sncse", TaskSet())
-    assert "transfer_classifier" not in protocol_facts("sncse", parse_tasks("sts,align"))
+    sncse = Representation(sentence_end="sncse")
+    assert protocol_facts(Representation(), parse_tasks("MR", classifier="pytorch"))["transfer_classifier"] == "pytorch"
+    assert "transfer_classifier" not in protocol_facts(sncse, TaskSet())
+    assert "transfer_classifier" not in protocol_facts(sncse, parse_tasks("sts,align"))
 
 
 def test_bench_names_the_protocol_beside_each_compared_number() -> None:

@@ -31,6 +31,7 @@ from csekit.commands.evaluate import protocol_label
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.pooling import MaskPooler, Pooler, make_pooler
+from csekit.encoding.representation import Reading, Representation
 from csekit.encoding.sentence_end import end_sentences
 from csekit.encoding.whole_template import evaluation_ids
 from csekit.evaluation.sts_data import load_sts_task
@@ -169,7 +170,8 @@ def tiny_roberta(templates: Sequence[str], **options: str) -> SentenceEncoder:
     torch.manual_seed(0)
     tokenizer = bpe_tokenizer(SENTENCES)
     config = tiny_config("roberta", len(tokenizer), 32, 0.2, pad_token_id=tokenizer.pad_token_id)
-    return SentenceEncoder(AutoModel.from_config(config), tokenizer, MaskPooler(templates), **options)
+    reading = Representation(**options)  # type: ignore[arg-type]
+    return SentenceEncoder(AutoModel.from_config(config), tokenizer, MaskPooler(templates), representation=reading)
 
 
 def by_hand(encoder: SentenceEncoder, texts: Sequence[str]) -> np.ndarray:
@@ -188,24 +190,27 @@ def test_encode_reads_the_authors_ids_and_the_saved_model_keeps_its_test_templat
     )
     expected = by_hand(model, promptbert_test_strings(model.tokenizer, "roberta", SENTENCES))
     np.testing.assert_allclose(model.encode(SENTENCES), expected, rtol=0, atol=1e-5)
-    assert not np.allclose(model.with_test_template("none").encode(SENTENCES), expected, atol=1e-3)
+    assert not np.allclose(model.with_representation(test_template="none").encode(SENTENCES), expected, atol=1e-3)
     model.save(tmp_path / "model")
-    assert json.loads((tmp_path / "model" / "csekit.json").read_text())["test_template"] == PROMPTBERT_TEST_TEMPLATE
+    meta = json.loads((tmp_path / "model" / "csekit.json").read_text())["representation"]
+    assert meta["test_template"] == PROMPTBERT_TEST_TEMPLATE
     modules = json.loads((tmp_path / "model" / "modules.json").read_text())
     assert any(module["type"].endswith("PromptNotExported") for module in modules)  # sentence-transformers refuses
     loaded = SentenceEncoder.load(tmp_path / "model")
-    assert loaded.test_template == PROMPTBERT_TEST_TEMPLATE
+    assert loaded.representation == model.representation
     np.testing.assert_allclose(loaded.encode(SENTENCES), expected, rtol=0, atol=1e-5)
-    assert SentenceEncoder.load(tmp_path / "model", test_template="none").test_template == "none"
-    assert SentenceEncoder.load(tmp_path / "model", pooler="cls").test_template == "none"  # not the prompt
-    assert model.with_pooler(make_pooler("mean")).test_template == "none"
-    assert model.test_template == PROMPTBERT_TEST_TEMPLATE  # views leave the original unchanged
+    as_training = SentenceEncoder.load(tmp_path / "model", reading=Reading(test_template="none"))
+    assert as_training.representation.test_template == "none"
+    assert SentenceEncoder.load(tmp_path / "model", pooler="cls").representation.test_template == "none"  # no prompt
+    assert model.with_pooler(make_pooler("mean")).representation.test_template == "none"
+    assert model.representation.test_template == PROMPTBERT_TEST_TEMPLATE  # views leave the original unchanged
 
 
 def test_a_sentence_too_long_for_the_template_keeps_the_cut_training_ids() -> None:
     model = tiny_roberta(["This sentence : '[X] ' means[MASK]."], test_template=PROMPTBERT_TEST_TEMPLATE)
     long = " ".join(["the dog runs"] * 40)
-    ids = evaluation_ids(model.pooler, model.tokenizer, [long, "She eats food"], model.test_template, 62)["input_ids"]
+    template = model.representation.test_template
+    ids = evaluation_ids(model.pooler, model.tokenizer, [long, "She eats food"], template, 62)["input_ids"]
     assert ids[0] == model.pooler.encode_ids(model.tokenizer, [long], None, max_positions=62)["input_ids"][0]
     assert len(ids[0]) == 62 and model.tokenizer.mask_token_id in ids[0]
     assert model.encode([long]).shape == (1, 32)
@@ -234,8 +239,8 @@ def test_the_recipes_test_as_their_authors_and_dev_follows_their_dev_code(
     saved = tiny_roberta(recipe.model.templates or (), test_template=whole)
     train = recipe.train.__class__(dev_test_template=at_dev)
     with dev_encoder(saved, torch.nn.Identity(), train) as dev:
-        assert dev.test_template == (whole if at_dev else "none")
-    assert saved.test_template == whole
+        assert dev.representation.test_template == (whole if at_dev else "none")
+    assert saved.representation.test_template == whole
 
 
 def test_dev_denoising_reads_the_training_ids(tmp_path: Path) -> None:
@@ -256,12 +261,13 @@ def test_a_bad_test_template_is_one_line_naming_where(
     with pytest.raises(CsekitError, match=r"recipe key model.test_template is for the prompt poolers, not cls"):
         load_recipe(None, ["model.pooler=cls", "model.test_template=the [X] is [MASK]"])
     with pytest.raises(CsekitError, match="a test template is for the prompt poolers"):
-        make_tiny_encoder(tmp_path / "tok").with_test_template("the [X] is [MASK]")
+        make_tiny_encoder(tmp_path / "tok").with_representation(test_template="the [X] is [MASK]")
     model = tiny_roberta(["[X] means [MASK]"], test_template="[X] means [MASK]")
     model.save(tmp_path / "model")
     meta = tmp_path / "model" / "csekit.json"
-    meta.write_text(json.dumps({**json.loads(meta.read_text()), "test_template": "[MASK] before [X]"}))
-    with pytest.raises(CsekitError, match=r'csekit.json: "test_template" is not a prompt template'):
+    saved = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**saved, "representation": {**saved["representation"], "test_template": "[MASK] [X]"}}))
+    with pytest.raises(CsekitError, match=r'csekit.json: "representation.test_template" is not a prompt template'):
         SentenceEncoder.load(tmp_path / "model")
     code, err = run_main(monkeypatch, capsys, "evaluate", str(tmp_path / "model"), "--test-template", "[X] only")
     assert_one_line_error(code, err, "--test-template is not a prompt template")
@@ -269,10 +275,11 @@ def test_a_bad_test_template_is_one_line_naming_where(
 
 def test_the_reports_name_the_test_template() -> None:
     tasks = parse_tasks("STS13")
-    assert protocol_facts("promptbert", tasks, PROMPTBERT_TEST_TEMPLATE)["test_template"] == PROMPTBERT_TEST_TEMPLATE
-    assert protocol_facts("none", tasks)["test_template"] == "none"
-    assert "tokenised whole" in protocol_label("none", tasks, PROMPTBERT_TEST_TEMPLATE)
-    assert "tokenised whole" not in protocol_label("none", tasks)
+    whole = Representation("mask", sentence_end="promptbert", test_template=PROMPTBERT_TEST_TEMPLATE)
+    assert protocol_facts(whole, tasks)["test_template"] == PROMPTBERT_TEST_TEMPLATE
+    assert protocol_facts(Representation(), tasks)["test_template"] == "none"
+    assert "tokenised whole" in protocol_label(whole, tasks)
+    assert "tokenised whole" not in protocol_label(Representation(), tasks)
     runs = [{"sentence_end": "sncse", "test_template": 'x " [X] " [MASK]'}, {"sentence_end": "sncse"}]
     assert protocol("STS13", runs) == "sentence end sncse, training ids and whole test template"
     assert protocol("STS13", runs[1:]) == "sentence end sncse"
@@ -306,5 +313,5 @@ def test_csekit_evaluate_reads_the_models_test_template_and_names_it(
 
 def test_a_recipes_test_template_reaches_the_trained_and_saved_model(train_tiny: TinyTrainer) -> None:
     best = train_tiny("model.pooler=mask", "model.test_template=the [X] is [MASK]", steps=2).folder / "best"
-    assert json.loads((best / "csekit.json").read_text())["test_template"] == "the [X] is [MASK]"
-    assert SentenceEncoder.load(best).test_template == "the [X] is [MASK]"
+    assert json.loads((best / "csekit.json").read_text())["representation"]["test_template"] == "the [X] is [MASK]"
+    assert SentenceEncoder.load(best).representation.test_template == "the [X] is [MASK]"

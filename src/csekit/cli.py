@@ -190,11 +190,11 @@ def evaluate(
 
     mteb_tasks = resolve_tasks(mteb, whitened)  # an unknown name: one line, before the model is loaded
     own = bool(pairs or retrieval or mteb)
-    senteval = evaluation_tasks(tasks, own, whitened, bool(retrieval), classifier, sentence_end, test_template, n_jobs)
+    senteval = evaluation_tasks(tasks, own, whitened, bool(retrieval), classifier, n_jobs)
     reading = model_reading(sentence_end, test_template, demonstration, pooler)  # None: the model's own
     root = resolve_data_dir(data_dir) if senteval else None
     task_set = senteval.joined(own_files)
-    encode = command_encoder(model, pooler, precision, batch_size, warn=warn, **reading)
+    encode = command_encoder(model, pooler, precision, batch_size, warn=warn, reading=reading)
     if instruction_set is not None:  # a pooler that cannot leave the instruction out: one line before any task runs
         check_instruction_pooler(encode.encoder.pooler)
     started = time.perf_counter()
@@ -208,7 +208,7 @@ def evaluate(
     skipped = skipped_report(own_files)
     warn_skipped(skipped, file_paths(own_files))
     whitening = f", whitened{'' if whiten_dim is None else f' to {whiten_dim} dims'}" if whitened else ""
-    how = (encode.sentence_end, task_set, encode.test_template, encode.demonstration)
+    how = (encode.representation, task_set)
     typer.echo(f"({model}, pooler {encode.pooler}, {encode.label}{whitening}{protocol_label(*how)}, {elapsed:.1f} s)")
     if output is not None:
         facts: dict[str, Any] = {"model": model, "pooler": encode.pooler, "precision": encode.precision}

@@ -56,7 +56,7 @@ def _run_one(
     sample = sample_sentences(texts, suite.sample_sentences, seed=seed)
     cosines = pairwise_cosines(encode(sample)).astype(np.float32)
     facts: dict[str, Any] = {"recipe": recipe.name, "seed": seed, "steps": result.steps, "best_step": result.best_step}
-    facts.update(protocol_facts(encode.sentence_end, tasks, encode.test_template, encode.demonstration))
+    facts.update(protocol_facts(encode.representation, tasks))
     # Wall time of this call (training includes its dev evaluations); a resumed run counts only its last part.
     facts["wall_seconds"] = {
         "train": round(train_seconds, 3),

@@ -12,6 +12,7 @@ from csekit.commands.options import require_at_least, shown_as_written
 from csekit.core.errors import CsekitError
 
 if TYPE_CHECKING:  # the evaluation modules bring scipy and torch: imported when a command runs, not for --help
+    from csekit.encoding.representation import Reading, Representation
     from csekit.evaluation.result import EvalResult
     from csekit.evaluation.task_set import TaskSet
 
@@ -115,18 +116,23 @@ ClassifierOption = Annotated[
 ]
 
 
-def protocol_label(
-    sentence_end: str, tasks: TaskSet, test_template: str = "none", demonstration: dict[str, str] | None = None
-) -> str:
+def protocol_label(representation: Representation, tasks: TaskSet) -> str:
     """What the last line adds about how the numbers were computed (`protocol_facts`): a sentence-end rule, a test
     template tokenised whole, PromptEOL's demonstration, the transfer classifier."""
+    from csekit.encoding.sentence_end import NO_SENTENCE_END
+    from csekit.encoding.whole_template import NO_TEST_TEMPLATE
     from csekit.evaluation.suite import protocol_facts
 
-    facts = protocol_facts(sentence_end, tasks, test_template, demonstration)
-    label = "" if sentence_end == "none" else f", sentence end {sentence_end}"
-    label += "" if test_template == "none" else f", test template {test_template!r} tokenised whole"
-    if demonstration is not None:
-        label += f', demonstration "{demonstration["sentence"]}" -> "{demonstration["word"]}"'
+    facts, rule, template = (
+        protocol_facts(representation, tasks),
+        representation.sentence_end,
+        representation.test_template,
+    )
+    label = "" if rule == NO_SENTENCE_END else f", sentence end {rule}"
+    label += "" if template == NO_TEST_TEMPLATE else f", test template {template!r} tokenised whole"
+    shown = representation.demonstration
+    if shown is not None:
+        label += f', demonstration "{shown.sentence}" -> "{shown.word}"'
     return label + (f", transfer classifier {facts['transfer_classifier']}" if "transfer_classifier" in facts else "")
 
 
@@ -139,21 +145,25 @@ def check_evaluate_numbers(batch_size: int, n_jobs: int, whiten_dim: int | None)
         raise CsekitError(f"--whiten-dim must be at least 1, got {whiten_dim}")
 
 
-def model_reading(
-    sentence_end: str | None, test_template: str | None, pair: tuple[str, str] | None, pooler: str | None
-) -> dict[str, Any]:
-    """How the model is read beyond its pooler (None: as it was saved): the sentence-end rule, the test template and
-    `--demonstration SENTENCE WORD` as {sentence, word}, checked before the model loads: PromptEOL's only (with
-    --pooler prompteol, or none given: a model saved with prompteol), a sentence and a word its template can hold."""
-    reading: dict[str, Any] = {"sentence_end": sentence_end, "test_template": test_template, "demonstration": None}
-    if pair is not None:
-        from csekit.encoding.prompteol import PromptEOLPooler, check_demonstration
+def model_reading(rule: str | None, template: str | None, pair: tuple[str, str] | None, pooler: str | None) -> Reading:
+    """How the model is read beyond its pooler (None: as it was saved): `--sentence-end`, `--test-template` and
+    `--demonstration SENTENCE WORD`, checked before the model loads: the demonstration PromptEOL's only (with --pooler
+    prompteol, or none given: a model saved with prompteol), a sentence and a word its template can hold."""
+    from csekit.encoding.prompteol import PromptEOLPooler, check_demonstration
+    from csekit.encoding.representation import Reading
+    from csekit.encoding.sentence_end import check_sentence_end
+    from csekit.encoding.whole_template import check_test_template
 
+    demonstration = None
+    if rule is not None:
+        check_sentence_end(rule, "--sentence-end")
+    if template is not None:
+        check_test_template(template, "--test-template")
+    if pair is not None:
         if pooler is not None and pooler != PromptEOLPooler.name:
             raise CsekitError(f"--demonstration is for --pooler prompteol, not {pooler}")
-        reading["demonstration"] = dict(zip(("sentence", "word"), pair, strict=True))
-        check_demonstration(reading["demonstration"], "--demonstration")
-    return reading
+        demonstration = check_demonstration(dict(zip(("sentence", "word"), pair, strict=True)), "--demonstration")
+    return Reading(sentence_end=rule, test_template=template, demonstration=demonstration)
 
 
 def evaluation_tasks(
@@ -162,24 +172,15 @@ def evaluation_tasks(
     whiten: bool,
     retrieval: bool,
     classifier: str = "sklearn",
-    sentence_end: str | None = None,
-    test_template: str | None = None,
     n_jobs: int | None = 1,
 ) -> TaskSet:
     """The SentEval tasks to run (not read yet): `--tasks`, else `sts`, else none when only the user's files are
-    scored (`--classifier`, `--sentence-end` and `--test-template` checked here too, before the model loads)."""
-    from csekit.encoding.sentence_end import check_sentence_end
-    from csekit.encoding.whole_template import check_test_template
+    scored (`--classifier` checked here too, before the model loads)."""
     from csekit.evaluation.suite import parse_tasks
     from csekit.evaluation.task_set import TaskSet
     from csekit.evaluation.transfer import check_classifier
 
     check_classifier(classifier)
-    if sentence_end is not None:
-        check_sentence_end(sentence_end, "--sentence-end")
-    if test_template is not None:
-        check_test_template(test_template, "--test-template")
-
     if whiten and retrieval:
         raise CsekitError("--whiten does not go with --retrieval (a whitening kernel from a whole corpus is not built)")
     if tasks is None and own_files:

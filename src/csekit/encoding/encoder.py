@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,25 +39,9 @@ from csekit.encoding.packed import PackingLayout, packed_pass, split_layout
 from csekit.encoding.packed_decoder import packed_decoder_pass, rows_fit_window
 from csekit.encoding.packed_fixed import fixed_packed_pass
 from csekit.encoding.passes import EMBEDDING_MASK, ONE_PADDED_PASS, POOLING_MASK, PassPlan
-from csekit.encoding.pooling import (
-    POOLERS,
-    DenoisedMaskPooler,
-    MaskPooler,
-    MeanPaddedPooler,
-    Pooler,
-    PoolerOutputPooler,
-    make_pooler,
-    pad_ids,
-)
-from csekit.encoding.prompteol import Demonstration, PromptEOLPooler
+from csekit.encoding.pooling import MaskPooler, Pooler, PoolerOutputPooler, make_pooler, pad_ids
 from csekit.encoding.ready_mask import ready_attention_mask
-from csekit.encoding.sentence_end import NO_SENTENCE_END, check_sentence_end, end_sentences
-from csekit.encoding.whole_template import (
-    NO_TEST_TEMPLATE,
-    check_test_template,
-    check_test_template_pooler,
-    evaluation_ids,
-)
+from csekit.encoding.representation import Reading, Representation
 
 INPUT_EMBEDDINGS = "inputs_embeds"
 """transformers' input key for token embeddings looked up in advance (they replace `input_ids` in the backbone)."""
@@ -104,37 +88,6 @@ def _position_wise_tail(backbone: nn.Module) -> nn.Module | None:
     return tail
 
 
-def _make_pooler(
-    name: str,
-    templates: Sequence[str] | None,
-    saved_templates: list[str] | None,
-    template_positions: str | None,
-    test_bos: bool | None = None,
-    demonstration: Demonstration | Mapping[str, str] | None = None,
-    saved_demonstration: Demonstration | None = None,
-) -> Pooler:
-    """The pooler `name`; a prompt pooler gets `templates`, else the `mask` pooler those saved with the model;
-    `mask_denoised` gets `template_positions` (where its template-alone pass numbers positions), `mean_padded`
-    `test_bos` (whether its test-time mean counts BOS), `prompteol` `demonstration`, else the one saved with it."""
-    kind = POOLERS.get(name)
-    if templates is not None and not issubclass(kind, MaskPooler):
-        raise CsekitError(f"prompt templates are for the prompt poolers (mask, mask_denoised), not the {name} pooler")
-    if demonstration is not None and not issubclass(kind, PromptEOLPooler):
-        raise CsekitError(f"a PromptEOL demonstration is for the prompteol pooler, not the {name} pooler")
-    if templates is None and name == MaskPooler.name:
-        templates = saved_templates
-    options: dict[str, Any] = {} if templates is None else {"templates": list(templates)}
-    if demonstration is None and issubclass(kind, PromptEOLPooler):
-        demonstration = saved_demonstration
-    if demonstration is not None:
-        options["demonstration"] = demonstration
-    if template_positions is not None and issubclass(kind, DenoisedMaskPooler):
-        options["template_positions"] = template_positions
-    if test_bos is not None and issubclass(kind, MeanPaddedPooler):
-        options["test_bos"] = test_bos
-    return make_pooler(name, **options)
-
-
 def _dropout_overrides(dropout: float | None) -> dict[str, Any]:
     """The config keys that set a backbone's dropout to `dropout` (none: its own): BERT's, and decoder LLMs'
     (Llama's, Qwen2's...: attention dropout only, as LLM2Vec's SimCSE sets it); a config ignores the keys it lacks."""
@@ -143,18 +96,10 @@ def _dropout_overrides(dropout: float | None) -> dict[str, Any]:
     return {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout, "attention_dropout": dropout}
 
 
-def _test_template(given: str | None, saved: str, as_saved: bool) -> str:
-    """The test template `load` gives the encoder: `given`, else the saved one when the model is read `as_saved` (its
-    prompt pooler and templates), else none."""
-    if given is not None:
-        return given
-    return saved if as_saved else NO_TEST_TEMPLATE
-
-
 class SentenceEncoder(nn.Module):
-    """A backbone, its tokenizer and a pooler; optionally a head kept at test time, and a sentence-end rule and a
-    test template that `encode` applies (`csekit.encoding.sentence_end`, `csekit.encoding.whole_template`: how the
-    authors' evaluation wrote and tokenised each sentence)."""
+    """A backbone, its tokenizer and a pooler; optionally a head kept at test time; and the test-time representation
+    that `encode` applies (`csekit.encoding.representation`: how the authors' evaluation wrote and tokenised each
+    sentence, and what reads its vector)."""
 
     def __init__(
         self,
@@ -163,17 +108,15 @@ class SentenceEncoder(nn.Module):
         pooler: Pooler,
         head: nn.Module | None = None,
         *,
-        sentence_end: str = NO_SENTENCE_END,
-        test_template: str = NO_TEST_TEMPLATE,
+        representation: Representation | None = None,
     ) -> None:
         super().__init__()
         self.backbone = backbone
         self.tokenizer = tokenizer
         self.pooler = pooler
         self.head = head
-        self.sentence_end = check_sentence_end(sentence_end, "SentenceEncoder sentence_end")
-        self.test_template = check_test_template(test_template, "SentenceEncoder test_template")
-        check_test_template_pooler(self.test_template, pooler)
+        #: The test-time representation, its pooler's and head's part read off `pooler` and `head`.
+        self.representation = (representation or Representation()).describing(pooler, self.dim if head else None)
         #: The pooler a csekit-trained model was saved with (the representation it learnt); None for other models.
         self.trained_pooler: str | None = None
         #: A decoder LLM (`csekit.encoding.decoder`): position ids count real tokens, so padding may be on either side.
@@ -185,29 +128,28 @@ class SentenceEncoder(nn.Module):
 
     def with_head(self, head: nn.Module | None) -> SentenceEncoder:
         """This encoder (the same backbone, tokenizer and pooler) with `head` applied to what it pools."""
-        return self._sharing(self.pooler, head)
+        return self._sharing(self.pooler, head, self.representation)
 
     def with_pooler(self, pooler: Pooler) -> SentenceEncoder:
-        """This encoder (the same backbone, tokenizer and head) pooling with `pooler` instead."""
-        return self._sharing(pooler, self.head)
+        """This encoder (the same backbone, tokenizer and head) pooling with `pooler` instead; the test template stays
+        only with a prompt pooler."""
+        kept = self.representation.dropping(test_template=not isinstance(pooler, MaskPooler))
+        return self._sharing(pooler, self.head, kept)
 
-    def with_sentence_end(self, rule: str) -> SentenceEncoder:
-        """This encoder (every module shared) writing each sentence's end as `rule` says before `encode`."""
-        return self._sharing(self.pooler, self.head, rule)
+    def with_representation(self, representation: Representation | None = None, /, **changes: Any) -> SentenceEncoder:
+        """This encoder (the backbone and tokenizer shared) reading `representation` (default: its own) with `changes`
+        (`dataclasses.replace`'s): the pooler and head are shared while the representation keeps them, a pooler it
+        changes is built anew."""
+        wanted = replace(representation or self.representation, **changes)
+        pooler = self.pooler if wanted.pooling == self.representation.pooling else wanted.make_pooler()
+        if wanted.head is not None and self.head is None:
+            raise CsekitError("this encoder has no head to apply at test time; give it one with `with_head`")
+        return self._sharing(pooler, self.head if wanted.head is not None else None, wanted)
 
-    def with_test_template(self, template: str) -> SentenceEncoder:
-        """This encoder (every module shared) tokenising `template` whole at `encode` (`none`: the training ids)."""
-        return self._sharing(self.pooler, self.head, test_template=template)
-
-    def _sharing(
-        self, pooler: Pooler, head: nn.Module | None, sentence_end: str | None = None, test_template: str | None = None
-    ) -> SentenceEncoder:
-        """A view of this encoder: the same backbone and tokenizer (and what it was trained with), `pooler`, `head`;
-        the test template stays only with a prompt pooler."""
-        rule = self.sentence_end if sentence_end is None else sentence_end
-        kept = self.test_template if isinstance(pooler, MaskPooler) else NO_TEST_TEMPLATE
-        template = kept if test_template is None else test_template
-        encoder = type(self)(self.backbone, self.tokenizer, pooler, head, sentence_end=rule, test_template=template)
+    def _sharing(self, pooler: Pooler, head: nn.Module | None, representation: Representation) -> SentenceEncoder:
+        """A view of this encoder: the same backbone and tokenizer (and what it was trained with), `pooler`, `head`,
+        `representation`."""
+        encoder = type(self)(self.backbone, self.tokenizer, pooler, head, representation=representation)
         encoder.trained_pooler = self.trained_pooler
         return encoder
 
@@ -218,32 +160,23 @@ class SentenceEncoder(nn.Module):
         name_or_path: str | Path,
         pooler: str | None = None,
         *,
+        reading: Reading | None = None,
         dropout: float | None = None,
-        templates: Sequence[str] | None = None,
-        template_positions: str | None = None,
         attention: str | None = None,
         lora: Mapping[str, Any] | None = None,
-        sentence_end: str | None = None,
-        test_template: str | None = None,
         weights_dtype: torch.dtype = torch.float32,
-        test_bos: bool | None = None,
-        demonstration: Demonstration | Mapping[str, str] | None = None,
     ) -> SentenceEncoder:
         """Load a csekit or sentence-transformers directory, a transformers checkpoint or a hub name.
 
         `pooler` overrides the pooler recorded with the model; None or `auto` read the model's own representation
         (csekit.json's, or a sentence-transformers folder's Pooling and Normalize: `csekit.encoding.folder_pooling`),
         and a plain checkpoint reads `cls` (None) or is refused (`auto`).
+        `reading`: the pooler's options, the sentence-end rule and the test template asked for (each None: the model's
+        own; `csekit.encoding.representation.Reading`), resolved against what the model saved into the encoder's
+        `representation`.
         `dropout` overrides the backbone's hidden and attention dropout (SimCSE's views come from it).
-        `templates` are a prompt pooler's templates (instead of those saved with the model, or its own);
-        `template_positions` where `mask_denoised`'s template-alone pass numbers positions (row or from_zero);
-        `test_bos` whether `mean_padded`'s test-time mean counts BOS (false: `mean_text`); `demonstration` the
-        `prompteol` pooler's in-context demonstration, {sentence, word} (None: the one saved with the model, if any).
         `attention`: a decoder LLM's causal or bidirectional attention (None: as saved; `csekit.encoding.decoder`).
         `lora`: LoRA adapters on the backbone, which then trains only them (`csekit.encoding.lora`).
-        `sentence_end`: the rule `encode` applies (None: the one saved with the model, else none).
-        `test_template`: the template `encode` tokenises whole (None: the one saved with the model when it is read with
-        its saved prompt pooler and templates, else none: the training ids; `csekit.encoding.whole_template`).
         `weights_dtype`: the backbone's stored weights (bf16: a LoRA run's frozen base, `model.weights_dtype`).
         A training `max_length` that older csekit versions saved is ignored: inference never truncates below
         the backbone's limit (`max_seq_length`). The folder's checks and reading: `model_folder.load_model`.
@@ -264,22 +197,10 @@ class SentenceEncoder(nn.Module):
                 "random), so the pooler_output pooler would read noise; choose another pooler"
             )
         backbone = add_lora(loaded.model, lora) if lora is not None else loaded.model
-        pooling = _make_pooler(
-            chosen, templates, saved.templates, template_positions, test_bos, demonstration, saved.demonstration
-        )
-        pooling.normalized = own.normalize
-        encoder = cls(
-            backbone,
-            loaded.tokenizer,
-            pooling,
-            sentence_end=sentence_end if sentence_end is not None else saved.sentence_end,
-            test_template=_test_template(
-                test_template, saved.test_template, chosen == MaskPooler.name and not templates
-            ),
-        )
+        pooling, representation = (reading or Reading()).read(chosen, saved.representation, own.normalize)
+        encoder = cls(backbone, loaded.tokenizer, pooling, loaded.head, representation=representation)
         if saved.csekit_trained:
-            encoder.trained_pooler = saved.pooler
-        encoder.head = loaded.head
+            encoder.trained_pooler = saved.representation.pooler
         return encoder
 
     @classmethod
@@ -411,7 +332,7 @@ class SentenceEncoder(nn.Module):
     def _normalized(self, output: EncoderOutput) -> EncoderOutput:
         """`output` with unit-length vectors where the pooler is followed by normalisation (a sentence-transformers
         Normalize module): training, evaluation and the saved model all see the vectors the folder gives."""
-        if self.pooler.normalized:
+        if self.representation.normalize:
             output.pooled = nn.functional.normalize(output.pooled, p=2, dim=-1)
         return output
 
@@ -493,8 +414,8 @@ class SentenceEncoder(nn.Module):
 
         Duplicates are encoded once, and sentences are sorted by length so batches carry little
         padding; the test-time representation is the pooled vector (through `head` if one is kept). Each
-        sentence is first written as the encoder's `sentence_end` rule says, and tokenised whole in its `test_template`
-        if it has one.
+        sentence is first written as the representation's sentence-end rule says, and tokenised whole in its test
+        template if it has one.
         `precision` is fp32 (SentEval-exact), bf16, fp16 or auto (bf16 where the device runs it natively).
         `instruction` (None: none): each text follows it, and only the text's tokens are pooled, as LLM2Vec's `encode`
         (`csekit.encoding.instruction`; "" pools the text's tokens without an instruction).
@@ -505,9 +426,9 @@ class SentenceEncoder(nn.Module):
         if len(sentences) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         unique = list(dict.fromkeys(sentences))
-        texts = end_sentences(unique, self.sentence_end)
+        texts = self.representation.write(unique)
         ids = (
-            evaluation_ids(self.pooler, self.tokenizer, texts, self.test_template, self.max_seq_length)
+            self.representation.evaluation_ids(self.pooler, self.tokenizer, texts, self.max_seq_length)
             if instruction is None
             else instruction_ids(self.pooler, self.tokenizer, texts, instruction, self.max_seq_length)
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import json
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -34,9 +35,9 @@ from csekit.encoding.lora import plain_model, plain_weights
 from csekit.encoding.model_card import CARD_FILE, render_model_card
 from csekit.encoding.model_folder import CSEKIT_CONFIG, non_finite_parameters, quiet_transformers
 from csekit.encoding.pooling import MaskPooler, MeanTextPooler, Pooler, PoolerOutputPooler, TextMeanNotExported
+from csekit.encoding.representation import KeptHead, Representation, csekit_meta
 from csekit.encoding.sentence_end import NO_SENTENCE_END, SentenceEndNotExported
 from csekit.encoding.token_input import tokenize_texts
-from csekit.encoding.whole_template import NO_TEST_TEMPLATE
 
 TOKENIZER_FILE_LIMIT = 2**26
 """The largest tokenizer.json rewritten for a last_token model (Llama 3's and Qwen2's are 7-11 MB)."""
@@ -49,8 +50,7 @@ class Exportable(Protocol):
     tokenizer: Any
     pooler: Pooler
     head: nn.Module | None
-    sentence_end: str
-    test_template: str
+    representation: Representation
 
     @property
     def dim(self) -> int: ...
@@ -116,26 +116,17 @@ def _write(out: Path, encoder: Exportable, card_facts: Mapping[str, Any] | None)
     _write_pooling(modules, encoder)
     if pooler_layer is not None:  # pooler_output: [CLS] then the backbone's pooler layer, as a Dense
         modules.add_dense(f"{len(modules.entries)}_Dense", pooler_layer)
-    meta: dict[str, Any] = {"csekit_version": __version__, "pooler": encoder.pooler.name}
-    if encoder.pooler.normalized:  # unit-length vectors (pooler auto on a folder that had a Normalize module)
+    representation = encoder.representation.describing(encoder.pooler, None)  # the modules' own; the head's below
+    if representation.normalize:  # unit-length vectors (pooler auto on a folder that had a Normalize module)
         modules.add("Normalize", f"{len(modules.entries)}_Normalize")
-        meta["normalize"] = True
-    templates = getattr(encoder.pooler, "templates", None)
-    if templates is not None:
-        meta["templates"] = list(templates)
-    demonstration = getattr(encoder.pooler, "demonstration", None)  # prompteol's: PromptNotExported refuses it
-    if demonstration is not None:
-        meta["demonstration"] = demonstration.as_json()
     if head is not None:
         dense = f"{len(modules.entries)}_Dense"
         modules.add_dense(dense, head.linear)
-        meta["head"] = {"dim": encoder.dim, "path": dense}
-    if encoder.test_template != NO_TEST_TEMPLATE:  # a prompt model: PromptNotExported refuses it already
-        meta["test_template"] = encoder.test_template
-    if encoder.sentence_end != NO_SENTENCE_END:
-        meta["sentence_end"] = encoder.sentence_end
-        if not isinstance(encoder.pooler, MaskPooler):  # a prompt model refuses already (PromptNotExported)
-            modules.add_refusal(f"{SentenceEndNotExported.__module__}.{SentenceEndNotExported.__name__}")
+        representation = replace(representation, head=KeptHead(encoder.dim, dense))
+    # A test template goes with a prompt model, which PromptNotExported refuses already; so does a sentence-end rule.
+    if representation.sentence_end != NO_SENTENCE_END and not isinstance(encoder.pooler, MaskPooler):
+        modules.add_refusal(f"{SentenceEndNotExported.__module__}.{SentenceEndNotExported.__name__}")
+    meta: dict[str, Any] = {"csekit_version": __version__, **csekit_meta(representation)}
     _write_json(out / "modules.json", modules.entries)
     _write_json(
         out / "sentence_bert_config.json",

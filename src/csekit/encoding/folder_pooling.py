@@ -18,13 +18,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from csekit.core.bounded_read import read_json_file
 from csekit.core.errors import CsekitError
 from csekit.core.safe_names import child_path
 from csekit.encoding.pooling import POOLERS
 from csekit.encoding.token_input import tokenize_texts
+
+if TYPE_CHECKING:
+    from csekit.encoding.representation import Representation
 
 AUTO_POOLER = "auto"
 """`model.pooler` / `--pooler`: the backbone folder's own representation (pooler and normalisation)."""
@@ -99,8 +102,7 @@ class FolderPooling:
 class SavedPooling(Protocol):
     """What `model_folder.SavedLayout` knows of a folder's representation."""
 
-    pooler: str | None
-    normalize: bool
+    representation: Representation
     csekit_trained: bool
     sentence_transformers: bool
 
@@ -119,8 +121,9 @@ def choose_pooling(requested: str | None, location: str, saved: SavedPooling) ->
     """
     if requested is not None and requested != AUTO_POOLER:
         return FolderPooling(requested)
-    if saved.csekit_trained and saved.pooler is not None:
-        return FolderPooling(saved.pooler, saved.normalize, source=str(Path(location) / "csekit.json"))
+    own = saved.representation
+    if saved.csekit_trained and own.pooler is not None:
+        return FolderPooling(own.pooler, own.normalize, source=str(Path(location) / "csekit.json"))
     if saved.sentence_transformers:
         return read_folder_pooling(Path(location))
     if requested == AUTO_POOLER:

@@ -32,7 +32,7 @@ import os
 import pickle
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +45,7 @@ from csekit.encoding.folder_pooling import read_modules, transformer_folder
 from csekit.encoding.hub import hub_options, resolve_model_path, unreachable_hub_message
 from csekit.encoding.model_config import check_config_values, check_model_size, check_tokenizer_config
 from csekit.encoding.model_files import adapter_message, check_model_files, refuse_hub_adapter
-from csekit.encoding.prompteol import Demonstration, PromptEOLPooler, check_demonstration
-from csekit.encoding.sentence_end import NO_SENTENCE_END, check_sentence_end
-from csekit.encoding.whole_template import NO_TEST_TEMPLATE, check_test_template
+from csekit.encoding.representation import KeptHead, Representation, read_csekit_meta
 
 VOCABULARY_FILES = (
     "tokenizer.json",  # any fast tokenizer
@@ -238,14 +236,9 @@ class SavedLayout:
     """Where a model keeps its transformer, and what csekit or sentence-transformers saved with it."""
 
     transformer_dir: str
-    pooler: str | None = None  # the pooler csekit saved the model with (csekit.json)
-    head_config: Any = None  # csekit.json's "head" (checked where the head is loaded)
-    templates: list[str] | None = None  # a prompt pooler's templates (csekit.json)
-    sentence_end: str = "none"  # how `encode` writes each sentence's end (csekit.json; csekit.encoding.sentence_end)
-    test_template: str = "none"  # what `encode` tokenises whole (csekit.json; csekit.encoding.whole_template)
-    demonstration: Demonstration | None = None  # the prompteol pooler's (csekit.json; csekit.encoding.prompteol)
+    #: The test-time representation csekit saved (csekit.json; `csekit.encoding.representation`), else the defaults.
+    representation: Representation = field(default_factory=Representation)
     csekit_trained: bool = False  # whether csekit saved it (csekit.json)
-    normalize: bool = False  # whether csekit saved it with unit-length vectors (csekit.json)
     #: A sentence-transformers folder that csekit did not save: its own pooling is in modules.json, read only where a
     #: load reads the folder's own representation (csekit.encoding.folder_pooling).
     sentence_transformers: bool = False
@@ -332,27 +325,12 @@ def local_model_layout(path: Path, needs_config: bool = True) -> SavedLayout:
 
 
 def _csekit_layout(folder: Path, path: Path) -> SavedLayout:
-    """`csekit.json`: the saved pooler (a name) and whether it normalises, the kept head (checked where it is
-    loaded), prompt templates, PromptEOL's demonstration, the sentence-end rule and the test template."""
-    meta = read_json(path)
-    pooler, templates, normalize = meta.get("pooler"), meta.get("templates"), meta.get("normalize", False)
-    if pooler is not None and not isinstance(pooler, str):
-        raise CsekitError(f'{path}: "pooler" must be a pooler\'s name, found {_json_kind(pooler)}')
-    if templates is not None and not (isinstance(templates, list) and all(isinstance(t, str) for t in templates)):
-        raise CsekitError(f'{path}: "templates" must be a list of strings, found {_json_kind(templates)}')
-    if not isinstance(normalize, bool):
-        raise CsekitError(f'{path}: "normalize" must be true or false, found {_json_kind(normalize)}')
-    sentence_end = check_sentence_end(meta.get("sentence_end", NO_SENTENCE_END), f'{path}: "sentence_end"')
-    test_template = check_test_template(meta.get("test_template", NO_TEST_TEMPLATE), f'{path}: "test_template"')
-    demonstration = check_demonstration(meta.get("demonstration"), f'{path}: "demonstration"')
-    if demonstration is not None and pooler != PromptEOLPooler.name:
-        raise CsekitError(f'{path}: "demonstration" is for the prompteol pooler, not {pooler}')
-    return SavedLayout(
-        str(folder), pooler, meta.get("head"), templates, sentence_end, test_template, demonstration, True, normalize
-    )
+    """`csekit.json`: the test-time representation csekit saved (`read_csekit_meta`: every value checked, in either
+    layout), the kept head's weights checked where they are loaded."""
+    return SavedLayout(str(folder), read_csekit_meta(read_json(path), path), csekit_trained=True)
 
 
-def load_kept_head(folder: Path, head_config: Any, dim: int) -> Any:
+def load_kept_head(folder: Path, kept: KeptHead, dim: int) -> Any:
     """The head csekit.json names: a `dim` x `dim` DenseTanh from safetensors in a folder inside the model."""
     from safetensors import SafetensorError
     from safetensors.torch import load as load_safetensors
@@ -360,11 +338,9 @@ def load_kept_head(folder: Path, head_config: Any, dim: int) -> Any:
     from csekit.encoding.kept_head import DenseTanh
 
     meta_file = folder / CSEKIT_CONFIG
-    if not isinstance(head_config, dict) or not {"dim", "path"} <= set(head_config):
-        raise CsekitError(f'{meta_file}: "head" must give the head\'s "dim" and "path"')
-    if head_config["dim"] != dim:
-        raise CsekitError(f"{meta_file}: the head's \"dim\" is {head_config['dim']!r}, the model's width is {dim}")
-    head_file = _inside(folder, head_config["path"], meta_file) / "model.safetensors"
+    if kept.dim != dim:
+        raise CsekitError(f"{meta_file}: the head's \"dim\" is {kept.dim!r}, the model's width is {dim}")
+    head_file = _inside(folder, kept.path, meta_file) / "model.safetensors"
     try:
         head = DenseTanh(dim)
         weights = read_with(head_file, lambda handle: load_safetensors(handle.read()), "kept head", HEAD_FILE_LIMIT)
@@ -498,8 +474,8 @@ def load_model(
     default = DECODER_SPECIAL_TOKENS if model is not None and is_decoder_only(model.config) else ENCODER_SPECIAL_TOKENS
     check_tokenizer(location, tokenizer, rows, special_tokens or default)
     loaded = LoadedModel(location, local, tokenizer, model, missing, layout)
-    if model is not None and layout.head_config is not None:
-        loaded.head = load_kept_head(path, layout.head_config, int(model.config.hidden_size))
+    if model is not None and layout.representation.head is not None:
+        loaded.head = load_kept_head(path, layout.representation.head, int(model.config.hidden_size))
     for module in (model, loaded.head):
         if module is not None:
             refuse_non_finite(location, module)

@@ -56,7 +56,7 @@ def check_sentence_end(rule: object, where: str) -> str:
 
 def end_sentences(sentences: Sequence[str], rule: str) -> list[str]:
     """`sentences` written as `rule` writes them before an evaluation pass."""
-    write = SENTENCE_ENDS[check_sentence_end(rule, "sentence_end")]
+    write = SENTENCE_ENDS[check_sentence_end(rule, "the sentence-end rule")]
     return [write(sentence) for sentence in sentences]
 
 

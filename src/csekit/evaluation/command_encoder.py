@@ -8,7 +8,7 @@ auto's reason and the slow-bf16 warning, said before the slow work) and the enco
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +16,7 @@ import numpy as np
 
 from csekit.core.precision import resolve_precision, slow_bf16_warning
 from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.representation import Reading, Representation
 
 Warn = Callable[[str], None]
 
@@ -40,18 +41,9 @@ class CommandEncoder:
         return self.encoder.pooler.name
 
     @property
-    def sentence_end(self) -> str:
-        return self.encoder.sentence_end
-
-    @property
-    def test_template(self) -> str:
-        return self.encoder.test_template
-
-    @property
-    def demonstration(self) -> dict[str, str] | None:
-        """The prompteol pooler's in-context demonstration as {sentence, word}, or None."""
-        demonstration = getattr(self.encoder.pooler, "demonstration", None)
-        return None if demonstration is None else demonstration.as_json()
+    def representation(self) -> Representation:
+        """The test-time representation the encoder reads (its sentence-end rule, test template, demonstration...)."""
+        return self.encoder.representation
 
     def __call__(self, sentences: Sequence[str], progress_label: str = "encoding") -> np.ndarray:
         """The embeddings of `sentences`; the progress bar says `progress_label` (what is encoded)."""
@@ -69,15 +61,11 @@ def load_encoder(
     pooler: str | None = None,
     *,
     warn: Warn | None = warn_on_stderr,
-    sentence_end: str | None = None,
-    test_template: str | None = None,
-    demonstration: Mapping[str, str] | None = None,
+    reading: Reading | None = None,
 ) -> SentenceEncoder:
-    """The model read with `pooler`, `sentence_end`, `test_template` and prompteol's `demonstration` (None: its own);
-    with `warn`, a csekit-trained model read with another pooler than its own is warned about (it gives embeddings
-    the model never learnt)."""
-    reading = {"sentence_end": sentence_end, "test_template": test_template, "demonstration": demonstration}
-    encoder = SentenceEncoder.load(model, pooler=pooler, **reading)
+    """The model read with `pooler` and `reading` (None: its own); with `warn`, a csekit-trained model read with
+    another pooler than its own is warned about (it gives embeddings the model never learnt)."""
+    encoder = SentenceEncoder.load(model, pooler=pooler, reading=reading)
     trained, used = encoder.trained_pooler, encoder.pooler.name
     if warn is not None and trained is not None and trained != used:
         warn(
@@ -115,13 +103,9 @@ def command_encoder(
     *,
     show_progress: bool = True,
     warn: Warn = warn_on_stderr,
-    sentence_end: str | None = None,
-    test_template: str | None = None,
-    demonstration: Mapping[str, str] | None = None,
+    reading: Reading | None = None,
 ) -> CommandEncoder:
     """Load `model` (warning about a pooler it was not trained with) and choose its precision: what a command
-    that encodes with one model needs. `sentence_end`, `test_template` and `demonstration` override the model's
-    (None: its own)."""
-    reading = {"sentence_end": sentence_end, "test_template": test_template, "demonstration": demonstration}
-    encoder = load_encoder(model, pooler, warn=warn, **reading)
+    that encodes with one model needs. `reading` overrides how the model is read (None: its own; `Reading`)."""
+    encoder = load_encoder(model, pooler, warn=warn, reading=reading)
     return encoding_with(encoder, precision, batch_size, show_progress=show_progress, warn=warn)

@@ -3,7 +3,7 @@ were computed; shared by `csekit evaluate` and `csekit bench`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from csekit.core.errors import CsekitError, did_you_mean
 from csekit.evaluation.alignment import AlignTask
@@ -11,6 +11,9 @@ from csekit.evaluation.sts import DEV_TASKS, STS_TASKS, StsTask, sts_task
 from csekit.evaluation.task_set import KIND_ORDER, TaskSet
 from csekit.evaluation.tasks import EVAL_TASKS
 from csekit.evaluation.transfer import TRANSFER_TASKS, TransferTask
+
+if TYPE_CHECKING:
+    from csekit.encoding.representation import Representation
 
 TASK_GROUPS = ("all", "sts", "dev", "transfer", "align")
 """The words of `--tasks` that name several tasks (`all`: sts, transfer and align)."""
@@ -51,16 +54,11 @@ def transfer_classifier(tasks: TaskSet) -> str | None:
     return transfer[0].classifier if transfer else None
 
 
-def protocol_facts(
-    sentence_end: str, tasks: TaskSet, test_template: str = "none", demonstration: dict[str, str] | None = None
-) -> dict[str, Any]:
-    """How an evaluation's numbers were computed, for its report: the sentence-end rule the encoder applied
-    (`csekit.encoding.sentence_end`), the test template it tokenised whole (`csekit.encoding.whole_template`;
-    none: the training ids), PromptEOL's demonstration where there is one (`csekit.encoding.prompteol`) and, when
-    transfer tasks ran, SentEval's classifier protocol."""
-    facts: dict[str, Any] = {"sentence_end": sentence_end, "test_template": test_template}
-    if demonstration is not None:
-        facts["demonstration"] = dict(demonstration)
+def protocol_facts(representation: Representation, tasks: TaskSet) -> dict[str, Any]:
+    """How an evaluation's numbers were computed, for its report: how the encoder's representation wrote and tokenised
+    the text (`Representation.report_facts`: the sentence-end rule, the test template, PromptEOL's demonstration where
+    there is one) and, when transfer tasks ran, SentEval's classifier protocol."""
+    facts = representation.report_facts()
     classifier = transfer_classifier(tasks)
     if classifier is not None:
         facts["transfer_classifier"] = classifier

@@ -36,8 +36,6 @@ from torch import nn
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.pooling import DenoisedMaskPooler, backbone_pooler_layer, make_pooler
-from csekit.encoding.sentence_end import NO_SENTENCE_END
-from csekit.encoding.whole_template import NO_TEST_TEMPLATE
 from csekit.evaluation.task_set import TaskSet
 from csekit.training.recipe import TrainConfig
 
@@ -61,10 +59,9 @@ def dev_encoder(saved: SentenceEncoder, head: nn.Module, train: TrainConfig) -> 
             encoder = encoder.with_head(head)
         if train.dev_pooler_output:
             encoder = restore.enter_context(pooler_output_for_dev(encoder))
-        if not train.dev_sentence_end:
-            encoder = encoder.with_sentence_end(NO_SENTENCE_END)
-        if not train.dev_test_template:
-            encoder = encoder.with_test_template(NO_TEST_TEMPLATE)
+        as_given = (not train.dev_sentence_end, not train.dev_test_template)  # the text as given, the training ids
+        if any(as_given):
+            encoder = encoder.with_representation(encoder.representation.dropping(*as_given))
         yield encoder
 
 

@@ -20,6 +20,8 @@ from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.encoding.passes import ONE_PADDED_PASS, PassPlan, PlannedEncoder
 from csekit.encoding.pooling import MaskPooler
+from csekit.encoding.prompteol import check_demonstration
+from csekit.encoding.representation import Reading
 from csekit.parts.heads import HEADS
 from csekit.parts.hooks import MakesViews, reads_token_states
 from csekit.parts.negatives import NEGATIVES
@@ -141,19 +143,22 @@ def load_encoder(recipe: Recipe, weights_dtype: torch.dtype = torch.float32) -> 
     batch): `model.max_length` fits the backbone, and a mask pooler's template leaves room for a sentence.
     `weights_dtype`: the backbone's stored weights (the run's `Execution.weights_dtype`)."""
     model = recipe.model
+    reading = Reading(
+        templates=None if model.templates is None else tuple(model.templates),
+        template_positions=model.template_positions,
+        test_bos=model.test_bos,
+        demonstration=check_demonstration(model.demonstration, "recipe key model.demonstration"),
+        sentence_end=model.sentence_end,
+        test_template=model.test_template,
+    )  # the recipe's representation, read once: the saved model and every evaluation read it whole
     encoder = SentenceEncoder.load(
         model.backbone,
         model.pooler,
+        reading=reading,
         dropout=model.dropout,
-        templates=model.templates,
-        template_positions=model.template_positions,
         attention=model.attention,
         lora=model.lora,
-        sentence_end=model.sentence_end,
-        test_template=model.test_template,
         weights_dtype=weights_dtype,
-        test_bos=model.test_bos,
-        demonstration=model.demonstration,
     )
     if model.max_length > encoder.max_seq_length:
         raise CsekitError(
@@ -199,7 +204,7 @@ def build_model(
     if positions is not None and positions != recipe.model.template_positions:
         raise CsekitError(
             f"recipe key model.template_positions is {recipe.model.template_positions} but the encoder was loaded "
-            f"with {positions}: load it with SentenceEncoder.load(..., template_positions=...)"
+            f"with {positions}: load it with SentenceEncoder.load(..., reading=Reading(template_positions=...))"
         )
     model = ContrastiveModel(
         encoder, head, views.num_views, objectives, negatives, weighting, plan, recipe.model.head_at_test
