@@ -54,7 +54,7 @@ def test_the_corpus_reader_is_the_only_place_that_decompresses() -> None:
     errors, zlib.error included, one line naming the file)."""
     import ast
 
-    src = Path(__file__).resolve().parents[1] / "src" / "csekit"
+    src = Path(__file__).resolve().parents[2] / "src" / "csekit"
     users = set()
     for path in src.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -312,7 +312,7 @@ def test_the_generator_script_refuses_an_output_it_could_not_write_before_traini
     kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
 ) -> None:
     """`--output` a dangling link passed `exists()` and failed at save_pretrained, after the whole training."""
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import minilm_mlm_generator
 
     output = tmp_path / "generator"

@@ -10,7 +10,7 @@ from csekit.encoding.encoder import SentenceEncoder
 from csekit.training.recipe import Recipe, load_recipe
 from csekit.training.trainer import train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 KEPT_WHITENING_HEAD = (

@@ -108,6 +108,6 @@ def test_cropping_views_compose_with_dclr_weighting_and_train(tiny_model_dir: Pa
 
 @pytest.mark.parametrize("recipe_file", ["cropping-minilm.yaml", "cropping-bert-base.yaml"])
 def test_the_cropping_recipes_load_with_contrievers_ratios(recipe_file: str) -> None:
-    recipe = load_recipe(Path(__file__).parent.parent / "recipes" / recipe_file)
+    recipe = load_recipe(Path(__file__).parents[2] / "recipes" / recipe_file)
     assert recipe.data.views["name"] == "cropping"
     assert (recipe.data.views["ratio_min"], recipe.data.views["ratio_max"]) == (0.1, 0.5)

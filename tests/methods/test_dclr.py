@@ -325,7 +325,7 @@ def test_a_dclr_recipe_trains_and_saves_no_complementary_model(
 
 
 def test_authors_code_recipe_objective_loads() -> None:
-    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "dclr-bert-base-authors-code.yaml")
+    recipe = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / "dclr-bert-base-authors-code.yaml")
     assert recipe.objectives[0]["name"] == "dclr_code"
     assert recipe.weighting is not None and recipe.weighting["phi"] == 0.9
 
@@ -340,7 +340,7 @@ DCLR_CODE_RECIPES = [
     "dclr-ablation-self-weighting.yaml",
     "dclr-ablation-no-weighting.yaml",
 ]
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 
 
 def test_complementary_model_can_read_its_pooler_layer(tiny_model_dir: Path) -> None:

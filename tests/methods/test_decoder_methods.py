@@ -24,7 +24,7 @@ from csekit.prep.frequency import count_tokens, counts_by_token, load_counting_t
 from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TRAINS = {
     "quickstart.yaml": [],  # SimCSE
     "cropping-minilm.yaml": [],

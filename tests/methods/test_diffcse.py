@@ -216,7 +216,7 @@ def test_the_stand_in_generators_masked_only_loss_is_bert_for_masked_lms_loss(mo
     those of transformers' `BertForMaskedLM` scoring every position (the mean over labels != -100)."""
     from transformers import BertConfig, BertForMaskedLM
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from minilm_mlm_generator import masked_logits
 
     torch.manual_seed(0)

@@ -174,7 +174,7 @@ def test_the_authors_queue_is_view_0_of_the_momentum_encoder_through_the_online_
 def test_the_esimcse_recipes_queue_as_the_authors_code(recipe_file: str) -> None:
     from csekit.training.recipe import load_recipe
 
-    (spec,) = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / recipe_file).negatives
+    (spec,) = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / recipe_file).negatives
     assert spec["name"] == "momentum_queue" and spec["view"] == 0 and spec["queue_head"] == "online"
 
 

@@ -34,7 +34,7 @@ from csekit.parts.objectives.mntp import MaskedNextTokenPrediction
 from csekit.parts.step_state import StepState
 from csekit.training.recipe import load_recipe
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SENTENCES = [
     "a man plays the guitar slowly .",
     "the dog",

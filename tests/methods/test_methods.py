@@ -14,7 +14,7 @@ from csekit.commands.recipes import NOT_LISTED, default_recipes_dir, recipe_rows
 from csekit.evaluation.published import load_published
 from csekit.methods import METHODS, RECIPE_CHECKS, STATUSES, method_names, methods_table, recipes_of
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes"
 PUBLISHED = REPO / "benchmarks" / "published"
 

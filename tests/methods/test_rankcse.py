@@ -57,7 +57,7 @@ def test_the_listnet_recipe_scores_the_teachers_list_at_half_the_students_temper
     its README's reading of the paper; a refactor the next day left tau / 2 unused (see the recipe's comment)."""
     from csekit.training.recipe import load_recipe
 
-    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / "rankcse-listnet-bert-base.yaml")
+    recipe = load_recipe(Path(__file__).resolve().parents[2] / "recipes" / "rankcse-listnet-bert-base.yaml")
     (spec,) = [spec for spec in recipe.objectives if spec["name"] == "rank_distill"]
     assert spec["loss"] == "listnet" and spec["teacher_temperature"] == spec["temperature"] / 2 == 0.025
 

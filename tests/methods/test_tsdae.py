@@ -200,7 +200,7 @@ def test_a_backbone_without_a_decoder_is_one_line_naming_the_recipe_key(
     ("recipe_file", "lr", "batch"), [("tsdae-bert-base.yaml", 3e-5, 8), ("tsdae-minilm.yaml", 3e-5, 8)]
 )
 def test_the_tsdae_recipes_carry_the_papers_settings(recipe_file: str, lr: float, batch: int) -> None:
-    recipe = load_recipe(Path(__file__).parent.parent / "recipes" / recipe_file)
+    recipe = load_recipe(Path(__file__).parents[2] / "recipes" / recipe_file)
     assert (recipe.train.lr, recipe.train.batch_size, recipe.model.pooler) == (lr, batch, "cls")
     assert recipe.data.views == {"name": "deletion", "del_ratio": 0.6}
     assert [spec["name"] for spec in recipe.objectives] == ["tsdae"]

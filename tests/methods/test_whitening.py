@@ -21,7 +21,7 @@ from csekit.parts.step_state import StepState
 from csekit.training.part_building import build_part
 from csekit.training.recipe import load_recipe
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 BACKBONE_DIMS = {"bert-base-uncased": 768, "roberta-base": 768, "minilm-l6": 384}
 WHITENING_RECIPES = sorted(
     path.name for path in RECIPES.glob("*.yaml") if "name: whitening" in path.read_text(encoding="utf-8")

@@ -14,7 +14,7 @@ import pytest
 from csekit.bench import collect, load_suite, paired_differences, run_suite, summarise
 from csekit.core.errors import CsekitError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SMOKE = REPO / "benchmarks" / "suites" / "smoke.yaml"
 
 

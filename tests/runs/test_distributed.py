@@ -19,7 +19,7 @@ from csekit.encoding.encoder import SentenceEncoder
 from csekit.training.execution import build_run_model
 from csekit.training.recipe import Recipe, load_recipe
 
-ACCELERATE_CPU = Path(__file__).resolve().parents[1] / "configs" / "accelerate-cpu.yaml"
+ACCELERATE_CPU = Path(__file__).resolve().parents[2] / "configs" / "accelerate-cpu.yaml"
 
 
 # Each method's parts whose statistics span the batch: SimCSE's in-batch negatives; ConSERT's NT-Xent (both

@@ -128,7 +128,7 @@ def test_separate_on_two_real_processes(tmp_path: Path, tiny_model_dir: Path, te
     )
     recipe_file = tmp_path / "recipe.yaml"
     recipe_file.write_text(recipe.to_yaml(), encoding="utf-8")
-    tests = Path(__file__).resolve().parent
+    tests = Path(__file__).resolve().parents[1]
     path = [str(tests), str(write_entry_points(tmp_path / "plugin")), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
     command = [

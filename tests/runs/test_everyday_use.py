@@ -26,7 +26,7 @@ from csekit.encoding.encoder import SentenceEncoder
 from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]
 
 FROZEN = "train.lr=1e-12"
 """A learning rate too small to change any fp32 weight: every dev score equals the first (no improvement)."""

@@ -25,7 +25,7 @@ import pytest
 import torch
 from conftest import add_sick_trial, make_corpus, make_data_dir, make_tiny_encoder
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
 CORPUS = "corpus/sts_sick_unlabeled_sentences.txt"  # recipes/quickstart.yaml's data.corpus
 WIKIPEDIA = "corpus/wiki1m_for_simcse.head11913.txt"  # the decoder stage's sentences (benchmarks/decoder_step.py)

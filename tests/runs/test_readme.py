@@ -26,7 +26,7 @@ from typer.testing import CliRunner
 
 from csekit.cli import app
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
 USAGE = REPO / "docs" / "usage.md"
 GUIDE = [

@@ -24,7 +24,7 @@ from csekit.training.execution import build_run_model
 from csekit.training.optimization import gradient_norm, make_optimizer
 from csekit.training.recipe import Recipe, load_recipe
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 FSDP_CONFIG = CONFIGS / "accelerate-fsdp.yaml"
 FSDP_ENVIRONMENT = {  # what `accelerate launch --config_file configs/accelerate-fsdp.yaml` sets
     "ACCELERATE_USE_FSDP": "true",
@@ -136,7 +136,7 @@ def launch_train(
     recipe_file.write_text(recipe.to_yaml(), encoding="utf-8")
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
     command += ["--num_processes", "2", *launch, "-m", "csekit.cli", "train", str(recipe_file), "--output", str(out)]
-    tests = Path(__file__).resolve().parent
+    tests = Path(__file__).resolve().parents[1]
     path = os.pathsep.join([str(tests), str(write_entry_points(plugin_dir)), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
     return subprocess.run([*command, "--no-progress", *extra], capture_output=True, text=True, env=env)

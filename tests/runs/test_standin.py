@@ -19,7 +19,7 @@ from transformers import BertForMaskedLM
 
 from csekit.encoding.encoder import SentenceEncoder
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 @pytest.fixture

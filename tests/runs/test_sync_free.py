@@ -233,7 +233,7 @@ def test_two_processes_skip_the_step_one_of_them_poisoned_as_the_plain_loop(
     from test_distributed import free_port
 
     corpus = make_corpus(tmp_path / "corpus.txt", lines=64)
-    tests = Path(__file__).resolve().parent
+    tests = Path(__file__).resolve().parents[1]
     path = [str(tests), str(write_entry_points(tmp_path / "plugin")), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
     for sync_free in ("false", "true"):

@@ -34,7 +34,7 @@ from csekit.encoding.encoder import SentenceEncoder
 from csekit.training.recipe import Recipe
 from csekit.training.zero import ZeroRequest, check_deepspeed_request
 
-DEEPSPEED_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "accelerate-deepspeed.yaml"
+DEEPSPEED_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "accelerate-deepspeed.yaml"
 HAS_DEEPSPEED = importlib.util.find_spec("deepspeed") is not None
 needs_deepspeed = pytest.mark.skipif(
     not HAS_DEEPSPEED, reason="DeepSpeed is not installed (pip install deepspeed; csekit does not depend on it)"

@@ -31,7 +31,7 @@ from csekit.core.errors import CsekitError
 from csekit.core.registry import Registry
 from csekit.registries import REGISTRIES
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[3] / "src"
 BENCHMARKS = SRC.parent / "benchmarks"
 LAYERS = {
     "csekit": 5,
@@ -283,7 +283,7 @@ def test_the_worked_example_adds_a_negative_source_with_one_file_and_one_recipe_
     from csekit import train
     from csekit.parts.negatives import NEGATIVES
 
-    path = Path(__file__).resolve().parents[1] / "examples" / "queue_negatives.py"
+    path = Path(__file__).resolve().parents[3] / "examples" / "queue_negatives.py"
     spec = importlib.util.spec_from_file_location("queue_negatives", path)
     assert spec is not None and spec.loader is not None
     spec.loader.exec_module(importlib.util.module_from_spec(spec))

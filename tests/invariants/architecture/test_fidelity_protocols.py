@@ -10,7 +10,7 @@ import fnmatch
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 HEADER = "| recipes | how the published numbers were computed | how csekit computes them |"
 
 

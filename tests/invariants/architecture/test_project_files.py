@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 _NAME = r"[A-Za-z0-9_.-]+"
 _SEP = r"(?:\\\\|\\|/)"  # a Windows separator as written in text, in a string literal or in JSON

@@ -88,7 +88,7 @@ def test_the_probe_sees_a_heavy_import(tmp_path: Path) -> None:
 
 
 def test_version_is_the_packages_version() -> None:
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
     assert f'version = "{__version__}"' in pyproject.read_text(encoding="utf-8")
     from typer.testing import CliRunner
 

@@ -245,7 +245,7 @@ def stand_in_checkout(tmp_path: Path, script: str, program: str, program_text: s
 
     checkout = tmp_path / "checkout"
     (checkout / "scripts").mkdir(parents=True)
-    shutil.copy(Path(__file__).resolve().parents[1] / "scripts" / script, checkout / "scripts")
+    shutil.copy(Path(__file__).resolve().parents[3] / "scripts" / script, checkout / "scripts")
     bin_dir = checkout / ".venv" / "bin"
     bin_dir.mkdir(parents=True)
     (bin_dir / program).write_text(program_text.format(python=sys.executable), encoding="utf-8")
@@ -429,7 +429,7 @@ def test_every_shipped_recipe_is_in_the_recipe_table_of_docs_recipes() -> None:
     """A row names recipes as `a.yaml`, `a-{x,y}.yaml` or `*-minilm.yaml`; every file of recipes/ matches one."""
     import fnmatch
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[3]
     section = (repo / "docs" / "recipes.md").read_text(encoding="utf-8").split("## Recipes", 1)[1].split("\n\n", 2)[1]
     names = [name for row in section.splitlines()[2:] for name in re.findall(r"`([^`]+\.yaml)`", row.split("|")[1])]
     patterns = [pattern for name in names for pattern in expand_braces(name)]

@@ -18,7 +18,7 @@ from csekit.core.precision import NATIVE_BF16_VARIABLE, choose_precision, cpu_ha
 from csekit.training.recipe import load_recipe
 from csekit.training.trainer import train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

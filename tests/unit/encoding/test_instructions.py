@@ -88,7 +88,7 @@ def test_the_shipped_llm2vec_set_names_its_source_and_covers_mteb_eng_v1() -> No
     assert shipped.for_texts("STS12", None) == "Retrieve semantically similar text:"
     assert shipped.for_texts("NQ", "query") == "Given a question, retrieve Wikipedia passages that answer the question:"
     assert shipped.for_texts("NQ", "document") == "" and shipped.for_texts("NotATask", None) == ""
-    raw = json.loads((Path(__file__).parents[1] / "src/csekit/data/llm2vec_instructions.json").read_text("utf-8"))
+    raw = json.loads((Path(__file__).parents[3] / "src/csekit/data/llm2vec_instructions.json").read_text("utf-8"))
     assert "McGill-NLP/llm2vec" in raw["source"] and raw["license"][0] == "MIT License"
 
 

@@ -19,7 +19,7 @@ from test_osscse import moses, save_tiny_fsmt  # noqa: F401  (moses: a fixture, 
 from csekit.core.errors import CsekitError
 from csekit.encoding import hub
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[3] / "src"
 MODEL_FOLDER_MODULE = "csekit/encoding/model_folder.py"
 
 CaptureErr = pytest.CaptureFixture[str]

@@ -18,7 +18,7 @@ from csekit.core.json_text import json_text
 from csekit.encoding.model_card import render_model_card
 from csekit.evaluation.result import EvalResult
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "csekit"
+SRC = Path(__file__).resolve().parents[3] / "src" / "csekit"
 REPO = SRC.parents[1]
 RESULT = EvalResult(
     {

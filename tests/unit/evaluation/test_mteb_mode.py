@@ -244,6 +244,6 @@ def calls_without_cache_none(source: str) -> list[int]:
 
 def test_mteb_never_writes_into_its_own_cache_folder() -> None:
     """csekit's mteb runs pass cache=None: mteb's result files go only into the held folder, never ~/.cache/mteb."""
-    source = (Path(__file__).resolve().parents[1] / "src" / "csekit" / "evaluation" / "mteb_run.py").read_text()
+    source = (Path(__file__).resolve().parents[3] / "src" / "csekit" / "evaluation" / "mteb_run.py").read_text()
     assert "mteb.evaluate(" in source and calls_without_cache_none(source) == []
     assert calls_without_cache_none("import mteb\nmteb.evaluate(model, tasks)\n") == [2]  # the check can fail

@@ -16,7 +16,7 @@ from csekit.core.errors import CsekitError
 from csekit.encoding.prompteol import Demonstration
 from csekit.evaluation.published import PUBLISHED_COLUMNS, compare_with_paper, load_published
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 PUBLISHED = REPO / "benchmarks" / "published"
 PAPER_BACKBONES = {"bert-base-uncased": "bert-base.yaml", "roberta-base": "roberta-base.yaml"}
 SEVEN = ("STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R")

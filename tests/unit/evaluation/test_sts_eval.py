@@ -313,7 +313,7 @@ def test_missing_data_dir_mentions_env(monkeypatch: pytest.MonkeyPatch, tmp_path
 
 def real_data_dir() -> Path:
     candidates = [Path(os.environ["CSEKIT_DATA"])] if os.environ.get("CSEKIT_DATA") else []
-    candidates.append(Path(__file__).parents[1].parent / "shared" / "data")
+    candidates.append(Path(__file__).parents[3].parent / "shared" / "data")
     for path in candidates:
         if (path / "sts").is_dir() or (path / "STS").is_dir():
             return path

@@ -42,7 +42,7 @@ from csekit.training.recipe import load_recipe
 from csekit.training.run_folder import TrainerState
 from csekit.training.trainer import train
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "csekit"
+SRC = Path(__file__).resolve().parents[3] / "src" / "csekit"
 
 
 def _data(root: Path) -> Path:

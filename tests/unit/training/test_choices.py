@@ -20,7 +20,7 @@ from csekit.core.precision import DTYPES, resolve_precision
 from csekit.training.recipe import load_recipe
 from csekit.training.recipe_schema import COMPILE_MODES, KEY_CHOICES, OPTIMIZERS, PRECISIONS, SYNC_FREE_CHOICES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SRC = REPO / "src" / "csekit"
 
 

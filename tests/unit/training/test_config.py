@@ -13,7 +13,7 @@ from csekit.training.part_building import build_part
 from csekit.training.recipe import Recipe, load_recipe
 from csekit.training.recipe_checks import validate_recipe
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def write(tmp_path: Path, text: str) -> Path:

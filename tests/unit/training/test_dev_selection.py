@@ -193,7 +193,7 @@ def test_a_bench_suite_evaluates_and_selects_on_the_users_files(tmp_path: Path, 
     (tmp_path / "suite").mkdir()
     make_pairs(tmp_path / "suite" / "legal.tsv")
     make_retrieval(tmp_path / "suite" / "kb")
-    recipe = Path(__file__).resolve().parents[1] / "benchmarks" / "suites" / "smoke-recipe.yaml"
+    recipe = Path(__file__).resolve().parents[3] / "benchmarks" / "suites" / "smoke-recipe.yaml"
     suite = tmp_path / "suite" / "suite.yaml"
     suite.write_text(f"seeds: [1]\ntasks: [stsb-dev, 'pairs:legal.tsv', 'retrieval:kb']\nrecipes: [{recipe}]\n")
     assert load_suite(suite).pairs == [tmp_path / "suite" / "legal.tsv"]  # relative to the suite, as its recipes
@@ -224,7 +224,7 @@ def test_the_readme_example_builds_files_csekit_reads(tmp_path: Path) -> None:
     data = shared_data_dir()
     if data is None:
         pytest.skip("the data folder (STS-B, SICK) is not here")
-    script = Path(__file__).resolve().parents[1] / "examples" / "own_domain.py"
+    script = Path(__file__).resolve().parents[3] / "examples" / "own_domain.py"
     args = [str(tmp_path / "domain"), "--data-dir", str(data), "--stsb-pairs", "30", "--sick-pairs", "200"]
     result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

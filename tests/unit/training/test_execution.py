@@ -23,7 +23,7 @@ from csekit.core.errors import CsekitError
 from csekit.training.execution import decide_execution
 from csekit.training.recipe import LEGACY_RUN_KEYS, RUN_SECTION, RunConfig, load_recipe
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SRC = REPO / "src" / "csekit"
 
 

@@ -34,7 +34,7 @@ from csekit.training.step_runner import PlainSteps, StepLoop
 from csekit.training.sync_free import SyncFreeSteps
 from csekit.training.trainer import Trainer
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "csekit"
+SRC = Path(__file__).resolve().parents[3] / "src" / "csekit"
 TRAINER = SRC / "training" / "trainer.py"
 
 SYNC_FREE_WORDS = re.compile(r"sync[-_ ]?free", re.IGNORECASE)

@@ -80,5 +80,5 @@ def test_a_recipe_names_the_optimizer(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["slt-fai-consert-sts.yaml", "consert-views-minilm.yaml"])
 def test_the_consert_based_recipes_use_sentence_transformers_03s_optimizer(name: str) -> None:
-    recipe = load_recipe(Path(__file__).resolve().parents[1] / "recipes" / name)
+    recipe = load_recipe(Path(__file__).resolve().parents[3] / "recipes" / name)
     assert recipe.train.optimizer == "adamw_uncorrected"

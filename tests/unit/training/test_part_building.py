@@ -29,7 +29,7 @@ from csekit.training.model import build_model
 from csekit.training.part_building import build_part, check_part_options
 from csekit.training.recipe import load_recipe
 
-PARTS = Path(__file__).resolve().parents[1] / "src" / "csekit" / "parts"
+PARTS = Path(__file__).resolve().parents[3] / "src" / "csekit" / "parts"
 BUILT_IN = [
     (kind.__name__.rsplit(".", 1)[-1], name, factory)
     for kind in (views, heads, negatives, weighting, objectives)

@@ -20,7 +20,7 @@ from csekit.training.recipe import load_recipe
 from csekit.training.schedule import Schedule
 from csekit.training.trainer import train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 LLM2VEC_RECIPES = [
     "llm2vec-simcse-sheared-llama.yaml",
     "llm2vec-simcse-mistral-7b.yaml",
