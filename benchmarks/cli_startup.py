@@ -4,7 +4,7 @@ mistyped key, and an `evaluate --pairs` file that does not exist, each in a fres
     PYTHONPATH=src python benchmarks/cli_startup.py --runs 5
 
 Prints, per command, the wall time of each run's whole process (interpreter start included), its minimum and
-median, and whether torch was imported (none of these needs it; tests/test_cli_startup.py checks that without
+median, and whether torch was imported (none of these needs it; tests/unit/cli/test_cli_startup.py checks that without
 timing). On a shared machine the times are inflated by the other processes; the load average is printed
 beside them, and the bare interpreter's start is timed too, for scale.
 """

@@ -61,7 +61,7 @@ TINY_LLAMA = {
     **{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "vocab_size": 512},
     **{"num_attention_heads": 4, "num_key_value_heads": 2},
 }
-"""`--tiny`: the same code path on a toy model (tests/test_gpu_check.py runs the GPU command's decoder_memory stage
+"""`--tiny`: the same code path on a toy model (tests/runs/test_gpu_check.py runs the GPU command's decoder_memory stage
 on a CPU)."""
 
 BATCH, LENGTH = 4, 128

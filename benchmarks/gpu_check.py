@@ -8,7 +8,7 @@ On the GPU machine, from the repository root (benchmarks/gpu_check.sh: the deadl
 
     python3 benchmarks/gpu_check.py run --carry .gpu-carry --out $OUT --budget 300 --site /tmp/gpu-check-site
 
-On a CPU, all stages end to end on a tiny random model (tests/test_gpu_check.py):
+On a CPU, all stages end to end on a tiny random model (tests/runs/test_gpu_check.py):
 
     python benchmarks/gpu_check.py run --carry CARRY --out DIR --device cpu --tiny
 

@@ -27,7 +27,12 @@ import torch
 from gpu_paths import path_checks
 
 REPO = Path(__file__).resolve().parents[1]
-TEST_FILES = ("tests/test_packed.py", "tests/test_sync_free.py", "tests/test_dclr.py", "tests/test_encoder.py")
+TEST_FILES = (
+    "tests/unit/encoding/test_packed.py",
+    "tests/runs/test_sync_free.py",
+    "tests/methods/test_dclr.py",
+    "tests/unit/encoding/test_encoder.py",
+)
 """Files holding tests marked `cuda` or `gpu_image` (collecting the whole suite needs packages the image lacks)."""
 TEST_MARKS = "cuda or gpu_image"
 PER_TEST_SECONDS = 60

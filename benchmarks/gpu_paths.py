@@ -3,7 +3,7 @@
 Each path's pooled vectors and gradients (of a fixed random loss on them; dropout off) are compared with those
 of the same weights in one padded fp32 pass by `tests/pass_reference.py`, the helper the CPU tests compare the
 packed pass's forms with, and judged against `TOLERANCES` at the precision the path ran in. On CUDA a path runs
-as auto trains there (bf16 autocast); in the CPU mode (tests/test_gpu_check.py) the same code runs on tiny
+as auto trains there (bf16 autocast); in the CPU mode (tests/runs/test_gpu_check.py) the same code runs on tiny
 models in fp32, and in bf16 where a path needs it (bf16 weights), so the tests exercise every check.
 
 * BERT (the stage's random BERT, [CLS], the corpus's sentences at max length 32), each with `run.fast_dropout`

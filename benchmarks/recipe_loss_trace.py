@@ -1,4 +1,5 @@
-"""Fixed-seed loss traces of the shipped recipes on tiny models (the behaviour lock of tests/test_recipe_losses.py).
+"""Fixed-seed loss traces of the shipped recipes on tiny models (the behaviour lock of
+tests/invariants/test_recipe_losses.py).
 
 Trains every `recipes/*.yaml` (or the recipes named) for 20 steps on a tiny random model of its backbone's
 family (see tests/recipe_trace.py for the setup and what it overrides), prints each recipe's largest

@@ -153,30 +153,6 @@ def make_byte_level_bpe_tokenizer(
     )
 
 
-QUICK_FILES = frozenset(
-    {
-        "test_architecture.py",
-        "test_atomic.py",
-        "test_cli_help.py",
-        "test_config.py",
-        "test_data.py",
-        "test_diagnose.py",
-        "test_eval_result.py",
-        "test_first_hour.py",
-        "test_first_use.py",
-        "test_heads.py",
-        "test_input_lines.py",
-        "test_long_sentences.py",
-        "test_mteb.py",
-        "test_objectives.py",
-        "test_quick_subset.py",
-        "test_sts_eval.py",
-    }
-)
-"""The test files of `make test-quick` (marked `quick`): a subset that runs in under 2 minutes on a quiet 2-core
-CPU and imports every module of src/csekit (tests/test_quick_subset.py checks both that and the names here)."""
-
-
 HYPOTHESIS_PROFILE_VARIABLE = "CSEKIT_HYPOTHESIS"
 LONG_RUN_FACTOR = 40
 """`make test` runs every property test with a fixed seed (profile `bounded`: the same examples on every run, so a
@@ -211,11 +187,30 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(threads)
 
 
+TESTS = REPO / "tests"
+TIERS = ("unit", "methods", "runs", "invariants")
+"""The tiers: folders of tests/ whose tests carry the folder's name as a marker (`pytest -m unit`). unit/<area>/ tests
+one package of src/csekit, methods/ a method's parts and recipes, runs/ commands end to end, invariants/ the rules
+every recipe, file and source file keeps. Helpers stay in tests/ (invariants/architecture/test_tiers.py)."""
+FAST_FOLDERS = ("unit", "invariants/architecture")
+"""The folders of `make test-fast` (marked `fast` too): the unit tests and the checks on the source, a tier that
+imports every module of src/csekit (tests/invariants/architecture/test_tiers.py checks it)."""
+
+
+def tier_markers(path: Path, tests: Path = TESTS) -> list[str]:
+    """The markers of the test file `path` by its folder under `tests`: its tier, and `fast` inside FAST_FOLDERS."""
+    path = path.resolve()
+    folder = path.relative_to(tests).parent if path.is_relative_to(tests) else Path()
+    if not folder.parts or folder.parts[0] not in TIERS:
+        return []  # no tier: test_tiers.py fails for such a file
+    return [folder.parts[0], *(["fast"] if any(folder.is_relative_to(fast) for fast in FAST_FOLDERS) else [])]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the tests of QUICK_FILES `quick` (`pytest -m quick`), in one place rather than in each file."""
+    """Mark each test by its folder (`tier_markers`), in one place rather than in each file."""
     for item in items:
-        if item.path.name in QUICK_FILES:
-            item.add_marker(pytest.mark.quick)
+        for marker in tier_markers(item.path):
+            item.add_marker(marker)
 
 
 @pytest.fixture(autouse=True)

@@ -1,8 +1,8 @@
 """One encoder pass measured for comparison: its pooled vectors, real tokens' states and every gradient.
 
-tests/test_packed_fixed.py compares the packed pass's forms with this on a CPU, and the prepared GPU command's
-checks stage (benchmarks/gpu_paths.py) compares every path `run: auto` takes or may take on CUDA against an
-fp32 padded reference with it, so that a CPU test and a GPU check measure the same thing the same way. The
+tests/unit/encoding/test_packed_fixed.py compares the packed pass's forms with this on a CPU, and the prepared
+GPU command's checks stage (benchmarks/gpu_paths.py) compares every path `run: auto` takes or may take on CUDA
+against an fp32 padded reference with it, so that a CPU test and a GPU check measure the same thing the same way. The
 loss weights are drawn on the CPU and moved, so every device sees the same loss.
 """
 

@@ -3,7 +3,7 @@
 Each `recipes/*.yaml` is trained for `STEPS` steps on a tiny randomly initialised model of its
 backbone's family and a tiny made-up corpus; the loss and every named loss part of every step (as
 `metrics.jsonl` logs them with `train.log_every=1`) form the recipe's trace. A change that keeps
-csekit's behaviour keeps every trace; `tests/test_recipe_losses.py` compares them with the ones in
+csekit's behaviour keeps every trace; `tests/invariants/test_recipe_losses.py` compares them with the ones in
 `tests/data/recipe_losses.json`, which `benchmarks/recipe_loss_trace.py --write` records.
 
 The recipes run as shipped (seed, lr, schedule, views, head, negatives, weighting, objectives, warm-ups)

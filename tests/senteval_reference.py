@@ -1,5 +1,5 @@
-"""SentEval's PyTorch transfer protocol as its code runs it, the reference `tests/test_transfer_pytorch.py` compares
-csekit's with (SentEval is not on PyPI).
+"""SentEval's PyTorch transfer protocol as its code runs it, the reference
+`tests/unit/evaluation/test_transfer_pytorch.py` compares csekit's with (SentEval is not on PyPI).
 
 Written from facebookresearch/SentEval `senteval/tools/classifier.py` (`PyTorchClassifier`, `MLP` with nhid 0) and
 `senteval/tools/validation.py` (the `usepytorch` branches of `InnerKFoldClassifier`, `KFoldClassifier`,

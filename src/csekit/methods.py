@@ -1,7 +1,7 @@
 """The one list of csekit's methods, and what each shipped recipe has been checked against.
 
 `csekit --help`, `csekit recipes`, the README's methods table, pyproject.toml's description and
-docs/architecture.md are tested against this module (tests/test_methods.py), so no two of them can name
+docs/architecture.md are tested against this module (tests/methods/test_methods.py), so no two of them can name
 different methods. Pure data (its table rows escaped by csekit.core.report_cells): the command line reads it without
 a model.
 """
@@ -60,7 +60,7 @@ STATUSES: Mapping[str, str] = {
     "(csekit bench's papers suites)",
     "measured": "trained here to a measured score (its source says where and on what); not a paper reproduction",
     "never-run": "never trained to a score here: only its steps are checked, on tiny models "
-    "(tests/test_recipe_losses.py); nothing yet says how well it trains",
+    "(tests/invariants/test_recipe_losses.py); nothing yet says how well it trains",
 }
 """What a recipe has been checked against, from the strongest to the weakest claim."""
 

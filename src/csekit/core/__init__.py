@@ -6,7 +6,8 @@ save as one line (`save_guard`), one writer per result (`run_lock`), JSON that e
 (`json_text`); the compute precision (`precision`), progress output (`progress`), gathering embeddings
 across processes (`distributed`), the generic `Registry` (`registry`) and the version (`version`).
 
-Nothing here imports from another csekit package, not even for type checking (`tests/test_architecture.py`).
+Nothing here imports from another csekit package, not even for type checking
+(`tests/invariants/architecture/test_architecture.py`).
 Each kind's registry is made in the kind's own package, beside its built-in table, which it hands to
 `Registry` as a mapping.
 """

@@ -1,10 +1,10 @@
 """Writing inside a folder csekit owns (a run, model, output or data folder): the one way to do it.
 
 Every file csekit creates, appends to, replaces or renames in such a folder goes through this module.
-`tests/test_architecture_files.py` (`test_every_write_goes_through_core_atomic`) finds any other write in
-`src/`; its allow-list names the exceptions: the run lock's file (`core/run_lock.py` opens it no-follow and
-non-blocking itself), `download-data` unpacking an archive in its own temporary folder, and the library
-writers below, which write only into a folder held here. The folder may be shared, and what is in it may
+`tests/invariants/architecture/test_architecture_files.py` (`test_every_write_goes_through_core_atomic`) finds any
+other write in `src/`; its allow-list names the exceptions: the run lock's file (`core/run_lock.py` opens it
+no-follow and non-blocking itself), `download-data` unpacking an archive in its own temporary folder, and the
+library writers below, which write only into a folder held here. The folder may be shared, and what is in it may
 have been placed by someone else, so:
 
 * a file is opened relative to its parent folder with no-follow semantics (`O_NOFOLLOW`, `O_NONBLOCK`,

@@ -4,7 +4,7 @@ A run folder, a model folder, a recipe, a suite, a corpus or a data folder may c
 there may be a link to an endless device (`/dev/zero`), a FIFO that blocks the reader forever, a
 gigabyte of JSON, a line of gigabytes (decompressed from a few megabytes of `.gz`), or a YAML document
 of a few hundred bytes whose nested aliases expand to billions of nodes. Every file csekit did not
-write in this process is opened here. `tests/test_architecture_files.py`
+write in this process is opened here. `tests/invariants/architecture/test_architecture_files.py`
 (`test_every_read_goes_through_core_bounded_read`) finds any other read in `src/`; its allow-list names
 the exceptions (the run lock's own file, the probe set shipped in the package, the archives
 `download-data` fetched in this process). JSON-lines rows are parsed in `core/json_lines.py`, on these reads.

@@ -3,9 +3,9 @@
 A `.jsonl` corpus, `csekit augment`'s output read back on a restart, a `--paraphrases` file, a probe set and a
 run's `metrics.jsonl` are each a JSON object per line. Anyone may have written them, so a row may be a list, a
 string, a number, an object whose fields have other types, or brackets nested 100,000 deep (Python's JSON
-parser then raises RecursionError). Every such row is parsed here (`tests/test_architecture_inputs.py` finds
-any other `json.loads` in `src/`): a row is a JSON object whose named fields have the named types, or it is
-one line saying what it is instead.
+parser then raises RecursionError). Every such row is parsed here
+(`tests/invariants/architecture/test_architecture_inputs.py` finds any other `json.loads` in `src/`): a row is a
+JSON object whose named fields have the named types, or it is one line saying what it is instead.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ A name in a report may come from a file csekit did not write (a suite's recipe n
 file, a run folder's results.json): a line break, a `|` or a control character in it would add a row to a
 Markdown table or split its cells, and a CSV cell starting with `=`, `+`, `-` or `@` is run as a formula by a
 spreadsheet. Every table row goes through `markdown_row`, and every text cell of a CSV row through `csv_text`
-(`tests/test_report_cells.py` checks the source for rows built by hand).
+(`tests/invariants/test_report_cells.py` checks the source for rows built by hand).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ held with `fcntl.flock` for the whole command.
 `train` holds its folder's lock (the Trainer); every other command that writes a result (a JSON report,
 embeddings, augment's `.jsonl`, bench's folder, downloaded data) holds its result's lock through
 `locks_output`, so two commands writing one result are refused instead of corrupting it (two `augment`
-runs appended to one file); `tests/test_architecture_files.py` fails for a writing command without it.
+runs appended to one file); `tests/invariants/architecture/test_architecture_files.py` fails for a writing command
+without it.
 
 The kernel releases a flock when its process ends, however it ends (SIGKILL included), so a lock
 left behind by a dead run is stale by construction: the next run takes it over. The file holds the

@@ -6,8 +6,8 @@ the writer: `OSError` from Python's own writes and from numpy ("10000 requested 
 safetensors ("I/O error: File too large"). Every save path runs inside `guarded_save`, which turns
 each of them into one `SaveFailed` line naming what was written, the folder and what is intact. The
 atomic writes (`core/atomic.py`) are what make that last statement true: a failed write leaves the
-previous version under the target name. `tests/test_architecture.py` finds every save call in `src/`
-that no guard encloses.
+previous version under the target name. `tests/invariants/architecture/test_architecture.py` finds every save call
+in `src/` that no guard encloses.
 
 Guards nest: the innermost one names the file or folder that failed and the writer's reason, the
 outermost one says what is intact (the trainer knows its last good checkpoint; `SentenceEncoder.save`

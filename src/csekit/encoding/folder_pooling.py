@@ -44,7 +44,8 @@ MODE_OF_POOLER = {
 """The sentence-transformers Pooling mode each csekit pooler is exported as."""
 
 POOLER_OF_MODE = {mode: pooler for pooler, mode in MODE_OF_POOLER.items() if pooler != "pooler_output"}
-"""The csekit pooler that computes each sentence-transformers Pooling mode's vector (tests/test_folder_pooling.py)."""
+"""The csekit pooler that computes each sentence-transformers Pooling mode's vector
+(tests/unit/encoding/test_folder_pooling.py)."""
 
 MODE_FLAGS = {
     "pooling_mode_cls_token": "cls",

@@ -16,7 +16,8 @@ complementary model, RankCSE's teacher, `csekit freq`'s tokenizer, an `fsmt` or 
 
 and after loading, `check_tokenizer` wants the tokenizer's special tokens in its vocabulary and its
 vocabulary no larger than the embedding matrix. Each failure is one line naming the file.
-`tests/test_architecture.py` finds any call of transformers' `from_pretrained` outside this module.
+`tests/invariants/architecture/test_architecture.py` finds any call of transformers' `from_pretrained` outside this
+module.
 
 `load_model` is the one way csekit loads a model by name or folder (the sentence encoder, `csekit freq`'s
 tokenizer, the paraphrase engines' translation models): it reads a csekit, sentence-transformers or plain

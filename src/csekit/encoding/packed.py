@@ -49,7 +49,7 @@ PACKED_MODEL_TYPES = ("bert", "roberta")
 
 PACKED_DECODER_TYPES = ("llama", "mistral", "qwen2", "gemma")
 """Decoder LLM model types that run padding-free (`csekit.encoding.packed_decoder`): the families whose forward,
-masks and attention modules the tests check against the padded pass (tests/test_packed_decoders.py)."""
+masks and attention modules the tests check against the padded pass (tests/unit/encoding/test_packed_decoders.py)."""
 
 PACKED_DECODER_ATTENTION = ("eager", "sdpa", FAST_DROPOUT_ATTENTION)
 """A decoder's attention implementations the packed pass runs in length groups where the flash kernel does not

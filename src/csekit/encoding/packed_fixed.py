@@ -16,7 +16,7 @@ Everything that depends on T itself (the gathers in and out, the padding, the ro
 after the stack, eagerly; the stack (`run_layer_stack`) takes only tensors of those fixed shapes, and
 `run.compile` compiles it (`csekit.training.compiled.compile_layer_stack`). Padding tokens attend among
 themselves, never to a real token, and are dropped at the end: the real tokens' states and every gradient are
-those of the unbucketed pass up to float rounding (tests/test_packed_fixed.py).
+those of the unbucketed pass up to float rounding (tests/unit/encoding/test_packed_fixed.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ for one token (WordPiece makes a word of more than 100 characters one [UNK]; BPE
 shorter), so cutting a text at `CHARS_PER_TOKEN * max_tokens` characters keeps every token the truncated
 result holds. A text with no token bound (token counts of whole lines, a prompt template) is cut at
 `TEXT_CHAR_LIMIT`. Every call of a tokenizer on text in `src/` goes through `tokenize_texts`
-(`tests/test_architecture_files.py` finds any other).
+(`tests/invariants/architecture/test_architecture_files.py` finds any other).
 """
 
 from __future__ import annotations

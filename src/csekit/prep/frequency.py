@@ -9,7 +9,7 @@ from any corpus with any tokenizer (`csekit freq`).
 
 Labelling rule: the authors' `get_label` (wangbing1416/SLT-FAI,
 sentence_transformers/losses/AdvCLSoftmaxLoss.py, lines 132-149), tested against their files in
-tests/test_slt_fai.py:
+tests/methods/test_slt_fai.py:
 * the split is taken over the word pieces that occur (count > 0) only: the threshold is the count
   at rank floor(lambda * m) of the m occurring pieces sorted by count, ascending. Pieces that never
   occur (2,994 of bert-base-uncased's 30,522 in BookCorpus: [unused*], rare scripts) do not shift it;

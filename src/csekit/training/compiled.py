@@ -6,7 +6,7 @@ attention's scaling and mask) into few kernels, and `reduce-overhead` replays th
 graph. It is compiled once a run, for each shape it meets: CUDA graphs need fixed shapes, so every
 training pass is padded to a length bucket (`bucket_width`: at most `MAX_BUCKETS` widths up to
 `model.max_length`) and cut back afterwards; padded positions are masked out, so the real positions'
-states are those of the unpadded pass up to float rounding (tests/test_compiled.py). Evaluation and
+states are those of the unpadded pass up to float rounding (tests/runs/test_compiled.py). Evaluation and
 passes without gradients run the eager forward (they would only add shapes to compile).
 """
 

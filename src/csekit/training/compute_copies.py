@@ -20,7 +20,7 @@ Outside a step every module holds its fp32 master: gradient clipping reads fp32 
 are unchanged, a checkpoint holds the masters only (a resume rebuilds the copies from them), and dev scoring,
 best/ and last/ see the fp32 weights. A copy is the cast autocast makes (round to nearest), and a master's
 gradient is the half-precision gradient in fp32, as autocast's backward makes it: a step is autocast's step
-(tests/test_compute_copies.py). Frozen weights (LoRA's base) get no copy: `model.weights_dtype` stores them.
+(tests/runs/test_compute_copies.py). Frozen weights (LoRA's base) get no copy: `model.weights_dtype` stores them.
 peft casts a LoRA layer's input to its adapter weight's dtype before the adapter's dropout; during a step it casts
 to the master's (fp32), as without copies: on a half-precision input the dropout would otherwise scale in half
 precision (1/0.9 rounded to bf16 is 1.109), and LoRA's products would not be autocast's.

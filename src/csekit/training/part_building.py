@@ -50,7 +50,7 @@ BUILT_LATER: Mapping[str, tuple[str, ...]] = types.MappingProxyType(
 
 DEPRECATED_CONTEXT = ("recipe",)
 """Build arguments kept for users' parts written against them (docs/architecture.md promised `recipe`); csekit's
-own parts take none of them (`tests/test_part_building.py`)."""
+own parts take none of them (`tests/unit/training/test_part_building.py`)."""
 
 
 def build_part(registry: Registry[Any], spec: Mapping[str, Any], key: str, **context: Any) -> Any:

@@ -2,7 +2,7 @@
 
 A count without an upper bound is a memory request: `data.views.num_views: 100000` was killed at 19.8 GB, after
 the run folder had been created. So each numeric key of the schema has its range in `SCHEMA_BOUNDS`
-(`tests/test_recipe_bounds.py` fails for a numeric key that has none), each part option its range in
+(`tests/unit/training/test_recipe_bounds.py` fails for a numeric key that has none), each part option its range in
 `OPTION_BOUNDS` by its name, any other integer option `DEFAULT_OPTION_BOUND`, and what they multiply into is
 bounded as a whole: the views a step makes (`MAX_VIEWS`) and the tokens it encodes (`MAX_STEP_TOKENS`, batch x views
 x max_length). Floats must be finite (the schema's and the part options' type checks); those with a range have it
@@ -94,8 +94,8 @@ SCHEMA_BOUNDS: Mapping[str, Bound] = {
     "run.num_workers": Bound(0, MAX_WORKERS, "DataLoader worker processes, or auto"),
     "run.eval_batch_size": Bound(1, MAX_BATCH),
 }
-"""The range of every numeric key of the recipe's schema (`tests/test_recipe_bounds.py` lists them from the
-schema and fails for one missing here)."""
+"""The range of every numeric key of the recipe's schema (`tests/unit/training/test_recipe_bounds.py` lists them from
+the schema and fails for one missing here)."""
 
 OPTION_BOUNDS: Mapping[str, Bound] = {
     "num_views": Bound(1, MAX_VIEWS, "views of each sentence; each is a pass of the whole batch"),

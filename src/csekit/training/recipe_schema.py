@@ -212,7 +212,7 @@ KEY_CHOICES: dict[str, tuple[str, ...]] = {
     "run.compile": COMPILE_MODES,
 }
 """The recipe keys whose value is one of a list, with the list: what the checks accept (`recipe_checks`), the
-commands' help and the docs name (tests/test_choices.py)."""
+commands' help and the docs name (tests/unit/training/test_choices.py)."""
 
 ANY_CASE_KEYS = ("run.sync_free",)
 """Keys whose choices are taken in any case: a YAML `true` reaches the string key as "True"."""

@@ -91,7 +91,7 @@ class Schedule:
     def scheduler(self, optimizer: torch.optim.Optimizer) -> LambdaLR:
         """The host's scheduler over `optimizer`: transformers' `get_linear_schedule_with_warmup` or
         `get_constant_schedule_with_warmup`, the same factors and state (a `functools.partial`, so checkpoints of
-        either load in the other; tests/test_schedule.py compares them). Not imported from there:
+        either load in the other; tests/unit/training/test_schedule.py compares them). Not imported from there:
         `transformers.optimization` imports peft, about 1.5 s of CPU of every `csekit train` start, LoRA or not."""
         if self.kind == "constant":
             factor = functools.partial(_constant_factor, warmup_steps=self.warmup_steps)

@@ -17,7 +17,7 @@ and the gradient norm (to skip a non-finite gradient). A sync-free step instead
 
 The loop reads all of it in one copy (`read_on_host`) at its read points (log, evaluation, the run's end),
 where it learns the true step count, writes the records and checks `train.max_bad_steps`. The weights
-are those of the plain loop, bit for bit (tests/test_sync_free.py). `SyncFreeSteps` is the loop's step runner
+are those of the plain loop, bit for bit (tests/runs/test_sync_free.py). `SyncFreeSteps` is the loop's step runner
 (`csekit.training.step_runner`: the trainer takes every step through one); `SyncFreeDevice` its device side.
 """
 

@@ -14,10 +14,11 @@ gives it) is chosen with `probability`, then replaced as its `data_collator_type
 
 The draws are the collator's, in its order (Bernoulli draws of the chosen tokens, then of the replaced ones, then
 of the random ones among the rest, then the random tokens), so from one seed on the CPU the masks are those of the
-authors' collator (tests/test_llm2vec_fidelity.py). The mask token is the tokenizer's own, else `mask_token` ("_",
-LLM2Vec's `blank`); the loss is the mean cross-entropy over chosen tokens (position 0 has no previous position and is
-never a target). The objective runs its own encoder pass on the masked ids of view `view`; it composes with any other
-objective (MNTP + SimCSE in one run by weights), or a run of MNTP alone saves a model that a SimCSE run loads.
+authors' collator (tests/methods/test_llm2vec_fidelity.py). The mask token is the tokenizer's own, else `mask_token`
+("_", LLM2Vec's `blank`); the loss is the mean cross-entropy over chosen tokens (position 0 has no previous position
+and is never a target). The objective runs its own encoder pass on the masked ids of view `view`; it composes with
+any other objective (MNTP + SimCSE in one run by weights), or a run of MNTP alone saves a model that a SimCSE run
+loads.
 
 The LM head: the input embeddings where the config ties them (Gemma, small Qwen2s), else the checkpoint's LM head,
 loaded once through csekit's model loading (the causal-LM model is read and all but its head dropped). It trains

@@ -9,7 +9,7 @@ and its join the Treebank detokenizer; csekit needs no NLTK, so its words are ru
 contractions ("don't": NLTK's "do" + "n't"), abbreviations and numbers ("U.S.", "3.50", "1,000": one NLTK token,
 three csekit words), hyphenated words, "..." and "--", and quotes (NLTK's `` and ''); the space join leaves
 " ." where the detokenizer writes "." (a BERT tokenizer splits it the same; a byte-level BPE does not). Examples:
-docs/fidelity.md's TSDAE table and `tests/test_tsdae.py`.
+docs/fidelity.md's TSDAE table and `tests/methods/test_tsdae.py`.
 The draws are seeded by the run's seed and the batch's sentences (`repetition.batch_generator`).
 """
 
