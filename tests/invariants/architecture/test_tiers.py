@@ -12,6 +12,8 @@ called, so they do not count). A new module that no fast test file reaches fails
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -149,3 +151,20 @@ def test_the_check_follows_module_level_imports_only(tmp_path: Path) -> None:
     lazy.write_text("def test():\n    from csekit.cli import app\n", encoding="utf-8")
     reached = reached_by([lazy])
     assert "csekit.cli" in reached and "csekit.bench" not in reached  # cli imports bench inside a function
+
+
+def test_no_test_file_is_ignored_by_git_or_ruff() -> None:
+    """An ignore pattern that matches a tier folder (`runs/` matched tests/runs/) hides new test files from git and
+    every test file there from ruff, which reads .gitignore: each file is checked against the patterns git reads."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = [str(path.relative_to(REPO)) for path in sorted(TESTS.rglob("*.py"))]
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--stdin"],
+        input="\n".join(files),
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    ).stdout.split()
+    assert not ignored, f"ignored by .gitignore, so unseen by git and ruff: {', '.join(ignored)}"
