@@ -5,7 +5,8 @@
 The papers measure each method from a raw masked-LM encoder (BERT-base: untrained STS averages of about 20-40,
 SimCSE +30 or more). None installs offline; all-MiniLM-L6-v2, the one real encoder here, was trained
 contrastively on about a billion pairs, so every method starts near its ceiling. This script undoes that: from
-the shipped weights it re-initialises the top `--reinit-top-layers` transformer layers (BERT's initialiser) and
+the shipped weights it re-initialises the top `--reinit-top-layers` transformer layers (4 of MiniLM's 6 by
+default: BERT's initialiser; with 2, the [CLS] STS average stayed at 58.65, above raw BERT's) and
 trains the whole model with BERT's masked-LM objective alone (transformers' `BertForMaskedLM` and
 `DataCollatorForLanguageModeling`: 15% of tokens, 80/10/10), `--steps` batches of 64 sentences of at most 32
 tokens from the data folder's text (its Wikipedia sample and the distinct unlabeled STS/SICK sentences), AdamW at
@@ -56,7 +57,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--corpus", action="append", help="a text file to train on instead of the data folder's")
     parser.add_argument("--steps", type=int, default=800)
     parser.add_argument("--lr", type=float, default=2e-4)
-    parser.add_argument("--reinit-top-layers", type=int, default=2, help="top layers re-initialised before training")
+    parser.add_argument("--reinit-top-layers", type=int, default=4, help="top layers re-initialised before training")
     parser.add_argument("--held-out", type=int, default=2000, help="sentences kept out of training for accuracy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--measure", action="store_true", help="score the untrained STS average of each pooler")

@@ -107,7 +107,8 @@ def test_csekit_bench_command_runs_a_suite(tmp_path: Path, tiny_model_dir: Path)
 
 def test_the_testbed_suite_is_the_controlled_one_on_the_stand_in() -> None:
     """benchmarks/suites/testbed.yaml (issue 63) holds every configuration of controlled.yaml with the same parts and
-    shared values; only the backbone (the MLM-only stand-in), the run length and DiffCSE's generator differ."""
+    shared values; only the backbone (the MLM-only stand-in), the run length, the learning rate and DiffCSE's
+    generator differ."""
     from csekit.training.recipe import load_recipe
 
     controlled = load_suite(REPO / "benchmarks" / "suites" / "controlled.yaml")
@@ -115,7 +116,7 @@ def test_the_testbed_suite_is_the_controlled_one_on_the_stand_in() -> None:
     assert [r.name for r in testbed.recipes] == [r.name for r in controlled.recipes]
     assert (testbed.seeds, testbed.tasks, testbed.baseline) == (controlled.seeds, controlled.tasks, controlled.baseline)
     standin = "generators/minilm-mlm-standin"
-    changed = {"model.backbone": standin, "train.max_steps": 200, "train.eval_every": 50}
+    changed = {"model.backbone": standin, "train.max_steps": 200, "train.eval_every": 50, "train.lr": 1.0e-4}
     for ours, theirs in zip(testbed.recipes, controlled.recipes, strict=True):
         assert (ours.path, ours.control) == (theirs.path, theirs.control)
         mine, base = (dataclasses.asdict(load_recipe(r.path, r.overrides)) for r in (ours, theirs))
