@@ -322,11 +322,15 @@ def test_a_tiny_p_value_prints_as_below_one_thousandth() -> None:
     assert "p = 0.000" not in markdown
 
 
-def test_every_recipe_of_a_suite_is_checked_before_the_first_training(tmp_path: Path, tiny_model_dir: Path) -> None:
+def test_every_recipe_of_a_suite_is_checked_before_the_first_training(
+    tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An SLT-FAI recipe whose token counts were never made stops the suite before anything trains, with the
-    command that makes them; so does an OssCSE corpus that `csekit augment` did not write."""
+    command that makes them; so does an OssCSE corpus that `csekit augment` did not write. Run from an empty
+    folder: the recipes name those inputs relative to where csekit runs, and a checkout may have made them."""
     from conftest import make_corpus, make_data_dir
 
+    monkeypatch.chdir(tmp_path)
     data = make_data_dir(tmp_path / "data")
     corpus = make_corpus(tmp_path / "corpus.txt", lines=48)
     suite = tmp_path / "suite.yaml"
