@@ -123,14 +123,10 @@ def protocol_label(representation: Representation, tasks: TaskSet) -> str:
     from csekit.encoding.whole_template import NO_TEST_TEMPLATE
     from csekit.evaluation.suite import protocol_facts
 
-    facts, rule, template = (
-        protocol_facts(representation, tasks),
-        representation.sentence_end,
-        representation.test_template,
-    )
+    facts = protocol_facts(representation, tasks)
+    rule, template, shown = representation.sentence_end, representation.test_template, representation.demonstration
     label = "" if rule == NO_SENTENCE_END else f", sentence end {rule}"
     label += "" if template == NO_TEST_TEMPLATE else f", test template {template!r} tokenised whole"
-    shown = representation.demonstration
     if shown is not None:
         label += f', demonstration "{shown.sentence}" -> "{shown.word}"'
     return label + (f", transfer classifier {facts['transfer_classifier']}" if "transfer_classifier" in facts else "")
