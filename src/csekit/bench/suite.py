@@ -19,7 +19,20 @@ from csekit.training.recipe_schema import MAX_SEED
 if TYPE_CHECKING:
     from csekit.evaluation.task_set import TaskSet
 
-SUITE_KEYS = {"name", "seeds", "tasks", "recipes", "sample_sentences", "baseline", "published", "transfer_classifier"}
+SUITE_KEYS = {
+    "name",
+    "seeds",
+    "tasks",
+    "recipes",
+    "sample_sentences",
+    "baseline",
+    "published",
+    "paper_comparison",
+    "transfer_classifier",
+}
+PAPER_COMPARISONS = ("scores", "deltas")
+"""What a suite compares with its published file: `scores`, each task's number with the paper's (and the deltas);
+`deltas` alone, each method's paired difference from the baseline with its paper's (a backbone not the paper's)."""
 RECIPE_KEYS = {"recipe", "name", "set", "control", "paper"}
 
 
@@ -49,6 +62,7 @@ class Suite:
     # DIR, split: NAME}), relative to the suite and held absolute; `tasks` the rest.
     files: list[FileTask] = field(default_factory=list)
     transfer_classifier: str = "sklearn"  # SentEval's transfer protocol: sklearn or pytorch (the papers')
+    paper_comparison: str = "scores"  # one of PAPER_COMPARISONS
 
     @property
     def pairs(self) -> list[Path]:
@@ -148,6 +162,7 @@ def load_suite(path: str | Path) -> Suite:
             f"{at(path, _line_of(text, 'transfer_classifier'))}: transfer_classifier must be one of "
             f"{', '.join(TRANSFER_CLASSIFIERS)}, found {classifier!r}"
         )
+    comparison = _paper_comparison(path, text, raw, baseline)
     name = str(raw.get("name") or path.stem)
     check_label(name, f"{at(path, _line_of(text, 'name'))}: suite name", table_cell=False)  # results.md's heading
     return Suite(
@@ -160,7 +175,22 @@ def load_suite(path: str | Path) -> Suite:
         _published_file(path, text, raw.get("published"), recipes),
         files,
         classifier,
+        comparison,
     )
+
+
+def _paper_comparison(path: Path, text: str, raw: dict[str, Any], baseline: Any) -> str:
+    """The suite's `paper_comparison`; `deltas` needs the published file and the baseline its deltas are taken from."""
+    value = raw.get("paper_comparison", "scores")
+    where = at(path, _line_of(text, "paper_comparison"))
+    if value not in PAPER_COMPARISONS:
+        raise CsekitError(f"{where}: paper_comparison must be one of {', '.join(PAPER_COMPARISONS)}, found {value!r}")
+    if value == "deltas" and (raw.get("published") is None or baseline is None):
+        raise CsekitError(
+            f"{where}: paper_comparison: deltas compares each method's difference from the baseline with its "
+            "paper's: the suite needs both `published:` and `baseline:`"
+        )
+    return str(value)
 
 
 def _suite_tasks(path: Path, text: str, value: Any) -> tuple[str, list[FileTask]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from csekit.bench.deltas import format_delta_markdown
 from csekit.bench.papers import format_paper_markdown, paper_comparisons
 from csekit.bench.plots import write_paper_plot, write_plots
 from csekit.bench.results import collect
@@ -58,8 +59,11 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
     papers = None
     if suite.published is not None:
         published = load_published(suite.published)
-        papers = paper_comparisons(suite, runs, published)
-        markdown += format_paper_markdown(suite, runs, published, papers)
+        if differences is not None:
+            markdown += format_delta_markdown(suite, published, differences)
+        if suite.paper_comparison == "scores":
+            papers = paper_comparisons(suite, runs, published)
+            markdown += format_paper_markdown(suite, runs, published, papers)
     with guarded_save("results.md and results.csv", output, "the runs' results.json files are intact"):
         atomic_write_text(output / "results.md", markdown)
         atomic_write_text(output / "results.csv", format_csv(labels, rows, differences, papers))

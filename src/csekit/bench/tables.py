@@ -81,8 +81,8 @@ def format_csv(
             if diff is None:
                 cells += ["", "", "", ""]
             else:
-                p_text = "" if diff.p_value is None else f"{diff.p_value:.4g}"
-                cells += [f"{diff.mean:.4f}", p_text, diff.higher, len(diff.seeds)]
+                p_value = "" if diff.p_value is None else f"{diff.p_value:.4g}"
+                cells += [f"{diff.mean:.4f}", p_value, diff.higher, len(diff.seeds)]
         for label in compared:
             cells += paper_csv_cells((papers or {}).get(row["method"], {}).get(label))
         writer.writerow(cells)
@@ -153,15 +153,15 @@ def format_paired_markdown(baseline: str, differences: dict[str, dict[str, Paire
             if diff is None:
                 cells.append("-")
                 continue
-            p_text = "p = -" if diff.p_value is None else _p_text(diff.p_value)
-            cells.append(f"{signed(diff.mean)} ({p_text}){' *' if diff.significant else ''}")
+            shown = "p = -" if diff.p_value is None else p_text(diff.p_value)
+            cells.append(f"{signed(diff.mean)} ({shown}){' *' if diff.significant else ''}")
         average = columns.get("STS Avg.")
         cells.append("-" if average is None else f"{average.higher}/{len(average.seeds)}")
         lines.append(markdown_row(cells))
     return "\n".join(lines) + "\n"
 
 
-def _p_text(p_value: float) -> str:
+def p_text(p_value: float) -> str:
     """`p = 0.042`; below 0.0005 `p < 0.001` (three decimals would print a p-value of 0.000)."""
     return "p < 0.001" if p_value < 0.0005 else f"p = {p_value:.3f}"
 

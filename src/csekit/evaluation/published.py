@@ -6,6 +6,7 @@ A published file (`benchmarks/published/*.yaml`) maps a recipe name to either it
       source: DCLR camera-ready Table 1, BERT-base "+DCLR (Ours)" (paper 002)
       scores: {STS12: 70.81, ..., STS Avg.: 77.22}   # x 100, the papers' column labels
       note: ...                                        # optional
+      paper_baseline: {source: ..., scores: {...}}     # optional: the paper's own baseline run
 
 or the reason there is none (`reason: ...`): a number that could not be read is never guessed.
 
@@ -43,7 +44,7 @@ PUBLISHED_COLUMNS: tuple[str, ...] = (
 )
 """Column labels a published row may give, in the papers' order (those of `csekit bench`'s tables)."""
 
-ENTRY_KEYS = ("source", "scores", "note", "means", "reason")
+ENTRY_KEYS = ("source", "scores", "note", "means", "paper_baseline", "reason")
 UNKNOWN_RUNS = 2
 """The runs behind a published mean whose count the source does not give: 2, the fewest a mean has and so the
 widest range it can fall in (the verdict then says "outside" only where no mean of runs could be)."""
@@ -61,6 +62,9 @@ class PublishedRow:
     note: str | None = None
     reason: str | None = None
     means: dict[str, int | None] = field(default_factory=dict)  # column -> runs it is the mean of (None: not given)
+    # The baseline the paper compares this row with when it is the paper's own run (SLT-FAI reruns SimCSE at
+    # batch 32), not the suite baseline's published row; a method's delta is taken against it.
+    paper_baseline: PublishedRow | None = None
 
     def runs_of(self, label: str) -> int:
         """How many runs the published number of `label` is the mean of (1: one run, as most papers report)."""
@@ -103,13 +107,14 @@ def load_published(path: str | Path) -> dict[str, PublishedRow]:
     return rows
 
 
-def _row(recipe: str, entry: Any, where: str) -> PublishedRow:
-    """One entry, checked: `source` and `scores` (and an optional `note`), or a `reason` alone."""
+def _row(recipe: str, entry: Any, where: str, keys: tuple[str, ...] = ENTRY_KEYS) -> PublishedRow:
+    """One entry, checked: `source` and `scores` (and an optional `note`, `means`, `paper_baseline`), or a `reason`
+    alone; `keys`: those allowed (a paper baseline holds no paper baseline and no reason)."""
     if not isinstance(entry, dict):
         raise CsekitError(f"{where}: {recipe}: an entry is a mapping with {{source, scores}} or {{reason}}")
-    unknown = sorted(str(key) for key in entry if key not in ENTRY_KEYS)
+    unknown = sorted(str(key) for key in entry if key not in keys)
     if unknown:
-        raise CsekitError(f"{where}: {recipe}: unknown key {unknown[0]!r}; expected {list(ENTRY_KEYS)}")
+        raise CsekitError(f"{where}: {recipe}: unknown key {unknown[0]!r}; expected {list(keys)}")
     reason = _text(entry.get("reason"))
     if "reason" in entry:
         if reason is None or set(entry) != {"reason"}:
@@ -136,7 +141,11 @@ def _row(recipe: str, entry: Any, where: str) -> PublishedRow:
     if note is not None and _text(note) is None:
         raise CsekitError(f"{where}: {recipe}: note must be a non-empty text")
     means = _means(recipe, entry.get("means"), ordered, where)
-    return PublishedRow(recipe, source=source, scores=ordered, note=_text(note), means=means)
+    baseline = None
+    if entry.get("paper_baseline") is not None:
+        inner = tuple(key for key in keys if key not in ("paper_baseline", "reason"))
+        baseline = _row(f"{recipe}.paper_baseline", entry["paper_baseline"], where, inner)
+    return PublishedRow(recipe, source=source, scores=ordered, note=_text(note), means=means, paper_baseline=baseline)
 
 
 def _means(recipe: str, value: Any, scores: dict[str, float], where: str) -> dict[str, int | None]:
@@ -152,6 +161,15 @@ def _means(recipe: str, value: Any, scores: dict[str, float], where: str) -> dic
     if not isinstance(columns, list) or not columns or any(str(column) not in scores for column in columns):
         raise CsekitError(f"{where}: {recipe}: means.columns must list columns of this entry's scores, not {columns!r}")
     return dict.fromkeys((str(column) for column in columns), None if runs == "unknown" else runs)
+
+
+def paper_delta(row: PublishedRow, baseline: PublishedRow | None, label: str = STS_AVERAGE) -> float | None:
+    """The paper's own difference on column `label`: its row minus the baseline it compares the row with (the
+    row's `paper_baseline`, else `baseline`, the suite baseline's published row); None where either lacks it."""
+    against = row.paper_baseline or baseline
+    if against is None or label not in row.scores or label not in against.scores:
+        return None
+    return row.scores[label] - against.scores[label]
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,71 @@
+"""Each method's paired difference from the suite baseline beside its paper's own difference (STS Avg.): does the
+method move the average the way its paper says, whatever the backbone's level?"""
+
+from __future__ import annotations
+
+from csekit.bench.papers import signed
+from csekit.bench.suite import Suite
+from csekit.bench.tables import PairedDifference, p_text
+from csekit.core.report_cells import markdown_cell, markdown_row, markdown_rule
+from csekit.evaluation.published import STS_AVERAGE, PublishedRow, paper_delta
+
+DELTA_RULE = (
+    "Each method minus {baseline} on the same seeds (STS Avg., x 100, mean over the seeds both finished; p from a "
+    "paired t-test, * below 0.05) beside its paper's difference on the paper's backbone: the paper's STS Avg. minus "
+    "that of the baseline the paper compares it with (its own rerun where the published row gives one, else "
+    "{baseline}'s published row {entry}). Same sign: whether csekit's difference points the paper's way; where "
+    "csekit's p is 0.05 or more its difference is within seed noise, and the sign says little."
+)
+
+
+def format_delta_markdown(
+    suite: Suite, published: dict[str, PublishedRow], differences: dict[str, dict[str, PairedDifference]]
+) -> str:
+    """The section: one row per recipe but the baseline, in the suite's order."""
+    baseline = next(recipe for recipe in suite.recipes if recipe.name == suite.baseline)
+    base_row = published.get(baseline.published_as)
+    rule = DELTA_RULE.format(baseline=markdown_cell(baseline.name), entry=markdown_cell(baseline.published_as))
+    markdown = f"\n## Paired difference against the papers' ({STS_AVERAGE})\n\n{rule}\n\n"
+    heads = ["Method", "Paper entry", f"csekit minus {baseline.name}", "Paper's difference", "Paper's baseline"]
+    lines = [markdown_row([*heads, "Same sign"]), markdown_rule(len(heads) + 1)]
+    for recipe in suite.recipes:
+        if recipe.name == baseline.name:
+            continue
+        measured = differences.get(recipe.name, {}).get(STS_AVERAGE)
+        row = published.get(recipe.published_as)
+        paper = None if row is None else paper_delta(row, base_row)
+        cells = [recipe.name, recipe.published_as, _measured_cell(measured)]
+        cells += [_paper_cell(row, paper), _baseline_cell(row, base_row, baseline.published_as)]
+        lines.append(markdown_row([*cells, _same_sign(measured, paper)]))
+    return markdown + "\n".join(lines) + "\n"
+
+
+def _measured_cell(measured: PairedDifference | None) -> str:
+    if measured is None:
+        return "no paired seed yet"
+    p_value = "p = -" if measured.p_value is None else p_text(measured.p_value)
+    seeds = f"{len(measured.seeds)} seed{'s' * (len(measured.seeds) != 1)}"
+    return f"{signed(measured.mean)} ({p_value}, {seeds}){' *' if measured.significant else ''}"
+
+
+def _paper_cell(row: PublishedRow | None, paper: float | None) -> str:
+    if row is None:
+        return "no entry in the published file"
+    if row.reason is not None:
+        return "none published (the entry says why)"
+    return "-" if paper is None else signed(paper)
+
+
+def _baseline_cell(row: PublishedRow | None, base_row: PublishedRow | None, base_entry: str) -> str:
+    if row is not None and row.paper_baseline is not None:
+        own = row.paper_baseline.scores.get(STS_AVERAGE)
+        return f"its own: {row.paper_baseline.source}" + ("" if own is None else f" ({own:.2f})")
+    base = None if base_row is None else base_row.scores.get(STS_AVERAGE)
+    return base_entry + ("" if base is None else f" ({base:.2f})")
+
+
+def _same_sign(measured: PairedDifference | None, paper: float | None) -> str:
+    """yes or no; `-` where either difference is missing or exactly zero (no direction to compare)."""
+    if measured is None or paper is None or measured.mean == 0 or paper == 0:
+        return "-"
+    return "yes" if (measured.mean > 0) == (paper > 0) else "no"
