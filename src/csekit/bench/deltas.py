@@ -3,7 +3,7 @@ method move the average the way its paper says, whatever the backbone's level?""
 
 from __future__ import annotations
 
-from csekit.bench.papers import signed
+from csekit.bench.papers import same_sign, signed
 from csekit.bench.suite import Suite
 from csekit.bench.tables import PairedDifference, p_text
 from csekit.core.report_cells import markdown_cell, markdown_row, markdown_rule
@@ -18,6 +18,17 @@ DELTA_RULE = (
 )
 
 
+def paper_differences(suite: Suite, published: dict[str, PublishedRow]) -> dict[str, float | None]:
+    """Per recipe but the baseline: its paper's own difference on STS Avg. (None where the file gives none)."""
+    base_row = published.get(next(r.published_as for r in suite.recipes if r.name == suite.baseline))
+    differences: dict[str, float | None] = {}
+    for recipe in suite.recipes:
+        if recipe.name != suite.baseline:
+            row = published.get(recipe.published_as)
+            differences[recipe.name] = None if row is None else paper_delta(row, base_row)
+    return differences
+
+
 def format_delta_markdown(
     suite: Suite, published: dict[str, PublishedRow], differences: dict[str, dict[str, PairedDifference]]
 ) -> str:
@@ -28,15 +39,15 @@ def format_delta_markdown(
     markdown = f"\n## Paired difference against the papers' ({STS_AVERAGE})\n\n{rule}\n\n"
     heads = ["Method", "Paper entry", f"csekit minus {baseline.name}", "Paper's difference", "Paper's baseline"]
     lines = [markdown_row([*heads, "Same sign"]), markdown_rule(len(heads) + 1)]
+    papers = paper_differences(suite, published)
     for recipe in suite.recipes:
         if recipe.name == baseline.name:
             continue
         measured = differences.get(recipe.name, {}).get(STS_AVERAGE)
-        row = published.get(recipe.published_as)
-        paper = None if row is None else paper_delta(row, base_row)
+        row, paper = published.get(recipe.published_as), papers[recipe.name]
         cells = [recipe.name, recipe.published_as, _measured_cell(measured)]
         cells += [_paper_cell(row, paper), _baseline_cell(row, base_row, baseline.published_as)]
-        lines.append(markdown_row([*cells, _same_sign(measured, paper)]))
+        lines.append(markdown_row([*cells, same_sign(None if measured is None else measured.mean, paper)]))
     return markdown + "\n".join(lines) + "\n"
 
 
@@ -62,10 +73,3 @@ def _baseline_cell(row: PublishedRow | None, base_row: PublishedRow | None, base
         return f"its own: {row.paper_baseline.source}" + ("" if own is None else f" ({own:.2f})")
     base = None if base_row is None else base_row.scores.get(STS_AVERAGE)
     return base_entry + ("" if base is None else f" ({base:.2f})")
-
-
-def _same_sign(measured: PairedDifference | None, paper: float | None) -> str:
-    """yes or no; `-` where either difference is missing or exactly zero (no direction to compare)."""
-    if measured is None or paper is None or measured.mean == 0 or paper == 0:
-        return "-"
-    return "yes" if (measured.mean > 0) == (paper > 0) else "no"

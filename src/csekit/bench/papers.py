@@ -137,3 +137,10 @@ def signed(value: float) -> str:
     """A difference with its sign and 2 decimals; one that rounds to zero prints 0.00, not -0.00 or +0.00."""
     text = f"{value:+.2f}"
     return "0.00" if text in ("+0.00", "-0.00") else text
+
+
+def same_sign(measured: float | None, paper: float | None) -> str:
+    """yes or no; `-` where either difference is missing or exactly zero (no direction to compare)."""
+    if measured is None or paper is None or measured == 0 or paper == 0:
+        return "-"
+    return "yes" if (measured > 0) == (paper > 0) else "no"

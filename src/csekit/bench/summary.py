@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from csekit.bench.deltas import format_delta_markdown
+from csekit.bench.deltas import format_delta_markdown, paper_differences
 from csekit.bench.papers import format_paper_markdown, paper_comparisons
 from csekit.bench.plots import write_paper_plot, write_plots
 from csekit.bench.results import collect
@@ -56,17 +56,18 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
     wall = format_wall_markdown(runs)
     if wall:
         markdown += "\n## Wall time per run\n\nSeconds; a resumed run counts only its last part.\n\n" + wall
-    papers = None
+    papers = paper_deltas = None
     if suite.published is not None:
         published = load_published(suite.published)
         if differences is not None:
             markdown += format_delta_markdown(suite, published, differences)
+            paper_deltas = paper_differences(suite, published)
         if suite.paper_comparison == "scores":
             papers = paper_comparisons(suite, runs, published)
             markdown += format_paper_markdown(suite, runs, published, papers)
     with guarded_save("results.md and results.csv", output, "the runs' results.json files are intact"):
         atomic_write_text(output / "results.md", markdown)
-        atomic_write_text(output / "results.csv", format_csv(labels, rows, differences, papers))
+        atomic_write_text(output / "results.csv", format_csv(labels, rows, differences, papers, paper_deltas))
     with guarded_save("the plots", output, "results.md, results.csv and the runs' results are intact"):
         plots = write_plots(output, suite, runs)
         if papers and any(STS_AVERAGE in columns for columns in papers.values()):

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from csekit.bench.papers import PAPER_CSV_STATS, paper_csv_cells, paper_labels, signed
+from csekit.bench.papers import PAPER_CSV_STATS, paper_csv_cells, paper_labels, same_sign, signed
 from csekit.bench.results import OTHER_COLUMNS, STS_COLUMNS, TRANSFER_COLUMNS, UNSCALED, file_task_columns, score_at
 from csekit.bench.suite import Suite
 from csekit.core.report_cells import csv_text, markdown_cell, markdown_row, markdown_rule
@@ -56,10 +56,13 @@ def format_csv(
     rows: list[dict[str, Any]],
     differences: dict[str, dict[str, PairedDifference]] | None = None,
     papers: dict[str, dict[str, PaperComparison]] | None = None,
+    paper_deltas: dict[str, float | None] | None = None,
 ) -> str:
     """One row per method; with `differences`, also each STS column's paired difference, p and seeds above;
     with `papers`, each published column's paper number, difference, 95% range (one run's, or a mean's where the
-    paper gives a mean of runs) and whether it is within."""
+    paper gives a mean of runs) and whether it is within; with `paper_deltas` (per method, its paper's own STS Avg.
+    difference), that difference and whether csekit's paired one has its sign."""
+
     paired_labels = [label for label, _ in STS_COLUMNS] if differences is not None else []
     compared = paper_labels(papers or {})
     buffer = io.StringIO()
@@ -70,6 +73,7 @@ def format_csv(
         *[f"{label} {stat}" for label in labels for stat in ("mean", "std")],
         *[f"{label} {stat}" for label in paired_labels for stat in ("diff", "p", "seeds above", "paired seeds")],
         *[f"{label} {stat}" for label in compared for stat in PAPER_CSV_STATS],
+        *([] if paper_deltas is None else ["STS Avg. paper's own difference", "STS Avg. same sign as paper"]),
     ]
     writer.writerow([csv_text(head) for head in heads])
     for row in rows:
@@ -85,6 +89,11 @@ def format_csv(
                 cells += [f"{diff.mean:.4f}", p_value, diff.higher, len(diff.seeds)]
         for label in compared:
             cells += paper_csv_cells((papers or {}).get(row["method"], {}).get(label))
+        if paper_deltas is not None:
+            paper = paper_deltas.get(row["method"])
+            measured = (differences or {}).get(row["method"], {}).get("STS Avg.")
+            mean = None if measured is None else measured.mean
+            cells += ["" if paper is None else f"{paper:.4f}", same_sign(mean, paper).replace("-", "")]
         writer.writerow(cells)
     return buffer.getvalue()
 

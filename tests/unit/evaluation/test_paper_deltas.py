@@ -4,6 +4,7 @@ baseline's published row)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from pathlib import Path
@@ -15,6 +16,7 @@ from scipy.stats import ttest_rel
 
 from csekit.bench import load_suite, summarise
 from csekit.bench.deltas import format_delta_markdown
+from csekit.bench.papers import same_sign
 from csekit.bench.tables import PairedDifference
 from csekit.core.errors import CsekitError
 from csekit.evaluation.published import PublishedRow, load_published, paper_delta
@@ -131,6 +133,16 @@ def test_the_summary_sets_each_methods_difference_beside_its_papers(tmp_path: Pa
     ]
     assert p_of("own") < 0.05 < p_of("up")
     assert ("## Against the published numbers" in markdown) == (comparison != "deltas")
+    rows = {row["method"]: row for row in csv.DictReader((out / "results.csv").open(encoding="utf-8"))}
+    columns = ("STS Avg. paper's own difference", "STS Avg. same sign as paper")
+    shown = {name: tuple(row[column] for column in columns) for name, row in rows.items()}
+    assert shown == {
+        "simcse": ("", ""),
+        "up": ("1.0000", "yes"),
+        "own": ("1.5800", "no"),
+        "reasoned": ("", ""),
+    }  # `unpublished` has no finished run, so no row
+    assert ("STS Avg. paper diff" in next(iter(rows.values()))) == (comparison != "deltas")  # csekit minus paper
 
 
 @given(
@@ -150,6 +162,7 @@ def test_same_sign_says_yes_exactly_when_both_differences_point_the_same_way(del
     mean = math.fsum(deltas) / len(deltas)
     measured = PairedDifference(list(range(len(deltas))), mean, None, sum(d > 0 for d in deltas))
     row = format_delta_markdown(suite, published, {"method": {"STS Avg.": measured}}).splitlines()[-1]
+    assert same_sign(mean, paper_delta(published["method"], published["base"])) == row.split(" | ")[-1][:-2]
     shown_paper = (70.0 + paper) - 70.0
     expected = "-" if mean == 0 or shown_paper == 0 else ("yes" if (mean > 0) == (shown_paper > 0) else "no")
     assert row.endswith(f"| {expected} |"), row
