@@ -17,6 +17,7 @@ from scipy.stats import ttest_rel
 from csekit.bench import load_suite, summarise
 from csekit.bench.deltas import format_delta_markdown
 from csekit.bench.papers import same_sign
+from csekit.bench.suite import Suite, SuiteRecipe
 from csekit.bench.tables import PairedDifference
 from csekit.core.errors import CsekitError
 from csekit.evaluation.published import PublishedRow, load_published, paper_delta
@@ -153,8 +154,8 @@ def test_the_summary_sets_each_methods_difference_beside_its_papers(tmp_path: Pa
 def test_same_sign_says_yes_exactly_when_both_differences_point_the_same_way(deltas: list[float], paper: float) -> None:
     """For any measured differences and any paper's: yes when their mean and the paper's difference share a sign,
     no when they do not, `-` when either is zero."""
-    suite_recipes = [type("R", (), {"name": name, "published_as": name})() for name in ("base", "method")]
-    suite = type("S", (), {"recipes": suite_recipes, "baseline": "base"})()
+    recipes = [SuiteRecipe(name, Path("a.yaml")) for name in ("base", "method")]
+    suite = Suite("s", [1], "sts", recipes, baseline="base")
     published = {
         "base": PublishedRow("base", source="B", scores={"STS Avg.": 70.0}),
         "method": PublishedRow("method", source="M", scores={"STS Avg.": 70.0 + paper}),
