@@ -4,7 +4,8 @@
 # SLT-FAI's token counts, OssCSE's augmented corpus, SNCSE's negations), then run benchmarks/suites/testbed.yaml
 # at the lowest CPU priority. Every step can be run again: the stand-in is cached by its settings, freq rewrites
 # its file, augment and bench continue where they stopped.
-# Results, tables and plots land in $OUT (default runs/testbed).
+# Results, tables and plots land in $OUT (default runs/testbed); the papers' biases measured by `csekit diagnose`
+# on every trained model in $OUT-diagnose (one JSON a run), their table printed last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CSEKIT_DATA=${CSEKIT_DATA:-$(cd .. && pwd)/shared/data}
@@ -22,3 +23,6 @@ echo "== negations for SNCSE (corpus/sts_sick_unlabeled_sncse.jsonl)"
 $CSEKIT augment --engine none --corpus "$SENTENCES" --output corpus/sts_sick_unlabeled_sncse.jsonl
 echo "== the testbed suite -> $OUT"
 nice -n 19 $CSEKIT bench benchmarks/suites/testbed.yaml --output "$OUT" --no-progress
+echo "== the papers' biases on the trained models -> $OUT-diagnose"
+PYTHONPATH=src nice -n 19 "${PYTHON:-.venv/bin/python}" benchmarks/suite_diagnose.py benchmarks/suites/testbed.yaml \
+    --output "$OUT" --reports "$OUT-diagnose"
