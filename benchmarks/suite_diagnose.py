@@ -25,6 +25,7 @@ from scipy.stats import ttest_rel
 
 from csekit.bench import load_suite
 from csekit.bench.suite import Suite, run_dir
+from csekit.bench.tables import p_text
 from csekit.evaluation.diagnose import TABLE_ROWS
 
 TARGETS = {
@@ -73,11 +74,11 @@ def _paired(mine: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]], ke
     if not seeds:
         return "-"
     deltas = [scale * (mine[s][key] - base[s][key]) for s in seeds]
-    p_value = "-"
+    shown = "p = -"
     if len(seeds) >= 2 and float(np.std(deltas)) > 0:
         values, base_values = ([scale * runs[s][key] for s in seeds] for runs in (mine, base))
-        p_value = f"{float(ttest_rel(values, base_values).pvalue):.3f}"
-    return f"{np.mean(deltas):+.3f} (p = {p_value}, {len(seeds)} seeds)"
+        shown = p_text(float(ttest_rel(values, base_values).pvalue))
+    return f"{np.mean(deltas):+.3f} ({shown}, {len(seeds)} seeds)"
 
 
 def table(suite: Suite, reports: Path) -> str:
