@@ -26,6 +26,7 @@ from scipy.stats import ttest_rel
 from csekit.bench import load_suite
 from csekit.bench.suite import Suite, run_dir
 from csekit.bench.tables import p_text
+from csekit.core.report_cells import markdown_row, markdown_rule
 from csekit.evaluation.diagnose import TABLE_ROWS
 
 TARGETS = {
@@ -88,18 +89,19 @@ def table(suite: Suite, reports: Path) -> str:
     for key, target in TARGETS.items():
         label, scale = SCALES[key]
         markdown += f"\n### {label} ({target})\n\n"
-        markdown += (
-            f"| Recipe | Seeds | Mean ± std | minus {suite.baseline} | minus its control |\n|---|---|---|---|---|\n"
-        )
+        heads = ["Recipe", "Seeds", "Mean ± std", f"minus {suite.baseline or 'the baseline'}", "minus its control"]
+        lines = [markdown_row(heads), markdown_rule(len(heads))]
         for recipe in suite.recipes:
             mine = runs[recipe.name]
             if not mine:
                 continue
             values = [scale * metrics[key] for metrics in mine.values()]
-            base = "-" if recipe.name == suite.baseline else _paired(mine, runs[suite.baseline or ""], key, scale)
+            no_base = suite.baseline is None or recipe.name == suite.baseline
+            base = "-" if no_base else _paired(mine, runs[str(suite.baseline)], key, scale)
             control = "-" if recipe.control is None else _paired(mine, runs[recipe.control], key, scale)
-            cells = [recipe.name, str(len(values)), f"{np.mean(values):.4f} ± {np.std(values):.4f}", base, control]
-            markdown += "| " + " | ".join(cells) + " |\n"
+            spread = f"{np.mean(values):.4f} ± {np.std(values):.4f}"
+            lines.append(markdown_row([recipe.name, len(values), spread, base, control]))
+        markdown += "\n".join(lines) + "\n"
     return markdown
 
 

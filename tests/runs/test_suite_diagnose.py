@@ -89,3 +89,15 @@ def test_the_table_pairs_each_bias_by_seed_with_the_baseline_and_the_control(
     assert f"-8.000 (p = {p_control:.3f}, 2 seeds) |" in section
     uniformity = markdown.split("### uniformity")[1].split("###")[0]
     assert f"| method | 3 | -0.2200 ± 0.0216 | +0.190 (p = {p_base:.3f}, 3 seeds) |" in uniformity
+
+
+def test_a_suite_without_a_baseline_tabulates_each_recipe_alone(tmp_path: Path, suite_diagnose: Any) -> None:
+    """No baseline: each recipe's mean, no paired column (it raised a KeyError); a recipe name is one cell."""
+    path = _suite(tmp_path)
+    path.write_text(path.read_text(encoding="utf-8").replace("baseline: base\n", ""), encoding="utf-8")
+    suite = load_suite(path)
+    _report(tmp_path / "reports", "base-seed1", false_negative_rate=0.5, uniformity=-1.0, alignment=0.1,
+            frequency_probe_accuracy=0.7, cont_oppn_gap=0.3, anisotropy=0.4)  # fmt: skip
+    section = suite_diagnose.table(suite, tmp_path / "reports").split("###")[1]
+    assert "| Recipe | Seeds | Mean ± std | minus the baseline | minus its control |" in section
+    assert "| base | 1 | 50.0000 ± 0.0000 | - | - |" in section
