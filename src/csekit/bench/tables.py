@@ -61,8 +61,7 @@ def format_csv(
     """One row per method; with `differences`, also each STS column's paired difference, p and seeds above;
     with `papers`, each published column's paper number, difference, 95% range (one run's, or a mean's where the
     paper gives a mean of runs) and whether it is within; with `paper_deltas` (per method, its paper's own STS Avg.
-    difference), that difference and whether csekit's paired one has its sign."""
-
+    difference), that difference and whether csekit's paired one has its sign (empty where it cannot be said)."""
     paired_labels = [label for label, _ in STS_COLUMNS] if differences is not None else []
     compared = paper_labels(papers or {})
     buffer = io.StringIO()
@@ -93,7 +92,8 @@ def format_csv(
             paper = paper_deltas.get(row["method"])
             measured = (differences or {}).get(row["method"], {}).get("STS Avg.")
             mean = None if measured is None else measured.mean
-            cells += ["" if paper is None else f"{paper:.4f}", same_sign(mean, paper).replace("-", "")]
+            verdict = same_sign(mean, paper)
+            cells += ["" if paper is None else f"{paper:.4f}", "" if verdict == "-" else verdict]
         writer.writerow(cells)
     return buffer.getvalue()
 
