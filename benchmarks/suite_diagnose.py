@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from scipy.stats import ttest_rel
 
 from csekit.bench import load_suite
 from csekit.bench.suite import Suite, run_dir
-from csekit.bench.tables import p_text
+from csekit.bench.tables import p_text, paired_difference
 from csekit.core.report_cells import markdown_row, markdown_rule
 from csekit.evaluation.diagnose import TABLE_ROWS
 
@@ -71,15 +70,12 @@ def _values(reports: Path, name: str, seeds: list[int]) -> dict[int, dict[str, A
 
 
 def _paired(mine: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]], key: str, scale: float) -> str:
-    seeds = sorted(set(mine) & set(base))
-    if not seeds:
+    pairs = [(seed, scale * mine[seed][key], scale * base[seed][key]) for seed in sorted(set(mine) & set(base))]
+    difference = paired_difference(pairs)
+    if difference is None:
         return "-"
-    deltas = [scale * (mine[s][key] - base[s][key]) for s in seeds]
-    shown = "p = -"
-    if len(seeds) >= 2 and float(np.std(deltas)) > 0:
-        values, base_values = ([scale * runs[s][key] for s in seeds] for runs in (mine, base))
-        shown = p_text(float(ttest_rel(values, base_values).pvalue))
-    return f"{np.mean(deltas):+.3f} ({shown}, {len(seeds)} seeds)"
+    shown = "p = -" if difference.p_value is None else p_text(difference.p_value)
+    return f"{difference.mean:+.3f} ({shown}, {len(difference.seeds)} seeds)"
 
 
 def table(suite: Suite, reports: Path) -> str:

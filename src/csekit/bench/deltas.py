@@ -30,16 +30,18 @@ def paper_differences(suite: Suite, published: dict[str, PublishedRow]) -> dict[
 
 
 def format_delta_markdown(
-    suite: Suite, published: dict[str, PublishedRow], differences: dict[str, dict[str, PairedDifference]]
+    suite: Suite,
+    published: dict[str, PublishedRow],
+    differences: dict[str, dict[str, PairedDifference]],
+    papers: dict[str, float | None],
 ) -> str:
-    """The section: one row per recipe but the baseline, in the suite's order."""
+    """The section: one row per recipe but the baseline, in the suite's order (`papers`: `paper_differences`)."""
     baseline = next(recipe for recipe in suite.recipes if recipe.name == suite.baseline)
     base_row = published.get(baseline.published_as)
     rule = DELTA_RULE.format(baseline=markdown_cell(baseline.name), entry=markdown_cell(baseline.published_as))
     markdown = f"\n## Paired difference against the papers' ({STS_AVERAGE})\n\n{rule}\n\n"
     heads = ["Method", "Paper entry", f"csekit minus {baseline.name}", "Paper's difference", "Paper's baseline"]
     lines = [markdown_row([*heads, "Same sign"]), markdown_rule(len(heads) + 1)]
-    papers = paper_differences(suite, published)
     for recipe in suite.recipes:
         if recipe.name == baseline.name:
             continue

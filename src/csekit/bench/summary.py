@@ -60,8 +60,8 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
     if suite.published is not None:
         published = load_published(suite.published)
         if differences is not None:
-            markdown += format_delta_markdown(suite, published, differences)
             paper_deltas = paper_differences(suite, published)
+            markdown += format_delta_markdown(suite, published, differences, paper_deltas)
         if suite.paper_comparison == "scores":
             papers = paper_comparisons(suite, runs, published)
             markdown += format_paper_markdown(suite, runs, published, papers)

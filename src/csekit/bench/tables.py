@@ -116,14 +116,27 @@ SIGNIFICANCE = 0.05
 """p-value below which a paired difference is marked as beyond seed noise."""
 
 
+def paired_difference(pairs: list[tuple[int, float, float]]) -> PairedDifference | None:
+    """`(seed, method's value, baseline's value)` triples, in order, as one paired difference: the mean of method
+    minus baseline and a paired t-test (None with fewer than two pairs or differences without variance)."""
+    from scipy.stats import ttest_rel
+
+    if not pairs:
+        return None
+    seeds, values, base_values = (list(column) for column in zip(*pairs, strict=True))
+    deltas = np.subtract(values, base_values)
+    p_value = None
+    if len(pairs) >= 2 and float(np.std(deltas)) > 0:
+        p_value = float(ttest_rel(values, base_values).pvalue)
+    return PairedDifference(seeds, float(np.mean(deltas)), p_value, int(np.sum(deltas > 0)))
+
+
 def paired_differences(runs: dict[str, list[dict[str, Any]]], baseline: str) -> dict[str, dict[str, PairedDifference]]:
     """Per method (not the baseline) and STS column: the difference to the baseline, seed by seed.
 
     Seeds share the training data order and initialisation noise of the same seed, so pairing them
     removes that part of the seed-to-seed spread; only seeds present in both are compared.
     """
-    from scipy.stats import ttest_rel
-
     base_by_seed = {int(report["seed"]): report for report in runs.get(baseline, [])}
     differences: dict[str, dict[str, PairedDifference]] = {}
     for method, reports in runs.items():
@@ -136,16 +149,9 @@ def paired_differences(runs: dict[str, list[dict[str, Any]]], baseline: str) -> 
                 value, base_value = score_at(report, path), None if base is None else score_at(base, path)
                 if value is not None and base_value is not None:
                     pairs.append((int(report["seed"]), 100.0 * value, 100.0 * base_value))
-            if not pairs:
-                continue
-            seeds, values, base_values = (list(column) for column in zip(*pairs, strict=True))
-            deltas = np.subtract(values, base_values)
-            p_value = None
-            if len(pairs) >= 2 and float(np.std(deltas)) > 0:
-                p_value = float(ttest_rel(values, base_values).pvalue)
-            differences.setdefault(method, {})[label] = PairedDifference(
-                seeds, float(np.mean(deltas)), p_value, int(np.sum(deltas > 0))
-            )
+            difference = paired_difference(pairs)
+            if difference is not None:
+                differences.setdefault(method, {})[label] = difference
     return differences
 
 
