@@ -5,7 +5,6 @@ baseline's published row)."""
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 
@@ -13,9 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import ttest_rel
+from test_bench import _write_results
 
 from csekit.bench import load_suite, summarise
-from csekit.bench.deltas import format_delta_markdown
+from csekit.bench.deltas import format_delta_markdown, paper_differences
 from csekit.bench.papers import same_sign
 from csekit.bench.suite import Suite, SuiteRecipe
 from csekit.bench.tables import PairedDifference
@@ -92,13 +92,6 @@ def _suite(folder: Path, comparison: str | None, extra: str = "") -> Path:
     return path
 
 
-def _write_run(output: Path, method: str, seed: int, average: float) -> None:
-    folder = output / f"{method}-seed{seed}"
-    folder.mkdir(parents=True)
-    report = {"recipe": method, "seed": seed, "tasks": {"STS12": {"all": average}}, "avg": average}
-    (folder / "results.json").write_text(json.dumps(report), encoding="utf-8")
-
-
 @pytest.mark.parametrize("comparison", ["deltas", "scores", None])
 def test_the_summary_sets_each_methods_difference_beside_its_papers(tmp_path: Path, comparison: str | None) -> None:
     """Every recipe but the baseline gets a row, in the suite's order: csekit's paired difference and p (scipy's
@@ -114,7 +107,7 @@ def test_the_summary_sets_each_methods_difference_beside_its_papers(tmp_path: Pa
     }
     for method, runs in values.items():
         for seed, value in enumerate(runs, start=1):
-            _write_run(out, method, seed, value)
+            _write_results(out, method, seed, sts12=value, average=value)
     summarise(out, suite)
     markdown = (out / "results.md").read_text(encoding="utf-8")
 
@@ -162,7 +155,8 @@ def test_same_sign_says_yes_exactly_when_both_differences_point_the_same_way(del
     }
     mean = math.fsum(deltas) / len(deltas)
     measured = PairedDifference(list(range(len(deltas))), mean, None, sum(d > 0 for d in deltas))
-    row = format_delta_markdown(suite, published, {"method": {"STS Avg.": measured}}).splitlines()[-1]
+    papers = paper_differences(suite, published)
+    row = format_delta_markdown(suite, published, {"method": {"STS Avg.": measured}}, papers).splitlines()[-1]
     assert same_sign(mean, paper_delta(published["method"], published["base"])) == row.split(" | ")[-1][:-2]
     shown_paper = (70.0 + paper) - 70.0
     expected = "-" if mean == 0 or shown_paper == 0 else ("yes" if (mean > 0) == (shown_paper > 0) else "no")
