@@ -6,6 +6,7 @@ import csv
 import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,18 @@ def test_smoke_suite_runs_resumes_and_plots(tmp_path: Path, tiny_model_dir: Path
     markdown = (out / "results.md").read_text(encoding="utf-8")
     assert "| Method | Seeds | STS-B dev | align | uniform |" in markdown and " ± " in markdown
 
-    # a second call trains nothing; an unfinished run (results.json missing) is run again
+    # a second call trains nothing; an unfinished run (results.json missing) is run again: resumed from its
+    # checkpoint, or started over (its wall time whole, not "resumed") where it stopped before the first one
     (out / "simcse-seed2" / "results.json").unlink()
+    (out / "simcse-seed1" / "results.json").unlink()
+    shutil.rmtree(out / "simcse-seed1" / "checkpoint")
     second = run_suite(SMOKE, out, data_dir=data, overrides=overrides, show_progress=False, log=messages.append)
-    assert second["ran"] == ["simcse-seed2"] and len(second["skipped"]) == 3
+    assert second["ran"] == ["simcse-seed1", "simcse-seed2"] and len(second["skipped"]) == 2
+    resumed = {
+        name: json.loads((out / name / "results.json").read_text(encoding="utf-8"))["wall_seconds"]["resumed"]
+        for name in ("simcse-seed1", "simcse-seed2")
+    }
+    assert resumed == {"simcse-seed1": False, "simcse-seed2": True}
     third = run_suite(SMOKE, out, data_dir=data, overrides=overrides, show_progress=False, log=messages.append)
     assert third["ran"] == [] and len(third["skipped"]) == 4
 

@@ -40,6 +40,8 @@ def _run_one(
     from csekit.training.trainer import train
 
     started = _started(folder)
+    # Resumed only from a checkpoint: a run stopped before its first one starts over (its wall time is whole).
+    resumed = (folder / "checkpoint").exists()
     # Paths absolute, a started run's as it recorded them: the corpus sampled below is the one it trained on.
     config = load_run_recipe(recipe.path, [*recipe.overrides, *overrides, f"train.seed={seed}"], folder, started)
     config = resolve_run_paths(config, folder, data_dir, started)
@@ -61,7 +63,7 @@ def _run_one(
     facts["wall_seconds"] = {
         "train": round(train_seconds, 3),
         "evaluate": round(time.perf_counter() - evaluate_start, 3),
-        "resumed": started,
+        "resumed": resumed,
     }
     report = evaluation.report(facts)  # the layout of `csekit evaluate --output`, after the run's facts
     intact = f"the run's checkpoint is intact; run the suite again to finish {folder}"
