@@ -47,8 +47,11 @@ def format_delta_markdown(
             continue
         measured = differences.get(recipe.name, {}).get(STS_AVERAGE)
         row, paper = published.get(recipe.published_as), papers[recipe.name]
-        cells = [recipe.name, recipe.published_as, _measured_cell(measured)]
-        cells += [_paper_cell(row, paper), _baseline_cell(row, base_row, baseline.published_as)]
+        if row is None:  # a suite refuses a `paper:` its file lacks: this recipe names none (a control, a variant)
+            cells = [recipe.name, "-", _measured_cell(measured), "no paper named", "-"]
+        else:
+            cells = [recipe.name, recipe.published_as, _measured_cell(measured)]
+            cells += [_paper_cell(row, paper), _baseline_cell(row, base_row, baseline.published_as)]
         lines.append(markdown_row([*cells, same_sign(None if measured is None else measured.mean, paper)]))
     return markdown + "\n".join(lines) + "\n"
 
@@ -61,16 +64,14 @@ def _measured_cell(measured: PairedDifference | None) -> str:
     return f"{signed(measured.mean)} ({p_value}, {seeds}){' *' if measured.significant else ''}"
 
 
-def _paper_cell(row: PublishedRow | None, paper: float | None) -> str:
-    if row is None:
-        return "no entry in the published file"
+def _paper_cell(row: PublishedRow, paper: float | None) -> str:
     if row.reason is not None:
         return "none published (the entry says why)"
     return "-" if paper is None else signed(paper)
 
 
-def _baseline_cell(row: PublishedRow | None, base_row: PublishedRow | None, base_entry: str) -> str:
-    if row is not None and row.paper_baseline is not None:
+def _baseline_cell(row: PublishedRow, base_row: PublishedRow | None, base_entry: str) -> str:
+    if row.paper_baseline is not None:
         own = row.paper_baseline.scores.get(STS_AVERAGE)
         return f"its own: {row.paper_baseline.source}" + ("" if own is None else f" ({own:.2f})")
     base = None if base_row is None else base_row.scores.get(STS_AVERAGE)

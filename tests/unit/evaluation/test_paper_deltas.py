@@ -122,7 +122,7 @@ def test_the_summary_sets_each_methods_difference_beside_its_papers(tmp_path: Pa
         "|---|---|---|---|---|---|",
         f"| up | up-paper | +2.00 (p = {p_of('up'):.3f}, 3 seeds) | +1.00 | {base} | yes |",
         f"| own | own-paper | -1.17 (p = {p_of('own'):.3f}, 3 seeds) * | +1.58 | {own} | no |",
-        f"| unpublished | unpublished | no paired seed yet | no entry in the published file | {base} | - |",
+        "| unpublished | - | no paired seed yet | no paper named | - | - |",
         f"| reasoned | reasoned | +1.00 (p = -, 3 seeds) | none published (the entry says why) | {base} | - |",
     ]
     assert p_of("own") < 0.05 < p_of("up")
