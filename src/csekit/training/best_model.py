@@ -8,9 +8,12 @@ compare), so both keep the last model there.
 
 With `keep: best` the starting model counts: a run with dev tasks scores the backbone as loaded, in the recipe's
 test-time representation, before its first step (step 0) and keeps it in `best/`. A later evaluation replaces it only
-when it scores higher on `train.select_metric`, so a run cannot end with a `best/` worse on the selection metric
-than the model it started from. A domain engineer's question, "did adapting help, and if not, keep what I had",
-is answered by construction; the end of the run shows every dev score at the start and at `best/`.
+when it scores higher on `train.select_metric` than `best/`'s own model does (`best_score_on`: read off best/'s
+dev scores, so a metric changed on resume is compared on itself), so a run cannot end with a `best/` worse on the
+selection metric than the model it started from; where it can (`train.keep: last`, or a `select_metric` changed on
+`--resume` after best/ left the start) the last line says best/ is below the start. A domain engineer's question,
+"did adapting help, and if not, keep what I had", is answered by construction; the end of the run shows every dev
+score at the start and at `best/`.
 """
 
 from __future__ import annotations
@@ -41,15 +44,17 @@ class TrainResult:
     keep: str = "best"  # train.keep
 
     def summary(self) -> list[str]:
-        """The run's last lines: what best/ holds (saying plainly when it is the starting model), then one table
-        of every dev score at the start and at best/."""
+        """The run's last lines: what best/ holds (saying plainly when it is the starting model, and when it scores
+        below the start: `train.keep: last`, or a `select_metric` changed on resume), then one table of every dev
+        score at the start and at best/."""
         best = self.output_dir / "best"
         metric = self.select_metric
+        below = self._below_start()
         if self.keep == "last":
             score = "" if self.best_score is None else f"; {metric} {100 * self.best_score:.2f}"
             lines = [
                 f"trained {self.steps} steps; best/ is the last evaluated model (train.keep: last), step "
-                f"{self.best_step}{score} ({best})"
+                f"{self.best_step}{score}{below} ({best})"
             ]
         elif self.best_step == START_STEP and self.best_score is not None:
             lines = [
@@ -58,20 +63,28 @@ class TrainResult:
             ]
         else:
             score = "n/a" if self.best_score is None else f"{100 * self.best_score:.2f} at step {self.best_step}"
-            lines = [f"trained {self.steps} steps; best {metric}: {score}; model in {best}"]
+            lines = [f"trained {self.steps} steps; best {metric}: {score}{below}; model in {best}"]
         if self.start_scores and self.best_scores:
             lines += ["", *before_after_lines(self.start_scores, self.best_scores, self.best_step)]
         return lines
 
+    def _below_start(self) -> str:
+        """ ", below the start's S" when best/ scores lower on the selection metric than the starting model did."""
+        start = (self.start_scores or {}).get(self.select_metric)
+        if start is None or self.best_score is None or not self.best_score < start:  # NaN compares False
+            return ""
+        return f", below the start's {100 * start:.2f}"
+
 
 def keep_if_best(state: TrainerState, scores: Mapping[str, float], metric: str, keep: str = "best") -> bool:
     """Note an evaluation's `scores` in `state` (the start's, at step 0); whether its model is the new best/: with
-    `keep` best when it scores higher on `metric` (otherwise one more evaluation without improvement, counted against
-    `train.patience`), with `keep` last always."""
+    `keep` best when it scores higher on `metric` than best/ does (`best_score_on`; otherwise one more evaluation
+    without improvement, counted against `train.patience`), with `keep` last always."""
     if keep not in KEEPS:
         raise ValueError(f"keep must be one of {', '.join(KEEPS)}, not {keep!r}")
     if state.step == START_STEP:
         state.start_scores = dict(scores)
+    select_on(state, metric)
     score = scores.get(metric)
     if keep == "best" and not improves(score, state.best_score):
         state.evaluations_without_improvement += 1
@@ -79,6 +92,22 @@ def keep_if_best(state: TrainerState, scores: Mapping[str, float], metric: str, 
     state.best_score, state.best_step, state.best_scores = score, state.step, dict(scores)
     state.evaluations_without_improvement = 0
     return True
+
+
+def best_score_on(state: TrainerState, metric: str) -> float | None:
+    """The score on `metric` of the model in best/: read off its own dev scores, so that a run resumed with another
+    `train.select_metric` (`--allow-changes`) compares on the metric it now selects on, not on the one best/ was
+    kept for; None when best/ was not scored on it (a dev task added on resume: nothing to compare). A checkpoint
+    older than `best_scores` has only `best_score`, which is on its one metric."""
+    if state.best_scores is None:
+        return state.best_score
+    return state.best_scores.get(metric)
+
+
+def select_on(state: TrainerState, metric: str) -> None:
+    """Make `state.best_score` best/'s score on `metric`, the run's `train.select_metric` (`best_score_on`); a
+    resumed run calls it once after reading its checkpoint, which may have been selecting on another metric."""
+    state.best_score = best_score_on(state, metric)
 
 
 def improves(score: float | None, best: float | None) -> bool:
