@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from safetensors.torch import load_file
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.training.run_folder import read_trainer_state, valid_scores
-from csekit.training.trainer import train
+from csekit.training.trainer import TrainingInterrupted, train
 
 
 def made_up_pairs(pairs: int = 30, seed: int = 3) -> list[tuple[str, str]]:
@@ -195,3 +196,20 @@ def test_a_resume_that_changes_the_select_metric_compares_on_the_new_one(
     start = result.start_scores["pairs:own/spearman"]  # type: ignore[index]
     below = f"below the start's {100 * start:.2f}" in result.summary()[0]
     assert below == (result.best_score < start)
+
+
+@pytest.mark.usefixtures("test_parts")
+def test_a_resume_without_best_says_so_and_saves_best_again(
+    tmp_path: Path, tiny_model_dir: Path, train_tiny: TinyTrainer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """best/ gone before a resume (deleted, or the folder copied without it): the run ended saying "best/ is the
+    starting model" with no best/ at all; it says best/ is missing, and the next evaluation's model is best/."""
+    keys = an_unbeatable_start(tiny_model_dir, tmp_path)
+    stop = f"objectives=[{{name: infonce}}, {{name: interrupt_once, at_call: 1, marker: {tmp_path / 'marker'}}}]"
+    with pytest.raises(TrainingInterrupted):
+        train_tiny(*keys, stop, steps=4, eval_every=2, lines=256)
+    shutil.rmtree(tmp_path / "run" / "best")
+    run = train_tiny(*keys, stop, steps=4, eval_every=2, lines=256, resume=True)
+    assert "run/best is missing (the checkpoint kept the starting model there)" in capsys.readouterr().err
+    assert run.result.best_step == 2 and (run.folder / "best").is_dir()
+    assert "below the start's 100.00" in run.result.summary()[0]

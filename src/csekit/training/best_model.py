@@ -110,6 +110,22 @@ def select_on(state: TrainerState, metric: str) -> None:
     state.best_score = best_score_on(state, metric)
 
 
+def resume_selection(state: TrainerState, metric: str, best_folder: Path) -> str | None:
+    """Continue a checkpoint's selection (`state` as read) in a resumed run: on the run's `metric` (`select_on`), and
+    from nothing when `best_folder` is gone (deleted, or a run folder copied without it), so that the next
+    evaluation saves best/ again instead of the run ending on "best/ is the starting model" with no best/; then the
+    line that says so (None when best/ is there)."""
+    select_on(state, metric)
+    if state.best_step is None or best_folder.is_dir():
+        return None
+    step = "the starting model" if state.best_step == START_STEP else f"step {state.best_step}"
+    state.best_score = state.best_step = state.best_scores = None
+    return (
+        f"csekit: {best_folder} is missing (the checkpoint kept {step} there): the next evaluation's model becomes "
+        "best/, and the start is no longer there to fall back to"
+    )
+
+
 def improves(score: float | None, best: float | None) -> bool:
     """Whether `score` beats `best`; a NaN score (e.g. constant embeddings) never does, a NaN best always loses.
     A tie keeps the earlier model (the starting one, when nothing moved)."""

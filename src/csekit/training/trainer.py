@@ -29,7 +29,7 @@ from csekit.core.run_lock import hold_run_lock
 from csekit.core.save_guard import guarded_save, saves_keep
 from csekit.encoding.model_folder import non_finite_parameters
 from csekit.evaluation.result import EvalResult
-from csekit.training.best_model import START_STEP, TrainResult, early_stop_line, keep_if_best, select_on
+from csekit.training.best_model import START_STEP, TrainResult, early_stop_line, keep_if_best, resume_selection
 from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import read_checkpoint, write_checkpoint
 from csekit.training.compute_copies import ComputeCopies
@@ -195,7 +195,9 @@ class Trainer:
             state = self.full_model.resume(read, self.model, self.optimizer, self.recipe)
         if state is not None:
             self.state, self.checkpointed_step = state, state.step
-            select_on(state, self.config.select_metric)  # --allow-changes may have changed it
+            missing = resume_selection(state, self.config.select_metric, self.output / "best")
+            if missing and self.main:
+                print(missing, file=sys.stderr)
             self.metrics.truncate_after(state.step)
         else:  # stopped before its first checkpoint: start over, without the old run's records
             self.metrics.truncate_after(-1)
