@@ -61,6 +61,8 @@ class TrainResult:
                 f"trained {self.steps} steps; no step beat the start on {metric} ({100 * self.best_score:.2f}); "
                 f"best/ is the starting model ({best})"
             ]
+        elif self.best_step is None:  # nothing evaluated since a resume found best/ gone (`resume_selection`)
+            lines = [f"trained {self.steps} steps; no evaluated model was kept: {best} is missing"]
         else:
             score = "n/a" if self.best_score is None else f"{100 * self.best_score:.2f} at step {self.best_step}"
             lines = [f"trained {self.steps} steps; best {metric}: {score}{below}; model in {best}"]
@@ -121,8 +123,8 @@ def resume_selection(state: TrainerState, metric: str, best_folder: Path) -> str
     step = "the starting model" if state.best_step == START_STEP else f"step {state.best_step}"
     state.best_score = state.best_step = state.best_scores = None
     return (
-        f"csekit: {best_folder} is missing (the checkpoint kept {step} there): the next evaluation's model becomes "
-        "best/, and the start is no longer there to fall back to"
+        f"csekit: {best_folder} is missing (the checkpoint kept {step} there): the run's next evaluation, if any, "
+        "keeps its model there, and the start is no longer there to fall back to"
     )
 
 

@@ -65,3 +65,10 @@ def test_the_last_line_says_when_best_is_below_the_start(start: float, best: flo
     metric = METRICS[0]
     result = TrainResult(Path("run"), 4, best, 4, 0, {metric: start}, {metric: best}, select_metric=metric, keep=keep)
     assert (f", below the start's {100 * start:.2f}" in result.summary()[0]) == (best < start)
+
+
+def test_a_result_that_kept_no_model_does_not_name_one() -> None:
+    """A finished run resumed after its best/ was deleted evaluates nothing more: the last line said "model in
+    run/best" of a folder that is not there."""
+    result = TrainResult(Path("run"), 4, None, None, 0, {METRICS[0]: 0.5}, None, select_metric=METRICS[0])
+    assert result.summary() == ["trained 4 steps; no evaluated model was kept: run/best is missing"]
