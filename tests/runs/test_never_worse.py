@@ -213,3 +213,10 @@ def test_a_resume_without_best_says_so_and_saves_best_again(
     assert "run/best is missing (the checkpoint kept the starting model there)" in capsys.readouterr().err
     assert run.result.best_step == 2 and (run.folder / "best").is_dir()
     assert "below the start's 100.00" in run.result.summary()[0]
+
+
+def test_a_damaged_selected_on_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps({"step": 1, "batches": 1, "selected_on": ["stsb-dev"]}))
+    with pytest.raises(CsekitError, match="selected_on is not a metric name"):
+        read_trainer_state(path)

@@ -107,9 +107,13 @@ def best_score_on(state: TrainerState, metric: str) -> float | None:
 
 
 def select_on(state: TrainerState, metric: str) -> None:
-    """Make `state.best_score` best/'s score on `metric`, the run's `train.select_metric` (`best_score_on`); a
-    resumed run calls it once after reading its checkpoint, which may have been selecting on another metric."""
+    """Make `state` select on `metric`, the run's `train.select_metric`: `best_score` is best/'s score on it
+    (`best_score_on`), and evaluations without improvement counted on another metric (a checkpoint's, before a
+    resume with --allow-changes) start again from none."""
     state.best_score = best_score_on(state, metric)
+    if state.selected_on not in (None, metric):
+        state.evaluations_without_improvement = 0
+    state.selected_on = metric
 
 
 def resume_selection(state: TrainerState, metric: str, best_folder: Path) -> str | None:

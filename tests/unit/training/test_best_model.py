@@ -2,7 +2,8 @@
 
 The rule: an evaluated model replaces the one in best/ only when it scores higher on the metric selected now than
 best/'s own model does on that metric (a NaN never beats a number, a number always beats a NaN, a tie keeps the
-earlier model), so best/ is never worse on it than the start. The sequences switch the metric at any evaluation, as
+earlier model), so best/ is never worse on it than the start; `train.patience` counts the evaluations without
+improvement on that metric. The sequences switch the metric at any evaluation, as
 a run resumed with another `train.select_metric` (`--allow-changes`) does.
 """
 
@@ -47,12 +48,15 @@ def test_best_is_replaced_only_by_a_model_that_scores_higher_on_the_metric_selec
     assert keep_if_best(state, start, start_metric)  # the starting model is best/ first
     kept, kept_step = start, START_STEP  # the scores of the model in best/, followed here
     one_metric = all(metric == start_metric for metric, _ in evaluations)
+    without, previous = 0, start_metric  # evaluations without improvement on the metric selected now (patience)
     for step, (metric, evaluation) in enumerate(evaluations, 1):
         state.step = step
         replaced = keep_if_best(state, evaluation, metric)
         assert replaced == beats(evaluation[metric], kept[metric])
         if replaced:
             kept, kept_step = evaluation, step
+        without, previous = 0 if replaced else (without + 1 if metric == previous else 1), metric
+        assert state.evaluations_without_improvement == without
         assert state.best_step == kept_step and state.best_scores == kept
         assert same_score(state.best_score, kept[metric])  # best/'s score on the metric selected now
         if one_metric and not (math.isnan(start[metric]) or math.isnan(kept[metric])):
