@@ -71,7 +71,7 @@ class TrainResult:
         return lines
 
     def _below_start(self) -> str:
-        """ ", below the start's S" when best/ scores lower on the selection metric than the starting model did."""
+        """The words ", below the start's S" when best/ scores lower on the selection metric than the start did."""
         start = (self.start_scores or {}).get(self.select_metric)
         if start is None or self.best_score is None or not self.best_score < start:  # NaN compares False
             return ""
