@@ -260,6 +260,7 @@ TRAINING_FACTS = {"base_model": "b", "corpus": "c.txt", "saved_on": "2026-01-01"
 RECIPE = yaml.safe_load((SRC.parent / "recipes" / "simcse-bert-base.yaml").read_text(encoding="utf-8"))
 STATE = {"step": 4, "batches": 4, "best_score": 0.5, "best_step": 2, "skipped_steps": 0, "history": []}
 STATE |= {"evaluations_without_improvement": 1, "start_scores": {"stsb-dev": 0.4}, "best_scores": {"stsb-dev": 0.5}}
+STATE |= {"selected_on": "stsb-dev"}
 
 
 def _keys(tree: Any, prefix: str = "") -> list[str]:

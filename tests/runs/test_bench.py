@@ -195,11 +195,19 @@ def test_controlled_suite_differs_only_in_the_methods_parts() -> None:
 
 
 def _write_results(
-    output: Path, method: str, seed: int, sts12: float, average: float, wall: dict[str, Any] | None = None
+    output: Path,
+    method: str,
+    seed: int,
+    sts12: float,
+    average: float,
+    wall: dict[str, Any] | None = None,
+    best_step: int | None = None,
 ) -> None:
     folder = output / f"{method}-seed{seed}"
     folder.mkdir(parents=True)
     report = {"recipe": method, "seed": seed, "tasks": {"STS12": {"all": sts12}}, "avg": average}
+    if best_step is not None:
+        report["best_step"] = best_step
     if wall is not None:
         report["wall_seconds"] = wall
     (folder / "results.json").write_text(json.dumps(report), encoding="utf-8")
@@ -276,6 +284,24 @@ def _write_suite(folder: Path, entries: list[str]) -> Path:
     suite = folder / "suite.yaml"
     suite.write_text(f"seeds: [1, 2, 3]\nbaseline: simcse\nrecipes:\n{lines}", encoding="utf-8")
     return suite
+
+
+def test_the_summary_names_the_runs_whose_best_model_is_the_starting_one(tmp_path: Path) -> None:
+    """A run whose best/ is its starting model (best_step 0: no step beat the start) is named, so that its row is
+    not read as a trained model's; no section when every run kept a trained step."""
+    suite = load_suite(_write_suite(tmp_path, ["simcse", "other"]))
+    out = tmp_path / "bench"
+    for method, steps in (("simcse", [250, 125, 250]), ("other", [0, 125, 0])):
+        for seed, step in enumerate(steps, start=1):
+            _write_results(out, method, seed, sts12=0.5, average=0.5, best_step=step)
+    summarise(out, suite)
+    markdown = (out / "results.md").read_text(encoding="utf-8")
+    assert "## Runs that kept the starting model" in markdown
+    assert "is the backbone as loaded: other seed 1, other seed 3.\n" in markdown
+    (out / "other-seed1/results.json").unlink()
+    (out / "other-seed3/results.json").unlink()
+    summarise(out, suite)
+    assert "kept the starting model" not in (out / "results.md").read_text(encoding="utf-8")
 
 
 def test_summary_only_tabulates_finished_runs_without_training(tmp_path: Path) -> None:

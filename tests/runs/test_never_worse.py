@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import WORDS, TinyTrainer, make_data_dir, run_cli
+from conftest import WORDS, TinyTrainer, make_data_dir, read_metrics, run_cli, tiny_recipe
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.torch import load_file
@@ -22,21 +23,34 @@ from safetensors.torch import load_file
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
 from csekit.training.run_folder import read_trainer_state, valid_scores
-from csekit.training.trainer import train
+from csekit.training.trainer import TrainingInterrupted, train
+
+
+def made_up_pairs(pairs: int = 30, seed: int = 3) -> list[tuple[str, str]]:
+    words = [w for w in WORDS if w.isalpha()]
+    rng = np.random.default_rng(seed)
+    return [(" ".join(rng.choice(words, 5)), " ".join(rng.choice(words, 5))) for _ in range(pairs)]
+
+
+def write_pairs(path: Path, rows: list[tuple[str, str]], gold: np.ndarray) -> Path:
+    lines = ["sentence1\tsentence2\tscore", *(f"{a}\t{b}\t{c:.9f}" for (a, b), c in zip(rows, gold, strict=True))]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
 
 
 def pairs_the_start_ranks_perfectly(model_dir: Path, path: Path, pairs: int = 30) -> Path:
     """A pairs file whose gold score is the model's own cosine similarity of each pair (its Spearman: 1.0)."""
-    words = [w for w in WORDS if w.isalpha()]
-    rng = np.random.default_rng(3)
-    rows = [(" ".join(rng.choice(words, 5)), " ".join(rng.choice(words, 5))) for _ in range(pairs)]
+    rows = made_up_pairs(pairs)
     encoder = SentenceEncoder.load(model_dir, "mean")  # the recipes below train mean pooling
     left = encoder.encode([a for a, _ in rows])
     right = encoder.encode([b for _, b in rows])
     cosines = (left * right).sum(1) / np.linalg.norm(left, axis=1) / np.linalg.norm(right, axis=1)
-    lines = ["sentence1\tsentence2\tscore", *(f"{a}\t{b}\t{c:.9f}" for (a, b), c in zip(rows, cosines, strict=True))]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
+    return write_pairs(path, rows, cosines)
+
+
+def pairs_with_random_scores(path: Path, pairs: int = 30) -> Path:
+    """A pairs file of other sentences with made-up gold scores: steps may rank it better than the start does."""
+    return write_pairs(path, made_up_pairs(pairs, seed=5), np.random.default_rng(5).uniform(0, 5, pairs))
 
 
 def an_unbeatable_start(model_dir: Path, folder: Path) -> tuple[str, ...]:
@@ -157,4 +171,52 @@ def test_a_damaged_start_scores_is_one_line(tmp_path: Path) -> None:
     path = tmp_path / "trainer_state.json"
     path.write_text(json.dumps({"step": 1, "batches": 1, "start_scores": {"stsb-dev": "high"}}))
     with pytest.raises(CsekitError, match="start_scores or best_scores is not a table of scores"):
+        read_trainer_state(path)
+
+
+def test_a_resume_that_changes_the_select_metric_compares_on_the_new_one(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path
+) -> None:
+    """best/ is replaced only by a step that beats best/'s own score on the metric selected now: a run resumed with
+    another `train.select_metric` (--allow-changes) compared the new metric's scores with the old metric's best."""
+    own = pairs_the_start_ranks_perfectly(tiny_model_dir, tmp_path / "own.tsv")
+    other = pairs_with_random_scores(tmp_path / "other.tsv")
+    keys = ("model.pooler=mean", "train.lr=5e-3", f"train.dev_task=[pairs:{own}, pairs:{other}]", "train.eval_every=2")
+    first = tiny_recipe(tiny_model_dir, corpus, *keys, "train.max_steps=4", "train.select_metric=pairs:other/spearman")
+    train(first, tmp_path / "run", show_progress=False)
+    state = read_trainer_state(tmp_path / "run/checkpoint/trainer_state.json")
+    assert state.best_scores is not None
+    kept = {**state.best_scores, "step": state.best_step}  # best/ after the first part, selected on the other file
+    second = tiny_recipe(tiny_model_dir, corpus, *keys, "train.max_steps=8", "train.select_metric=pairs:own/spearman")
+    result = train(second, tmp_path / "run", resume=True, show_progress=False, allow_changes=True)
+    later = [r for r in read_metrics(tmp_path / "run") if r["step"] > 4 and "pairs:own/spearman" in r]
+    expected = max([kept, *later], key=lambda r: r["pairs:own/spearman"])  # the first of equals
+    assert result.best_score == expected["pairs:own/spearman"]
+    assert result.best_step == expected["step"]
+    start = result.start_scores["pairs:own/spearman"]  # type: ignore[index]
+    below = f"below the start's {100 * start:.2f}" in result.summary()[0]
+    assert below == (result.best_score < start)
+
+
+@pytest.mark.usefixtures("test_parts")
+def test_a_resume_without_best_says_so_and_saves_best_again(
+    tmp_path: Path, tiny_model_dir: Path, train_tiny: TinyTrainer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """best/ gone before a resume (deleted, or the folder copied without it): the run ended saying "best/ is the
+    starting model" with no best/ at all; it says best/ is missing, and the next evaluation's model is best/."""
+    keys = an_unbeatable_start(tiny_model_dir, tmp_path)
+    stop = f"objectives=[{{name: infonce}}, {{name: interrupt_once, at_call: 1, marker: {tmp_path / 'marker'}}}]"
+    with pytest.raises(TrainingInterrupted):
+        train_tiny(*keys, stop, steps=4, eval_every=2, lines=256)
+    shutil.rmtree(tmp_path / "run" / "best")
+    run = train_tiny(*keys, stop, steps=4, eval_every=2, lines=256, resume=True)
+    assert "run/best is missing (the checkpoint kept the starting model there)" in capsys.readouterr().err
+    assert run.result.best_step == 2 and (run.folder / "best").is_dir()
+    assert "below the start's 100.00" in run.result.summary()[0]
+
+
+def test_a_damaged_selected_on_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps({"step": 1, "batches": 1, "selected_on": ["stsb-dev"]}))
+    with pytest.raises(CsekitError, match="selected_on is not a metric name"):
         read_trainer_state(path)

@@ -53,6 +53,7 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
             markdown += "No other configuration has finished a seed that the baseline finished.\n"
     if not one_seed:
         markdown += controls_markdown(suite, runs)
+    markdown += starting_models_markdown(runs)
     wall = format_wall_markdown(runs)
     if wall:
         markdown += "\n## Wall time per run\n\nSeconds; a resumed run counts only its last part.\n\n" + wall
@@ -73,3 +74,21 @@ def summarise(output: Path, suite: Suite) -> dict[str, Any]:
         if papers and any(STS_AVERAGE in columns for columns in papers.values()):
             plots.append(write_paper_plot(output, suite, runs, papers))
     return {"table": markdown, "plots": [str(p) for p in plots], "finished": sum(len(r) for r in runs.values())}
+
+
+def starting_models_markdown(runs: dict[str, list[dict[str, Any]]]) -> str:
+    """A section naming each run whose best/, the model the tables score, is its starting model: no evaluated step
+    beat the start on its `train.select_metric` (csekit.training.best_model), so its row is the backbone as loaded,
+    not a trained model. Empty when there is none."""
+    starts = [
+        f"{markdown_cell(recipe)} seed {report.get('seed')}"
+        for recipe, reports in runs.items()
+        for report in reports
+        if report.get("best_step") == 0 and not isinstance(report.get("best_step"), bool)
+    ]
+    if not starts:
+        return ""
+    return (
+        "\n## Runs that kept the starting model\n\nNo evaluated step beat the start on the recipe's select_metric, "
+        "so best/, which the tables score, is the backbone as loaded: " + ", ".join(starts) + ".\n"
+    )

@@ -8,9 +8,12 @@ compare), so both keep the last model there.
 
 With `keep: best` the starting model counts: a run with dev tasks scores the backbone as loaded, in the recipe's
 test-time representation, before its first step (step 0) and keeps it in `best/`. A later evaluation replaces it only
-when it scores higher on `train.select_metric`, so a run cannot end with a `best/` worse on the selection metric
-than the model it started from. A domain engineer's question, "did adapting help, and if not, keep what I had",
-is answered by construction; the end of the run shows every dev score at the start and at `best/`.
+when it scores higher on `train.select_metric` than `best/`'s own model does (`best_score_on`: read off best/'s
+dev scores, so a metric changed on resume is compared on itself), so a run cannot end with a `best/` worse on the
+selection metric than the model it started from; where it can (`train.keep: last`, or a `select_metric` changed on
+`--resume` after best/ left the start) the last line says best/ is below the start. A domain engineer's question,
+"did adapting help, and if not, keep what I had", is answered by construction; the end of the run shows every dev
+score at the start and at `best/`.
 """
 
 from __future__ import annotations
@@ -41,37 +44,49 @@ class TrainResult:
     keep: str = "best"  # train.keep
 
     def summary(self) -> list[str]:
-        """The run's last lines: what best/ holds (saying plainly when it is the starting model), then one table
-        of every dev score at the start and at best/."""
+        """The run's last lines: what best/ holds (saying plainly when it is the starting model, and when it scores
+        below the start: `train.keep: last`, or a `select_metric` changed on resume), then one table of every dev
+        score at the start and at best/."""
         best = self.output_dir / "best"
         metric = self.select_metric
+        below = self._below_start()
         if self.keep == "last":
             score = "" if self.best_score is None else f"; {metric} {100 * self.best_score:.2f}"
             lines = [
                 f"trained {self.steps} steps; best/ is the last evaluated model (train.keep: last), step "
-                f"{self.best_step}{score} ({best})"
+                f"{self.best_step}{score}{below} ({best})"
             ]
         elif self.best_step == START_STEP and self.best_score is not None:
             lines = [
                 f"trained {self.steps} steps; no step beat the start on {metric} ({100 * self.best_score:.2f}); "
                 f"best/ is the starting model ({best})"
             ]
+        elif self.best_step is None:  # nothing evaluated since a resume found best/ gone (`resume_selection`)
+            lines = [f"trained {self.steps} steps; no evaluated model was kept: {best} is missing"]
         else:
             score = "n/a" if self.best_score is None else f"{100 * self.best_score:.2f} at step {self.best_step}"
-            lines = [f"trained {self.steps} steps; best {metric}: {score}; model in {best}"]
+            lines = [f"trained {self.steps} steps; best {metric}: {score}{below}; model in {best}"]
         if self.start_scores and self.best_scores:
             lines += ["", *before_after_lines(self.start_scores, self.best_scores, self.best_step)]
         return lines
 
+    def _below_start(self) -> str:
+        """The words ", below the start's S" when best/ scores lower on the selection metric than the start did."""
+        start = (self.start_scores or {}).get(self.select_metric)
+        if start is None or self.best_score is None or not self.best_score < start:  # NaN compares False
+            return ""
+        return f", below the start's {100 * start:.2f}"
+
 
 def keep_if_best(state: TrainerState, scores: Mapping[str, float], metric: str, keep: str = "best") -> bool:
     """Note an evaluation's `scores` in `state` (the start's, at step 0); whether its model is the new best/: with
-    `keep` best when it scores higher on `metric` (otherwise one more evaluation without improvement, counted against
-    `train.patience`), with `keep` last always."""
+    `keep` best when it scores higher on `metric` than best/ does (`best_score_on`; otherwise one more evaluation
+    without improvement, counted against `train.patience`), with `keep` last always."""
     if keep not in KEEPS:
         raise ValueError(f"keep must be one of {', '.join(KEEPS)}, not {keep!r}")
     if state.step == START_STEP:
         state.start_scores = dict(scores)
+    select_on(state, metric)
     score = scores.get(metric)
     if keep == "best" and not improves(score, state.best_score):
         state.evaluations_without_improvement += 1
@@ -79,6 +94,42 @@ def keep_if_best(state: TrainerState, scores: Mapping[str, float], metric: str, 
     state.best_score, state.best_step, state.best_scores = score, state.step, dict(scores)
     state.evaluations_without_improvement = 0
     return True
+
+
+def best_score_on(state: TrainerState, metric: str) -> float | None:
+    """The score on `metric` of the model in best/: read off its own dev scores, so that a run resumed with another
+    `train.select_metric` (`--allow-changes`) compares on the metric it now selects on, not on the one best/ was
+    kept for; None when best/ was not scored on it (a dev task added on resume: nothing to compare). A checkpoint
+    older than `best_scores` has only `best_score`, which is on its one metric."""
+    if state.best_scores is None:
+        return state.best_score
+    return state.best_scores.get(metric)
+
+
+def select_on(state: TrainerState, metric: str) -> None:
+    """Make `state` select on `metric`, the run's `train.select_metric`: `best_score` is best/'s score on it
+    (`best_score_on`), and evaluations without improvement counted on another metric (a checkpoint's, before a
+    resume with --allow-changes) start again from none."""
+    state.best_score = best_score_on(state, metric)
+    if state.selected_on not in (None, metric):
+        state.evaluations_without_improvement = 0
+    state.selected_on = metric
+
+
+def resume_selection(state: TrainerState, metric: str, best_folder: Path) -> str | None:
+    """Continue a checkpoint's selection (`state` as read) in a resumed run: on the run's `metric` (`select_on`), and
+    from nothing when `best_folder` is gone (deleted, or a run folder copied without it), so that the next
+    evaluation saves best/ again instead of the run ending on "best/ is the starting model" with no best/; then the
+    line that says so (None when best/ is there)."""
+    select_on(state, metric)
+    if state.best_step is None or best_folder.is_dir():
+        return None
+    step = "the starting model" if state.best_step == START_STEP else f"step {state.best_step}"
+    state.best_score = state.best_step = state.best_scores = None
+    return (
+        f"csekit: {best_folder} is missing (the checkpoint kept {step} there): the run's next evaluation, if any, "
+        "keeps its model there, and the start is no longer there to fall back to"
+    )
 
 
 def improves(score: float | None, best: float | None) -> bool:

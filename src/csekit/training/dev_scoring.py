@@ -20,7 +20,9 @@ another representation than the one it reported:
 * DCLR's code scores dev on `pooler_output`, BERT's pooler layer (dense + tanh) on [CLS] (DCLR `trainers.py`
   L106-118, `models.py` L767), while its test reads [CLS] before it: `train.dev_pooler_output: true`.
 
-Each only changes what is encoded for dev; the saved model (best/, last/) is the same. Dev is encoded
+Each only changes what is encoded for dev; the saved model (best/, last/) is the same. The starting model (step 0)
+is scored the same way as every step, so `best/` is never worse than the start on that dev score, which may differ
+from what `best/` gives as saved (csekit.training.best_model). Dev is encoded
 in fp32 whatever the training precision (the authors' evaluation runs outside autocast);
 `train.dev_precision: training` keeps the run's precision.
 """

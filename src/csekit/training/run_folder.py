@@ -65,6 +65,7 @@ class TrainerState:
     evaluations_without_improvement: int = 0  # counted against train.patience
     start_scores: dict[str, float] | None = None  # the starting model's dev scores (step 0)
     best_scores: dict[str, float] | None = None  # the dev scores of the model in best/
+    selected_on: str | None = None  # the train.select_metric best_score and the count of evaluations are on
 
 
 class MetricsLog:
@@ -152,6 +153,8 @@ def read_trainer_state(path: Path) -> TrainerState:
         raise CsekitError(f"checkpoint file {path} is damaged (step {state.step} is more than the batches consumed)")
     if not (valid_scores(state.start_scores) and valid_scores(state.best_scores)):
         raise CsekitError(f"checkpoint file {path} is damaged (start_scores or best_scores is not a table of scores)")
+    if not isinstance(state.selected_on, str | None):
+        raise CsekitError(f"checkpoint file {path} is damaged (selected_on is not a metric name)")
     if not _is_score(state.best_score) or not (state.best_step is None or _is_count(state.best_step)):
         raise CsekitError(f"checkpoint file {path} is damaged (best_score is not a number or best_step not a step)")
     return state

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import ProjectConfiguration, set_seed
+from accelerate.utils import ProjectConfiguration, broadcast_object_list, set_seed
 
 from csekit.core.atomic import atomic_write_text, remove_staging_leftovers
 from csekit.core.errors import CsekitError
@@ -29,7 +29,7 @@ from csekit.core.run_lock import hold_run_lock
 from csekit.core.save_guard import guarded_save, saves_keep
 from csekit.encoding.model_folder import non_finite_parameters
 from csekit.evaluation.result import EvalResult
-from csekit.training.best_model import START_STEP, TrainResult, early_stop_line, keep_if_best
+from csekit.training.best_model import START_STEP, TrainResult, early_stop_line, keep_if_best, resume_selection
 from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import read_checkpoint, write_checkpoint
 from csekit.training.compute_copies import ComputeCopies
@@ -195,6 +195,9 @@ class Trainer:
             state = self.full_model.resume(read, self.model, self.optimizer, self.recipe)
         if state is not None:
             self.state, self.checkpointed_step = state, state.step
+            missing = resume_selection(state, self.config.select_metric, self.output / "best")
+            if missing and self.main:
+                print(missing, file=sys.stderr)
             self.metrics.truncate_after(state.step)
         else:  # stopped before its first checkpoint: start over, without the old run's records
             self.metrics.truncate_after(-1)
@@ -450,13 +453,22 @@ class Trainer:
         if self.trackers and values:
             self.accelerator.log(values, step=record["step"])
 
+    def _main_process_state(self) -> TrainerState:
+        """The main process's state: only it scores and keeps best/ (`keep_if_best`), so every process returns its
+        result (each printed "best ...: n/a" beside the main process's line)."""
+        if self.accelerator.num_processes == 1:
+            return self.state
+        shared = [self.state if self.main else None]
+        broadcast_object_list(shared, from_process=0)
+        return shared[0]  # type: ignore[return-value]
+
     def finish(self) -> TrainResult:
         """Read what is left unread, close the bar, wait for every process and end accelerate's run."""
         self.steps.catch_up()
         self.progress.bar.close()
         self.accelerator.wait_for_everyone()
+        state = self._main_process_state()  # before end_training, which ends the process group
         self.accelerator.end_training()
-        state = self.state
         return TrainResult(
             self.output,
             state.step,
