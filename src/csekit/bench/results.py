@@ -10,7 +10,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from csekit.bench.suite import Suite, run_dir
+from csekit.bench.suite import Suite, is_seed, run_dir
 from csekit.core.bounded_read import bounded_lines, open_regular, read_json_file, read_with
 from csekit.core.errors import CsekitError
 from csekit.core.numbers import is_finite_number
@@ -72,12 +72,14 @@ def collect(output: Path, suite: Suite) -> dict[str, list[dict[str, Any]]]:
         for seed in suite.seeds:
             path = run_dir(output, recipe, seed) / RESULTS_FILE
             if os.path.lexists(path):
-                runs.setdefault(recipe.name, []).append(read_results(path))
+                runs.setdefault(recipe.name, []).append(read_results(path, seed))
     return runs
 
 
-def read_results(path: Path) -> dict[str, Any]:
-    """A run's results.json (bounded), checked to hold what the summary reads; anything else is one line.
+def read_results(path: Path, seed: int | None = None) -> dict[str, Any]:
+    """A run's results.json (bounded), checked to hold what the summary reads; anything else is one line. With
+    `seed` (the seed of the run folder it is in), its `seed` must be that one: the paired tests pair runs by it, and
+    a results.json copied from another seed's folder paired one seed with itself.
 
     A results.json of the layout before the averages had their own key (`avg` and `transfer_avg` at the top,
     `avg_sts` in `tasks`) is read as the same result, so a bench folder of an older csekit still summarises.
@@ -95,6 +97,11 @@ def read_results(path: Path) -> dict[str, Any]:
         isinstance(wall, dict) and all(_is_number(wall.get(k)) for k in ("train", "evaluate"))
     ):
         raise CsekitError(f'{path}: "wall_seconds" must give "train" and "evaluate" as numbers; {remove}')
+    recorded = report.get("seed")
+    matches = is_seed(recorded) and (seed is None or recorded == seed)
+    if ("seed" in report or seed is not None) and not matches:
+        expected = "a seed (an integer)" if seed is None else f"{seed}, the seed of its run folder"
+        raise CsekitError(f'{path}: "seed" is {str(recorded)[:40]!r}, not {expected}; {remove}')
     return {**report, **result.as_json()}
 
 
@@ -150,6 +157,8 @@ def _evaluation_points(path: Path) -> Iterator[tuple[int, str, float]]:
                 raise CsekitError(f"{path}:{number}: not a metrics record (a JSON object with a step)")
             if "align" not in record:
                 continue
+            if "step" not in record:
+                raise CsekitError(f"{path}:{number}: an evaluation record (it has align) without a step")
             dev_keys = [k for k in ("stsb-dev", "sick-dev") if k in record]
             for key in [*dev_keys, "align", "uniform"]:
                 value = record.get(key)

@@ -1,0 +1,150 @@
+"""Hostile files V: cases of the rules nobody had named, found by attacking the readers added last (bench's run
+results, the paper comparisons, suite_diagnose's reports, counts files, JSON objects). Each test failed before its
+fix: a traceback, or a value silently lost or paired with the wrong run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import hostile_examples
+from hypothesis import given
+from hypothesis import strategies as st
+
+from csekit.bench import load_suite, summarise
+from csekit.core.errors import CsekitError
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6,
+)
+MISSING = object()
+
+
+def _bench_folder(root: Path, seeds: tuple[int, ...] = (1, 2)) -> tuple[Path, Path]:
+    """A suite of `base` and `meth` (baseline `base`) over `seeds`, each run finished with a results.json that
+    records its own seed; returns (suite file, output folder)."""
+    (root / "a.yaml").write_text("name: a\n", encoding="utf-8")
+    suite = root / "suite.yaml"
+    recipes = "".join(f"  - {{recipe: a.yaml, name: {name}}}\n" for name in ("base", "meth"))
+    suite.write_text(f"seeds: {list(seeds)}\nbaseline: base\nrecipes:\n{recipes}", encoding="utf-8")
+    out = root / "bench"
+    for offset, name in enumerate(("base", "meth")):
+        for seed in seeds:
+            folder = out / f"{name}-seed{seed}"
+            folder.mkdir(parents=True)
+            report = {"recipe": name, "seed": seed, "tasks": {"STS12": {"all": 0.5}}, "averages": {"avg": 0.6}}
+            report["averages"]["avg"] += 0.01 * seed * (offset + 1)
+            (folder / "results.json").write_text(json.dumps(report), encoding="utf-8")
+    return suite, out
+
+
+def _assert_one_line(error: CsekitError, *needles: str) -> None:
+    assert "\n" not in str(error), str(error)
+    for needle in needles:
+        assert needle in str(error), (needle, str(error))
+
+
+# --- a run's results.json records its own seed -------------------------------------------------------------------
+
+
+def test_a_results_json_copied_from_another_seeds_folder_is_refused_not_paired_with_itself(tmp_path: Path) -> None:
+    """meth-seed2/results.json holding seed 1 (copied from meth-seed1) was paired with base's seed 1 twice: the
+    paired table said "Paired seeds 1, 1" and a t-test over one seed counted twice."""
+    suite, out = _bench_folder(tmp_path)
+    copied = json.loads((out / "meth-seed1" / "results.json").read_text(encoding="utf-8"))
+    (out / "meth-seed2" / "results.json").write_text(json.dumps(copied), encoding="utf-8")
+    with pytest.raises(CsekitError) as caught:
+        summarise(out, load_suite(suite))
+    _assert_one_line(caught.value, "meth-seed2/results.json", '"seed" is', "2, the seed of its run folder")
+
+
+@pytest.mark.parametrize(
+    "seed", [MISSING, "x", [1], None, True, 1.0], ids=["missing", "text", "list", "null", "true", "float"]
+)
+def test_a_results_json_whose_seed_is_missing_or_not_a_seed_is_one_line(tmp_path: Path, seed: Any) -> None:
+    """A results.json without `seed`, or with one of text or a list, was a KeyError, ValueError or TypeError
+    traceback in the paired table (`int(report["seed"])`)."""
+    suite, out = _bench_folder(tmp_path)
+    path = out / "meth-seed1" / "results.json"
+    report = json.loads(path.read_text(encoding="utf-8"))
+    if seed is MISSING:
+        del report["seed"]
+    else:
+        report["seed"] = seed
+    path.write_text(json.dumps(report), encoding="utf-8")
+    with pytest.raises(CsekitError) as caught:
+        summarise(out, load_suite(suite))
+    _assert_one_line(caught.value, "meth-seed1/results.json", '"seed"')
+
+
+@hostile_examples(25)
+@given(seed=JSON_VALUES | st.just(MISSING))
+def test_any_recorded_seed_is_its_folders_or_one_line(seed: Any) -> None:
+    """Whatever a results.json gives as its seed, the summary pairs each run by its folder's seed or refuses it
+    in one line naming the file."""
+    root = Path(tempfile.mkdtemp())
+    try:
+        suite, out = _bench_folder(root)
+        path = out / "meth-seed2" / "results.json"
+        report = json.loads(path.read_text(encoding="utf-8"))
+        if seed is MISSING:
+            del report["seed"]
+        else:
+            report["seed"] = seed
+        path.write_text(json.dumps(report), encoding="utf-8")
+        try:
+            summarise(out, load_suite(suite))
+        except CsekitError as error:
+            assert not (type(seed) is int and seed == 2)
+            _assert_one_line(error, "meth-seed2/results.json")
+        else:
+            assert type(seed) is int and seed == 2
+            assert "| meth | 1, 2 |" in (out / "results.md").read_text(encoding="utf-8")
+    finally:
+        shutil.rmtree(root)
+
+
+# --- an evaluation record of metrics.jsonl has a step that is a count ---------------------------------------------
+
+
+@pytest.mark.parametrize("step", [MISSING, 10**400, -5], ids=["no-step", "step-10^400", "step-negative"])
+def test_an_evaluation_record_without_a_step_that_is_a_count_is_one_line(tmp_path: Path, step: Any) -> None:
+    """`{"align": ...}` without a step was a KeyError traceback in the summary's dev curves; a step of 10^400 an
+    OverflowError in the plot; a negative one was plotted."""
+    suite, out = _bench_folder(tmp_path)
+    record: dict[str, Any] = {"align": 0.1, "uniform": -1.0, "stsb-dev": 0.5}
+    if step is not MISSING:
+        record["step"] = step
+    (out / "base-seed1" / "metrics.jsonl").write_text(json.dumps(record) + "\n", encoding="utf-8")
+    with pytest.raises(CsekitError) as caught:
+        summarise(out, load_suite(suite))
+    _assert_one_line(caught.value, "base-seed1/metrics.jsonl:1")
+
+
+@hostile_examples(25)
+@given(step=JSON_VALUES | st.just(MISSING))
+def test_any_step_of_an_evaluation_record_is_plotted_or_one_line(step: Any) -> None:
+    root = Path(tempfile.mkdtemp())
+    try:
+        suite, out = _bench_folder(root)
+        record: dict[str, Any] = {"align": 0.1, "uniform": -1.0, "stsb-dev": 0.5}
+        if step is not MISSING:
+            record["step"] = step
+        (out / "base-seed1" / "metrics.jsonl").write_text(json.dumps(record) + "\n", encoding="utf-8")
+        counts = type(step) is int and 0 <= step <= 2**62
+        try:
+            summarise(out, load_suite(suite))
+        except CsekitError as error:
+            assert not counts
+            _assert_one_line(error, "base-seed1/metrics.jsonl:1")
+        else:
+            assert counts
+    finally:
+        shutil.rmtree(root)
+
