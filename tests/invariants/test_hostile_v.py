@@ -148,3 +148,91 @@ def test_any_step_of_an_evaluation_record_is_plotted_or_one_line(step: Any) -> N
     finally:
         shutil.rmtree(root)
 
+
+# --- benchmarks/suite_diagnose.py reads each diagnose report bounded and checked --------------------------------------
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+METRICS = {"false_negative_rate": 0.4, "uniformity": -2.0, "alignment": 0.3, "anisotropy": 0.5}
+
+
+def _diagnose_suite(root: Path) -> tuple[Any, Path]:
+    """The suite of `_bench_folder` and a reports folder with a full report for every run but base-seed1's."""
+    suite, _ = _bench_folder(root)
+    reports = root / "reports"
+    reports.mkdir()
+    for name in ("base-seed2", "meth-seed1", "meth-seed2"):
+        report = {"models": {f"runs/{name}/best": METRICS}}
+        (reports / f"{name}.json").write_text(json.dumps(report), encoding="utf-8")
+    return load_suite(suite), reports
+
+
+@pytest.fixture
+def suite_diagnose(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import suite_diagnose
+
+    return suite_diagnose
+
+
+@pytest.mark.parametrize(
+    "content",
+    ["not json", '{"x": 1}', '{"models": []}', '{"models": {"a": {}, "b": {}}}', '{"models": {"m": [1]}}',
+     '{"models": {"m": {"uniformity": "low"}}}', '{"models": {"m": {"uniformity": 1e999}}}', "fifo", "dev-zero"],
+    ids=["not-json", "no-models", "models-a-list", "two-models", "metrics-a-list", "metric-text", "metric-inf",
+         "fifo", "dev-zero"],
+)  # fmt: skip
+def test_a_damaged_diagnose_report_is_one_line_naming_it(tmp_path: Path, suite_diagnose: Any, content: str) -> None:
+    """suite_diagnose read each report with an unbounded `json.loads(read_text())` and indexed it blindly: a
+    JSONDecodeError, KeyError, AttributeError or TypeError traceback, and a FIFO hung it."""
+    import os
+
+    suite, reports = _diagnose_suite(tmp_path)
+    path = reports / "base-seed1.json"
+    if content == "fifo":
+        os.mkfifo(path)
+    elif content == "dev-zero":
+        path.symlink_to("/dev/zero")
+    else:
+        path.write_text(content, encoding="utf-8")
+    with pytest.raises(CsekitError) as caught:
+        suite_diagnose.table(suite, reports)
+    _assert_one_line(caught.value, "base-seed1.json")
+
+
+def test_a_metric_diagnose_wrote_as_null_is_left_out_not_a_traceback(tmp_path: Path, suite_diagnose: Any) -> None:
+    """`csekit diagnose` writes a metric that is not a number as null (a Spearman correlation of constant
+    embeddings): `scale * None` was a TypeError traceback. It is left out of the mean and of the pairs."""
+    suite, reports = _diagnose_suite(tmp_path)
+    report = {"models": {"runs/base-seed1/best": {**METRICS, "uniformity": None}}}
+    (reports / "base-seed1.json").write_text(json.dumps(report), encoding="utf-8")
+    markdown = suite_diagnose.table(suite, reports)
+    uniformity = markdown.split("### uniformity")[1].split("###")[0]
+    assert "| base | 1 | -2.0000 ± 0.0000 | - | - |" in uniformity
+    assert "| meth | 2 | -2.0000 ± 0.0000 | +0.000 (p = -, 1 seeds) | - |" in uniformity
+
+
+@hostile_examples(25)
+@given(value=JSON_VALUES)
+def test_any_metric_value_in_a_diagnose_report_is_tabulated_or_one_line(value: Any) -> None:
+    import sys
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import suite_diagnose
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    root = Path(tempfile.mkdtemp())
+    try:
+        suite, reports = _diagnose_suite(root)
+        report = {"models": {"m": {**METRICS, "alignment": value}}}
+        (reports / "base-seed1.json").write_text(json.dumps(report), encoding="utf-8")
+        number = type(value) in (int, float) and abs(value) < float("inf")
+        try:
+            suite_diagnose.table(suite, reports)
+        except CsekitError as error:
+            assert not (number or value is None)
+            _assert_one_line(error, "base-seed1.json", "alignment")
+        else:
+            assert number or value is None
+    finally:
+        shutil.rmtree(root)
