@@ -236,3 +236,89 @@ def test_any_metric_value_in_a_diagnose_report_is_tabulated_or_one_line(value: A
             assert number or value is None
     finally:
         shutil.rmtree(root)
+
+
+# --- a key given twice in a JSON object is refused, as in YAML -----------------------------------------------------
+
+JSON_KEYS = st.text(max_size=3)
+
+
+@st.composite
+def _json_with_a_repeated_key(draw: st.DrawFn) -> tuple[str, str]:
+    """(JSON text of an object holding, at some depth, an object that gives one key twice; that key)."""
+    key = draw(JSON_KEYS)
+    inner = draw(st.dictionaries(JSON_KEYS.filter(lambda other: other != key), JSON_VALUES, max_size=3))
+    items = [json.dumps(key) + ": " + json.dumps(draw(JSON_VALUES)) for _ in range(2)]
+    items += [json.dumps(name) + ": " + json.dumps(value) for name, value in inner.items()]
+    text = "{" + ", ".join(draw(st.permutations(items))) + "}"
+    for name in draw(st.lists(JSON_KEYS, max_size=3)):
+        text = "{" + json.dumps(name) + ": " + text + "}"
+    return text, key
+
+
+@hostile_examples(40)
+@given(case=_json_with_a_repeated_key())
+def test_a_key_given_twice_in_any_json_object_is_one_line(case: tuple[str, str]) -> None:
+    """Python's JSON parser keeps the last value of a repeated key without a word (a counts file giving a token
+    twice, a results.json giving an average twice, a metrics record giving stsb-dev twice: one value silently
+    lost); YAML files were already refused for it. Both JSON readers now refuse it: whole files and JSON lines."""
+    from csekit.core.bounded_read import read_json_file
+    from csekit.core.json_lines import RowProblem, json_row
+
+    text, key = case
+    root = Path(tempfile.mkdtemp())
+    try:
+        path = root / "file.json"
+        path.write_text(text, encoding="utf-8")
+        with pytest.raises(CsekitError) as caught:
+            read_json_file(path, "metadata")
+        _assert_one_line(caught.value, str(path), "is given twice in one object")
+        if key.isalnum():  # a control character in the key is written as its escape
+            assert f'key "{key}"' in str(caught.value)
+        with pytest.raises(RowProblem, match="is given twice in one object"):
+            json_row(text.encode("utf-8"))
+    finally:
+        shutil.rmtree(root)
+
+
+@hostile_examples(40)
+@given(value=st.dictionaries(JSON_KEYS, JSON_VALUES, max_size=4))
+def test_json_without_a_repeated_key_reads_as_before(value: dict[str, Any]) -> None:
+    from csekit.core.bounded_read import read_json_file
+    from csekit.core.json_lines import json_row
+
+    root = Path(tempfile.mkdtemp())
+    try:
+        path = root / "file.json"
+        path.write_text(json.dumps(value), encoding="utf-8")
+        expected = json.loads(json.dumps(value))
+        assert _same(read_json_file(path, "metadata"), expected)
+        assert _same(json_row(json.dumps(value)), expected)
+    finally:
+        shutil.rmtree(root)
+
+
+def _same(read: Any, expected: Any) -> bool:
+    """Equal, NaN equal to NaN (json.dumps writes NaN, which both readers read back)."""
+    return json.dumps(read, sort_keys=True) == json.dumps(expected, sort_keys=True)
+
+
+def test_a_counts_file_or_results_json_giving_a_key_twice_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """End to end: `csekit bench --summary-only` with a results.json that gives `avg` twice (the second won) and a
+    counts file that gives a token twice (read_counts kept the last count)."""
+    from conftest import assert_one_line_error, run_main
+
+    from csekit.prep.frequency import read_counts
+
+    suite, out = _bench_folder(tmp_path)
+    path = out / "meth-seed1" / "results.json"
+    path.write_text('{"seed": 1, "tasks": {}, "averages": {"avg": 0.61, "avg": 0.99}}', encoding="utf-8")
+    code, err = run_main(monkeypatch, capsys, "bench", str(suite), "--output", str(out), "--summary-only")
+    assert_one_line_error(code, err, "meth-seed1/results.json", 'key "avg" is given twice')
+    counts = tmp_path / "counts.json"
+    counts.write_text('{"the": 5, "cat": 2, "the": 1}', encoding="utf-8")
+    with pytest.raises(CsekitError) as caught:
+        read_counts(counts)
+    _assert_one_line(caught.value, "counts.json", 'key "the" is given twice')

@@ -55,6 +55,29 @@ _READ_CHUNK = 2**20
 _T = TypeVar("_T")
 
 
+class RepeatedKey(ValueError):
+    """A JSON object that gives one key twice (`key`): JSON parsers keep the last value silently."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f'key "{key[:80]}" is given twice in one object')
+        self.key = key
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, unless a key repeats (one value would be lost without a word)."""
+    unique: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in unique:
+            raise RepeatedKey(key)
+        unique[key] = value
+    return unique
+
+
+JSON_DECODER = json.JSONDecoder(object_pairs_hook=_unique_object)
+"""The one JSON parser of files from elsewhere (`read_json_file`, `core/json_lines.py`): a key given twice in an
+object is refused, as in YAML (`_check_unique_keys`)."""
+
+
 def open_regular(path: str | Path, limit: int | None = None, buffered: bool = True) -> BinaryIO:
     """`path` opened for binary reading, if it is a regular file (of at most `limit` bytes when given).
 
@@ -160,7 +183,9 @@ def read_json_file(path: str | Path, what: str, limit: int = METADATA_LIMIT) -> 
     """A JSON file's value (bounded read); damage is one line naming the file and the JSON error's line."""
     text = read_bounded_text(path, what, limit)
     try:
-        return json.loads(text)
+        return JSON_DECODER.decode(text)
+    except RepeatedKey as error:
+        raise CsekitError(f"{path}: {what}: {error}; keep one") from None
     except json.JSONDecodeError as error:
         raise CsekitError(f"{path}:{error.lineno}: {what} is not valid JSON ({error.msg})") from None
     except RecursionError:
