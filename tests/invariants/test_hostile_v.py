@@ -322,3 +322,32 @@ def test_a_counts_file_or_results_json_giving_a_key_twice_is_one_line(
     with pytest.raises(CsekitError) as caught:
         read_counts(counts)
     _assert_one_line(caught.value, "counts.json", 'key "the" is given twice')
+
+
+# --- a counts list gives each token once, as text -------------------------------------------------------------------
+
+COUNTS = st.integers(min_value=0, max_value=2**62)
+
+
+@hostile_examples(40)
+@given(pairs=st.lists(st.tuples(st.sampled_from(["the", "cat", "##s"]) | JSON_VALUES, COUNTS), max_size=5))
+def test_a_counts_list_is_read_as_its_pairs_or_one_line(pairs: list[tuple[Any, int]]) -> None:
+    """labels_sort.json's layout ([[token, count], ...]): a token given twice kept its last count without a word,
+    and a token of null, 1 or ["a"] was counted as the text "None", "1" or "['a']"."""
+    from csekit.prep.frequency import read_counts
+
+    root = Path(tempfile.mkdtemp())
+    try:
+        path = root / "labels_sort.json"
+        path.write_text(json.dumps([list(pair) for pair in pairs]), encoding="utf-8")
+        tokens = [token for token, _ in pairs]
+        readable = all(isinstance(token, str) for token in tokens) and len(set(tokens)) == len(tokens)
+        try:
+            counts = read_counts(path)
+        except CsekitError as error:
+            assert not readable
+            _assert_one_line(error, "labels_sort.json")
+        else:
+            assert readable and counts == dict(pairs)
+    finally:
+        shutil.rmtree(root)
