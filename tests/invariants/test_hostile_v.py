@@ -351,3 +351,53 @@ def test_a_counts_list_is_read_as_its_pairs_or_one_line(pairs: list[tuple[Any, i
             assert readable and counts == dict(pairs)
     finally:
         shutil.rmtree(root)
+
+
+# --- YAML keys are compared as YAML reads them ------------------------------------------------------------------------
+
+ONE_KEY_TO_YAML = (
+    ("~", "null", "Null", "NULL"),
+    ("yes", "true", "on", "True", "Yes", "ON"),
+    ("no", "false", "off", "False"),
+    ("1", "0x1", "+1", "1.0", "01", "0b1", "1_0.0e-1"),
+    ("2026-01-02", "2026-1-2"),
+)
+
+
+@hostile_examples(40)
+@given(group=st.sampled_from(ONE_KEY_TO_YAML), data=st.data())
+def test_two_spellings_of_one_key_in_a_yaml_mapping_are_refused_naming_both_lines(
+    group: tuple[str, ...], data: Any
+) -> None:
+    """`~` and `null`, `yes` and `true`, `1` and `0x1` are one key once YAML has read them: the duplicate-key check
+    compared the text, so the mapping kept the last value without a word (a published file with entries `~:` and
+    `null:`, or `1:` and `1.0:`, lost one)."""
+    from csekit.core.bounded_read import parse_yaml
+
+    first, second = data.draw(st.lists(st.sampled_from(group), min_size=2, max_size=2, unique=True))
+    if group[0].startswith("2026") and "2026-1-2" in (first, second):
+        second = first  # an unpadded date is text to YAML, not a date: the same spelling twice instead
+    text = f"other: 0\n{first}: 1\n{second}: 2\n"
+    with pytest.raises(CsekitError) as caught:
+        parse_yaml(text, "pub.yaml", "published-numbers file")
+    _assert_one_line(caught.value, "pub.yaml:3:", "is given twice", "(lines 2 and 3")
+
+
+def test_keys_different_as_written_and_as_read_are_kept() -> None:
+    from csekit.core.bounded_read import parse_yaml
+
+    value, _ = parse_yaml('"x": a\ny: b\n2: c\nfalse: d\n~: e\n2026-01-02: f\n', "x.yaml", "file")
+    assert list(value.values()) == ["a", "b", "c", "d", "e", "f"]
+
+
+@pytest.mark.parametrize(("first", "second"), [("~", '"None"'), ("true", '"True"'), ("1.5", '"1.5"'), ("null", "None")])
+def test_two_published_entries_that_name_one_recipe_are_refused(tmp_path: Path, first: str, second: str) -> None:
+    """A published file's entries are looked up by the recipe name as text: `~:` and `"None":` (or `true:` and
+    `"True":`) both became the entry "None", and the second replaced the first without a word."""
+    from csekit.evaluation.published import load_published
+
+    path = tmp_path / "pub.yaml"
+    path.write_text(f"{first}: {{reason: one}}\n{second}: {{reason: two}}\n", encoding="utf-8")
+    with pytest.raises(CsekitError) as caught:
+        load_published(path)
+    _assert_one_line(caught.value, "pub.yaml:2:")

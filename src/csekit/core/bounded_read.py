@@ -300,7 +300,10 @@ def _check_size(root: yaml.Node, label: str, what: str) -> None:
 
 
 def _check_unique_keys(root: yaml.Node, label: str, what: str) -> None:
-    """A key given twice in one mapping is refused, naming both lines (YAML would keep the last silently)."""
+    """A key given twice in one mapping is refused, naming both lines (YAML would keep the last silently). Keys are
+    compared as written (`"1"` and `1` would be one name to a reader of names) and as YAML reads them: `~` and
+    `null`, `yes` and `true`, `1` and `0x1` are one key."""
+    constructor = yaml.constructor.SafeConstructor()
     seen: set[int] = set()
     stack = [root]
     while stack:
@@ -309,17 +312,23 @@ def _check_unique_keys(root: yaml.Node, label: str, what: str) -> None:
             continue
         seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
-            lines: dict[str, int] = {}
+            lines: dict[Any, tuple[str, int]] = {}
             for key_node, value_node in node.value:
                 stack += [key_node, value_node]
                 if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
                     continue
                 line = key_node.start_mark.line + 1
-                if key_node.value in lines:
+                key = constructor.construct_object(key_node)
+                repeated = lines.get(key) or lines.get(("text", key_node.value))
+                if repeated is not None:
+                    first, first_line = repeated
+                    spelled = (
+                        "" if first == key_node.value else f', as "{first}" and "{key_node.value}", one key to YAML'
+                    )
                     raise CsekitError(
                         f'{label}:{line}: key "{key_node.value}" is given twice in the {what} (lines '
-                        f"{lines[key_node.value]} and {line}); keep one"
+                        f"{first_line} and {line}{spelled}); keep one"
                     )
-                lines[key_node.value] = line
+                lines[key] = lines[("text", key_node.value)] = key_node.value, line
         elif isinstance(node, yaml.SequenceNode):
             stack += node.value
