@@ -401,3 +401,63 @@ def test_two_published_entries_that_name_one_recipe_are_refused(tmp_path: Path, 
     with pytest.raises(CsekitError) as caught:
         load_published(path)
     _assert_one_line(caught.value, "pub.yaml:2:")
+
+
+# --- the stand-in's saved training state: its optimizer state is checked as a checkpoint's is --------------------
+
+
+def _tamper_optimizer(state: dict[str, Any], case: str) -> None:
+    import torch
+
+    optimizer = state["optimizer"]
+    if case == "moment-shape":
+        optimizer["state"][0]["exp_avg"] = torch.zeros(3)
+    elif case == "lr-text":
+        optimizer["param_groups"][0]["lr"] = "fast"
+    elif case == "beta-one":
+        optimizer["param_groups"][0]["betas"] = (1.0, 0.999)
+    elif case == "negative-second-moment":
+        optimizer["state"][0]["exp_avg_sq"] = -torch.ones_like(optimizer["state"][0]["exp_avg_sq"])
+
+
+@pytest.mark.parametrize("case", ["moment-shape", "lr-text", "beta-one", "negative-second-moment"])
+def test_a_crafted_optimizer_state_in_the_standins_training_state_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    """minilm_mlm_standin's `<output>.training-state.pt` was handed to `optimizer.load_state_dict` unchecked: a moment
+    of the wrong shape or an lr of text was a RuntimeError or TypeError traceback at the first step, a beta of 1 or a
+    negative second moment trained on to NaN. It goes through training/state_checks.py, as a checkpoint does."""
+    import torch
+    from conftest import make_corpus, make_tiny_mlm
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import minilm_mlm_generator
+    import minilm_mlm_standin
+
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=200)
+    backbone = make_tiny_mlm(tmp_path / "backbone", initializer_range=0.3, layers=2)
+    settings = ["--backbone", str(backbone), "--corpus", str(corpus), "--held-out", "32", "--reinit-top-layers", "1"]
+    settings += ["--steps", "4", "--save-every", "2", "--output", str(tmp_path / "standin")]
+    real, calls = minilm_mlm_generator.masked_logits, []
+
+    def stop_at_step_three(model: Any, batch: Any) -> Any:
+        calls.append(1)  # call 1 scores the held-out batch, calls 2.. are steps 1..
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(model, batch)
+
+    monkeypatch.setattr(minilm_mlm_generator, "masked_logits", stop_at_step_three)
+    with pytest.raises(SystemExit):
+        minilm_mlm_standin.main(settings)
+    monkeypatch.setattr(minilm_mlm_generator, "masked_logits", real)
+    path = minilm_mlm_standin.state_path(tmp_path / "standin")
+    state = torch.load(path, weights_only=True)
+    _tamper_optimizer(state, case)
+    torch.save(state, path)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        minilm_mlm_standin.main(settings)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exit_info.value.code == 2 and last.startswith("minilm_mlm_standin: "), last
+    assert str(path) in last and "does not fit this model" in last
+    assert not (tmp_path / "standin").exists()
