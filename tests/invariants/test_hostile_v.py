@@ -461,3 +461,25 @@ def test_a_crafted_optimizer_state_in_the_standins_training_state_is_one_line(
     assert exit_info.value.code == 2 and last.startswith("minilm_mlm_standin: "), last
     assert str(path) in last and "does not fit this model" in last
     assert not (tmp_path / "standin").exists()
+
+
+# --- a file task's `columns` list: each item is one column --------------------------------------------------------
+
+
+@hostile_examples(40)
+@given(
+    items=st.lists(st.sampled_from(["s1", "s2", "score", "s1,s2", "s2, score", " s1", 1, 2, 3]), min_size=1, max_size=4)
+)
+def test_each_item_of_a_columns_list_is_one_column_or_the_list_is_refused(items: list[str | int]) -> None:
+    """`{pairs: PATH, columns: ["s1,s2", score]}` was joined with commas and split again: two items read as three
+    columns. Whatever the list, the columns read are its items, one each, or it is one line."""
+    from csekit.evaluation.file_tasks import entry_columns
+
+    try:
+        columns = entry_columns(items)
+    except CsekitError as error:
+        _assert_one_line(error, "columns")
+        return
+    assert columns is not None and len(columns) == len(items) == 3
+    for read, item in zip(columns, items, strict=True):
+        assert str(read) == str(item).strip()
