@@ -124,10 +124,8 @@ def entry_columns(value: Any) -> PairsColumns | None:
         return None
     if isinstance(value, str):
         text = value
-    elif (
-        isinstance(value, list)
-        and len(value) == 3  # each item one column: ["a,b", "score"] was read as three
-        and all(isinstance(item, str | int) and not isinstance(item, bool) and "," not in str(item) for item in value)
+    elif isinstance(value, list) and all(  # each item one column: ["a,b", "score"] was read as three
+        isinstance(item, str | int) and not isinstance(item, bool) and "," not in str(item) for item in value
     ):
         text = ",".join(str(item) for item in value)
     else:
