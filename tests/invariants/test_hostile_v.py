@@ -483,3 +483,40 @@ def test_each_item_of_a_columns_list_is_one_column_or_the_list_is_refused(items:
     assert columns is not None and len(columns) == len(items) == 3
     for read, item in zip(columns, items, strict=True):
         assert str(read) == str(item).strip()
+
+
+# --- a column bench reads from results.json is a score in its range ------------------------------------------------
+
+
+@hostile_examples(40)
+@given(
+    column=st.sampled_from([("averages", "avg"), ("tasks", "STS12", "all"), ("tasks", "stsb-dev")]),
+    value=st.floats(allow_nan=False, allow_infinity=False) | st.integers(-(10**300), 10**300),
+)
+def test_a_score_bench_reads_is_in_its_range_or_one_line(column: tuple[str, ...], value: float) -> None:
+    """A results.json average of 1e308 passed the finite-number check, became infinite x 100, and the paper
+    comparison's sums raised `ValueError: -inf + inf in fsum`, a traceback. Every column is a score in its range
+    (a correlation, an accuracy, a retrieval score: [-1, 1]; alignment [0, 4], uniformity [-8, 0]) or one line."""
+    root = Path(tempfile.mkdtemp())
+    try:
+        suite, out = _bench_folder(root)
+        published = root / "pub.yaml"
+        published.write_text("base: {source: S, scores: {STS Avg.: 50}}\nmeth: {source: M, scores: {STS Avg.: 52}}\n")
+        suite.write_text(suite.read_text(encoding="utf-8") + "published: pub.yaml\n", encoding="utf-8")
+        for seed, sign in ((1, 1), (2, -1)):
+            path = out / f"meth-seed{seed}" / "results.json"
+            report = json.loads(path.read_text(encoding="utf-8"))
+            target = report
+            for key in column[:-1]:
+                target = target.setdefault(key, {})
+            target[column[-1]] = sign * value
+            path.write_text(json.dumps(report), encoding="utf-8")
+        try:
+            summarise(out, load_suite(suite))
+        except CsekitError as error:
+            assert abs(value) > 1
+            _assert_one_line(error, "meth-seed1/results.json", "not a score in [-1, 1]")
+        else:
+            assert abs(value) <= 1
+    finally:
+        shutil.rmtree(root)

@@ -41,6 +41,10 @@ OTHER_COLUMNS = (
     ("uniform", ("tasks", "align", "uniform")),
 )
 UNSCALED = {"align", "uniform"}  # reported as they are; everything else x 100
+SCORE_RANGES = {"align": (0.0, 4.0), "uniform": (-8.0, 0.0)}
+"""The values a column can hold (unit vectors: alignment in [0, 4], uniformity in [-8, 0]); every other column is a
+correlation, an accuracy or a retrieval score, in [-1, 1]. A results.json score of 1e308 became infinite x 100, and
+the paper comparison's sums a ValueError traceback."""
 
 
 def file_task_columns(runs: dict[str, list[dict[str, Any]]]) -> list[tuple[str, tuple[str, ...]]]:
@@ -97,6 +101,10 @@ def read_results(path: Path, seed: int | None = None) -> dict[str, Any]:
         isinstance(wall, dict) and all(_is_number(wall.get(k)) for k in ("train", "evaluate"))
     ):
         raise CsekitError(f'{path}: "wall_seconds" must give "train" and "evaluate" as numbers; {remove}')
+    for label, column in (*STS_COLUMNS, *TRANSFER_COLUMNS, *OTHER_COLUMNS, *file_task_columns({"": [report]})):
+        value, (low, high) = score_at(report, column), SCORE_RANGES.get(label, (-1.0, 1.0))
+        if value is not None and not low <= value <= high:
+            raise CsekitError(f"{path}: {label} is {value:.4g}, not a score in [{low:g}, {high:g}]; {remove}")
     recorded = report.get("seed")
     matches = is_seed(recorded) and (seed is None or recorded == seed)
     if ("seed" in report or seed is not None) and not matches:
