@@ -520,3 +520,33 @@ def test_a_score_bench_reads_is_in_its_range_or_one_line(column: tuple[str, ...]
             assert abs(value) <= 1
     finally:
         shutil.rmtree(root)
+
+
+@pytest.mark.parametrize(
+    ("file", "content", "needle"),
+    [
+        ("cosines.npy", [0.5, 1.5], "cosines.npy: holds values that are no cosines"),
+        ("cosines.npy", [-1e308, 1e308], "cosines.npy: holds values that are no cosines"),
+        ("metrics.jsonl", {"step": 1, "align": 0.1, "uniform": -1.0, "stsb-dev": 1e308}, "stsb-dev is '1e+308'"),
+        ("metrics.jsonl", {"step": 1, "align": -3.0, "uniform": -1.0}, "align is '-3.0', not a number in [0, 4]"),
+        ("results.json", {"train": -1e308, "evaluate": 1.0}, '"wall_seconds" must give'),
+    ],
+    ids=["cosine-1.5", "cosine-1e308", "dev-score-1e308", "align-negative", "wall-negative"],
+)
+def test_a_run_value_out_of_its_range_is_one_line(tmp_path: Path, file: str, content: Any, needle: str) -> None:
+    """The same ranges for the run's other files: cosines of 1e308 were plotted, dev scores of 1e308 averaged to
+    `inf`, a negative wall time tabulated."""
+    import numpy as np
+
+    suite, out = _bench_folder(tmp_path)
+    folder = out / "base-seed1"
+    if file == "cosines.npy":
+        np.save(folder / file, np.array(content, dtype=np.float64))
+    elif file == "metrics.jsonl":
+        (folder / file).write_text(json.dumps(content) + "\n", encoding="utf-8")
+    else:
+        report = json.loads((folder / file).read_text(encoding="utf-8"))
+        (folder / file).write_text(json.dumps({**report, "wall_seconds": content}), encoding="utf-8")
+    with pytest.raises(CsekitError) as caught:
+        summarise(out, load_suite(suite))
+    _assert_one_line(caught.value, f"base-seed1/{file}", needle)

@@ -24,6 +24,8 @@ COSINES_FILE = "cosines.npy"
 RESULTS_LIMIT = 2**20
 """The largest results.json read (bench writes a few KiB)."""
 COSINES_LIMIT = 2**28
+COSINE_SLACK = 1e-3
+"""How far past +-1 a float32 cosine of unit vectors may round (1.0000001 is one)."""
 """The largest cosines.npy read (bench writes 2 MB: 1000 sentences give 499,500 float32 pairs)."""
 # (column label, path into results.json "tasks"/"averages") in the papers' order
 STS_COLUMNS = (
@@ -98,13 +100,13 @@ def read_results(path: Path, seed: int | None = None) -> dict[str, Any]:
         raise CsekitError(f"{error}; {remove}") from None
     wall = report.get("wall_seconds")
     if wall is not None and not (
-        isinstance(wall, dict) and all(_is_number(wall.get(k)) for k in ("train", "evaluate"))
+        isinstance(wall, dict) and all(_is_number(wall.get(k)) and wall[k] >= 0 for k in ("train", "evaluate"))
     ):
-        raise CsekitError(f'{path}: "wall_seconds" must give "train" and "evaluate" as numbers; {remove}')
+        raise CsekitError(f'{path}: "wall_seconds" must give "train" and "evaluate" as seconds (>= 0); {remove}')
     for label, column in (*STS_COLUMNS, *TRANSFER_COLUMNS, *OTHER_COLUMNS, *file_task_columns({"": [report]})):
-        value, (low, high) = score_at(report, column), SCORE_RANGES.get(label, (-1.0, 1.0))
-        if value is not None and not low <= value <= high:
-            raise CsekitError(f"{path}: {label} is {value:.4g}, not a score in [{low:g}, {high:g}]; {remove}")
+        value = score_at(report, column)
+        if value is not None and not _in_range(label, value):
+            raise CsekitError(f"{path}: {label} is {value:.4g}, not a score in {_range_text(label)}; {remove}")
     recorded = report.get("seed")
     matches = is_seed(recorded) and (seed is None or recorded == seed)
     if ("seed" in report or seed is not None) and not matches:
@@ -127,6 +129,17 @@ def from_old_layout(report: dict[str, Any]) -> dict[str, Any]:
 
 def _is_number(value: Any) -> bool:
     return is_finite_number(value)
+
+
+def _in_range(label: str, value: float) -> bool:
+    """Whether `value` is a score column `label` (or a metrics.jsonl dev key) can hold (`SCORE_RANGES`)."""
+    low, high = SCORE_RANGES.get(label, (-1.0, 1.0))
+    return low <= value <= high
+
+
+def _range_text(label: str) -> str:
+    low, high = SCORE_RANGES.get(label, (-1.0, 1.0))
+    return f"[{low:g}, {high:g}]"
 
 
 def dev_curves(output: Path, suite: Suite) -> dict[str, dict[str, list[tuple[int, float]]]]:
@@ -172,8 +185,10 @@ def _evaluation_points(path: Path) -> Iterator[tuple[int, str, float]]:
                 value = record.get(key)
                 if value is None:  # a score that was not a number
                     continue
-                if not _is_number(value):
-                    raise CsekitError(f"{path}:{number}: {key} is {str(value)[:40]!r}, not a number")
+                if not (_is_number(value) and _in_range(key, value)):
+                    raise CsekitError(
+                        f"{path}:{number}: {key} is {str(value)[:40]!r}, not a number in {_range_text(key)}"
+                    )
                 yield record["step"], key, float(value)
 
 
@@ -202,6 +217,9 @@ def read_cosines(path: Path) -> np.ndarray:
     except (ValueError, OSError, EOFError) as error:
         reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise CsekitError(f"{path}: not a cosine sample written by csekit bench ({reason})") from None
-    if not np.isfinite(values).all():
-        raise CsekitError(f"{path}: holds values that are not finite; not a cosine sample written by csekit bench")
+    if not (np.abs(values) <= 1 + COSINE_SLACK).all():  # NaN and infinity fail too
+        raise CsekitError(
+            f"{path}: holds values that are no cosines (outside [-1, 1] or not finite); not a cosine "
+            "sample written by csekit bench"
+        )
     return values
