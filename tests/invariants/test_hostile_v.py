@@ -550,3 +550,37 @@ def test_a_run_value_out_of_its_range_is_one_line(tmp_path: Path, file: str, con
     with pytest.raises(CsekitError) as caught:
         summarise(out, load_suite(suite))
     _assert_one_line(caught.value, f"base-seed1/{file}", needle)
+
+
+# --- benchmarks/gpu_suite.py reads its suite as bench does and writes --out atomically ----------------------------
+
+
+@pytest.mark.parametrize("case", ["alias-bomb", "key-twice", "out-a-link"])
+def test_the_gpu_suite_script_reads_bounded_and_never_writes_through_a_link(tmp_path: Path, case: str) -> None:
+    """gpu_suite.py read the suite and its recipes with a plain yaml.safe_load (an alias bomb and a key given twice
+    passed unchecked, the second seeds silently replacing the first) and wrote --out with write_text (a link there
+    was followed, its target overwritten)."""
+    import subprocess
+    import sys
+
+    suite, _ = _bench_folder(tmp_path)
+    suite.write_text("name: s\n" + suite.read_text(encoding="utf-8"), encoding="utf-8")
+    target, out = tmp_path / "target.txt", tmp_path / "out.yaml"
+    target.write_text("kept\n", encoding="utf-8")
+    if case == "alias-bomb":
+        bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+            f"{chr(98 + i)}: &{chr(98 + i)} [*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, "
+            f"*{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}, *{chr(97 + i)}]\n"
+            for i in range(8)
+        )
+        (tmp_path / "a.yaml").write_text("name: a\n" + bomb, encoding="utf-8")
+    elif case == "key-twice":
+        suite.write_text(suite.read_text(encoding="utf-8") + "seeds: [3]\n", encoding="utf-8")
+    else:
+        out.symlink_to(target)
+    command = [sys.executable, str(BENCHMARKS / "gpu_suite.py"), "subset", "--suite", str(suite), "--out", str(out)]
+    command += ["--keep", "base", "--model", str(tmp_path / "model")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0 and len(lines) == 1 and lines[0].startswith("gpu_suite: "), done.stderr[-2000:]
+    assert target.read_text(encoding="utf-8") == "kept\n"
