@@ -401,3 +401,16 @@ def test_a_run_value_out_of_its_range_is_one_line(tmp_path: Path, file: str, con
     with pytest.raises(CsekitError) as caught:
         summarise(out, load_suite(suite))
     _assert_one_line(caught.value, f"base-seed1/{file}", needle)
+
+
+def test_a_bom_still_names_itself_in_both_json_readers(tmp_path: Path) -> None:
+    """Guard: the shared decoder keeps json.loads' own word for a UTF-8 BOM (the decoder object skips that check)."""
+    from csekit.core.bounded_read import read_json_file
+    from csekit.core.json_lines import RowProblem, json_row
+
+    path = tmp_path / "bom.json"
+    path.write_bytes(b'\xef\xbb\xbf{"a": 1}')
+    with pytest.raises(CsekitError, match="Unexpected UTF-8 BOM"):
+        read_json_file(path, "metadata")
+    with pytest.raises(RowProblem, match="Unexpected UTF-8 BOM"):
+        json_row(path.read_bytes())

@@ -73,9 +73,15 @@ def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return unique
 
 
-JSON_DECODER = json.JSONDecoder(object_pairs_hook=_unique_object)
-"""The one JSON parser of files from elsewhere (`read_json_file`, `core/json_lines.py`): a key given twice in an
-object is refused, as in YAML (`_check_unique_keys`)."""
+_JSON_DECODER = json.JSONDecoder(object_pairs_hook=_unique_object)
+
+
+def decode_json(text: str) -> Any:
+    """The one JSON parser of files from elsewhere (`read_json_file`, `core/json_lines.py`): `json.loads`, except
+    that a key given twice in an object is refused (`RepeatedKey`), as in YAML (`_check_unique_keys`)."""
+    if text.startswith("\ufeff"):  # json.loads' own check, which the decoder object skips
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    return _JSON_DECODER.decode(text)
 
 
 def open_regular(path: str | Path, limit: int | None = None, buffered: bool = True) -> BinaryIO:
@@ -183,7 +189,7 @@ def read_json_file(path: str | Path, what: str, limit: int = METADATA_LIMIT) -> 
     """A JSON file's value (bounded read); damage is one line naming the file and the JSON error's line."""
     text = read_bounded_text(path, what, limit)
     try:
-        return JSON_DECODER.decode(text)
+        return decode_json(text)
     except RepeatedKey as error:
         raise CsekitError(f"{path}: {what}: {error}; keep one") from None
     except json.JSONDecodeError as error:
