@@ -29,7 +29,8 @@ test-fast: setup lint
 # The property tests of hostile input (generated files, --set values, report names, write targets), with fresh
 # random examples and 40 times as many as make test draws (conftest.py: CSEKIT_HYPOTHESIS=long, hostile_examples);
 # make test runs them bounded, on a fixed seed. Minutes, not part of make test.
-HOSTILE_TESTS = tests/invariants/test_fuzz_files.py tests/invariants/test_fuzz_readers.py tests/invariants/test_report_cells.py
+HOSTILE_TESTS = tests/invariants/test_fuzz_files.py tests/invariants/test_fuzz_readers.py tests/invariants/test_report_cells.py \
+	tests/invariants/test_hostile_v.py tests/invariants/test_hostile_v_scripts.py
 
 test-hostile: setup
 	CSEKIT_HYPOTHESIS=long .venv/bin/python -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal $(HOSTILE_TESTS)

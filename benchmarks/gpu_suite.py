@@ -19,6 +19,11 @@ from typing import Any
 
 import yaml
 
+from csekit.bench.suite import load_suite
+from csekit.core.atomic import atomic_write_text
+from csekit.core.bounded_read import read_yaml_file
+from csekit.core.errors import CsekitError, message_line
+
 REPO = Path(__file__).resolve().parents[1]
 CONTROLLED = REPO / "benchmarks" / "suites" / "controlled.yaml"
 CARRIED = (
@@ -52,31 +57,35 @@ def subset(suite: Path, keep: list[str], seeds: list[int], alias: str, model: st
     """`suite` with only the recipes named in `keep` and their controls (its order kept), `seeds`, absolute
     recipe paths, and, with `model`, every key of a recipe or of its `set:` list that names `alias` pointed at
     that folder instead."""
-    loaded = yaml.safe_load(suite.read_text(encoding="utf-8"))
-    unknown = sorted(set(keep) - {entry["name"] for entry in loaded["recipes"]})
+    checked = load_suite(suite)  # bounded, every value checked, as `csekit bench` reads it
+    loaded, _ = read_yaml_file(suite, "suite file")
+    # each entry named as bench names it (a name-less one by its recipe file)
+    entries = [{"recipe": entry} if isinstance(entry, str) else entry for entry in loaded["recipes"]]
+    entries = [{**entry, "name": recipe.name} for entry, recipe in zip(entries, checked.recipes, strict=True)]
+    unknown = sorted(set(keep) - {entry["name"] for entry in entries})
     if unknown:
         raise SystemExit(f"{suite}: no recipe named {', '.join(unknown)}")
-    controls = {entry["name"]: entry.get("control") for entry in loaded["recipes"]}
+    controls = {entry["name"]: entry.get("control") for entry in entries}
     wanted = set(keep)
     for name in keep:  # a kept configuration's control comes along: bench refuses a control it cannot find
         while controls.get(name) and controls[name] not in wanted:
             name = controls[name]
             wanted.add(name)
     recipes = []
-    for entry in loaded["recipes"]:
+    for entry in entries:
         if entry["name"] not in wanted:
             continue
         recipe = (suite.parent / entry["recipe"]).resolve()
         overrides = list(entry.get("set", []))
         if model is not None:
-            named = alias_keys(yaml.safe_load(recipe.read_text(encoding="utf-8")), alias)
+            named = alias_keys(read_yaml_file(recipe, "recipe")[0], alias)
             named += [item.split("=", 1)[0] for item in overrides if item.split("=", 1)[-1] == alias]
             overrides += [f"{key}={model}" for key in dict.fromkeys(named)]
         recipes.append({**entry, "recipe": str(recipe), "set": overrides})
     baseline = loaded.get("baseline")
     chosen = {
         **loaded,
-        "name": f"{loaded['name']}-gpu-epoch",
+        "name": f"{checked.name}-gpu-epoch",
         "seeds": seeds,
         "recipes": recipes,
     }
@@ -96,8 +105,11 @@ def main() -> None:
     making.add_argument("--model", help="a model folder to use wherever a recipe names --alias")
     making.add_argument("--alias", default="minilm-l6")
     args = parser.parse_args()
-    chosen = subset(args.suite, args.keep or list(CARRIED), args.seeds, args.alias, args.model)
-    args.out.write_text(yaml.safe_dump(chosen, sort_keys=False), encoding="utf-8")
+    try:
+        chosen = subset(args.suite, args.keep or list(CARRIED), args.seeds, args.alias, args.model)
+        atomic_write_text(args.out, yaml.safe_dump(chosen, sort_keys=False))  # a link at --out is refused
+    except CsekitError as error:
+        raise SystemExit(f"gpu_suite: {message_line(error)}") from None
     print(f"{args.out}: {len(chosen['recipes'])} configurations x seeds {args.seeds}")
 
 

@@ -37,6 +37,7 @@ from csekit.data.corpus import Corpus
 from csekit.data.data_dir import resolve_data_dir
 from csekit.encoding.hub import resolve_model_path
 from csekit.encoding.model_folder import refuse_non_finite
+from csekit.training.state_checks import StateMismatch, check_state
 
 CORPUS = "corpus/sts_sick_unlabeled_sentences.txt"
 MAX_LENGTH = 32
@@ -90,6 +91,10 @@ class TrainingState:
             raise CsekitError(f"{self.path}: step must be a whole number from 1 to {steps - 1}; remove it")
         if not (is_finite_number(before) and 0.0 <= before <= 1.0):
             raise CsekitError(f"{self.path}: before must be an accuracy from 0 to 1; remove it")
+        try:
+            check_state(state.get("optimizer"), optimizer)  # as a checkpoint's: a wrong shape or value never steps
+        except StateMismatch as error:
+            raise CsekitError(f"{self.path} does not fit this model ({str(error)[:200]}); remove it") from None
         try:
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])

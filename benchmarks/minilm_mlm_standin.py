@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from minilm_mlm_generator import TrainingState, train_masked_lm
 
+from csekit.core.bounded_read import read_json_file
 from csekit.core.errors import CsekitError, message_line
 from csekit.data.corpus import Corpus
 from csekit.data.data_dir import resolve_data_dir
@@ -45,6 +46,8 @@ MAX_LENGTH = 32
 BATCH = 64
 POOLERS = ("cls", "mean", "first_last_avg")
 SETTINGS_FILE = "standin.json"
+SETTINGS_LIMIT = 2**20
+"""The largest standin.json read back (the stand-in writes a few hundred bytes)."""
 STATE_SUFFIX = ".training-state.pt"
 """Beside the output folder until the stand-in is written: the training state a run started again continues from."""
 
@@ -79,10 +82,10 @@ def check_output(output: Path, settings: dict[str, Any]) -> bool:
     if output.exists():
         recorded = output / SETTINGS_FILE
         if recorded.is_file() and not recorded.is_symlink():
-            try:
-                if json.loads(recorded.read_text(encoding="utf-8")).get("settings") == settings:
+            try:  # bounded: a standin.json of gigabytes was read whole
+                if read_json_file(recorded, "stand-in record", SETTINGS_LIMIT).get("settings") == settings:
                     return True
-            except (OSError, ValueError, AttributeError):
+            except (CsekitError, AttributeError):
                 pass
         raise CsekitError(f"{output} exists and holds no stand-in of these settings; name a new folder")
     parent = output.absolute().parent

@@ -14,19 +14,19 @@ suite's baseline (and from its `control:`), p from scipy's paired t-test, as Mar
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from csekit.bench import load_suite
 from csekit.bench.suite import Suite, run_dir
 from csekit.bench.tables import p_text, paired_difference
+from csekit.core.errors import CsekitError, message_line
 from csekit.core.report_cells import markdown_row, markdown_rule
-from csekit.evaluation.diagnose import TABLE_ROWS
+from csekit.evaluation.diagnose import TABLE_ROWS, read_diagnose_report
 
 TARGETS = {
     "false_negative_rate": "DCLR: lower",
@@ -38,6 +38,8 @@ TARGETS = {
 }
 """The biases tabulated, in this order, with the direction each paper (or the field) calls better."""
 SCALES = {key: (label, scale) for key, label, scale, _ in TABLE_ROWS}  # `csekit diagnose`'s own labels and scales
+Metrics = dict[int, dict[str, float | None]]
+"""Seed -> a run's diagnose metrics (None: not a number, or not given)."""
 
 
 def diagnose_finished(suite: Suite, output: Path, reports: Path, data_dir: str | None) -> list[str]:
@@ -54,23 +56,35 @@ def diagnose_finished(suite: Suite, output: Path, reports: Path, data_dir: str |
             if data_dir is not None:
                 command += ["--data-dir", data_dir]
             print(f"diagnosing {folder.name}", file=sys.stderr, flush=True)
-            subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+            try:
+                subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+            except subprocess.CalledProcessError as error:  # its own one-line reason is printed above
+                raise CsekitError(
+                    f"csekit diagnose of {folder / 'best'} failed (exit status {error.returncode}, reason above); "
+                    "the runs diagnosed before it are kept"
+                ) from None
             done.append(folder.name)
     return done
 
 
-def _values(reports: Path, name: str, seeds: list[int]) -> dict[int, dict[str, Any]]:
-    """Seed -> the diagnose metrics of run `name`-seed<k>, for the runs diagnosed."""
+def _values(reports: Path, name: str, seeds: list[int]) -> Metrics:
+    """Seed -> the diagnose metrics of run `name`-seed<k>, for the runs diagnosed (read bounded and checked: a
+    report that is not one is one line naming it; a metric that is null or missing is None)."""
     found = {}
     for seed in seeds:
         path = reports / f"{name}-seed{seed}.json"
-        if path.exists():
-            found[seed] = next(iter(json.loads(path.read_text(encoding="utf-8"))["models"].values()))
+        if os.path.lexists(path):
+            found[seed] = read_diagnose_report(path)
     return found
 
 
-def _paired(mine: dict[int, dict[str, Any]], base: dict[int, dict[str, Any]], key: str, scale: float) -> str:
-    pairs = [(seed, scale * mine[seed][key], scale * base[seed][key]) for seed in sorted(set(mine) & set(base))]
+def _paired(mine: Metrics, base: Metrics, key: str, scale: float) -> str:
+    """The paired difference over the seeds where both runs have the metric as a number."""
+    pairs = []
+    for seed in sorted(set(mine) & set(base)):
+        value, base_value = mine[seed][key], base[seed][key]
+        if value is not None and base_value is not None:
+            pairs.append((seed, scale * value, scale * base_value))
     difference = paired_difference(pairs)
     if difference is None:
         return "-"
@@ -91,7 +105,9 @@ def table(suite: Suite, reports: Path) -> str:
             mine = runs[recipe.name]
             if not mine:
                 continue
-            values = [scale * metrics[key] for metrics in mine.values()]
+            values = [scale * value for value in (metrics[key] for metrics in mine.values()) if value is not None]
+            if not values:
+                continue
             no_base = suite.baseline is None or recipe.name == suite.baseline
             base = "-" if no_base else _paired(mine, runs[str(suite.baseline)], key, scale)
             control = "-" if recipe.control is None else _paired(mine, runs[recipe.control], key, scale)
@@ -109,10 +125,14 @@ def main() -> None:
     parser.add_argument("--data-dir", default=None, help="SentEval data folder (default: $CSEKIT_DATA)")
     parser.add_argument("--table-only", action="store_true", help="diagnose nothing; tabulate the reports")
     args = parser.parse_args()
-    suite = load_suite(args.suite)
-    if not args.table_only:
-        diagnose_finished(suite, args.output, args.reports, args.data_dir)
-    print(table(suite, args.reports))
+    try:
+        suite = load_suite(args.suite)
+        if not args.table_only:
+            diagnose_finished(suite, args.output, args.reports, args.data_dir)
+        print(table(suite, args.reports))
+    except CsekitError as error:
+        print(f"suite_diagnose: {message_line(error)}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

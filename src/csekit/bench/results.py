@@ -10,7 +10,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from csekit.bench.suite import Suite, run_dir
+from csekit.bench.suite import Suite, is_seed, run_dir
 from csekit.core.bounded_read import bounded_lines, open_regular, read_json_file, read_with
 from csekit.core.errors import CsekitError
 from csekit.core.numbers import is_finite_number
@@ -24,6 +24,8 @@ COSINES_FILE = "cosines.npy"
 RESULTS_LIMIT = 2**20
 """The largest results.json read (bench writes a few KiB)."""
 COSINES_LIMIT = 2**28
+COSINE_SLACK = 1e-3
+"""How far past +-1 a float32 cosine of unit vectors may round (1.0000001 is one)."""
 """The largest cosines.npy read (bench writes 2 MB: 1000 sentences give 499,500 float32 pairs)."""
 # (column label, path into results.json "tasks"/"averages") in the papers' order
 STS_COLUMNS = (
@@ -41,6 +43,10 @@ OTHER_COLUMNS = (
     ("uniform", ("tasks", "align", "uniform")),
 )
 UNSCALED = {"align", "uniform"}  # reported as they are; everything else x 100
+SCORE_RANGES = {"align": (0.0, 4.0), "uniform": (-8.0, 0.0)}
+"""The values a column can hold (unit vectors: alignment in [0, 4], uniformity in [-8, 0]); every other column is a
+correlation, an accuracy or a retrieval score, in [-1, 1]. A results.json score of 1e308 became infinite x 100, and
+the paper comparison's sums a ValueError traceback."""
 
 
 def file_task_columns(runs: dict[str, list[dict[str, Any]]]) -> list[tuple[str, tuple[str, ...]]]:
@@ -72,12 +78,14 @@ def collect(output: Path, suite: Suite) -> dict[str, list[dict[str, Any]]]:
         for seed in suite.seeds:
             path = run_dir(output, recipe, seed) / RESULTS_FILE
             if os.path.lexists(path):
-                runs.setdefault(recipe.name, []).append(read_results(path))
+                runs.setdefault(recipe.name, []).append(read_results(path, seed))
     return runs
 
 
-def read_results(path: Path) -> dict[str, Any]:
-    """A run's results.json (bounded), checked to hold what the summary reads; anything else is one line.
+def read_results(path: Path, seed: int | None = None) -> dict[str, Any]:
+    """A run's results.json (bounded), checked to hold what the summary reads; anything else is one line. With
+    `seed` (the seed of the run folder it is in), its `seed` must be that one: the paired tests pair runs by it, and
+    a results.json copied from another seed's folder paired one seed with itself.
 
     A results.json of the layout before the averages had their own key (`avg` and `transfer_avg` at the top,
     `avg_sts` in `tasks`) is read as the same result, so a bench folder of an older csekit still summarises.
@@ -92,9 +100,18 @@ def read_results(path: Path) -> dict[str, Any]:
         raise CsekitError(f"{error}; {remove}") from None
     wall = report.get("wall_seconds")
     if wall is not None and not (
-        isinstance(wall, dict) and all(_is_number(wall.get(k)) for k in ("train", "evaluate"))
+        isinstance(wall, dict) and all(_is_number(wall.get(k)) and wall[k] >= 0 for k in ("train", "evaluate"))
     ):
-        raise CsekitError(f'{path}: "wall_seconds" must give "train" and "evaluate" as numbers; {remove}')
+        raise CsekitError(f'{path}: "wall_seconds" must give "train" and "evaluate" as seconds (>= 0); {remove}')
+    for label, column in (*STS_COLUMNS, *TRANSFER_COLUMNS, *OTHER_COLUMNS, *file_task_columns({"": [report]})):
+        value = score_at(report, column)
+        if value is not None and not _in_range(label, value):
+            raise CsekitError(f"{path}: {label} is {value:.4g}, not a score in {_range_text(label)}; {remove}")
+    recorded = report.get("seed")
+    matches = is_seed(recorded) and (seed is None or recorded == seed)
+    if ("seed" in report or seed is not None) and not matches:
+        expected = "a seed (an integer)" if seed is None else f"{seed}, the seed of its run folder"
+        raise CsekitError(f'{path}: "seed" is {str(recorded)[:40]!r}, not {expected}; {remove}')
     return {**report, **result.as_json()}
 
 
@@ -112,6 +129,17 @@ def from_old_layout(report: dict[str, Any]) -> dict[str, Any]:
 
 def _is_number(value: Any) -> bool:
     return is_finite_number(value)
+
+
+def _in_range(label: str, value: float) -> bool:
+    """Whether `value` is a score column `label` (or a metrics.jsonl dev key) can hold (`SCORE_RANGES`)."""
+    low, high = SCORE_RANGES.get(label, (-1.0, 1.0))
+    return low <= value <= high
+
+
+def _range_text(label: str) -> str:
+    low, high = SCORE_RANGES.get(label, (-1.0, 1.0))
+    return f"[{low:g}, {high:g}]"
 
 
 def dev_curves(output: Path, suite: Suite) -> dict[str, dict[str, list[tuple[int, float]]]]:
@@ -150,13 +178,17 @@ def _evaluation_points(path: Path) -> Iterator[tuple[int, str, float]]:
                 raise CsekitError(f"{path}:{number}: not a metrics record (a JSON object with a step)")
             if "align" not in record:
                 continue
+            if "step" not in record:
+                raise CsekitError(f"{path}:{number}: an evaluation record (it has align) without a step")
             dev_keys = [k for k in ("stsb-dev", "sick-dev") if k in record]
             for key in [*dev_keys, "align", "uniform"]:
                 value = record.get(key)
                 if value is None:  # a score that was not a number
                     continue
-                if not _is_number(value):
-                    raise CsekitError(f"{path}:{number}: {key} is {str(value)[:40]!r}, not a number")
+                if not (_is_number(value) and _in_range(key, value)):
+                    raise CsekitError(
+                        f"{path}:{number}: {key} is {str(value)[:40]!r}, not a number in {_range_text(key)}"
+                    )
                 yield record["step"], key, float(value)
 
 
@@ -185,6 +217,9 @@ def read_cosines(path: Path) -> np.ndarray:
     except (ValueError, OSError, EOFError) as error:
         reason = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
         raise CsekitError(f"{path}: not a cosine sample written by csekit bench ({reason})") from None
-    if not np.isfinite(values).all():
-        raise CsekitError(f"{path}: holds values that are not finite; not a cosine sample written by csekit bench")
+    if not (np.abs(values) <= 1 + COSINE_SLACK).all():  # NaN and infinity fail too
+        raise CsekitError(
+            f"{path}: holds values that are no cosines (outside [-1, 1] or not finite); not a cosine "
+            "sample written by csekit bench"
+        )
     return values

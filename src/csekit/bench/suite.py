@@ -109,7 +109,8 @@ def _field_line(item: yaml.Node, field: str | None) -> int:
     return int(item.start_mark.line) + 1
 
 
-def _is_seed(value: Any) -> bool:
+def is_seed(value: Any) -> bool:
+    """A seed a suite may give (and a run's results.json records): an integer in [0, MAX_SEED], not true/false."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEED
 
 
@@ -127,7 +128,7 @@ def load_suite(path: str | Path) -> Suite:
                 f"{at(path, _line_of(text, key))}: unknown suite key {key!r}; expected {sorted(SUITE_KEYS)}"
             )
     seeds = raw.get("seeds", [42])
-    if not isinstance(seeds, list) or not seeds or not all(_is_seed(s) for s in seeds):
+    if not isinstance(seeds, list) or not seeds or not all(is_seed(s) for s in seeds):
         raise CsekitError(
             f"{at(path, _line_of(text, 'seeds'))}: seeds must be a non-empty list of integers in [0, {MAX_SEED}]"
         )

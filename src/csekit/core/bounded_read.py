@@ -55,6 +55,35 @@ _READ_CHUNK = 2**20
 _T = TypeVar("_T")
 
 
+class RepeatedKey(ValueError):
+    """A JSON object that gives one key twice (`key`): JSON parsers keep the last value silently."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f'key "{key[:80]}" is given twice in one object')
+        self.key = key
+
+
+def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict, unless a key repeats (one value would be lost without a word)."""
+    unique: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in unique:
+            raise RepeatedKey(key)
+        unique[key] = value
+    return unique
+
+
+_JSON_DECODER = json.JSONDecoder(object_pairs_hook=_unique_object)
+
+
+def decode_json(text: str) -> Any:
+    """The one JSON parser of files from elsewhere (`read_json_file`, `core/json_lines.py`): `json.loads`, except
+    that a key given twice in an object is refused (`RepeatedKey`), as in YAML (`_check_unique_keys`)."""
+    if text.startswith("\ufeff"):  # json.loads' own check, which the decoder object skips
+        raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+    return _JSON_DECODER.decode(text)
+
+
 def open_regular(path: str | Path, limit: int | None = None, buffered: bool = True) -> BinaryIO:
     """`path` opened for binary reading, if it is a regular file (of at most `limit` bytes when given).
 
@@ -160,7 +189,9 @@ def read_json_file(path: str | Path, what: str, limit: int = METADATA_LIMIT) -> 
     """A JSON file's value (bounded read); damage is one line naming the file and the JSON error's line."""
     text = read_bounded_text(path, what, limit)
     try:
-        return json.loads(text)
+        return decode_json(text)
+    except RepeatedKey as error:
+        raise CsekitError(f"{path}: {what}: {error}; keep one") from None
     except json.JSONDecodeError as error:
         raise CsekitError(f"{path}:{error.lineno}: {what} is not valid JSON ({error.msg})") from None
     except RecursionError:
@@ -275,7 +306,10 @@ def _check_size(root: yaml.Node, label: str, what: str) -> None:
 
 
 def _check_unique_keys(root: yaml.Node, label: str, what: str) -> None:
-    """A key given twice in one mapping is refused, naming both lines (YAML would keep the last silently)."""
+    """A key given twice in one mapping is refused, naming both lines (YAML would keep the last silently). Keys are
+    compared as written (`"1"` and `1` would be one name to a reader of names) and as YAML reads them: `~` and
+    `null`, `yes` and `true`, `1` and `0x1` are one key."""
+    constructor = yaml.constructor.SafeConstructor()
     seen: set[int] = set()
     stack = [root]
     while stack:
@@ -284,17 +318,23 @@ def _check_unique_keys(root: yaml.Node, label: str, what: str) -> None:
             continue
         seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
-            lines: dict[str, int] = {}
+            lines: dict[Any, tuple[str, int]] = {}
             for key_node, value_node in node.value:
                 stack += [key_node, value_node]
                 if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
                     continue
                 line = key_node.start_mark.line + 1
-                if key_node.value in lines:
+                key = constructor.construct_object(key_node)
+                repeated = lines.get(key) or lines.get(("text", key_node.value))
+                if repeated is not None:
+                    first, first_line = repeated
+                    spelled = (
+                        "" if first == key_node.value else f', as "{first}" and "{key_node.value}", one key to YAML'
+                    )
                     raise CsekitError(
                         f'{label}:{line}: key "{key_node.value}" is given twice in the {what} (lines '
-                        f"{lines[key_node.value]} and {line}); keep one"
+                        f"{first_line} and {line}{spelled}); keep one"
                     )
-                lines[key_node.value] = line
+                lines[key] = lines[("text", key_node.value)] = key_node.value, line
         elif isinstance(node, yaml.SequenceNode):
             stack += node.value

@@ -16,7 +16,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from csekit.core.bounded_read import bounded_lines, open_regular
+from csekit.core.bounded_read import RepeatedKey, bounded_lines, decode_json, open_regular
 from csekit.core.errors import CsekitError, absolute, at
 
 JSON_LINE_LIMIT = 2**20
@@ -53,7 +53,9 @@ def json_row(line: str | bytes, required: FieldTypes = NO_FIELDS, optional: Fiel
     """The JSON object of one line: `required` fields present with their types, `optional` ones (when present)
     with theirs; anything else is a RowProblem saying what the row is instead."""
     try:
-        row = json.loads(line.decode("utf-8") if isinstance(line, bytes) else line)
+        row = decode_json(line.decode("utf-8") if isinstance(line, bytes) else line)
+    except RepeatedKey as error:
+        raise RowProblem(str(error)) from None
     except json.JSONDecodeError as error:
         raise RowProblem(f"not valid JSON ({error.msg})") from None
     except UnicodeDecodeError:

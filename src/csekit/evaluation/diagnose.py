@@ -26,7 +26,9 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
+from csekit.core.bounded_read import read_json_file
 from csekit.core.errors import CsekitError
+from csekit.core.numbers import is_finite_number
 from csekit.evaluation.alignment import align_uniform_from_embeddings
 from csekit.evaluation.cache import EmbeddingCache
 from csekit.evaluation.probes import ProbeDataset, bias_probe, load_probe_datasets, select_datasets
@@ -248,3 +250,27 @@ def format_diagnose_table(models: dict[str, dict[str, Any]]) -> str:
             cells.append(f" {'-' if value is None else format(scale * value, spec):>{widths[name]}s}")
         lines.append(f"{label:24s}" + "".join(cells))
     return "\n".join(lines)
+
+
+# --- a report read back (benchmarks/suite_diagnose.py) ------------------------------------------------------------
+
+REPORT_LIMIT = 2**20
+"""The largest diagnose report read back (`csekit diagnose --output` writes a few KiB a model)."""
+
+
+def read_diagnose_report(path: str | Path) -> dict[str, float | None]:
+    """The metrics of the one model a `csekit diagnose --output` report holds (bounded); a metric the report does
+    not give, or gives as null (not a number: a Spearman correlation of constant embeddings), is None. Anything
+    but such a report is one line naming the file."""
+    report = read_json_file(path, "diagnose report", limit=REPORT_LIMIT)
+    models = report.get("models") if isinstance(report, dict) else None
+    if not isinstance(models, dict) or len(models) != 1:
+        raise CsekitError(f'{path}: not a diagnose report of one model (a JSON object whose "models" holds one)')
+    ((name, metrics),) = models.items()
+    if not isinstance(metrics, dict):
+        raise CsekitError(f'{path}: the metrics of model "{name[:80]}" are not a JSON object')
+    for key, _, _, _ in TABLE_ROWS:
+        value = metrics.get(key)
+        if value is not None and not is_finite_number(value):
+            raise CsekitError(f"{path}: {key} is {str(value)[:40]!r}, not a number (or null)")
+    return {key: None if metrics.get(key) is None else float(metrics[key]) for key, _, _, _ in TABLE_ROWS}

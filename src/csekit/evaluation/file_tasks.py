@@ -122,13 +122,16 @@ def entry_columns(value: Any) -> PairsColumns | None:
     rule of `--pairs-columns` (`parse_columns`); None (not given) is the default names."""
     if value is None:
         return None
-    if isinstance(value, list) and all(isinstance(item, str | int) and not isinstance(item, bool) for item in value):
-        text = ",".join(str(item) for item in value)
-    elif isinstance(value, str):
+    if isinstance(value, str):
         text = value
+    elif isinstance(value, list) and all(  # each item one column: ["a,b", "score"] was read as three
+        isinstance(item, str | int) and not isinstance(item, bool) and "," not in str(item) for item in value
+    ):
+        text = ",".join(str(item) for item in value)
     else:
         raise CsekitError(
-            f"columns must list three column names or 1-based numbers ([q, d, score], [1, 2, 3]), not {value!r}"
+            "columns must list three column names or 1-based numbers ([q, d, score], [1, 2, 3]; a name holds no "
+            f"comma), not {value!r}"
         )
     return parse_columns(text, "columns")
 

@@ -103,6 +103,10 @@ def load_published(path: str | Path) -> dict[str, PublishedRow]:
     rows: dict[str, PublishedRow] = {}
     for recipe, entry in raw.items():
         where = at(path, _line(node, str(recipe)))
+        if str(recipe) in rows:  # `~` and "None", `true` and "True": one recipe name
+            raise CsekitError(
+                f'{where}: two entries name recipe "{recipe}" (YAML reads ~ as None, true as True); keep one'
+            )
         rows[str(recipe)] = _row(str(recipe), entry, where)
     return rows
 

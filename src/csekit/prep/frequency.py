@@ -29,6 +29,7 @@ import itertools
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -149,10 +150,7 @@ def resolve_counts_path(counts: str | Path, data_dir: str | Path | None = None) 
 def _read_counts_cached(path: str, modified: float) -> dict[str, int]:
     loaded = read_json_file(path, "token counts file", COUNTS_LIMIT)
     if isinstance(loaded, list):  # labels_sort.json: [[token, count], ...]
-        try:
-            loaded = {str(token): count for token, count in loaded}
-        except (TypeError, ValueError):
-            raise CsekitError(f"{path}: a counts list must hold [token, count] pairs") from None
+        loaded = _counts_of_pairs(path, loaded)
     if not isinstance(loaded, dict):
         raise CsekitError(f"{path}: token counts must be a JSON object {{token: count}}")
     for token, count in loaded.items():
@@ -162,6 +160,23 @@ def _read_counts_cached(path: str, modified: float) -> dict[str, int]:
                 f'{path}: the count of token "{token[:50]}" must be a non-negative integer of at most 2^62, not {shown}'
             )
     return loaded
+
+
+def _counts_of_pairs(path: str, pairs: list[Any]) -> dict[str, Any]:
+    """{token: count} of a counts list: each item a [token, count] pair whose token is text, given once (a
+    token given twice kept its last count, and a token of null was counted as the text "None")."""
+    counts: dict[str, Any] = {}
+    for number, pair in enumerate(pairs, start=1):
+        if not (isinstance(pair, list) and len(pair) == 2 and isinstance(pair[0], str)):
+            raise CsekitError(
+                f"{path}: item {number} of the counts list is {str(pair)[:40]!r}, not a [token, count] pair"
+            )
+        if pair[0] in counts:
+            raise CsekitError(
+                f'{path}: token "{pair[0][:50]}" is given twice in the counts list (item {number}); keep one'
+            )
+        counts[pair[0]] = pair[1]
+    return counts
 
 
 def read_counts(path: str | Path) -> dict[str, int]:

@@ -129,11 +129,13 @@ class MetricsLog:
 
 
 def metrics_record(content: bytes) -> dict[str, Any] | None:
-    """The JSON object of one metrics.jsonl line (without its line end) with an integer step (or none), else None."""
+    """The JSON object of one metrics.jsonl line (without its line end) whose step, if it has one, is a count (a
+    step of 10^400 or -5 is no step a run logs), else None."""
     try:
-        return json_row(content, optional={"step": int})
+        record = json_row(content, optional={"step": int})
     except RowProblem:
         return None
+    return record if _is_count(record.get("step", 0)) else None
 
 
 def read_trainer_state(path: Path) -> TrainerState:

@@ -60,6 +60,7 @@ COVERED = {
     ("csekit.training.checkpoint", "_load_model_and_optimizer"): "test_hostile.py (crafted checkpoint values)",
     ("csekit.evaluation.instructions", "read_instruction_set"): "mteb instruction set",
     ("csekit.commands.recipes", "_backbone"): "csekit recipes' list",
+    ("csekit.evaluation.diagnose", "read_diagnose_report"): "test_hostile_v.py (a diagnose report read back)",
 }
 """(module, function) reading a file from elsewhere -> the READERS entry (or the test) that attacks it."""
 OWN_FILES = {
