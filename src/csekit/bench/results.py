@@ -24,9 +24,9 @@ COSINES_FILE = "cosines.npy"
 RESULTS_LIMIT = 2**20
 """The largest results.json read (bench writes a few KiB)."""
 COSINES_LIMIT = 2**28
+"""The largest cosines.npy read (bench writes 2 MB: 1000 sentences give 499,500 float32 pairs)."""
 COSINE_SLACK = 1e-3
 """How far past +-1 a float32 cosine of unit vectors may round (1.0000001 is one)."""
-"""The largest cosines.npy read (bench writes 2 MB: 1000 sentences give 499,500 float32 pairs)."""
 # (column label, path into results.json "tasks"/"averages") in the papers' order
 STS_COLUMNS = (
     *((label, ("tasks", task, key)) for label, task, key in table_columns("sts")),
