@@ -4,8 +4,7 @@ characters, deep nesting), a key added, or its bytes cut or changed. The rule: t
 line naming the file (the CLI's exit 2); never another exception (a traceback), a hang or a write.
 
 READERS is the table; test_reader_inventory.py reads the source for the calls of the core readers and fails on one
-that no entry here (or another test of hostile input) covers, or that is not listed as reading csekit's own files.
-"""
+that no entry here (or another test of hostile input) covers, or that is not listed as reading csekit's own files."""
 
 from __future__ import annotations
 

@@ -466,8 +466,10 @@ class Trainer:
         """Read what is left unread, close the bar, wait for every process and end accelerate's run."""
         self.steps.catch_up()
         self.progress.bar.close()
+        # The broadcast comes before the barrier: end_training ends the process group, and the main process ending it
+        # right after sending left another process waiting for the broadcast, forever (seen under load)
+        state = self._main_process_state()
         self.accelerator.wait_for_everyone()
-        state = self._main_process_state()  # before end_training, which ends the process group
         self.accelerator.end_training()
         return TrainResult(
             self.output,
