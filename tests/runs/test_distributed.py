@@ -198,19 +198,3 @@ def test_a_checkpoint_reads_on_accelerates_cpu_device_of_several_processes(tmp_p
     accelerator = SimpleNamespace(device=torch.device("cpu", 0), scaler=None, process_index=0, num_processes=1)
     state = read_checkpoint(accelerator, root / "run", model, optimizer, scheduler, 2)  # type: ignore[arg-type]
     assert state is not None and state.step == 2
-
-
-def test_every_process_ends_with_the_main_process_selection(tmp_path: Path, tiny_model_dir: Path) -> None:
-    """Only the main process scores and keeps best/; every process's result is its selection: another process's
-    last line said "best ...: n/a" beside the main process's "best/ is the starting model"."""
-    from conftest import make_corpus, tiny_recipe
-    from test_never_worse import an_unbeatable_start
-
-    corpus = make_corpus(tmp_path / "corpus.txt", lines=256)
-    keys = an_unbeatable_start(tiny_model_dir, tmp_path)
-    recipe = tiny_recipe(tiny_model_dir, corpus, *keys, "train.max_steps=2", "train.eval_every=2")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
-    result = launch([*torchrun, "--master_port", str(free_port())], recipe, tmp_path / "out")
-    assert result.returncode == 0, result.stderr[-2000:]
-    last_lines = [line for line in result.stdout.splitlines() if line.startswith("trained ")]
-    assert len(last_lines) == 2 and all("best/ is the starting model" in line for line in last_lines), last_lines

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate.utils import ProjectConfiguration, broadcast_object_list, set_seed
+from accelerate.utils import ProjectConfiguration, set_seed
 
 from csekit.core.atomic import atomic_write_text, remove_staging_leftovers
 from csekit.core.errors import CsekitError
@@ -453,24 +453,13 @@ class Trainer:
         if self.trackers and values:
             self.accelerator.log(values, step=record["step"])
 
-    def _main_process_state(self) -> TrainerState:
-        """The main process's state: only it scores and keeps best/ (`keep_if_best`), so every process returns its
-        result (each printed "best ...: n/a" beside the main process's line)."""
-        if self.accelerator.num_processes == 1:
-            return self.state
-        shared = [self.state if self.main else None]
-        broadcast_object_list(shared, from_process=0)
-        return shared[0]  # type: ignore[return-value]
-
     def finish(self) -> TrainResult:
         """Read what is left unread, close the bar, wait for every process and end accelerate's run."""
         self.steps.catch_up()
         self.progress.bar.close()
-        # The broadcast comes before the barrier: end_training ends the process group, and the main process ending it
-        # right after sending left another process waiting for the broadcast, forever (seen under load)
-        state = self._main_process_state()
         self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
+        state = self.state
         return TrainResult(
             self.output,
             state.step,
