@@ -44,6 +44,16 @@ def _bench_folder(root: Path, seeds: tuple[int, ...] = (1, 2)) -> tuple[Path, Pa
     return suite, out
 
 
+def _record_seed(path: Path, seed: Any) -> None:
+    """Rewrite the results.json at `path` with `seed` as its recorded seed (MISSING: without one)."""
+    report = json.loads(path.read_text(encoding="utf-8"))
+    if seed is MISSING:
+        del report["seed"]
+    else:
+        report["seed"] = seed
+    path.write_text(json.dumps(report), encoding="utf-8")
+
+
 def _assert_one_line(error: CsekitError, *needles: str) -> None:
     assert "\n" not in str(error), str(error)
     for needle in needles:
@@ -71,13 +81,7 @@ def test_a_results_json_whose_seed_is_missing_or_not_a_seed_is_one_line(tmp_path
     """A results.json without `seed`, or with one of text or a list, was a KeyError, ValueError or TypeError
     traceback in the paired table (`int(report["seed"])`)."""
     suite, out = _bench_folder(tmp_path)
-    path = out / "meth-seed1" / "results.json"
-    report = json.loads(path.read_text(encoding="utf-8"))
-    if seed is MISSING:
-        del report["seed"]
-    else:
-        report["seed"] = seed
-    path.write_text(json.dumps(report), encoding="utf-8")
+    _record_seed(out / "meth-seed1" / "results.json", seed)
     with pytest.raises(CsekitError) as caught:
         summarise(out, load_suite(suite))
     _assert_one_line(caught.value, "meth-seed1/results.json", '"seed"')
@@ -91,13 +95,7 @@ def test_any_recorded_seed_is_its_folders_or_one_line(seed: Any) -> None:
     root = Path(tempfile.mkdtemp())
     try:
         suite, out = _bench_folder(root)
-        path = out / "meth-seed2" / "results.json"
-        report = json.loads(path.read_text(encoding="utf-8"))
-        if seed is MISSING:
-            del report["seed"]
-        else:
-            report["seed"] = seed
-        path.write_text(json.dumps(report), encoding="utf-8")
+        _record_seed(out / "meth-seed2" / "results.json", seed)
         try:
             summarise(out, load_suite(suite))
         except CsekitError as error:
