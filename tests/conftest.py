@@ -206,11 +206,22 @@ def tier_markers(path: Path, tests: Path = TESTS) -> list[str]:
     return [folder.parts[0], *(["fast"] if any(folder.is_relative_to(fast) for fast in FAST_FOLDERS) else [])]
 
 
+def slow_first(items: list[pytest.Item]) -> None:
+    """Put the tests marked `slow` first, each group in its collected order.
+
+    `make test` shares the tests among workers that steal from each other's queues: a long test collected
+    last would run alone while the other workers stand idle (the 140 s gpu_check test ended CI's run
+    alone), whereas long tests run first leave only short ones to share at the end.
+    """
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test by its folder (`tier_markers`), in one place rather than in each file."""
+    """Mark each test by its folder (`tier_markers`), in one place rather than in each file; slow ones first."""
     for item in items:
         for marker in tier_markers(item.path):
             item.add_marker(marker)
+    slow_first(items)
 
 
 @pytest.fixture(autouse=True)

@@ -181,6 +181,7 @@ def _summary_suite(tmp_path: Path) -> tuple[Path, Path]:
 GOOD_RESULTS = {"recipe": "m", "seed": 1, "tasks": {"STS12": {"all": 0.5}}, "avg": 0.5}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["fifo", "dev-zero"])
 def test_summary_only_with_a_results_fifo_or_endless_device_is_one_line(tmp_path: Path, kind: str) -> None:
     suite, out = _summary_suite(tmp_path)

@@ -132,6 +132,7 @@ def test_a_suite_recipe_name_that_would_break_results_md_is_refused_at_its_line(
     assert needle in str(error.value) and "Markdown table" in str(error.value)
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None, derandomize=True)
 @given(st.text(min_size=1, max_size=12))
 def test_every_recipe_name_a_suite_accepts_is_one_cell_of_one_row(name: str) -> None:

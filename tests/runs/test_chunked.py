@@ -405,6 +405,7 @@ def two_chunked_processes(tmp_path_factory: pytest.TempPathFactory, tiny: TinyIn
     return torch.load(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", DISTRIBUTED)
 def test_two_chunked_processes_equal_one_unchunked_process(
     tiny: TinyInputs, two_chunked_processes: dict[str, Any], family: str
@@ -523,6 +524,7 @@ def test_a_part_that_runs_the_encoder_itself_is_refused_by_name(tiny: TinyInputs
         cached_step(model, model.training_encoder(), batch, CHUNK)
 
 
+@pytest.mark.slow
 def test_torchrun_trains_with_chunks_on_two_cpu_processes(tmp_path: Path, tiny_model_dir: Path) -> None:
     """The chunked step under DDP (no_sync, then one gradient average) in a real 2-process run."""
     from test_distributed import free_port, launch, logged_steps

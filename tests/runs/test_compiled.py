@@ -75,6 +75,7 @@ def test_a_ready_4d_mask_is_padded_to_the_bucket_with_its_positions(tmp_path: Pa
     torch.testing.assert_close(bucketed[real], plain[real], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_compiled_steps_give_the_eager_losses_and_resume_exactly(
     train_tiny: TinyTrainer, test_parts: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

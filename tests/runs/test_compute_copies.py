@@ -180,6 +180,7 @@ def test_the_key_takes_auto_true_or_false_and_auto_is_off_everywhere() -> None:
     assert decide_execution(load_recipe(None, ["run.compute_copies=true", *BF16]), device_type="cpu").compute_copies
 
 
+@pytest.mark.slow
 def test_two_processes_on_copies_train_as_without(tmp_path: Path, tiny_model_dir: Path) -> None:
     """DDP's gradient hooks are on the masters: the step runs under no_sync and averages the fp32 gradients after
     the backward. Two torchrun processes with copies end where two without end."""

@@ -88,6 +88,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", list(METHODS))
 def test_two_processes_equal_one_process_on_the_global_batch(tmp_path: Path, tiny_model_dir: Path, method: str) -> None:
     """Loss (averaged over processes, as the trainer logs it) and DDP-averaged gradients match one process."""
@@ -136,6 +137,7 @@ def logged_steps(out: Path) -> tuple[int, list[int]]:
     return records[0]["processes"], [r["step"] for r in records if "loss" in r]
 
 
+@pytest.mark.slow
 def test_torchrun_trains_on_two_cpu_processes(tmp_path: Path, tiny_model_dir: Path) -> None:
     """`torchrun` (what accelerate's multi-process launcher runs) on a machine without a GPU: gloo, 2 processes."""
     from conftest import make_corpus, tiny_recipe
@@ -152,6 +154,7 @@ def test_torchrun_trains_on_two_cpu_processes(tmp_path: Path, tiny_model_dir: Pa
     assert not (tmp_path / "out" / ".lock").exists()
 
 
+@pytest.mark.slow
 def test_accelerate_launch_trains_all_four_papers_on_two_cpu_processes(
     tmp_path: Path, tiny_combined_recipe: Recipe
 ) -> None:

@@ -112,6 +112,7 @@ def test_separate_holds_for_each_global_batch_across_two_processes(tmp_path: Pat
         assert sorted(first_half + second_half) == sorted(SENTENCES)
 
 
+@pytest.mark.slow
 def test_separate_on_two_real_processes(tmp_path: Path, tiny_model_dir: Path, test_parts: None) -> None:
     """torchrun, 2 processes, batch 8 (4 a process): the two shares of each step hold 8 distinct sentences."""
     from parts_for_tests import write_entry_points

@@ -46,6 +46,7 @@ def stand_ins(root: Path) -> tuple[Path, Path]:
     return model, data
 
 
+@pytest.mark.slow
 def test_prepare_then_every_stage_on_a_cpu(tmp_path: Path) -> None:
     model, data = stand_ins(tmp_path)
     carry, out = tmp_path / "carry", tmp_path / "out"

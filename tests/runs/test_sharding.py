@@ -97,6 +97,7 @@ def fsdp_worker(rank: int, world: int, port: int, model_dir: Path, out: Path) ->
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_fsdp_step_on_two_processes_is_the_one_process_step_on_the_global_batch(
     tmp_path: Path, tiny_model_dir: Path
 ) -> None:
@@ -178,6 +179,7 @@ def losses(out: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
+@pytest.mark.slow
 def test_fsdp_run_resumes_exactly_and_saves_a_whole_model(
     tmp_path: Path, tiny_model_dir: Path, test_parts: None
 ) -> None:

@@ -221,6 +221,7 @@ def test_a_poisoned_batch_is_skipped_as_the_plain_loop_skips_it(
     assert {r["reason"] for r in skips} == {"gradient" if gradient_only else "loss"}
 
 
+@pytest.mark.slow
 def test_two_processes_skip_the_step_one_of_them_poisoned_as_the_plain_loop(
     tmp_path: Path, tiny_model_dir: Path, test_parts: None
 ) -> None:

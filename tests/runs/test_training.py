@@ -151,6 +151,7 @@ print(sorted(counts)[2])  # the median: now and then one block comes from fresh 
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_freed_memory_is_reused_without_page_faults() -> None:
     """48 MB freed and allocated again: about 12,000 page faults each time, unless glibc keeps the block."""

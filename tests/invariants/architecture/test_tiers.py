@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from conftest import FAST_FOLDERS, REPO, TESTS, TIERS, tier_markers
+from conftest import FAST_FOLDERS, REPO, TESTS, TIERS, slow_first, tier_markers
 
 SOURCE = REPO / "src"
 
@@ -113,9 +113,25 @@ def test_this_files_tests_carry_its_folders_markers(request: pytest.FixtureReque
     assert {"invariants", "fast"} <= markers and not markers & {"unit", "methods", "runs"}
 
 
+class _Item:
+    """A collected test as slow_first sees it: a name and its markers."""
+
+    def __init__(self, name: str, slow: bool) -> None:
+        self.name, self.slow = name, slow
+
+    def get_closest_marker(self, name: str) -> object | None:
+        return object() if name == "slow" and self.slow else None
+
+
+def test_slow_tests_run_first_and_each_group_keeps_its_order() -> None:
+    items = [_Item(name, slow=name.startswith("s")) for name in ["a", "s1", "b", "s2", "c"]]
+    slow_first(items)  # type: ignore[arg-type]
+    assert [item.name for item in items] == ["s1", "s2", "a", "b", "c"]
+
+
 def test_every_marker_is_declared(pytestconfig: pytest.Config) -> None:
     declared = {line.split(":")[0].strip() for line in pytestconfig.getini("markers")}
-    assert not {*TIERS, "fast"} - declared, "declare the tiers' markers in pyproject.toml's [tool.pytest.ini_options]"
+    assert not {*TIERS, "fast", "slow"} - declared, "declare the markers in pyproject.toml's [tool.pytest.ini_options]"
     assert all(folder.split("/")[0] in TIERS for folder in FAST_FOLDERS)
 
 

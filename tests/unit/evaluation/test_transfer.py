@@ -154,6 +154,7 @@ def senteval_kfold(xtr: np.ndarray, ytr: np.ndarray, xte: np.ndarray, yte: np.nd
     return np.max(scores), round(100 * clf.score(xte, yte), 2)
 
 
+@pytest.mark.slow
 def test_classifiers_equal_senteval_loops() -> None:
     """The flattened, parallel (fold, C) jobs give SentEval's numbers, also with noisy, hard labels."""
     n_jobs = 2

@@ -227,6 +227,7 @@ VALID = (
 """Mappings the rules accept: they load, whatever else is generated."""
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(dev_task=ENTRIES)
 @example(dev_task=VALID[0])
