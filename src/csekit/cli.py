@@ -134,7 +134,9 @@ def train(
             f"csekit: interrupted{by} at step {stop.step}; resume with: {stop.resume_command(data_dir)}", err=True
         )
         raise typer.Exit(128 + stop.signal_number) from None
-    typer.echo("\n".join(result.summary()))
+    lines = result.summary()  # none on a process other than the main one, which reports the run
+    if lines:
+        typer.echo("\n".join(lines))
 
 
 TASK_GROUPS_HELP = "sts, dev, transfer, align, all (sts + transfer + align), or a comma list of task names."

@@ -149,6 +149,8 @@ def test_torchrun_trains_on_two_cpu_processes(tmp_path: Path, tiny_model_dir: Pa
     assert result.returncode == 0, result.stderr[-2000:]
     assert logged_steps(tmp_path / "out") == (2, [1, 2, 3])  # written once, by the main process
     assert (tmp_path / "out" / "best" / "model.safetensors").exists()
+    # The last line once, the main process's: the other said "no evaluated model was kept: .../best is missing".
+    assert result.stdout.count("trained 3 steps") == 1 and "is missing" not in result.stdout, result.stdout
     checkpoint = tmp_path / "out" / "checkpoint"
     assert sorted(p.name for p in checkpoint.glob("rng_state_*.pt")) == ["rng_state_0.pt", "rng_state_1.pt"]
     assert not (tmp_path / "out" / ".lock").exists()

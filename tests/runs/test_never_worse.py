@@ -220,3 +220,27 @@ def test_a_damaged_selected_on_is_one_line(tmp_path: Path) -> None:
     path.write_text(json.dumps({"step": 1, "batches": 1, "selected_on": ["stsb-dev"]}))
     with pytest.raises(CsekitError, match="selected_on is not a metric name"):
         read_trainer_state(path)
+
+
+def test_a_run_without_a_dev_task_says_at_its_start_and_end_that_nothing_keeps_the_start(
+    train_tiny: TinyTrainer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`train.dev_task: none` scores nothing, so best/ is each evaluated model in turn and may be worse than the
+    start: the run said only "best stsb-dev: n/a" (a metric it never scored); it warns once at the start and its
+    last line says so."""
+    capsys.readouterr()
+    run = train_tiny(steps=4, eval_every=2)
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "train.dev_task is none" in line]
+    assert warnings == [
+        "csekit: warning: train.dev_task is none: no model is scored, so best/ is the last evaluated model, and "
+        "nothing keeps it from being worse than the starting model (name a dev task, e.g. pairs:FILE of your "
+        "domain, to keep the start when no step beats it)"
+    ]
+    evaluations = [r for r in run.metrics if "event" not in r and "loss" not in r]
+    assert evaluations == [{"step": 2}, {"step": 4}]  # evaluated (best/ replaced each time), nothing scored
+    assert run.result.best_step == 4 and (run.folder / "best").is_dir()
+    assert run.result.summary() == [
+        f"trained 4 steps; train.dev_task is none: no model is scored, so best/ is the last evaluated model, step 4, "
+        "and nothing keeps it from being worse than the starting model (name a dev task, e.g. pairs:FILE of your "
+        f"domain, to keep the start when no step beats it) ({run.folder / 'best'})"
+    ]

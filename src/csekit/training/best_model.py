@@ -42,15 +42,24 @@ class TrainResult:
     best_scores: dict[str, float] | None = None  # every dev score of the model in best/
     select_metric: str = ""
     keep: str = "best"  # train.keep
+    dev_tasks: bool = True  # whether the run scored dev tasks (train.dev_task other than none)
+    reports: bool = True  # whether this process reports the run (the main one; every process returns a result)
 
     def summary(self) -> list[str]:
-        """The run's last lines: what best/ holds (saying plainly when it is the starting model, and when it scores
-        below the start: `train.keep: last`, or a `select_metric` changed on resume), then one table of every dev
-        score at the start and at best/."""
+        """The run's last lines: what best/ holds (saying plainly when it is the starting model, when it scores
+        below the start: `train.keep: last`, or a `select_metric` changed on resume, and when nothing was scored to
+        compare it with the start), then one table of every dev score at the start and at best/. None on a process
+        other than the main one, which alone evaluates and keeps best/ (its own view would contradict it)."""
+        if not self.reports:
+            return []
         best = self.output_dir / "best"
         metric = self.select_metric
         below = self._below_start()
-        if self.keep == "last":
+        if self.best_step is None:  # nothing evaluated since a resume found best/ gone (`resume_selection`)
+            lines = [f"trained {self.steps} steps; no evaluated model was kept: {best} is missing"]
+        elif not self.dev_tasks:
+            lines = [f"trained {self.steps} steps; {unscored_best(self.best_step)} ({best})"]
+        elif self.keep == "last":
             score = "" if self.best_score is None else f"; {metric} {100 * self.best_score:.2f}"
             lines = [
                 f"trained {self.steps} steps; best/ is the last evaluated model (train.keep: last), step "
@@ -61,8 +70,6 @@ class TrainResult:
                 f"trained {self.steps} steps; no step beat the start on {metric} ({100 * self.best_score:.2f}); "
                 f"best/ is the starting model ({best})"
             ]
-        elif self.best_step is None:  # nothing evaluated since a resume found best/ gone (`resume_selection`)
-            lines = [f"trained {self.steps} steps; no evaluated model was kept: {best} is missing"]
         else:
             score = "n/a" if self.best_score is None else f"{100 * self.best_score:.2f} at step {self.best_step}"
             lines = [f"trained {self.steps} steps; best {metric}: {score}{below}; model in {best}"]
@@ -76,6 +83,17 @@ class TrainResult:
         if start is None or self.best_score is None or not self.best_score < start:  # NaN compares False
             return ""
         return f", below the start's {100 * start:.2f}"
+
+
+def unscored_best(best_step: int | None = None) -> str:
+    """What a run without dev tasks says at its start and its end: nothing is scored, so nothing keeps best/ (each
+    evaluated model in turn) from being worse than the starting model."""
+    which = "the last evaluated model" + ("" if best_step is None else f", step {best_step}")
+    return (
+        f"train.dev_task is none: no model is scored, so best/ is {which}, and nothing keeps it from being "
+        "worse than the starting model (name a dev task, e.g. pairs:FILE of your domain, to keep the start when no "
+        "step beats it)"
+    )
 
 
 def keep_if_best(state: TrainerState, scores: Mapping[str, float], metric: str, keep: str = "best") -> bool:
@@ -133,11 +151,10 @@ def resume_selection(state: TrainerState, metric: str, best_folder: Path) -> str
 
 
 def improves(score: float | None, best: float | None) -> bool:
-    """Whether `score` beats `best`; a NaN score (e.g. constant embeddings) never does, a NaN best always loses.
-    A tie keeps the earlier model (the starting one, when nothing moved)."""
-    if score is None:
-        return True  # no dev task: the newest model is the best one
-    if math.isnan(score):
+    """Whether `score` beats `best`; a NaN score (e.g. constant embeddings) or none (the metric missing from an
+    evaluation) never beats a kept score, a NaN best always loses. A tie keeps the earlier model (the starting one,
+    when nothing moved). With no score kept (no dev task: nothing to compare) the newest model is the best one."""
+    if score is None or math.isnan(score):
         return best is None
     return best is None or math.isnan(best) or score > best
 

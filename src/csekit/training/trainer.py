@@ -29,7 +29,14 @@ from csekit.core.run_lock import hold_run_lock
 from csekit.core.save_guard import guarded_save, saves_keep
 from csekit.encoding.model_folder import non_finite_parameters
 from csekit.evaluation.result import EvalResult
-from csekit.training.best_model import START_STEP, TrainResult, early_stop_line, keep_if_best, resume_selection
+from csekit.training.best_model import (
+    START_STEP,
+    TrainResult,
+    early_stop_line,
+    keep_if_best,
+    resume_selection,
+    unscored_best,
+)
 from csekit.training.card_facts import training_card_facts
 from csekit.training.checkpoint import read_checkpoint, write_checkpoint
 from csekit.training.compute_copies import ComputeCopies
@@ -214,6 +221,8 @@ class Trainer:
             print(f"csekit: {self.data.duplicates.summary()}", file=sys.stderr)
         for line in never_active_warnings(self.unwrapped.part_names, self.steps_per_epoch, self.total_steps):
             print(line, file=sys.stderr)
+        if not self._has_dev_tasks():  # the end's last line says it again (`TrainResult.summary`)
+            print(f"csekit: warning: {unscored_best()}", file=sys.stderr)
         long_sentences = announce_long_sentences(self.data, self.unwrapped.encoder)
         # An accepted change (--allow-changes) reaches the checkpoint's own copy of the recipe with the next
         # checkpoint, which is written as a whole: until then checkpoint/ stays exactly the last good one.
@@ -470,4 +479,6 @@ class Trainer:
             best_scores=state.best_scores,
             select_metric=self.config.select_metric,
             keep=self.config.keep,
+            dev_tasks=self._has_dev_tasks(),
+            reports=self.main,
         )
