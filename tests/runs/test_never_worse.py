@@ -244,3 +244,40 @@ def test_a_run_without_a_dev_task_says_at_its_start_and_end_that_nothing_keeps_t
         "and nothing keeps it from being worse than the starting model (name a dev task, e.g. pairs:FILE of your "
         f"domain, to keep the start when no step beats it) ({run.folder / 'best'})"
     ]
+
+
+def test_a_pooler_other_than_the_backbones_own_is_warned_about_at_the_start(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path, train_tiny: TinyTrainer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A recipe naming a pooler (cls by default) for a sentence-transformers folder that encodes with mean pooling and
+    Normalize started from, scored at step 0 and kept in best/ that folder read another way, and said "best/ is the
+    starting model" without a word; `auto` (its own) and a plain transformers model are not warned about."""
+    from test_folder_pooling import sentence_transformers_folder
+
+    from csekit.training.model import start_representation_warning
+
+    user_model = sentence_transformers_folder(tmp_path / "user", "mean", normalize=True)
+    mean_only = sentence_transformers_folder(tmp_path / "user", "mean", normalize=False)
+    plain = tmp_path / "user" / "hf"  # the transformer they were saved from
+    cases = [
+        (user_model, "cls", "mean pooling, then Normalize"),
+        (user_model, "mean", "mean pooling, then Normalize"),  # the same pooler, without the Normalize
+        (user_model, "auto", None),
+        (mean_only, "mean", None),
+        (tiny_model_dir, "mean", "cls pooling"),  # a csekit model's own: csekit.json
+        (tiny_model_dir, "cls", None),
+        (plain, "mean", None),
+    ]
+    for backbone, pooler, own in cases:
+        warning = start_representation_warning(tiny_recipe(backbone, corpus, f"model.pooler={pooler}"))
+        assert (warning is None) == (own is None), (backbone, pooler, warning)
+        if own is not None:
+            assert f"{backbone} encodes with {own}" in str(warning) and f"model.pooler {pooler} reads it" in str(
+                warning
+            )
+    capsys.readouterr()
+    dev = pairs_with_random_scores(tmp_path / "other.tsv")
+    run = train_tiny(f"train.dev_task=pairs:{dev}", "train.select_metric=pairs:other/spearman", model=user_model)
+    err = capsys.readouterr().err
+    assert err.count("csekit: warning: ") == 1 and f"{user_model} encodes with mean pooling, then Normalize" in err
+    assert run.result.best_step is not None

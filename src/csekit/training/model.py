@@ -11,6 +11,7 @@ method. A method is a recipe naming parts from the tables below, or a user's own
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +19,9 @@ from torch import Tensor, nn
 
 from csekit.core.errors import CsekitError
 from csekit.encoding.encoder import SentenceEncoder
+from csekit.encoding.folder_pooling import AUTO_POOLER, choose_pooling
+from csekit.encoding.hub import resolve_model_path
+from csekit.encoding.model_folder import local_model_layout
 from csekit.encoding.passes import ONE_PADDED_PASS, PassPlan, PlannedEncoder
 from csekit.encoding.pooling import MaskPooler
 from csekit.encoding.prompteol import check_demonstration
@@ -171,6 +175,32 @@ def load_encoder(recipe: Recipe, weights_dtype: torch.dtype = torch.float32) -> 
         except CsekitError as error:
             raise CsekitError(f"recipe key model.templates: {error} ({model.backbone})") from None
     return encoder
+
+
+def start_representation_warning(recipe: Recipe) -> str | None:
+    """A warning when `model.pooler` names a pooler other than the backbone folder's own representation (csekit.json's
+    pooler, or a sentence-transformers folder's Pooling and Normalize): the run starts from, scores at step 0 and
+    keeps in best/ (while no step beats it) the backbone read another way, not the model as it encodes now.
+    None for `auto`, a plain transformers model or a hub name (no own representation to differ from)."""
+    requested, location = recipe.model.pooler, Path(resolve_model_path(recipe.model.backbone))
+    if requested == AUTO_POOLER or not location.is_dir():
+        return None
+    layout = local_model_layout(location)
+    if not (layout.csekit_trained or layout.sentence_transformers):
+        return None
+    try:
+        own = choose_pooling(None, str(location), layout)
+    except CsekitError:  # modules csekit does not reproduce (a Dense module...): read as the transformer alone
+        described = f"modules csekit does not train ({location / 'modules.json'})"
+    else:
+        if own.pooler == requested and not own.normalize:
+            return None
+        described = f"{own.pooler} pooling{', then Normalize' if own.normalize else ''} ({own.source})"
+    return (
+        f"csekit: warning: {recipe.model.backbone} encodes with {described}, and model.pooler {requested} reads it "
+        "another way: the start scored at step 0, and best/ while no step beats it, is not the model as it encodes "
+        "now (model.pooler: auto starts from and keeps its own)"
+    )
 
 
 def build_model(

@@ -44,7 +44,7 @@ from csekit.training.dev_scoring import check_dev_representation, dev_precision,
 from csekit.training.execution import build_run_model, planned_steps, start_execution
 from csekit.training.interrupt import TrainingInterrupted, ctrl_c_stops_after_the_step
 from csekit.training.long_sentences import announce_long_sentences
-from csekit.training.model import ContrastiveModel, load_encoder
+from csekit.training.model import ContrastiveModel, load_encoder, start_representation_warning
 from csekit.training.optimization import forward_backward, make_optimizer
 from csekit.training.processes import hint_if_accelerate_started_one_process, own_accelerator_state
 from csekit.training.progress_log import ProgressLog, never_active_warnings
@@ -223,6 +223,8 @@ class Trainer:
             print(line, file=sys.stderr)
         if not self._has_dev_tasks():  # the end's last line says it again (`TrainResult.summary`)
             print(f"csekit: warning: {unscored_best()}", file=sys.stderr)
+        elif self.state.step == START_STEP and (other := start_representation_warning(self.recipe)) is not None:
+            print(other, file=sys.stderr)
         long_sentences = announce_long_sentences(self.data, self.unwrapped.encoder)
         # An accepted change (--allow-changes) reaches the checkpoint's own copy of the recipe with the next
         # checkpoint, which is written as a whole: until then checkpoint/ stays exactly the last good one.
