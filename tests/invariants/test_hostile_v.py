@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from conftest import hostile_examples
 from hypothesis import given
 from hypothesis import strategies as st
@@ -412,3 +413,46 @@ def test_a_bom_still_names_itself_in_both_json_readers(tmp_path: Path) -> None:
         read_json_file(path, "metadata")
     with pytest.raises(RowProblem, match="Unexpected UTF-8 BOM"):
         json_row(path.read_bytes())
+
+
+# --- a suite's names are text: any YAML value in a name field loads as its text or is one line ------------------
+
+NAME_FIELDS = {
+    "name": "name: {value}\nseeds: [1]\nrecipes:\n  - {{recipe: a.yaml, name: a}}\n  - {{recipe: a.yaml, name: b}}\n",
+    "recipe name": "seeds: [1]\nrecipes:\n  - recipe: a.yaml\n    name: {value}\n",
+    "baseline": "seeds: [1]\nbaseline: {value}\nrecipes:\n  - {{recipe: a.yaml, name: a}}\n",
+    "control": "seeds: [1]\nrecipes:\n  - {{recipe: a.yaml, name: a}}\n"
+    "  - {{recipe: a.yaml, name: b, control: {value}}}\n",
+}
+
+
+@hostile_examples(25)
+@given(field=st.sampled_from(sorted(NAME_FIELDS)), value=JSON_VALUES)
+def test_any_value_in_a_suite_name_field_is_its_text_or_one_line(field: str, value: Any) -> None:
+    """A suite named `[x]` or `{a: 1}` was written into results.md as Python's spelling of a list or a dict; the
+    rule for every name a suite gives (suite, recipe, baseline, control): text or a number, else one line."""
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        (root / "a.yaml").write_text("name: a\n", encoding="utf-8")
+        suite = root / "suite.yaml"
+        suite.write_text(NAME_FIELDS[field].format(value=json.dumps(value)), encoding="utf-8")
+        try:
+            loaded = load_suite(suite)
+        except CsekitError as error:
+            assert "\n" not in str(error) and str(suite) in str(error)
+            return
+    read = yaml.safe_load(json.dumps(value))  # the value as YAML reads what was written
+    assert not isinstance(read, bool | list | dict), f"{field}: {read!r} loaded"
+    names = {"name": loaded.name, "recipe name": loaded.recipes[0].name}
+    names |= {"baseline": loaded.baseline, "control": loaded.recipes[-1].control}
+    defaults = {"name": "suite", "recipe name": "a", "baseline": None, "control": None}  # a file's stem, or none
+    assert names[field] == (defaults[field] if read in (None, "") else str(read))
+
+
+def test_a_set_item_written_as_a_mapping_is_one_line_naming_the_fix(tmp_path: Path) -> None:
+    """`- train.lr: 1e-4` (a YAML mapping) became the text "{'train.lr': 0.0001}" and was refused as an override."""
+    (tmp_path / "a.yaml").write_text("name: a\n", encoding="utf-8")
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("seeds: [1]\nrecipes:\n  - recipe: a.yaml\n    set:\n      - train.lr: 1.0e-4\n", encoding="utf-8")
+    with pytest.raises(CsekitError, match=r"suite\.yaml:4: set must be a list of key=value strings .*- train\.lr=1e-4"):
+        load_suite(suite)

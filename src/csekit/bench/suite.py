@@ -109,6 +109,15 @@ def _field_line(item: yaml.Node, field: str | None) -> int:
     return int(item.start_mark.line) + 1
 
 
+def name_text(value: Any, where: str, what: str) -> str:
+    """A name a suite gives (the suite's, a recipe's, a baseline or control): text, or a number YAML read from
+    text that names it (`name: 2024` is "2024"). A list, a mapping, a boolean or null is one line, never its
+    Python spelling written into results.md as a name."""
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise CsekitError(f"{where}: {what} must be text, found {type(value).__name__} {value!r}"[:300])
+    return str(value)
+
+
 def is_seed(value: Any) -> bool:
     """A seed a suite may give (and a run's results.json records): an integer in [0, MAX_SEED], not true/false."""
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEED
@@ -151,7 +160,9 @@ def load_suite(path: str | Path) -> Suite:
     if not isinstance(sample, int) or sample < 2:
         raise CsekitError(f"{at(path, _line_of(text, 'sample_sentences'))}: sample_sentences must be an integer >= 2")
     baseline = raw.get("baseline")
-    if baseline is not None and str(baseline) not in [r.name for r in recipes]:
+    if baseline is not None:
+        baseline = name_text(baseline, at(path, _line_of(text, "baseline")), "baseline")
+    if baseline is not None and baseline not in [r.name for r in recipes]:
         raise CsekitError(
             f"{at(path, _line_of(text, 'baseline'))}: baseline {baseline!r} is not a recipe name of this suite; "
             f"expected one of {[r.name for r in recipes]}"
@@ -164,7 +175,9 @@ def load_suite(path: str | Path) -> Suite:
             f"{', '.join(TRANSFER_CLASSIFIERS)}, found {classifier!r}"
         )
     comparison = _paper_comparison(path, text, raw, baseline)
-    name = str(raw.get("name") or path.stem)
+    name = (
+        path.stem if raw.get("name") in (None, "") else name_text(raw["name"], at(path, _line_of(text, "name")), "name")
+    )
     check_label(name, f"{at(path, _line_of(text, 'name'))}: suite name", table_cell=False)  # results.md's heading
     return Suite(
         name,
@@ -235,12 +248,13 @@ def _suite_recipe(path: Path, text: str, entry: Any, taken: list[str], lines: tu
     if not os.path.exists(recipe_path):  # Path.exists raised for a name too long (ENAMETOOLONG): a traceback
         raise CsekitError(f"{at(path, _line_of(text, 'recipe'))}: recipe {recipe_path} does not exist")
     overrides = entry.get("set") or []
-    if not isinstance(overrides, list):
-        raise CsekitError(f"{at(path, _line_of(text, 'set'))}: set must be a list of key=value strings")
-    name = entry.get("name") or recipe_path.stem
-    if not isinstance(name, str | int | float) or isinstance(name, bool):
-        raise CsekitError(f"{at(path, _line_of(text, 'name'))}: a recipe name must be text")
-    name = str(name)
+    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+        raise CsekitError(
+            f"{at(path, _line_of(text, 'set'))}: set must be a list of key=value strings "
+            "(`- train.lr=1e-4`, not `- train.lr: 1e-4`)"
+        )
+    raw_name = entry.get("name")
+    name = recipe_path.stem if raw_name in (None, "") else name_text(raw_name, at(path, name_line), "a recipe name")
     # The name becomes the run folder OUTPUT/NAME-seedK: it must stay one folder inside OUTPUT.
     where = at(path, name_line)
     check_name(name, f"{where}: recipe name", folder="--output")
@@ -251,12 +265,14 @@ def _suite_recipe(path: Path, text: str, entry: Any, taken: list[str], lines: tu
             f"{len(taken) + 1}); a run would be trained and counted once for both: give one another name"
         )
     control = entry.get("control")
+    if control is not None:
+        control = name_text(control, at(path, _line_of(text, "control")), "control")
     paper = entry.get("paper")
     if paper is not None and (not isinstance(paper, str) or not paper):
         raise CsekitError(
             f"{at(path, _line_of(text, 'paper'))}: paper must name an entry of the suite's published file"
         )
-    return SuiteRecipe(name, recipe_path, [str(o) for o in overrides], None if control is None else str(control), paper)
+    return SuiteRecipe(name, recipe_path, list(overrides), control, paper)
 
 
 def _published_file(path: Path, text: str, value: Any, recipes: list[SuiteRecipe]) -> Path | None:

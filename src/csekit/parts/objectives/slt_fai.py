@@ -53,13 +53,38 @@ def reverse_gradient(inputs: Tensor, scale: float = 1.0) -> Tensor:
     return GradientReversal.apply(inputs, scale)
 
 
-class Discriminator(nn.Module):
-    """Two linear layers with a ReLU between them, giving two-class logits (the paper's G)."""
+DISCRIMINATORS = ("paper", "code")
+"""`discriminator` choices: the paper's G (section 4.1: two linear layers with a ReLU between them), or the authors'
+code's (wangbing1416/SLT-FAI `AdvCLSoftmaxLoss.py`: linear layers with no activation between them and a ReLU on the
+two logits; `freqDiscrim` for L_AT at `--high_rank` 2, the scripts' and `main.py`'s default, `maskDiscrim` for
+L_ISF)."""
 
-    def __init__(self, dim: int, hidden_dim: int | None = None) -> None:
+
+CODE_FREQUENCY_RANK = 2
+"""`--high_rank` of the authors' frequency discriminator: `main.py`'s default, kept by their scripts."""
+
+
+class Discriminator(nn.Module):
+    """Two-class logits from a vector: the paper's G, or the authors' code's stack (`DISCRIMINATORS`).
+
+    `rank` widens the code's stack as `--high_rank` does (dim -> rank*hidden -> rank*hidden -> hidden -> 2); rank
+    0 is the code's short form (dim -> hidden -> 2), `maskDiscrim`'s. The paper's form ignores it.
+    """
+
+    def __init__(self, dim: int, hidden_dim: int | None = None, form: str = "paper", rank: int = 0) -> None:
         super().__init__()
+        if form not in DISCRIMINATORS:
+            raise ValueError(f"discriminator must be one of {', '.join(DISCRIMINATORS)}, got {form!r}")
         hidden = hidden_dim or dim
-        self.layers = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, 2))
+        if form == "paper":
+            self.layers = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, 2))
+        elif rank:
+            wide = rank * hidden
+            self.layers = nn.Sequential(
+                nn.Linear(dim, wide), nn.Linear(wide, wide), nn.Linear(wide, hidden), nn.Linear(hidden, 2), nn.ReLU()
+            )
+        else:
+            self.layers = nn.Sequential(nn.Linear(dim, hidden), nn.Linear(hidden, 2), nn.ReLU())
 
     def forward(self, inputs: Tensor) -> Tensor:
         return self.layers(inputs)
@@ -86,13 +111,17 @@ def zero_through(module: nn.Module) -> Tensor:
     return total * 0.0
 
 
-def _check_options(low_fraction: float, start_after_epochs: float, learning_rate: float | None) -> None:
+def _check_options(
+    low_fraction: float, start_after_epochs: float, learning_rate: float | None, discriminator: str
+) -> None:
     if not 0 < low_fraction < 1:
         raise ValueError(f"low_fraction must be in (0, 1), got {low_fraction}")
     if start_after_epochs < 0:
         raise ValueError(f"start_after_epochs must be >= 0, got {start_after_epochs}")
     if learning_rate is not None and learning_rate <= 0:
         raise ValueError(f"learning_rate must be positive, got {learning_rate}")
+    if discriminator not in DISCRIMINATORS:
+        raise ValueError(f"discriminator must be one of {', '.join(DISCRIMINATORS)}, got {discriminator!r}")
 
 
 class AdversarialTuning(nn.Module):
@@ -100,6 +129,7 @@ class AdversarialTuning(nn.Module):
 
     Averaged over each sentence's real tokens (no padding, no special tokens), then over the
     sentences of every view in `views` (all views by default: each is a sentence the encoder embeds).
+    `discriminator: code` takes the authors' code's frequency discriminator instead of the paper's G.
     """
 
     #: The view options that index the step's inputs (not the training representations): checked at load.
@@ -120,11 +150,12 @@ class AdversarialTuning(nn.Module):
         start_after_epochs: float = 0.0,
         reversal_scale: float = 1.0,
         views: list[int] | None = None,
+        discriminator: str = "paper",
     ) -> None:
         super().__init__()
-        _check_options(low_fraction, start_after_epochs, learning_rate)
+        _check_options(low_fraction, start_after_epochs, learning_rate, discriminator)
         self.frequency = FrequencyLabels.from_counts(counts, tokenizer, low_fraction)
-        self.discriminator = Discriminator(dim, hidden_dim)
+        self.discriminator = Discriminator(dim, hidden_dim, discriminator, rank=CODE_FREQUENCY_RANK)
         self.learning_rate = learning_rate
         self.start_after_epochs = start_after_epochs
         self.reversal_scale = reversal_scale
@@ -217,7 +248,7 @@ class IncompleteSentenceFiltering(nn.Module):
     sentences hold a low-frequency word at all, and epsilon = 0.2 of one or two words often rounds to
     none: `min_masked_words: 1` then masks at least one word in every sentence that has one (above
     the paper's rate; off by default). `mask_token` is used only where the tokenizer has no mask token of its
-    own (a decoder LLM's).
+    own (a decoder LLM's). `discriminator: code` takes the authors' code's information discriminator.
     """
 
     #: The view options that index the step's inputs (not the training representations): checked at load.
@@ -240,9 +271,10 @@ class IncompleteSentenceFiltering(nn.Module):
         min_masked_words: int = 0,
         pooler: Pooler | None = None,
         mask_token: str | None = None,
+        discriminator: str = "paper",
     ) -> None:
         super().__init__()
-        _check_options(low_fraction, start_after_epochs, learning_rate)
+        _check_options(low_fraction, start_after_epochs, learning_rate, discriminator)
         if pooler is not None and pooler.view_dependent:
             raise ValueError(
                 f'slt_fai_isf re-tokenises the plain sentences, so it cannot yet be combined with the "{pooler.name}" '
@@ -258,7 +290,7 @@ class IncompleteSentenceFiltering(nn.Module):
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.frequency = FrequencyLabels.from_counts(counts, tokenizer, low_fraction)
-        self.discriminator = Discriminator(dim, hidden_dim)
+        self.discriminator = Discriminator(dim, hidden_dim, discriminator)
         self.mask_rate = mask_rate
         self.learning_rate = learning_rate
         self.start_after_epochs = start_after_epochs
