@@ -11,6 +11,7 @@ import typer
 import typer.core
 from typer.core import TyperCommand, TyperGroup
 
+from csekit.core.atomic import refuse_unsafe_file
 from csekit.core.errors import CsekitError
 from csekit.training.recipe_schema import PRECISIONS
 
@@ -80,11 +81,13 @@ def warn(message: str) -> None:
 
 
 def check_output_file(output: Path | None, option: str = "--output") -> None:
-    """Refuse an output path that cannot become a file before the work, not after it (hours later)."""
+    """Refuse an output path that cannot become a file before the work, not after it (hours later): a folder, and
+    what the write would refuse at the end (`core/atomic.refuse_unsafe_file`: a link, a FIFO, a device)."""
     if output is None:
         return
-    if output.is_dir():
+    if output.is_dir() and not output.is_symlink():
         raise CsekitError(f"{option} {output} is a folder; give a file name in it")
+    refuse_unsafe_file(output)
     parent = next((folder for folder in output.parents if folder.exists()), None)
     if parent is not None and not parent.is_dir():
         raise CsekitError(f"{option} {output}: {parent} is a file, not a folder")

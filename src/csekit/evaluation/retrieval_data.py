@@ -9,7 +9,8 @@ encoder a chunk at a time and never held whole, so a corpus of millions of docum
 embeddings. As in BEIR's `GenericDataLoader`, the queries evaluated are those the qrels name, a document's text
 is its title and text joined by a space, and a relevance is an integer (graded; 0 or less is not relevant).
 A duplicate id, a qrels line naming an id that is not in the corpus or the queries, a score that is not an
-integer, an empty file: one `CsekitError` naming the file and line.
+integer within +-RELEVANCE_LIMIT, a query and document judged twice (both lines named: one judgement would be lost
+without a word), an empty file: one `CsekitError` naming the file and line.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from csekit.core.safe_names import check_name, child_path
 
 QRELS_LINE_LIMIT = 2**16
 """The longest qrels line read (two ids and a score)."""
+RELEVANCE_LIMIT = 2**31 - 1
+"""The largest relevance in either direction (trec_eval's and pytrec_eval's C int); a gain beyond a float is a
+traceback in nDCG, not a judgement."""
 ID_TYPES = (str, int)
 
 
@@ -120,6 +124,7 @@ def read_qrels(path: Path, doc_ids: dict[str, int], query_ids: dict[str, int]) -
     except OSError as error:
         raise CsekitError(f"qrels {path}: cannot read it ({error.strerror or error})") from None
     qrels: dict[str, dict[str, int]] = {}
+    judged_at: dict[tuple[str, str], int] = {}
     with handle:
         for number, (line, size) in enumerate(bounded_lines(handle, QRELS_LINE_LIMIT), start=1):
             where = at(path, number)
@@ -143,10 +148,16 @@ def read_qrels(path: Path, doc_ids: dict[str, int], query_ids: dict[str, int]) -
                 if number == 1 and not qrels:
                     continue  # the header
                 raise CsekitError(f'{where}: the score "{score[:80]}" is not an integer relevance') from None
+            if abs(relevance) > RELEVANCE_LIMIT:
+                raise CsekitError(f'{where}: the relevance "{score[:80]}" is beyond +-{RELEVANCE_LIMIT:,}')
             if query_id not in query_ids:
                 raise CsekitError(f'{where}: query "{query_id[:100]}" is not in queries.jsonl')
             if doc_id not in doc_ids:
                 raise CsekitError(f'{where}: document "{doc_id[:100]}" is not in corpus.jsonl')
+            earlier = judged_at.setdefault((query_id, doc_id), number)
+            if earlier != number:
+                raise CsekitError(f'{where}: query "{query_id[:100]}" and document "{doc_id[:100]}" are judged twice '
+                                  f"(lines {earlier} and {number}); give each pair one relevance")  # fmt: skip
             qrels.setdefault(query_id, {})[doc_id] = relevance
     if not qrels:
         raise CsekitError(f"qrels {path} holds no judgements")

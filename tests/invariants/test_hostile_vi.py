@@ -1,0 +1,110 @@
+"""Hostile files VI: cases of the rules nobody had named, found by the red team attacking every input surface through
+the command line (own task files, outputs, model folders, run folders). Each test failed before its fix: a
+traceback, a link or FIFO found only after the work, a value silently lost, or a reason that named nothing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from conftest import assert_one_line_error, hostile_examples, make_corpus, run_main
+from hypothesis import given
+from hypothesis import strategies as st
+
+from csekit.core.errors import CsekitError
+from csekit.evaluation.retrieval_data import RELEVANCE_LIMIT, read_retrieval_set
+
+CaptureErr = pytest.CaptureFixture[str]
+
+
+def _beir(folder: Path, qrels: str) -> Path:
+    """A BEIR folder of three documents and two queries whose qrels/test.tsv is `qrels` (after BEIR's header)."""
+    (folder / "qrels").mkdir(parents=True, exist_ok=True)
+    docs = "".join(f'{{"_id": "d{i}", "text": "document {i}"}}\n' for i in (1, 2, 3))
+    (folder / "corpus.jsonl").write_text(docs, encoding="utf-8")
+    (folder / "queries.jsonl").write_text('{"_id": "q1", "text": "a"}\n{"_id": "q2", "text": "b"}\n', "utf-8")
+    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + qrels, encoding="utf-8")
+    return folder
+
+
+# --- a qrels file: each judgement once, each relevance a number nDCG can sum -------------------------------------
+
+
+@hostile_examples(40)
+@given(relevance=st.integers(min_value=-(10**400), max_value=10**400) | st.integers(-5, 5))
+def test_any_integer_relevance_is_read_within_its_bound_or_one_line(relevance: int) -> None:
+    """A relevance of 10^400 was an OverflowError traceback in nDCG (`float(np.dot(...))` of Python ints)."""
+    import tempfile
+
+    from csekit.evaluation.retrieval import ranking_metrics
+
+    with tempfile.TemporaryDirectory() as folder:
+        beir = _beir(Path(folder), f"q1\td1\t{relevance}\nq2\td2\t1\n")
+        try:
+            retrieval = read_retrieval_set(beir)
+        except CsekitError as error:
+            assert abs(relevance) > RELEVANCE_LIMIT
+            assert str(error).startswith(f"{beir / 'qrels' / 'test.tsv'}:2: ") and "\n" not in str(error)
+            return
+    assert abs(relevance) <= RELEVANCE_LIMIT
+    metrics = ranking_metrics([["d1", "d2", "d3"], ["d2", "d1", "d3"]], [retrieval.qrels[q] for q in ("q1", "q2")])
+    assert all(0 <= value <= 1 for value in metrics.values())
+
+
+def test_a_query_and_document_judged_twice_is_refused_naming_both_lines(tmp_path: Path) -> None:
+    """The second relevance replaced the first without a word (ids given twice were already refused)."""
+    beir = _beir(tmp_path / "beir", "q1\td1\t1\nq2\td2\t1\nq1\td1\t2\n")
+    with pytest.raises(CsekitError) as caught:
+        read_retrieval_set(beir)
+    message = str(caught.value)
+    assert message.startswith(f"{beir / 'qrels' / 'test.tsv'}:4: ") and "(lines 2 and 4)" in message, message
+
+
+def test_distinct_judgements_of_one_query_are_all_kept(tmp_path: Path) -> None:
+    """Guard: one query judged against several documents, one document for several queries."""
+    beir = _beir(tmp_path / "beir", "q1\td1\t2\nq1\td2\t1\nq2\td1\t0\nq2\td3\t1\n")
+    assert read_retrieval_set(beir).qrels == {"q1": {"d1": 2, "d2": 1}, "q2": {"d1": 0, "d3": 1}}
+
+
+# --- an output that cannot be written is refused before the work -------------------------------------------------
+
+
+def _plant(kind: str, path: Path, victim: Path) -> None:
+    if kind == "link-to-file":
+        victim.write_text("yours\n", encoding="utf-8")
+        path.symlink_to(victim)
+    elif kind == "dangling-link":
+        path.symlink_to(victim)
+    elif kind == "link-to-folder":
+        victim.mkdir()
+        path.symlink_to(victim)
+    else:
+        os.mkfifo(path)
+
+
+@pytest.mark.parametrize("kind", ["link-to-file", "dangling-link", "link-to-folder", "fifo"])
+@pytest.mark.parametrize("command", ["encode", "evaluate", "freq"])
+def test_an_output_that_is_a_link_or_a_fifo_is_refused_before_the_work(
+    command: str, kind: str, tmp_path: Path, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """`--output` a link or a FIFO was refused only when the result was written, after the whole encoding,
+    evaluation or count (a link to a folder was called a folder, the one fix a user should not make)."""
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=8)
+    output, victim = tmp_path / "out.npy", tmp_path / "victim"
+    _plant(kind, output, victim)
+    args = {
+        "evaluate": ["evaluate", str(tiny_model_dir), "--tasks", "stsb-dev", "--data-dir", str(tmp_path / "none")],
+        "freq": ["freq", "--corpus", str(corpus), "--tokenizer", str(tiny_model_dir)],
+        "encode": ["encode", str(tiny_model_dir), "--input", str(corpus)],
+    }[command]
+    code, err = run_main(monkeypatch, capsys, *args, "--output", str(output))
+    reason = "not a regular file" if kind == "fifo" else "is a symbolic link"
+    assert_one_line_error(code, err, str(output), reason)
+    assert "encoding" not in err
+    if kind == "link-to-file":
+        assert victim.read_text(encoding="utf-8") == "yours\n"
+    if kind == "link-to-folder":
+        assert list(victim.iterdir()) == []
+    if kind == "dangling-link":
+        assert not victim.exists()
