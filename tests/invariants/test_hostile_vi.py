@@ -108,3 +108,27 @@ def test_an_output_that_is_a_link_or_a_fifo_is_refused_before_the_work(
         assert list(victim.iterdir()) == []
     if kind == "dangling-link":
         assert not victim.exists()
+
+
+# --- a model folder's weights: a tensor of another shape is named ------------------------------------------------
+
+
+def test_a_weight_of_another_shape_is_one_line_naming_it(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """The error was transformers' "You set `ignore_mismatched_sizes` to `False` ... look at the above report!",
+    a report csekit's quiet loading hides: no weight, no shapes."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = tiny_model_dir / "model.safetensors"
+    tensors = load_file(weights)
+    name = next(key for key in sorted(tensors) if key.endswith("attention.self.query.weight"))
+    tensors[name] = torch.zeros(5, 5)
+    weights.unlink()
+    save_file(tensors, weights)
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=4)
+    args = ("encode", str(tiny_model_dir), "-i", str(corpus), "-o", str(tmp_path / "x.npy"))
+    code, err = run_main(monkeypatch, capsys, *args)
+    assert_one_line_error(code, err, str(tiny_model_dir), name, "[5, 5]")
+    assert "look at" not in err

@@ -510,9 +510,21 @@ def _load_weights(
         config = from_pretrained(AutoConfig, location, **hub, **(overrides or {}))
     config.output_hidden_states = False
     built = {"dtype": dtype} if dtype is not None else {}  # else from_pretrained's fp32
-    model, info = from_pretrained(model_class, location, config=config, output_loading_info=True, **hub, **built)
+    # A weight of another shape is listed (and refused below, naming it) rather than raised as transformers' "look at
+    # the above report", a report csekit's quiet loading hides.
+    model, info = from_pretrained(
+        model_class, location, config=config, output_loading_info=True, ignore_mismatched_sizes=True, **hub, **built
+    )
     if getattr(model, "_hf_peft_config_loaded", False):  # the files checked first; this holds whatever changed since
         raise CsekitError(adapter_message(f'model "{location}"'))
+    mismatched = sorted(info.get("mismatched_keys", ()), key=lambda entry: str(entry[0]))
+    if mismatched:
+        name, held, built_shape = mismatched[0]
+        raise CsekitError(
+            f"{location}: the weights do not fit the model in config.json: {len(mismatched)} weight(s) of another "
+            f"shape (e.g. {name} is {list(held)}, the model's is {list(built_shape)}); refusing to fill them in at "
+            "random"
+        )
     if local:
         missing = sorted(key for key in info["missing_keys"] if not key.startswith(UNREAD_WEIGHTS_PREFIX))
         if missing or info.get("error_msgs"):
