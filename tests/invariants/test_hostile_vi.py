@@ -132,3 +132,36 @@ def test_a_weight_of_another_shape_is_one_line_naming_it(
     code, err = run_main(monkeypatch, capsys, *args)
     assert_one_line_error(code, err, str(tiny_model_dir), name, "[5, 5]")
     assert "look at" not in err
+
+
+# --- a checkpoint file that is there but is not a file is named for what it is -----------------------------------
+
+
+@pytest.mark.parametrize("kind", ["link-to-dev-zero", "folder", "fifo"])
+def test_a_checkpoint_file_that_is_a_device_folder_or_fifo_is_named_as_such_not_missing(
+    kind: str, tmp_path: Path
+) -> None:
+    """`is_file()` read a link to /dev/zero, a folder or a FIFO at rng_state_0.pt as missing: "the run was saved by
+    fewer processes ... resume with as many processes as the run had", a fix that cannot work."""
+    from csekit.training.checkpoint import load_rng_state, rng_file
+
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    path = checkpoint / rng_file(0)
+    if kind == "link-to-dev-zero":
+        path.symlink_to("/dev/zero")
+    elif kind == "folder":
+        path.mkdir()
+    else:
+        os.mkfifo(path)
+    with pytest.raises(CsekitError) as caught:
+        load_rng_state(checkpoint, 0)
+    message = str(caught.value)
+    assert str(path) in message and "missing" not in message and "\n" not in message, message
+    assert ("a folder" if kind == "folder" else "not a regular file") in message
+    if kind == "folder":
+        path.rmdir()
+    else:
+        path.unlink()
+    with pytest.raises(CsekitError, match="is missing"):  # guard: nothing there is still "missing"
+        load_rng_state(checkpoint, 0)

@@ -101,10 +101,16 @@ def save_rng_state(folder: Path, process: int) -> None:
     write_file(folder / rng_file(process), lambda handle: torch.save(state, handle))
 
 
+def _require_entry(path: Path, missing: str) -> None:
+    """`missing` (a CsekitError) when nothing is at `path`; a link, a FIFO, a device or a folder there is left to the
+    bounded reader, which names what it is (`is_file()` called a link to /dev/zero "missing": the wrong fix)."""
+    if not os.path.lexists(path):
+        raise CsekitError(missing)
+
+
 def _load_tensors(path: Path, device: torch.device | str = "cpu") -> Any:
     """A file of tensors and plain values; anything else (a pickled object, damage) is a CsekitError."""
-    if not path.is_file():
-        raise CsekitError(f"checkpoint file {path} is missing; the checkpoint is incomplete")
+    _require_entry(path, f"checkpoint file {path} is missing; the checkpoint is incomplete")
     try:
         state = read_with(
             path, lambda handle: torch.load(handle, map_location=device, weights_only=True), "checkpoint file"
@@ -154,8 +160,7 @@ def _load_model_and_optimizer(
     folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, device: torch.device
 ) -> None:
     model_path = folder / MODEL_FILE
-    if not model_path.is_file():
-        raise CsekitError(f"checkpoint file {model_path} is missing; the checkpoint is incomplete")
+    _require_entry(model_path, f"checkpoint file {model_path} is missing; the checkpoint is incomplete")
     try:
         read_by_name(
             model_path, lambda name: load_model(model, name, strict=True, device=str(device)), "checkpoint file"
@@ -212,11 +217,11 @@ def check_processes(folder: Path, processes: int) -> None:
 def load_rng_state(folder: Path, process: int) -> None:
     """Restore this process's generators; a missing or wrong file stops the run (the resume would not be exact)."""
     path = folder / rng_file(process)
-    if not path.is_file():
-        raise CsekitError(
-            f"checkpoint file {path} is missing: the run was saved by fewer processes, or the checkpoint "
-            "is incomplete; resume with as many processes as the run had"
-        )
+    _require_entry(
+        path,
+        f"checkpoint file {path} is missing: the run was saved by fewer processes, or the checkpoint "
+        "is incomplete; resume with as many processes as the run had",
+    )
     state = _load_tensors(path)
     try:
         version, mt_state, gauss = state["python"]
