@@ -252,7 +252,10 @@ def bench(
 
     Finished runs are skipped and interrupted ones resume, so a suite can be stopped and started again.
     """
-    from csekit.bench import load_suite, run_suite, summarise
+    from csekit.bench.suite import load_suite
+
+    load_suite(suite)  # a mistake in the suite file is refused before torch and the training modules load
+    from csekit.bench import run_suite, summarise
     from csekit.bench.run import continue_command
     from csekit.training.trainer import TrainingInterrupted
 

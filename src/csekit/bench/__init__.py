@@ -26,11 +26,35 @@ The package's rooms: `suite` (the suite file, run folders), `run` (training and 
 wall time), `papers` (the published numbers), `plots`, and `summary` (results.md, results.csv and the plots).
 """
 
-from csekit.bench.results import COSINES_FILE, RESULTS_FILE, collect, read_cosines, read_results
-from csekit.bench.run import check_suite_inputs, run_suite
-from csekit.bench.suite import Suite, SuiteRecipe, load_suite, run_dir
-from csekit.bench.summary import summarise
-from csekit.bench.tables import PairedDifference, format_paired_markdown, paired_differences
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from csekit.bench.results import COSINES_FILE, RESULTS_FILE, collect, read_cosines, read_results
+    from csekit.bench.run import check_suite_inputs, run_suite
+    from csekit.bench.suite import Suite, SuiteRecipe, load_suite, run_dir
+    from csekit.bench.summary import summarise
+    from csekit.bench.tables import PairedDifference, format_paired_markdown, paired_differences
+
+_HOMES = {
+    "results": ("COSINES_FILE", "RESULTS_FILE", "collect", "read_cosines", "read_results"),
+    "run": ("check_suite_inputs", "run_suite"),
+    "suite": ("Suite", "SuiteRecipe", "load_suite", "run_dir"),
+    "summary": ("summarise",),
+    "tables": ("PairedDifference", "format_paired_markdown", "paired_differences"),
+}
+"""Each public name's module. They are imported when first used: a suite file is read (and its mistakes refused)
+without the training modules, torch and transformers, which `results` and `run` bring (seconds to import)."""
+
+
+def __getattr__(name: str) -> Any:
+    for module, names in _HOMES.items():
+        if name in names:
+            return getattr(importlib.import_module(f"csekit.bench.{module}"), name)
+    raise AttributeError(f"module 'csekit.bench' has no attribute {name!r}")
+
 
 __all__ = [
     "COSINES_FILE",

@@ -44,6 +44,8 @@ def mistakes(tmp_path: Path) -> dict[str, list[str]]:
     typo = tmp_path / "typo.yaml"
     typo.write_text("model:\n  backbone: some-model\ntrian:\n  batch_size: 8\n", encoding="utf-8")
     missing = str(tmp_path / "missing")
+    suite = tmp_path / "suite.yaml"
+    suite.write_text("seeds: [1, 1]\nrecipes: [a.yaml]\n", encoding="utf-8")
     return {
         "help": ["--help"],
         "version": ["--version"],
@@ -53,6 +55,7 @@ def mistakes(tmp_path: Path) -> dict[str, list[str]]:
         "missing-recipe": ["train", f"{missing}.yaml", "--output", str(tmp_path / "run")],
         "missing-pairs-file": ["evaluate", "some-model", "--pairs", f"{missing}.tsv"],
         "missing-encode-input": ["encode", "some-model", "-i", f"{missing}.txt", "-o", str(tmp_path / "e.npy")],
+        "bench-suite-mistake": ["bench", str(suite), "--output", str(tmp_path / "bench")],  # took 10 s: torch first
     }
 
 
@@ -65,6 +68,7 @@ EXPECTED = {
     "missing-recipe": (2, "missing.yaml does not exist"),
     "missing-pairs-file": (2, "missing.tsv does not exist"),
     "missing-encode-input": (2, "missing.txt does not exist"),
+    "bench-suite-mistake": (2, "suite.yaml:1: seed 1 is given twice"),
 }
 
 

@@ -11,7 +11,9 @@ import pytest
 import yaml
 from prompteol_reference import AUTHORS_COMMIT, RUN_ICL_TEMPLATES, demonstration_of
 
-from csekit.bench import load_suite, summarise
+from csekit.bench.run import run_suite
+from csekit.bench.suite import load_suite
+from csekit.bench.summary import summarise
 from csekit.core.errors import CsekitError
 from csekit.encoding.prompteol import Demonstration
 from csekit.evaluation.published import PUBLISHED_COLUMNS, compare_with_paper, load_published
@@ -330,7 +332,6 @@ def test_the_paper_suites_resolve_and_name_the_command_for_each_missing_input(tm
     """Each paper suite: its recipes on this backbone, 3 seeds or more, the published file, every recipe with a
     published row or reason; run against an empty data folder, it stops before training and names, recipe by
     recipe, the command that makes each missing input (wiki1m, the augmented corpora, the evaluation data)."""
-    from csekit.bench import run_suite
     from csekit.training.recipe import load_recipe
 
     path = REPO / "benchmarks" / "suites" / f"papers-{backbone}.yaml"
