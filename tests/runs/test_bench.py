@@ -464,3 +464,18 @@ def test_duplicates_suite_differs_only_in_data_duplicates() -> None:
         assert recipe["data"].pop("duplicates") == entry.name
         assert recipe == reference
     assert [r.name for r in suite.recipes] == ["keep", "separate", "drop"]
+
+
+def test_every_public_bench_name_is_imported_from_its_module_when_first_used() -> None:
+    """csekit.bench names each public name three times (TYPE_CHECKING, `_HOMES`, `__all__`): a name listed in one
+    but not the others would fail only when a user first reached for it."""
+    import importlib
+
+    import csekit.bench as bench
+
+    assert sorted(bench.__all__) == sorted(name for names in bench._HOMES.values() for name in names)
+    for module, names in bench._HOMES.items():
+        home = importlib.import_module(f"csekit.bench.{module}")
+        assert all(getattr(bench, name) is getattr(home, name) for name in names), module
+    with pytest.raises(AttributeError, match="no attribute 'missing'"):
+        bench.missing  # noqa: B018
