@@ -66,19 +66,23 @@ def loss_and_grads(model_dir: Path, method: str, sentences: list[str]) -> tuple[
     return loss.item(), grads
 
 
-def worker(rank: int, world: int, port: int, model_dir: Path, method: str, out: Path) -> None:
+def worker(rank: int, world: int, port: int, model_dir: Path, out: Path) -> None:
+    """Every method in one process group: one spawn (two interpreters importing torch) for the four."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     torch.set_num_threads(1)
     share = len(SENTENCES) // world
-    loss, grads = loss_and_grads(model_dir, method, SENTENCES[rank * share : (rank + 1) * share])
-    for grad in grads.values():  # what DDP does: average gradients over processes
-        dist.all_reduce(grad)
-        grad /= world
-    losses = [torch.zeros(1) for _ in range(world)]
-    dist.all_gather(losses, torch.tensor([loss]))
+    results = {}
+    for method in METHODS:
+        loss, grads = loss_and_grads(model_dir, method, SENTENCES[rank * share : (rank + 1) * share])
+        for grad in grads.values():  # what DDP does: average gradients over processes
+            dist.all_reduce(grad)
+            grad /= world
+        losses = [torch.zeros(1) for _ in range(world)]
+        dist.all_gather(losses, torch.tensor([loss]))
+        results[method] = {"loss": torch.cat(losses).mean().item(), "grads": grads}
     if rank == 0:
-        torch.save({"loss": torch.cat(losses).mean().item(), "grads": grads}, out)
+        torch.save(results, out)
     dist.destroy_process_group()
 
 
@@ -88,15 +92,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.fixture(scope="module")
+def two_process_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """Every method's loss and DDP-averaged gradients from one 2-process spawn, keyed by method."""
+    from conftest import make_tiny_encoder
+
+    root = tmp_path_factory.mktemp("two-processes")
+    model_dir = root / "tiny-model"
+    make_tiny_encoder(root / "tokenizer").save(model_dir)
+    for method in METHODS:
+        write_recipe(model_dir, method)
+    out = root / "two.pt"
+    mp.spawn(worker, args=(2, free_port(), model_dir, out), nprocs=2, join=True)
+    return {"model_dir": model_dir, **torch.load(out)}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("method", list(METHODS))
-def test_two_processes_equal_one_process_on_the_global_batch(tmp_path: Path, tiny_model_dir: Path, method: str) -> None:
+def test_two_processes_equal_one_process_on_the_global_batch(two_process_results: dict, method: str) -> None:
     """Loss (averaged over processes, as the trainer logs it) and DDP-averaged gradients match one process."""
-    write_recipe(tiny_model_dir, method)
-    single_loss, single_grads = loss_and_grads(tiny_model_dir, method, SENTENCES)
-    out = tmp_path / "two.pt"
-    mp.spawn(worker, args=(2, free_port(), tiny_model_dir, method, out), nprocs=2, join=True)
-    two = torch.load(out)
+    single_loss, single_grads = loss_and_grads(two_process_results["model_dir"], method, SENTENCES)
+    two = two_process_results[method]
     assert two["loss"] == pytest.approx(single_loss, rel=1e-5)
     assert set(two["grads"]) == set(single_grads)
     for name, grad in single_grads.items():

@@ -61,7 +61,10 @@ class Registry(Generic[T]):
         return own + sorted(name for name in self._plugins() if name not in own)
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name in self.names()
+        """Built-in and registered names first: reading the installed packages' entry points takes tens of ms."""
+        if not isinstance(name, str):
+            return False
+        return name in self._builtin or name in self._registered or name in self._plugins()
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())

@@ -13,13 +13,14 @@ Only those checks import torch, so a recipe with a mistyped key or a missing fil
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from csekit.core.bounded_read import parse_yaml_value, read_yaml_file
@@ -190,6 +191,13 @@ def _legacy_override(item: str, moved: list[str]) -> str:
     return f"{RUN_SECTION}.{new_key}{equals}{value}"
 
 
+@functools.cache
+def _schema() -> DictConfig:
+    """OmegaConf's typed tree of `Recipe`, built once a process: building it walks every dataclass of the schema,
+    half of a recipe's load. `OmegaConf.merge` copies its first argument and never changes it."""
+    return OmegaConf.structured(Recipe)
+
+
 PathsAs = Callable[[Recipe], Recipe] | None
 """What gives a recipe its paths before its checks read the files (`load_recipe`'s `paths`)."""
 
@@ -234,11 +242,14 @@ def load_recipe(
     _check_integer_sizes(raw, where_in_file)
     _check_integer_sizes(update, lambda key: f"--set {key}")
     try:
-        resolved = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(Recipe), raw))
-        assert isinstance(resolved, dict)
-        for item in overrides:
-            _apply_override(resolved, *_parse_override(item))
-        recipe: Recipe = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Recipe), resolved))  # type: ignore[assignment]
+        merged = OmegaConf.merge(_schema(), raw)
+        if overrides:  # applied to the resolved tree (a part's defaults filled in), then typed again
+            resolved = OmegaConf.to_container(merged)
+            assert isinstance(resolved, dict)
+            for item in overrides:
+                _apply_override(resolved, *_parse_override(item))
+            merged = OmegaConf.merge(_schema(), resolved)
+        recipe: Recipe = OmegaConf.to_object(merged)  # type: ignore[assignment]
     except OmegaConfBaseException as error:
         key = getattr(error, "full_key", "") or ""
         message = yaml_text_number_hint(getattr(error, "value", None)) or str(error).splitlines()[0]
