@@ -210,7 +210,7 @@ def test_deeply_nested_json_in_a_lock_file_or_a_safetensors_header_is_not_a_trac
     import struct
 
     from csekit.core.run_lock import _holder
-    from csekit.encoding.model_folder import _safetensors_shapes
+    from csekit.encoding.weight_files import read_safetensors_header
 
     nested = b"[" * 2000 + b"]" * 2000
     lock = tmp_path / ".lock"
@@ -219,4 +219,4 @@ def test_deeply_nested_json_in_a_lock_file_or_a_safetensors_header_is_not_a_trac
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(struct.pack("<Q", len(nested)) + nested)
     with pytest.raises(CsekitError, match=r"model.safetensors: cannot read its header \(JSON nested too deeply"):
-        _safetensors_shapes(weights)
+        read_safetensors_header(weights)

@@ -75,6 +75,27 @@ def test_an_optimizer_state_of_the_wrong_shape_is_refused_not_a_segfault(run: Pa
     assert (run / "metrics.jsonl").read_text() == before
 
 
+@pytest.mark.parametrize("change", ["another-shape", "integers"])
+def test_checkpoint_weights_of_another_shape_or_stored_as_integers_are_named_before_loading(
+    run: Path, tmp_path: Path, change: str
+) -> None:
+    """A weight of another shape said only "Error(s) in loading state_dict" (no weight, no shapes); one stored as
+    I32 loaded as its integer part and the run went on from it."""
+    from safetensors.torch import load_file, save_file
+
+    path = run / "checkpoint" / "model.safetensors"
+    weights = load_file(path)
+    name = next(key for key in sorted(weights) if key.endswith("attention.self.query.weight"))
+    weights[name] = torch.zeros(5, 5) if change == "another-shape" else weights[name].to(torch.int32)
+    path.unlink()
+    save_file(weights, path)
+    before = (run / "metrics.jsonl").read_text()
+    result = run_cli("train", "--output", str(run), "--resume", "--no-progress", cwd=tmp_path)
+    needle = "is [5, 5], the model's is" if change == "another-shape" else "is stored as I32"
+    assert_one_line_error(result.returncode, result.stderr, str(path), name, needle)
+    assert (run / "metrics.jsonl").read_text() == before
+
+
 def _set_group(key: str, value: Any) -> Any:
     return lambda state: [group.__setitem__(key, value) for group in state["param_groups"]]
 

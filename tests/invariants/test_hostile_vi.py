@@ -165,3 +165,85 @@ def test_a_checkpoint_file_that_is_a_device_folder_or_fifo_is_named_as_such_not_
         path.unlink()
     with pytest.raises(CsekitError, match="is missing"):  # guard: nothing there is still "missing"
         load_rng_state(checkpoint, 0)
+
+
+# --- a model folder's weights: every tensor is floating point, or an index buffer ---------------------------------
+
+SAFETENSORS_DTYPES = ["F64", "F32", "F16", "BF16", "I64", "I32", "I16", "I8", "U8", "BOOL"]
+
+
+@hostile_examples(30)
+@given(
+    stored=st.dictionaries(
+        st.sampled_from(["encoder.weight", "encoder.bias", "embeddings.position_ids", "token_type_ids", "scale", "x"]),
+        st.sampled_from(SAFETENSORS_DTYPES),
+        min_size=1,
+    ),
+    suffix=st.sampled_from(["safetensors", "bin"]),
+)
+def test_any_weight_file_is_refused_exactly_when_a_tensor_is_not_floating_point(stored: dict, suffix: str) -> None:
+    """An I32 or BOOL copy of a float weight loaded as its integer part (zeros for trained weights), silently: the
+    rule reads every weight file's dtypes (safetensors' header, a .bin's tensors on the meta device) before
+    transformers does, and refuses any tensor that is not floating point, except the integer index buffers."""
+    import tempfile
+
+    import torch
+    from safetensors.torch import save_file
+
+    from csekit.encoding.weight_files import FLOATING_DTYPES, check_weight_files
+
+    torch_dtypes = {"I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8}
+    torch_dtypes |= {"BOOL": torch.bool, **{k: getattr(torch, v) for k, v in FLOATING_DTYPES.items()}}
+    tensors = {name: torch.ones(2, 3, dtype=torch_dtypes[dtype]) for name, dtype in stored.items()}
+    wrong = [name for name, dtype in stored.items() if dtype not in FLOATING_DTYPES and not name.endswith("_ids")]
+    with tempfile.TemporaryDirectory() as folder:
+        weights = Path(folder) / f"model-00001-of-00002.{suffix}"  # a shard: every weight file is read
+        if suffix == "bin":
+            torch.save(tensors, weights)
+        else:
+            save_file(tensors, weights)
+        try:
+            check_weight_files(Path(folder), {}, Path(folder) / "config.json")
+        except CsekitError as error:
+            assert wrong, error
+            message = str(error)
+            assert message.startswith(f"{weights}: tensor ") and "\n" not in message
+            assert any(repr(name) in message for name in wrong)
+            return
+    assert not wrong, wrong
+
+
+def test_a_model_whose_weights_are_stored_as_integers_is_one_line_before_it_loads(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: CaptureErr
+) -> None:
+    """`csekit encode` loaded an I32 copy of the weights (their integer parts: zeros) and wrote embeddings."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = tiny_model_dir / "model.safetensors"
+    tensors = {name: tensor.to(torch.int32) for name, tensor in load_file(weights).items()}
+    weights.unlink()
+    save_file(tensors, weights)
+    corpus = make_corpus(tmp_path / "corpus.txt", lines=4)
+    output = tmp_path / "x.npy"
+    code, err = run_main(monkeypatch, capsys, "encode", str(tiny_model_dir), "-i", str(corpus), "-o", str(output))
+    assert_one_line_error(code, err, str(weights), "stored as I32")
+    assert not output.exists()
+
+
+@hostile_examples(20)
+@given(content=st.binary(max_size=300) | st.sampled_from([b"PK\x03\x04" + b"\x00" * 40, b"\x80\x02}q\x00."]))
+def test_any_bytes_as_a_pytorch_weights_file_are_read_or_one_line(content: bytes) -> None:
+    """A .bin is read (weights_only, on the meta device) only for its dtypes: whatever its bytes, the answer is a
+    mapping of tensors or one line naming the file, never a traceback."""
+    import tempfile
+
+    from csekit.encoding.weight_files import check_weight_files
+
+    with tempfile.TemporaryDirectory() as folder:
+        weights = Path(folder) / "pytorch_model.bin"
+        weights.write_bytes(content)
+        try:
+            check_weight_files(Path(folder), {}, Path(folder) / "config.json")
+        except CsekitError as error:
+            assert str(error).startswith(f"{weights}: ") and "\n" not in str(error)

@@ -12,7 +12,8 @@ complementary model, RankCSE's teacher, `csekit freq`'s tokenizer, an `fsmt` or 
 * every file transformers may read is a bounded regular file inside the folder (`model_files.check_model_files`:
   a link to /dev/zero, a 1 GiB chat template, a shard named `../x` are refused; so is a peft adapter, which
   transformers would apply by itself), and a vocabulary file is there;
-* the weights' embedding matrices (read from the safetensors header) have the rows config.json says;
+* the weight files hold floating-point weights, and their embedding matrices the rows config.json says
+  (`weight_files.check_weight_files`, from the safetensors headers);
 
 and after loading, `check_tokenizer` wants the tokenizer's special tokens in its vocabulary and its
 vocabulary no larger than the embedding matrix. Each failure is one line naming the file.
@@ -29,17 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import pickle
-import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from csekit.core.bounded_read import open_regular, read_json_file, read_with
+from csekit.core.bounded_read import read_json_file, read_with
 from csekit.core.errors import CsekitError
-from csekit.core.json_lines import json_row
 from csekit.core.safe_names import child_path
 from csekit.encoding.decoder import DECODER_SPECIAL_TOKENS, is_decoder_only
 from csekit.encoding.folder_pooling import read_modules, transformer_folder
@@ -47,6 +45,7 @@ from csekit.encoding.hub import hub_options, resolve_model_path, unreachable_hub
 from csekit.encoding.model_config import check_config_values, check_model_size, check_tokenizer_config
 from csekit.encoding.model_files import adapter_message, check_model_files, refuse_hub_adapter
 from csekit.encoding.representation import KeptHead, Representation, read_csekit_meta
+from csekit.encoding.weight_files import check_weight_files
 
 VOCABULARY_FILES = (
     "tokenizer.json",  # any fast tokenizer
@@ -65,16 +64,6 @@ VOCABULARY_FILES = (
 )
 """Files a tokenizer builds its vocabulary from; a folder needs at least one."""
 
-SAFETENSORS_HEADER_LIMIT = 64 * 2**20
-
-EMBEDDING_ROWS = {
-    "word_embeddings.weight": "vocab_size",
-    "position_embeddings.weight": "max_position_embeddings",
-    "encoder.embed_tokens.weight": "src_vocab_size",
-    "decoder.embed_tokens.weight": "tgt_vocab_size",
-}
-"""Weight names (their ending) whose rows config.json gives, and the config key that gives them."""
-
 
 def check_model_folder(folder: Path) -> dict[str, Any]:
     """Check a local model folder before transformers reads it; its config.json's values."""
@@ -86,7 +75,7 @@ def check_model_folder(folder: Path) -> dict[str, Any]:
     check_config_values(config, config_path)  # sizes, types, ranges, keys csekit cannot honour
     check_tokenizer_config(folder)
     _check_vocabulary_files(folder)
-    _check_embedding_rows(folder / "model.safetensors", config, config_path)
+    check_weight_files(folder, config, config_path)  # dtypes of every weight file, embedding rows
     return config
 
 
@@ -97,39 +86,6 @@ def _check_vocabulary_files(folder: Path) -> None:
             f"{folder}: no vocabulary (none of tokenizer.json, vocab.txt, vocab.json, a SentencePiece model); "
             "without one every word would be an unknown token"
         )
-
-
-def _check_embedding_rows(weights: Path, config: dict[str, Any], config_path: Path) -> None:
-    """The embedding matrices' rows in the safetensors header against config.json (transformers raised deep inside)."""
-    shapes = _safetensors_shapes(weights)
-    for name, shape in shapes.items():
-        for ending, key in EMBEDDING_ROWS.items():
-            if (name == ending or name.endswith("." + ending)) and key in config and shape[:1] != [config[key]]:
-                raise CsekitError(
-                    f'{config_path}: "{key}" is {config[key]} but {weights} holds {name} with '
-                    f"{shape[0] if shape else 0} rows; the config does not belong to these weights"
-                )
-
-
-def _safetensors_shapes(path: Path) -> dict[str, list[int]]:
-    """Tensor shapes from a safetensors file's header (8 bytes of length, then JSON); {} without the file."""
-    try:
-        with open_regular(path) as handle:  # a FIFO or a device is refused, never blocks
-            size = os.fstat(handle.fileno()).st_size
-            prefix = handle.read(8)
-            length = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else -1
-            if not 0 < length <= min(SAFETENSORS_HEADER_LIMIT, size - 8):
-                raise CsekitError(f"{path}: not a safetensors file (its header length is {length})")
-            header = json_row(handle.read(length))  # a JSON object, else a RowProblem (a ValueError)
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError, UnicodeDecodeError) as error:
-        raise CsekitError(f"{path}: cannot read its header ({str(error)[:100]})") from None
-    return {
-        name: entry["shape"]
-        for name, entry in header.items()
-        if isinstance(entry, dict) and isinstance(entry.get("shape"), list)
-    }
 
 
 def from_pretrained(loader: Any, location: str, **options: Any) -> Any:

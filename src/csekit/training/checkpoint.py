@@ -42,6 +42,7 @@ from csekit.core.atomic import (
 from csekit.core.bounded_read import read_by_name, read_with
 from csekit.core.errors import CsekitError
 from csekit.encoding.model_folder import non_finite_parameters
+from csekit.encoding.weight_files import FLOATING_DTYPES, read_safetensors_header
 from csekit.training.interrupt import resume_command
 from csekit.training.run_folder import (
     CHECKPOINT_STAGING,
@@ -161,6 +162,7 @@ def _load_model_and_optimizer(
 ) -> None:
     model_path = folder / MODEL_FILE
     _require_entry(model_path, f"checkpoint file {model_path} is missing; the checkpoint is incomplete")
+    _check_stored_weights(model_path, model)
     try:
         read_by_name(
             model_path, lambda name: load_model(model, name, strict=True, device=str(device)), "checkpoint file"
@@ -181,6 +183,28 @@ def _load_model_and_optimizer(
             except ValueError as error:
                 raise CsekitError(f"checkpoint file {model_path} ({name}): {error}") from None
     _load_state_dict(folder / OPTIMIZER_FILE, optimizer, device)
+
+
+def _check_stored_weights(path: Path, model: torch.nn.Module) -> None:
+    """Each weight the checkpoint's header lists for a tensor of the model: the model's shape, and floating point
+    where the model's is (before a byte is loaded: safetensors named no weight, "Error(s) in loading state_dict",
+    and an integer copy of a float weight loaded as its integer part). Missing and extra names stay safetensors'
+    strict check, which knows the weights it stored once for two tied names."""
+    header = read_safetensors_header(path)
+    for name, tensor in model.state_dict().items():
+        entry = header.get(name)
+        if entry is None:
+            continue
+        if entry.get("shape") != list(tensor.shape):
+            raise CsekitError(
+                f"checkpoint file {path} does not fit this recipe's model: {name} is {str(entry.get('shape'))[:60]}, "
+                f"the model's is {list(tensor.shape)}"
+            )
+        if tensor.is_floating_point() and entry.get("dtype") not in FLOATING_DTYPES:
+            raise CsekitError(
+                f"checkpoint file {path}: {name} is stored as {str(entry.get('dtype'))[:20]}, not floating point "
+                "(an integer copy of a weight is its integer part); it was not loaded"
+            )
 
 
 def _load_state_dict(path: Path, target: Any, device: torch.device) -> None:
