@@ -281,3 +281,30 @@ def test_a_pooler_other_than_the_backbones_own_is_warned_about_at_the_start(
     err = capsys.readouterr().err
     assert err.count("csekit: warning: ") == 1 and f"{user_model} encodes with mean pooling, then Normalize" in err
     assert run.result.best_step is not None
+
+
+def test_a_start_scored_through_a_new_head_is_warned_about_for_any_backbone(
+    tmp_path: Path, tiny_model_dir: Path, corpus: Path
+) -> None:
+    """WhitenedCSE's and the combined recipe's head is kept at test time (MixCSE's code scores dev through it): the
+    head is built new, so the start scored at step 0 is the backbone through an untrained head, a start a trained
+    model beats easily, and "never worse than the start" said nothing of the backbone the user had."""
+    from test_folder_pooling import sentence_transformers_folder
+
+    from csekit.training.model import start_representation_warning
+
+    user_model = sentence_transformers_folder(tmp_path / "user", "mean", normalize=True)
+    for backbone in (tiny_model_dir, user_model, tmp_path / "user" / "hf"):
+        for head in ("mlp", "none"):
+            for keys in ([], ["model.head_at_test=true"], ["train.dev_with_head=true"]):
+                if head == "none" and "train.dev_with_head=true" in keys:
+                    continue  # refused by the recipe's checks: no head to score through
+                pooler = "auto" if backbone == user_model else "cls"
+                recipe = tiny_recipe(backbone, corpus, f"model.pooler={pooler}", f"model.head={{name: {head}}}", *keys)
+                warning = start_representation_warning(recipe)
+                if head == "none" or not keys:
+                    assert warning is None, (backbone, head, keys, warning)
+                    continue
+                key = keys[0].split("=")[0]
+                assert warning is not None and f"{key} scores the start through model.head {head}, built new" in warning
+                assert f"csekit evaluate {backbone}" in warning

@@ -177,11 +177,28 @@ def load_encoder(recipe: Recipe, weights_dtype: torch.dtype = torch.float32) -> 
     return encoder
 
 
+def _head_scoring_keys(recipe: Recipe) -> tuple[tuple[str, bool], ...]:
+    """The keys that score a run's dev evaluations (the start's included) through the training head."""
+    return (("model.head_at_test", recipe.model.head_at_test), ("train.dev_with_head", recipe.train.dev_with_head))
+
+
 def start_representation_warning(recipe: Recipe) -> str | None:
     """A warning when `model.pooler` names a pooler other than the backbone folder's own representation (csekit.json's
     pooler, or a sentence-transformers folder's Pooling and Normalize): the run starts from, scores at step 0 and
     keeps in best/ (while no step beats it) the backbone read another way, not the model as it encodes now.
-    None for `auto`, a plain transformers model or a hub name (no own representation to differ from)."""
+    None for `auto`, a plain transformers model or a hub name (no own representation to differ from).
+
+    Likewise when the start is scored through the training head (`model.head_at_test`, `train.dev_with_head`): the
+    head is built new, so the start is the backbone through an untrained head, for any backbone."""
+    through = next((key for key, on in _head_scoring_keys(recipe) if on), None)
+    head = recipe.model.head.get("name")
+    if through and head != "none":
+        kept = "and best/ while no step beats it, is" if recipe.model.head_at_test else "which a step must beat, is"
+        return (
+            f"csekit: warning: {through} scores the start through model.head {head}, built new: the start scored at "
+            f"step 0, {kept} the backbone through an untrained head, not the backbone as it encodes now (compare "
+            f"best/ with it: csekit evaluate {recipe.model.backbone})"
+        )
     requested, location = recipe.model.pooler, Path(resolve_model_path(recipe.model.backbone))
     if requested == AUTO_POOLER or not location.is_dir():
         return None
