@@ -180,11 +180,6 @@ def _results(folder: Path) -> object:
     return read_results(folder / "results.json")
 
 
-EMPTY_SAFETENSORS = "\x13" + "\x00" * 7 + '{"__metadata__":{}}'
-"""A weights file of no tensors (its header's length, 19, in 8 bytes, then the header): every weight file's header
-is read (`encoding/weight_files`), so a shard is a real one."""
-
-
 def _model_folder(folder: Path) -> object:
     from csekit.encoding.model_folder import check_model_folder, local_model_layout
 
@@ -366,7 +361,7 @@ READERS: dict[str, Reader] = {
         "model.safetensors.index.json",
         {"metadata": {"total_size": 8}, "weight_map": {"embeddings.weight": "model-00001-of-00001.safetensors"}},
         _model_folder,
-        {**MODEL_FILES, "model-00001-of-00001.safetensors": EMPTY_SAFETENSORS},
+        {**MODEL_FILES, "model-00001-of-00001.safetensors": "\x13" + "\x00" * 7 + '{"__metadata__":{}}'},  # no tensor
     ),
     "csekit.json": Reader(
         "json",
