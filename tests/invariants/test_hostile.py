@@ -75,7 +75,7 @@ def test_an_optimizer_state_of_the_wrong_shape_is_refused_not_a_segfault(run: Pa
     assert (run / "metrics.jsonl").read_text() == before
 
 
-@pytest.mark.parametrize("change", ["another-shape", "integers"])
+@pytest.mark.parametrize("change", ["another-shape", "integers", "dtype-a-list"])
 def test_checkpoint_weights_of_another_shape_or_stored_as_integers_are_named_before_loading(
     run: Path, tmp_path: Path, change: str
 ) -> None:
@@ -89,9 +89,16 @@ def test_checkpoint_weights_of_another_shape_or_stored_as_integers_are_named_bef
     weights[name] = torch.zeros(5, 5) if change == "another-shape" else weights[name].to(torch.int32)
     path.unlink()
     save_file(weights, path)
+    if change == "dtype-a-list":  # a crafted header: the dtype any JSON value (the data offsets stay valid)
+        data = path.read_bytes()
+        length = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + length])
+        header[name]["dtype"] = [1]
+        text = json.dumps(header).encode()
+        path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + length :])
     before = (run / "metrics.jsonl").read_text()
     result = run_cli("train", "--output", str(run), "--resume", "--no-progress", cwd=tmp_path)
-    needle = "is [5, 5], the model's is" if change == "another-shape" else "is stored as I32"
+    needle = {"another-shape": "is [5, 5], the model's is", "integers": "is stored as I32"}.get(change, "stored as [1]")
     assert_one_line_error(result.returncode, result.stderr, str(path), name, needle)
     assert (run / "metrics.jsonl").read_text() == before
 

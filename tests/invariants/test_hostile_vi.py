@@ -247,3 +247,32 @@ def test_any_bytes_as_a_pytorch_weights_file_are_read_or_one_line(content: bytes
             check_weight_files(Path(folder), {}, Path(folder) / "config.json")
         except CsekitError as error:
             assert str(error).startswith(f"{weights}: ") and "\n" not in str(error)
+
+
+@hostile_examples(20)
+@given(
+    dtype=st.sampled_from(["F32", "I64", "F8_E4M3"])
+    | st.lists(st.integers(), max_size=2)
+    | st.dictionaries(st.text(max_size=3), st.integers(), max_size=2)
+    | st.none()
+    | st.integers()
+    | st.floats(allow_nan=False)
+)
+def test_any_json_dtype_in_a_safetensors_header_is_read_or_one_line(dtype: object) -> None:
+    """A header's dtype is any JSON value an attacker writes: a list was "unhashable type" in the dtype check."""
+    import json
+    import struct
+    import tempfile
+
+    from csekit.encoding.weight_files import check_weight_files
+
+    header = json.dumps({"encoder.weight": {"dtype": dtype, "shape": [1], "data_offsets": [0, 4]}}).encode()
+    with tempfile.TemporaryDirectory() as folder:
+        weights = Path(folder) / "model.safetensors"
+        weights.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+        try:
+            check_weight_files(Path(folder), {}, Path(folder) / "config.json")
+        except CsekitError as error:
+            assert str(error).startswith(f"{weights}: tensor 'encoder.weight' is stored as ") and dtype != "F32"
+            return
+    assert dtype == "F32"

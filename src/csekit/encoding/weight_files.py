@@ -63,8 +63,8 @@ def check_weight_files(folder: Path, config: dict[str, Any], config_path: Path) 
 
 def _check_dtypes(path: Path, dtypes: dict[str, Any]) -> None:
     for name, dtype in dtypes.items():
-        if dtype in FLOATING_DTYPES or (isinstance(dtype, str) and name.endswith(INDEX_BUFFER_ENDINGS)):
-            continue
+        if isinstance(dtype, str) and (dtype in FLOATING_DTYPES or name.endswith(INDEX_BUFFER_ENDINGS)):
+            continue  # a header's dtype may be any JSON value: a list is no key of FLOATING_DTYPES
         raise CsekitError(
             f"{path}: tensor {name!r} is stored as {str(dtype)[:40]}; a model's weights are floating point "
             f"({', '.join(FLOATING_DTYPES)}) and transformers would convert it to one without a word (an integer "

@@ -200,9 +200,10 @@ def _check_stored_weights(path: Path, model: torch.nn.Module) -> None:
                 f"checkpoint file {path} does not fit this recipe's model: {name} is {str(entry.get('shape'))[:60]}, "
                 f"the model's is {list(tensor.shape)}"
             )
-        if tensor.is_floating_point() and entry.get("dtype") not in FLOATING_DTYPES:
+        dtype = entry.get("dtype")  # any JSON value in a crafted header
+        if tensor.is_floating_point() and not (isinstance(dtype, str) and dtype in FLOATING_DTYPES):
             raise CsekitError(
-                f"checkpoint file {path}: {name} is stored as {str(entry.get('dtype'))[:20]}, not floating point "
+                f"checkpoint file {path}: {name} is stored as {str(dtype)[:20]}, not floating point "
                 "(an integer copy of a weight is its integer part); it was not loaded"
             )
 
