@@ -254,7 +254,7 @@ def bench(
     """
     from csekit.bench.suite import load_suite
 
-    load_suite(suite)  # a mistake in the suite file is refused before torch and the training modules load
+    loaded = load_suite(suite)  # a mistake in the suite file is refused before torch and the training modules load
     from csekit.bench import run_suite, summarise
     from csekit.bench.run import continue_command
     from csekit.training.trainer import TrainingInterrupted
@@ -262,7 +262,7 @@ def bench(
     if summary_only:
         if not output.is_dir():
             raise CsekitError(f"{output}: no such folder; run the suite into it first (without --summary-only)")
-        summary = summarise(output, load_suite(suite))
+        summary = summarise(output, loaded)
         typer.echo(summary["table"])
         typer.echo(f"{summary['finished']} finished runs summarised; results in {output}")
         return

@@ -44,15 +44,15 @@ EMBEDDING_ROWS = {
 
 def check_weight_files(folder: Path, config: dict[str, Any], config_path: Path) -> None:
     """Every weight file in `folder` (its listing checked by `check_model_files` first) against the rules above."""
+    headers = {}
     for name in sorted(os.listdir(folder)):
         path = folder / name
         if name.endswith(".safetensors"):
-            header = read_safetensors_header(path)
-            _check_dtypes(path, {key: entry.get("dtype") for key, entry in header.items()})
+            headers[name] = read_safetensors_header(path)
+            _check_dtypes(path, {key: entry.get("dtype") for key, entry in headers[name].items()})
         elif name.endswith(".bin") and path.is_file():
             _check_dtypes(path, _bin_dtypes(path))
-    shapes = _shapes(read_safetensors_header(folder / "model.safetensors"))
-    for name, shape in shapes.items():
+    for name, shape in _shapes(headers.get("model.safetensors", {})).items():
         for ending, key in EMBEDDING_ROWS.items():
             if (name == ending or name.endswith("." + ending)) and key in config and shape[:1] != [config[key]]:
                 raise CsekitError(
@@ -61,10 +61,15 @@ def check_weight_files(folder: Path, config: dict[str, Any], config_path: Path) 
                 )
 
 
+def stores_floating_point(dtype: Any) -> bool:
+    """Whether a header's `dtype` (any JSON value: a list is no key of FLOATING_DTYPES) is a floating one."""
+    return isinstance(dtype, str) and dtype in FLOATING_DTYPES
+
+
 def _check_dtypes(path: Path, dtypes: dict[str, Any]) -> None:
     for name, dtype in dtypes.items():
-        if isinstance(dtype, str) and (dtype in FLOATING_DTYPES or name.endswith(INDEX_BUFFER_ENDINGS)):
-            continue  # a header's dtype may be any JSON value: a list is no key of FLOATING_DTYPES
+        if stores_floating_point(dtype) or (isinstance(dtype, str) and name.endswith(INDEX_BUFFER_ENDINGS)):
+            continue
         raise CsekitError(
             f"{path}: tensor {name!r} is stored as {str(dtype)[:40]}; a model's weights are floating point "
             f"({', '.join(FLOATING_DTYPES)}) and transformers would convert it to one without a word (an integer "

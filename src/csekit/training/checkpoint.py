@@ -42,7 +42,7 @@ from csekit.core.atomic import (
 from csekit.core.bounded_read import read_by_name, read_with
 from csekit.core.errors import CsekitError
 from csekit.encoding.model_folder import non_finite_parameters
-from csekit.encoding.weight_files import FLOATING_DTYPES, read_safetensors_header
+from csekit.encoding.weight_files import read_safetensors_header, stores_floating_point
 from csekit.training.interrupt import resume_command
 from csekit.training.run_folder import (
     CHECKPOINT_STAGING,
@@ -201,7 +201,7 @@ def _check_stored_weights(path: Path, model: torch.nn.Module) -> None:
                 f"the model's is {list(tensor.shape)}"
             )
         dtype = entry.get("dtype")  # any JSON value in a crafted header
-        if tensor.is_floating_point() and not (isinstance(dtype, str) and dtype in FLOATING_DTYPES):
+        if tensor.is_floating_point() and not stores_floating_point(dtype):
             raise CsekitError(
                 f"checkpoint file {path}: {name} is stored as {str(dtype)[:20]}, not floating point "
                 "(an integer copy of a weight is its integer part); it was not loaded"

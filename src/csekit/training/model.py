@@ -177,11 +177,6 @@ def load_encoder(recipe: Recipe, weights_dtype: torch.dtype = torch.float32) -> 
     return encoder
 
 
-def _head_scoring_keys(recipe: Recipe) -> tuple[tuple[str, bool], ...]:
-    """The keys that score a run's dev evaluations (the start's included) through the training head."""
-    return (("model.head_at_test", recipe.model.head_at_test), ("train.dev_with_head", recipe.train.dev_with_head))
-
-
 def start_representation_warning(recipe: Recipe) -> str | None:
     """A warning when `model.pooler` names a pooler other than the backbone folder's own representation (csekit.json's
     pooler, or a sentence-transformers folder's Pooling and Normalize): the run starts from, scores at step 0 and
@@ -190,7 +185,8 @@ def start_representation_warning(recipe: Recipe) -> str | None:
 
     Likewise when the start is scored through the training head (`model.head_at_test`, `train.dev_with_head`): the
     head is built new, so the start is the backbone through an untrained head, for any backbone."""
-    through = next((key for key, on in _head_scoring_keys(recipe) if on), None)
+    dev_with_head = "train.dev_with_head" if recipe.train.dev_with_head else None
+    through = "model.head_at_test" if recipe.model.head_at_test else dev_with_head
     head = recipe.model.head.get("name")
     if through and head != "none":
         kept = "and best/ while no step beats it, is" if recipe.model.head_at_test else "which a step must beat, is"
